@@ -1,0 +1,1 @@
+"""Pure math of asyncrl (torch only): returns (V-trace, GAE), policy losses, distributions."""

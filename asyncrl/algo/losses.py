@@ -1,0 +1,382 @@
+"""Policy and value losses over a flat minibatch [N] (N = samples drawn from a [T, B] batch).
+
+Every policy loss takes ``log_prob`` = log π_θ(a_i|s_i) (carries the gradient) and the stored
+``behavior_log_prob`` = log β(a_i|s_i). Behaviour/anchor log-probs and advantages are constants
+of the update: they are detached here, so a caller cannot leak gradient into them by accident.
+The importance ratio is r_i = exp(clamp(log π_θ - log β, -20, 20)) (the clamp keeps exp finite;
+outside it the ratio carries no gradient).
+
+Each policy loss returns a :class:`PolicyLoss`: the scalar loss plus detached 0-dim diagnostics,
+so logging needs no extra forward pass (call ``.item()`` when logging).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp: e^20 ~ 4.9e8, far beyond any useful ratio
+
+
+class TVFilter(NamedTuple):
+    """Output of :func:`tv_filter`.
+
+    keep_mask: [N] bool, True for samples whose gradient is kept.
+    tv_estimate: 0-dim, 0.5 mean |r - 1| (unitless, in [0, inf), estimates E_s TV in [0, 1]).
+    filtered_fraction: 0-dim, fraction of the N samples with keep_mask False.
+    """
+
+    keep_mask: Tensor
+    tv_estimate: Tensor
+    filtered_fraction: Tensor
+
+
+class PolicyLoss(NamedTuple):
+    """Output of every policy loss.
+
+    loss: 0-dim, the value to minimise (carries the gradient w.r.t. log_prob).
+    tv_estimate: 0-dim detached, 0.5 mean |r - 1| against the anchor (VACO) or β (others).
+    filtered_fraction: 0-dim detached, fraction of samples the TV filter detached (0 without one).
+    clip_fraction: 0-dim detached, fraction with |r - 1| > clip_eps (PPO clip; 0 for others).
+    approx_kl: 0-dim detached, mean((r - 1) - log r) with r = π_θ/β: the k3 estimator of
+        KL(β ‖ π_θ) (nats).
+    """
+
+    loss: Tensor
+    tv_estimate: Tensor
+    filtered_fraction: Tensor
+    clip_fraction: Tensor
+    approx_kl: Tensor
+
+
+def tv_estimate(log_ratio: Tensor) -> Tensor:
+    """Sample estimate of the total-variation distance between π and β.
+
+    Args:
+        log_ratio: [N] log π(a_i|s_i) - log β(a_i|s_i) (nats), with a_i ~ β.
+
+    Returns:
+        0-dim tensor 0.5 * mean_i |exp(clamp(log_ratio_i, -20, 20)) - 1| (unitless). Its
+        expectation is E_s TV(π(.|s), β(.|s)).
+
+    Raises:
+        ValueError: log_ratio is not a non-empty 1-D floating tensor.
+
+    Paper: VACO, arXiv:2603.01365 (Component 2 of VACO.md).
+    """
+    _check_n(log_ratio=log_ratio)
+    ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return 0.5 * torch.mean(torch.abs(ratio - 1.0))
+
+
+def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float) -> TVFilter:
+    """VACO's TV filter: which samples keep their gradient in this minibatch.
+
+    If tv_estimate(log_ratio) <= tv_threshold every sample is kept; otherwise sample i is kept
+    iff A_i (r_i - 1) <= 0, i.e. its gradient step would not grow |r_i - 1| (a step on sample i
+    moves r_i in the direction of sign(A_i)). Computed without gradient.
+
+    Args:
+        log_ratio: [N] log π_θ - log anchor (nats); the anchor is β, or π_T for
+            ratio_anchor = "learning".
+        advantages: [N] A_i (reward units, possibly normalised).
+        tv_threshold: δ >= 0 (inf disables the filter), budget on the minibatch tv_estimate.
+
+    Returns:
+        :class:`TVFilter` (keep_mask [N] bool, tv_estimate 0-dim, filtered_fraction 0-dim).
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN.
+
+    Paper: VACO, arXiv:2603.01365.
+    """
+    _check_n(log_ratio=log_ratio, advantages=advantages)
+    tv_threshold = _check_scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
+    with torch.no_grad():
+        tv = tv_estimate(log_ratio)
+        ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        # "or" with the 0-dim comparison instead of a Python `if`: stays on device, no host sync.
+        keep = (advantages * (ratio - 1.0) <= 0) | (tv <= tv_threshold)
+        filtered_fraction = 1.0 - keep.to(log_ratio.dtype).mean()
+    return TVFilter(keep, tv, filtered_fraction)
+
+
+def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
+                     tv_threshold: float, anchor_log_prob: Tensor | None = None) -> PolicyLoss:
+    """VACO's filtered ratio surrogate.
+
+        r_i = π_θ/β;  keep from :func:`tv_filter` on the anchor ratio π_θ/anchor
+        loss = -mean_i [keep_i r_i A_i + (1 - keep_i) stopgrad(r_i A_i)]
+
+    Filtered samples still count in the loss value but receive exactly zero gradient.
+
+    Args:
+        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
+        behavior_log_prob: [N] log β(a_i|s_i) (nats).
+        advantages: [N] realigned advantages A_i (reward units, possibly normalised).
+        tv_threshold: δ >= 0 (inf disables the filter).
+        anchor_log_prob: [N] or None. None anchors the TV estimate and filter on β
+            (ratio_anchor = "behavior", the default); pass log π_T(a_i|s_i) for
+            ratio_anchor = "learning".
+
+    Returns:
+        :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN.
+
+    Paper: VACO, arXiv:2603.01365.
+    """
+    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
+             **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}))
+    anchor = behavior_log_prob if anchor_log_prob is None else anchor_log_prob
+    log_ratio = _log_ratio(log_prob, behavior_log_prob)
+    surrogate = torch.exp(log_ratio) * advantages.detach()
+    filt = tv_filter(log_ratio=log_prob.detach() - anchor.detach(), advantages=advantages.detach(),
+                     tv_threshold=tv_threshold)
+    loss = -torch.where(filt.keep_mask, surrogate, surrogate.detach()).mean()
+    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filt.filtered_fraction)
+
+
+def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
+                      advantages: Tensor) -> PolicyLoss:
+    """Plain importance-ratio surrogate, loss = -mean_i r_i A_i (preset vaco_no_filter).
+
+    Args:
+        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
+        behavior_log_prob: [N] log β(a_i|s_i) (nats).
+        advantages: [N] A_i (reward units).
+
+    Returns:
+        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating.
+
+    Paper: VACO, arXiv:2603.01365 (its ablation without the filter).
+    """
+    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    log_ratio = _log_ratio(log_prob, behavior_log_prob)
+    loss = -(torch.exp(log_ratio) * advantages.detach()).mean()
+    return _result(loss, log_ratio)
+
+
+def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
+                  clip_eps: float) -> PolicyLoss:
+    """PPO clipped surrogate, loss = -mean_i min(r_i A_i, clip(r_i, 1-ε, 1+ε) A_i), r = π_θ/β.
+
+    Args:
+        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
+        behavior_log_prob: [N] log β(a_i|s_i) (nats).
+        advantages: [N] A_i (reward units).
+        clip_eps: ε > 0, finite.
+
+    Returns:
+        :class:`PolicyLoss`; clip_fraction = fraction of samples with |r_i - 1| > ε.
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating; clip_eps <= 0 or not finite.
+
+    Paper: Schulman et al., arXiv:1707.06347.
+    """
+    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    eps = _check_scalar("clip_eps", clip_eps, low=0.0, low_open=True)
+    log_ratio = _log_ratio(log_prob, behavior_log_prob)
+    ratio, adv = torch.exp(log_ratio), advantages.detach()
+    loss = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv).mean()
+    with torch.no_grad():
+        clip_fraction = ((ratio - 1.0).abs() > eps).to(ratio.dtype).mean()
+    return _result(loss, log_ratio, clip=clip_fraction)
+
+
+def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
+                kl_coef: float) -> PolicyLoss:
+    """Ratio surrogate with a KL(β ‖ π_θ) penalty (k3 estimator).
+
+        loss = -mean_i r_i A_i + kl_coef * mean_i ((r_i - 1) - log r_i),  r = π_θ/β
+
+    Args:
+        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
+        behavior_log_prob: [N] log β(a_i|s_i) (nats).
+        advantages: [N] A_i (reward units).
+        kl_coef: penalty coefficient >= 0, finite (reward units per nat).
+
+    Returns:
+        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating; kl_coef < 0 or not finite.
+
+    Paper: Schulman et al., arXiv:1707.06347 (the KL-penalty variant, fixed coefficient).
+    """
+    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    kl_coef = _check_scalar("kl_coef", kl_coef, low=0.0)
+    log_ratio = _log_ratio(log_prob, behavior_log_prob)
+    ratio = torch.exp(log_ratio)
+    kl = ((ratio - 1.0) - log_ratio).mean()
+    loss = -(ratio * advantages.detach()).mean() + kl_coef * kl
+    return _result(loss, log_ratio)
+
+
+def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
+             spo_eps: float) -> PolicyLoss:
+    """Simple Policy Optimization surrogate.
+
+        loss = -mean_i [r_i A_i - |A_i| (r_i - 1)^2 / (2 ε)],  r = π_θ/β
+
+    Args:
+        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
+        behavior_log_prob: [N] log β(a_i|s_i) (nats).
+        advantages: [N] A_i (reward units).
+        spo_eps: ε > 0, finite.
+
+    Returns:
+        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating; spo_eps <= 0 or not finite.
+
+    Paper: Xie et al., arXiv:2401.16025.
+    """
+    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    eps = _check_scalar("spo_eps", spo_eps, low=0.0, low_open=True)
+    log_ratio = _log_ratio(log_prob, behavior_log_prob)
+    ratio, adv = torch.exp(log_ratio), advantages.detach()
+    loss = -(ratio * adv - adv.abs() * (ratio - 1.0) ** 2 / (2.0 * eps)).mean()
+    return _result(loss, log_ratio)
+
+
+def impala_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, pg_advantages: Tensor,
+                       rho_bar: float) -> PolicyLoss:
+    """IMPALA policy gradient, loss = -mean_i rho_i stopgrad(pg_A_i) log π_θ(a_i|s_i).
+
+    rho_i = min(rho_bar, exp(stopgrad(log π_θ) - log β)) (no clamp of the log ratio here:
+    an overflow to inf is clipped to rho_bar).
+
+    Args:
+        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
+        behavior_log_prob: [N] log β(a_i|s_i) (nats).
+        pg_advantages: [N] VTraceReturns.pg_advantages, flattened (reward units).
+        rho_bar: ρ̄ > 0 (inf allowed).
+
+    Returns:
+        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating; rho_bar <= 0 or NaN.
+
+    Paper: Espeholt et al., arXiv:1802.01561.
+    """
+    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, pg_advantages=pg_advantages)
+    rho_bar = _check_scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
+    with torch.no_grad():
+        rhos = torch.clamp(torch.exp(log_prob - behavior_log_prob), max=rho_bar)
+    loss = -(rhos * pg_advantages.detach() * log_prob).mean()
+    return _result(loss, _log_ratio(log_prob, behavior_log_prob))
+
+
+def value_loss(*, values: Tensor, targets: Tensor) -> Tensor:
+    """Squared-error critic loss, mean (values - targets)^2; targets are detached.
+
+    Args:
+        values: [N] (or any shape) V(s_i), with gradient (reward units).
+        targets: same shape, value targets (vs for V-trace, λ-returns for GAE).
+
+    Returns:
+        0-dim tensor (reward units squared). No 1/2 factor: scale with value_coef.
+
+    Raises:
+        ValueError: shapes differ, are empty, dtypes differ, or not floating.
+
+    Paper: VACO, arXiv:2603.01365 (critic regresses to the V-trace targets vs).
+    """
+    _check_same(values=values, targets=targets)
+    return torch.mean((values - targets.detach()) ** 2)
+
+
+def explained_variance(*, values: Tensor, targets: Tensor) -> float:
+    """1 - Var[targets - values] / Var[targets] (population variances), a critic diagnostic.
+
+    Args:
+        values: [N] (or any shape) predictions V(s_i).
+        targets: same shape, value targets.
+
+    Returns:
+        Python float in (-inf, 1]; 1 is a perfect fit; NaN when Var[targets] == 0.
+
+    Raises:
+        ValueError: shapes differ, are empty, dtypes differ, or not floating.
+
+    Paper: diagnostic only (as logged by PPO implementations, arXiv:1707.06347).
+    """
+    _check_same(values=values, targets=targets)
+    with torch.no_grad():
+        var_t = torch.var(targets, unbiased=False).item()
+        if var_t == 0.0:
+            return math.nan
+        return 1.0 - torch.var(targets - values, unbiased=False).item() / var_t
+
+
+def _log_ratio(log_prob: Tensor, reference: Tensor) -> Tensor:
+    return torch.clamp(log_prob - reference.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None,
+            filtered: Tensor | None = None, clip: Tensor | None = None) -> PolicyLoss:
+    with torch.no_grad():
+        lr = log_ratio.detach()
+        ratio = torch.exp(lr)
+        zero = torch.zeros((), dtype=lr.dtype, device=lr.device)
+        return PolicyLoss(
+            loss=loss,
+            tv_estimate=(0.5 * (ratio - 1.0).abs().mean() if tv is None else tv.detach()),
+            filtered_fraction=zero if filtered is None else filtered.detach(),
+            clip_fraction=zero if clip is None else clip.detach(),
+            approx_kl=((ratio - 1.0) - lr).mean(),
+        )
+
+
+def _check_n(**tensors: Tensor) -> None:
+    """Non-empty 1-D floating tensors of one shape and dtype."""
+    for name, x in tensors.items():
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 1 or x.shape[0] < 1:
+            raise ValueError(f"{name} must be [N] with N >= 1, got shape {tuple(x.shape)}")
+    _check_same(**tensors)
+
+
+def _check_same(**tensors: Tensor) -> None:
+    """Non-empty floating tensors of one shape and dtype."""
+    first = None
+    for name, x in tensors.items():
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {x.dtype}")
+        if x.numel() == 0:
+            raise ValueError(f"{name} is empty")
+        if first is None:
+            first, ref = name, x
+        elif x.shape != ref.shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(ref.shape)} "
+                             f"(the shape of {first})")
+        elif x.dtype != ref.dtype:
+            raise ValueError(f"{name} has dtype {x.dtype}, expected {ref.dtype} (that of {first})")
+
+
+def _check_scalar(name: str, x, *, low: float, low_open: bool = False,
+                  allow_inf: bool = False) -> float:
+    if isinstance(x, bool):
+        raise ValueError(f"{name} must be a real number, got {x!r}")
+    try:
+        v = float(x)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{name} must be a real number, got {x!r}") from err
+    if math.isnan(v) or (math.isinf(v) and not allow_inf) or v < low or (low_open and v == low):
+        bound = f"> {low}" if low_open else f">= {low}"
+        raise ValueError(f"{name} must be {bound}{' (inf allowed)' if allow_inf else ', finite'}, "
+                         f"got {x!r}")
+    return v

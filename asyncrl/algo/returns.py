@@ -1,0 +1,232 @@
+"""Value targets and advantages over time-major rollouts [T, B].
+
+Index convention (VACO.md): ``rewards[t]`` follows ``actions[t]`` taken in ``obs[t]``;
+``values[t] = V(obs[t])`` for t < T. The value of the state *after* step t is ``next_values[t]``
+(V'_t), built once by :func:`next_state_values` so that termination (bootstrap 0) and truncation
+(bootstrap V(final_obs)) are decided in one place and no trace ever crosses an episode end.
+
+Everything here is plain differentiable torch: nothing is detached inside. Value targets and
+advantages are constants of a learner iteration, so pass detached inputs (or call under
+``torch.no_grad()``).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class VTraceReturns(NamedTuple):
+    """Output of :func:`vtrace`; every field is [T, B] in the dtype of ``values``.
+
+    vs: value targets (reward units), the critic's regression target.
+    advantages: VACO's realigned advantages A_t (no rho factor; arXiv:2603.01365).
+    pg_advantages: IMPALA's policy-gradient advantages r_t + γ vs_{t+1} - V(s_t) (no rho factor;
+        arXiv:1802.01561), with vs_{t+1} replaced by V'_t at an episode end and at t = T-1.
+    clipped_rhos: min(rho_bar, π_T/β), the importance weights used in the trace.
+    """
+
+    vs: Tensor
+    advantages: Tensor
+    pg_advantages: Tensor
+    clipped_rhos: Tensor
+
+
+class GAEReturns(NamedTuple):
+    """Output of :func:`gae`; both fields [T, B].
+
+    advantages: GAE(λ) advantages (reward units).
+    returns: λ-returns, advantages + values (the critic's regression target).
+    """
+
+    advantages: Tensor
+    returns: Tensor
+
+
+def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: Tensor,
+                      truncated: Tensor) -> Tensor:
+    """V'_t: the value of the state reached by step t, with episode ends applied.
+
+    Args:
+        values_tp1: [T, B] V(obs[t+1]); row T-1 is V(obs[T]), the bootstrap of the rollout.
+        final_values: [T, B] V(final_obs[t]); read only where ``truncated`` (other entries may
+            hold anything, NaN included: they are never selected).
+        terminated: [T, B] bool, the episode ended in a terminal state at step t.
+        truncated: [T, B] bool, the episode was cut (time limit) at step t.
+
+    Returns:
+        [T, B] V'_t = values_tp1[t], replaced by final_values[t] where truncated and by 0 where
+        terminated (terminated wins where both are set). Same dtype as ``values_tp1``.
+
+    Raises:
+        ValueError: shapes differ or are not [T, B]; flags are not bool; value dtypes differ or
+            are not floating point.
+
+    Paper: VACO arXiv:2603.01365 (definition of V'_t in its V-trace, see VACO.md).
+    """
+    _check_tb(values_tp1=values_tp1, final_values=final_values, terminated=terminated,
+              truncated=truncated)
+    _check_float(values_tp1=values_tp1, final_values=final_values)
+    _check_bool(terminated=terminated, truncated=truncated)
+    out = torch.where(truncated, final_values, values_tp1)
+    return torch.where(terminated, torch.zeros_like(out), out)
+
+
+def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tensor,
+           values: Tensor, next_values: Tensor, episode_end: Tensor, gamma: float, lam: float,
+           rho_bar: float = 1.0, c_bar: float = 1.0) -> VTraceReturns:
+    """V-trace value targets and VACO's realigned advantages of the learning policy π_T.
+
+    With log_rho_t = target_log_prob - behavior_log_prob, rho_t = min(rho_bar, e^log_rho_t),
+    c_t = lam * min(c_bar, e^log_rho_t), delta_t = r_t + γ V'_t - V(s_t), end_t = episode_end:
+
+        vs_t - V(s_t) = rho_t delta_t + γ c_t (1 - end_t) (vs_{t+1} - V(s_{t+1}))
+        advantages_t  = delta_t + γ lam (1 - end_t) (vs_{t+1} - V(s_{t+1}))
+        pg_advantages_t = delta_t + γ (1 - end_t) (vs_{t+1} - V(s_{t+1}))
+
+    with (vs_T - V(s_T)) = 0: the rollout's last step bootstraps from V'_{T-1} alone. When
+    β = π_T and rho_bar = c_bar = 1, vs are the λ-returns and advantages equal GAE(λ).
+
+    Args:
+        behavior_log_prob: [T, B] log β(a_t|s_t) (nats), stored by the actor.
+        target_log_prob: [T, B] log π_T(a_t|s_t) (nats), learner weights at iteration start.
+        rewards: [T, B] r_t (reward units).
+        values: [T, B] V(s_t).
+        next_values: [T, B] V'_t from :func:`next_state_values`.
+        episode_end: [T, B] bool, terminated | truncated at step t.
+        gamma: discount, in [0, 1].
+        lam: λ of the trace, in [0, 1].
+        rho_bar: ρ̄ > 0 (may be inf), clip of the importance weight in the TD term.
+        c_bar: c̄ > 0 (may be inf), clip of the trace coefficient.
+
+    Returns:
+        :class:`VTraceReturns`, every field [T, B] in the dtype of ``values``.
+
+    Raises:
+        ValueError: shapes differ or are not [T, B] with T >= 1; episode_end is not bool;
+            floating inputs differ in dtype; a scalar is out of range or NaN.
+
+    Papers: V-trace, Espeholt et al., arXiv:1802.01561; realigned advantages, VACO,
+    arXiv:2603.01365.
+    """
+    _check_tb(behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
+              rewards=rewards, values=values, next_values=next_values, episode_end=episode_end)
+    _check_float(behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
+                 rewards=rewards, values=values, next_values=next_values)
+    _check_bool(episode_end=episode_end)
+    gamma = _check_unit(gamma=gamma)
+    lam = _check_unit(lam=lam)
+    rho_bar = _check_positive(rho_bar=rho_bar)
+    c_bar = _check_positive(c_bar=c_bar)
+
+    rhos = torch.exp(target_log_prob - behavior_log_prob)  # overflow to inf is clipped below
+    clipped_rhos = torch.clamp(rhos, max=rho_bar)
+    cs = lam * torch.clamp(rhos, max=c_bar)
+    not_end = (~episode_end).to(values.dtype)
+    deltas = rewards + gamma * next_values - values
+    diffs = _discounted_backward(clipped_rhos * deltas, gamma * cs * not_end)  # vs - V
+    next_diffs = torch.cat([diffs[1:], torch.zeros_like(diffs[:1])])
+    advantages = deltas + gamma * lam * not_end * next_diffs
+    pg_advantages = deltas + gamma * not_end * next_diffs
+    return VTraceReturns(values + diffs, advantages, pg_advantages, clipped_rhos)
+
+
+def gae(*, rewards: Tensor, values: Tensor, next_values: Tensor, episode_end: Tensor,
+        gamma: float, lam: float) -> GAEReturns:
+    """Generalised advantage estimation, no off-policy correction.
+
+        delta_t = r_t + γ V'_t - V(s_t);  A_t = delta_t + γ λ (1 - end_t) A_{t+1};  A_T = 0
+
+    Args:
+        rewards: [T, B] r_t (reward units).
+        values: [T, B] V(s_t).
+        next_values: [T, B] V'_t from :func:`next_state_values`.
+        episode_end: [T, B] bool, terminated | truncated at step t.
+        gamma: discount, in [0, 1].
+        lam: λ, in [0, 1].
+
+    Returns:
+        :class:`GAEReturns` (advantages, returns = advantages + values), both [T, B].
+
+    Raises:
+        ValueError: shapes differ or are not [T, B] with T >= 1; episode_end is not bool;
+            floating inputs differ in dtype; a scalar is out of range or NaN.
+
+    Paper: Schulman et al., arXiv:1506.02438.
+    """
+    _check_tb(rewards=rewards, values=values, next_values=next_values, episode_end=episode_end)
+    _check_float(rewards=rewards, values=values, next_values=next_values)
+    _check_bool(episode_end=episode_end)
+    gamma = _check_unit(gamma=gamma)
+    lam = _check_unit(lam=lam)
+    not_end = (~episode_end).to(values.dtype)
+    deltas = rewards + gamma * next_values - values
+    advantages = _discounted_backward(deltas, gamma * lam * not_end)
+    return GAEReturns(advantages, advantages + values)
+
+
+def _discounted_backward(x: Tensor, coef: Tensor) -> Tensor:
+    """y_t = x_t + coef_t y_{t+1}, y_T = 0, over [T, B] (stack keeps autograd intact)."""
+    acc = torch.zeros_like(x[0])
+    out = [acc] * x.shape[0]
+    for t in range(x.shape[0] - 1, -1, -1):
+        acc = x[t] + coef[t] * acc
+        out[t] = acc
+    return torch.stack(out)
+
+
+def _check_tb(**tensors: Tensor) -> None:
+    shape = None
+    for name, x in tensors.items():
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 2 or x.shape[0] < 1:
+            raise ValueError(f"{name} must be [T, B] with T >= 1, got shape {tuple(x.shape)}")
+        if shape is None:
+            shape, first = x.shape, name
+        elif x.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)} "
+                             f"(the shape of {first})")
+
+
+def _check_float(**tensors: Tensor) -> None:
+    dtype = None
+    for name, x in tensors.items():
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {x.dtype}")
+        if dtype is None:
+            dtype, first = x.dtype, name
+        elif x.dtype != dtype:
+            raise ValueError(f"{name} has dtype {x.dtype}, expected {dtype} (that of {first})")
+
+
+def _check_bool(**tensors: Tensor) -> None:
+    for name, x in tensors.items():
+        if x.dtype != torch.bool:
+            raise ValueError(f"{name} must be a bool tensor, got {x.dtype}")
+
+
+def _scalar(name: str, x) -> float:
+    if isinstance(x, bool):
+        raise ValueError(f"{name} must be a real number, got {x!r}")
+    try:
+        return float(x)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{name} must be a real number, got {x!r}") from err
+
+
+def _check_unit(**kw) -> float:
+    ((name, x),) = kw.items()
+    v = _scalar(name, x)
+    if not 0.0 <= v <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in [0, 1], got {x!r}")
+    return v
+
+
+def _check_positive(**kw) -> float:
+    ((name, x),) = kw.items()
+    v = _scalar(name, x)
+    if not v > 0.0:  # also rejects NaN
+        raise ValueError(f"{name} must be > 0 (inf allowed), got {x!r}")
+    return v

@@ -1,0 +1,204 @@
+"""Command line: ``asyncrl run | learner | actor | broadcaster | clean``."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import config as config_mod
+from .config import Config, ConfigError
+
+
+class UserError(click.ClickException):
+    """One clear line on stderr, exit status 2, no traceback."""
+
+    exit_code = 2
+
+
+def load_config(config_file, overrides, flags: dict | None = None) -> Config:
+    """Defaults <- --config FILE <- CLI flags <- --set overrides. Raises UserError."""
+    extra: dict[str, dict] = {}
+    for (section, key), value in (flags or {}).items():
+        if value is not None:
+            extra.setdefault(section, {})[key] = value
+    try:
+        cfg = config_mod.load(config_file, overrides, extra)
+        from .envs import EnvError, check_env_id
+        check_env_id(cfg.env.id)
+    except (ConfigError, ValueError) as exc:  # EnvError is a ValueError
+        raise UserError(str(exc)) from None
+    return cfg
+
+
+def default_run_dir(cfg: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(cfg.run.run_dir) / f"{cfg.env.id}-{cfg.algo.preset}-s{cfg.run.seed}-{stamp}"
+
+
+def _common(f):
+    f = click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+                     help="Override one config value (repeatable), e.g. --set algo.lr=1e-4.")(f)
+    f = click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                     help="TOML config file (see configs/).")(f)
+    return f
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def main(verbose: bool) -> None:
+    """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@_common
+@click.option("--env", "env_id", help="Gymnasium env id, e.g. HalfCheetah-v5.")
+@click.option("--preset", help="vaco, ppo, ppo_kl, spo, impala, vaco_no_realign, vaco_no_filter.")
+@click.option("--num-actors", type=int, help="Actor processes (serial mode: actor env groups).")
+@click.option("--total-steps", type=int, help="Env-step budget.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
+@click.option("--seed", type=int, help="Run seed.")
+@click.option("--serial", is_flag=True, help="Everything in one process (debugging; bit-reproducible).")
+def run(config_file, overrides, env_id, preset, num_actors, total_steps, run_dir, seed, serial):
+    """Train: learner, broadcaster and actors as local processes (or --serial)."""
+    cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("algo", "preset"): preset,
+                                                  ("run", "num_actors"): num_actors,
+                                                  ("run", "total_env_steps"): total_steps,
+                                                  ("run", "seed"): seed})
+    out = Path(run_dir) if run_dir else default_run_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    click.echo(f"run directory: {out}")
+    try:
+        if serial:
+            from .serial import run_serial
+            summary = run_serial(cfg, out, echo=click.echo)
+        else:
+            from .launch import RoleFailed, launch
+            try:
+                summary = launch(cfg, out, echo=click.echo)
+            except RoleFailed as exc:
+                raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted; every process of the run was stopped", err=True)
+        sys.exit(130)
+    if serial:   # in a multi-process run the learner prints it
+        click.echo(summary_line(summary))
+
+
+def _on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every role cleans up (sockets, shared memory)."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _role_flags(env_id, num_envs, seed, total_steps=None):
+    return {("env", "id"): env_id, ("env", "num_envs"): num_envs, ("run", "seed"): seed,
+            ("run", "total_env_steps"): total_steps}
+
+
+@main.command()
+@_common
+@click.option("--env", "env_id", help="Gymnasium env id.")
+@click.option("--bind", help="Address actors connect to, e.g. tcp://0.0.0.0:5555 (default: config transport.learner_bind).")
+@click.option("--broadcaster", help="The broadcaster's address (default: config transport.broadcaster_bind).")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
+@click.option("--run-id", help="Run id (default: made up from the time).")
+@click.option("--total-steps", type=int, help="Env-step budget.")
+@click.option("--seed", type=int)
+def learner(config_file, overrides, env_id, bind, broadcaster, run_dir, run_id, total_steps, seed):
+    """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
+    import secrets
+    from .roles.learner import Learner
+    _on_sigterm()
+    cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps))
+    run_id = run_id or f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
+    out = Path(run_dir) if run_dir else default_run_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    role = Learner(cfg, out, run_id=run_id, bind=bind or cfg.transport.learner_bind,
+                   broadcaster=broadcaster or cfg.transport.broadcaster_bind, echo=click.echo)
+    try:
+        summary = role.run()
+    except KeyboardInterrupt:
+        summary = role.finish()
+        click.echo("learner: interrupted", err=True)
+    finally:
+        role.close()
+    click.echo(summary_line(summary))
+
+
+@main.command()
+@_common
+@click.option("--learner", "learner_ep", help="Learner address (default: config transport.learner_bind).")
+@click.option("--broadcaster", help="Broadcaster address (default: config transport.broadcaster_bind).")
+@click.option("--env", "env_id", help="Gymnasium env id (must match the learner's).")
+@click.option("--num-envs", type=int, help="Envs in this actor (must match the learner's env.num_envs).")
+@click.option("--actor-id", help="Unique name of this actor (default: host-pid).")
+@click.option("--seed", type=int, help="Env and action seed of this actor.")
+def actor(config_file, overrides, learner_ep, broadcaster, env_id, num_envs, actor_id, seed):
+    """An actor: steps envs with the newest weights it has and fills slots for the learner."""
+    import os
+    import socket
+    from .roles.actor import Actor, ActorError, ActorOptions
+    _on_sigterm()
+    cfg = load_config(config_file, overrides, _role_flags(env_id, num_envs, None))
+    opts = ActorOptions(learner=learner_ep or cfg.transport.learner_bind,
+                        broadcaster=broadcaster or cfg.transport.broadcaster_bind,
+                        actor_id=actor_id or f"{socket.gethostname()}-{os.getpid()}",
+                        seed=seed if seed is not None else os.getpid())
+    role = Actor(cfg, opts)
+    try:
+        n = role.run()
+        click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}")
+    except ActorError as exc:
+        raise UserError(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        role.close()
+
+
+@main.command()
+@click.option("--bind", help="PUB address (requests on the next port); default: config transport.broadcaster_bind.")
+@_common
+def broadcaster(bind, config_file, overrides):
+    """The weight broadcaster: republishes the learner's newest weights to all actors."""
+    from .roles.broadcaster import Broadcaster
+    _on_sigterm()
+    cfg = load_config(config_file, overrides)
+    role = Broadcaster(bind or cfg.transport.broadcaster_bind)
+    try:
+        role.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        role.close()
+
+
+@main.command()
+@click.option("--run-id", help="Remove this run's segments (default: those of dead processes).")
+def clean(run_id):
+    """Remove shared-memory segments left by killed runs."""
+    from .shm import cleanup_stale, remove_run
+    removed = remove_run(run_id) if run_id else cleanup_stale()
+    click.echo(f"removed {len(removed)} segment(s)" + (": " + ", ".join(removed) if removed else ""))
+
+
+def summary_line(s: dict) -> str:
+    ret = s.get("final_average_return")
+    ret_text = f"{ret:.1f}" if ret is not None else "n/a"
+    return (f"done: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
+            f"({s['env_steps_per_s']:,.0f}/s), {s['learner_iterations']} learner iterations, "
+            f"average return {ret_text}, lag p50/p95 {s.get('lag_p50')}/{s.get('lag_p95')} versions")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,121 @@
+"""Gymnasium env construction: the one place that turns terminated / truncated / final
+observation into rollout fields. Only this module imports gymnasium."""
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from . import toy_envs
+from .spec import RolloutSpec
+
+toy_envs.register()
+
+log = logging.getLogger(__name__)
+
+
+class EnvError(ValueError):
+    """An env id that does not exist, or a space asyncrl cannot handle."""
+
+
+class StepResult(NamedTuple):
+    obs: np.ndarray          # [E, D] float32: the next observation (a reset one after an episode end)
+    rewards: np.ndarray      # [E] float32
+    terminated: np.ndarray   # [E] bool: the MDP ended; bootstrap 0
+    truncated: np.ndarray    # [E] bool (False where terminated): time limit; bootstrap V(final_obs)
+    final_obs: np.ndarray    # [E, D] float32: the last observation of an ended episode, else 0
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise EnvError with one line if gymnasium has no env registered under ``env_id``."""
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise EnvError(f"unknown env id {env_id!r}: {exc}") from None
+
+
+class VecEnv:
+    """E copies of one gymnasium env stepped in this process (gymnasium SyncVectorEnv with
+    same-step autoreset), with the action clipping and end-of-episode bookkeeping asyncrl needs.
+
+    Raises:
+        EnvError: unknown env id, non-flat Box observations, or an action space other than
+            Box or Discrete.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, *, seed: int, max_episode_steps: int = 0,
+                 env_kwargs: dict | None = None):
+        check_env_id(env_id)
+        kwargs = dict(env_kwargs or {})
+        if max_episode_steps > 0:
+            kwargs["max_episode_steps"] = max_episode_steps
+        self.envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                                 vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **kwargs)
+        obs_space, act_space = self.envs.single_observation_space, self.envs.single_action_space
+        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+            raise EnvError(f"{env_id}: observation space must be a flat Box, got {obs_space}")
+        if isinstance(act_space, gym.spaces.Discrete):
+            self.discrete, self.action_dim = True, int(act_space.n)
+            self._low = self._high = None
+        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+            self.discrete, self.action_dim = False, int(act_space.shape[0])
+            self._low, self._high = act_space.low, act_space.high
+        else:
+            raise EnvError(f"{env_id}: action space must be Box (1-D) or Discrete, got {act_space}")
+        self.env_id, self.num_envs, self.obs_dim = env_id, num_envs, int(obs_space.shape[0])
+        self._seed = seed
+        self.obs: np.ndarray | None = None
+        self.episode_return = np.zeros(num_envs, np.float64)
+        self.episode_length = np.zeros(num_envs, np.int64)
+
+    def spec(self, rollout_length: int) -> RolloutSpec:
+        return RolloutSpec(obs_dim=self.obs_dim, action_dim=self.action_dim, discrete=self.discrete,
+                           rollout_length=rollout_length, num_envs=self.num_envs)
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self.envs.reset(seed=self._seed)
+        self.obs = np.asarray(obs, np.float32)
+        return self.obs
+
+    def step(self, actions: np.ndarray) -> tuple[StepResult, list[tuple[float, int]]]:
+        """Step every env with ``actions`` ([E, A] unclipped float, or [E] int).
+
+        Only a clipped copy reaches the env; the caller stores the unclipped action.
+        Returns the step result and a list of (return, length) for episodes that ended.
+        """
+        env_actions = actions if self.discrete else np.clip(actions, self._low, self._high)
+        obs, rewards, terminated, truncated, info = self.envs.step(env_actions)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool) & ~terminated
+        final_obs = np.zeros((self.num_envs, self.obs_dim), np.float32)
+        ended = terminated | truncated
+        if ended.any():
+            mask = info["_final_obs"]
+            for i in np.flatnonzero(mask):
+                final_obs[i] = info["final_obs"][i]
+        rewards = np.asarray(rewards, np.float32)
+        self.episode_return += rewards
+        self.episode_length += 1
+        finished = []
+        for i in np.flatnonzero(ended):
+            finished.append((float(self.episode_return[i]), int(self.episode_length[i])))
+            self.episode_return[i] = 0.0
+            self.episode_length[i] = 0
+        self.obs = np.asarray(obs, np.float32)
+        return StepResult(self.obs, rewards, terminated, truncated, final_obs), finished
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def rollout_spec(env_id: str, *, num_envs: int, rollout_length: int, max_episode_steps: int = 0) -> RolloutSpec:
+    """The RolloutSpec of ``num_envs`` copies of ``env_id`` (builds one env to read its spaces)."""
+    probe = VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps)
+    try:
+        return RolloutSpec(obs_dim=probe.obs_dim, action_dim=probe.action_dim, discrete=probe.discrete,
+                           rollout_length=rollout_length, num_envs=num_envs)
+    finally:
+        probe.close()

@@ -1,0 +1,131 @@
+"""``asyncrl run``: start learner, broadcaster and N actors as separate OS processes on this host,
+wire their endpoints, supervise them, and stop them all at the step budget, on Ctrl-C, or when a
+role fails (then exit non-zero with that role's error).
+
+Each role is started as its own command (``python -m asyncrl.cli learner ...``), exactly as a
+user starts it by hand, so the processes share nothing but the endpoints, the run directory and
+the learner's shared-memory segment. No fork after ZeroMQ or torch are initialised: the children
+are fresh interpreters.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import Config
+from .shm import remove_run
+
+
+class RoleFailed(RuntimeError):
+    """A role exited with an error; the message carries its name and the end of its log."""
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port P such that P and P+1 were both free a moment ago (the broadcaster uses both)."""
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind((host, 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind((host, port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports found")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, run_dir: Path, echo):
+        self.cfg, self.run_dir, self.echo = cfg, run_dir, echo
+        self.run_id = f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.learner_ep = f"tcp://127.0.0.1:{free_port()}"
+        self.broadcaster_ep = f"tcp://127.0.0.1:{free_port_pair()}"
+
+    def start(self, name: str, args: list[str], *, stdout=None) -> None:
+        cmd = [sys.executable, "-m", "asyncrl.cli", *args]
+        log = open(self.logs / f"{name}.log", "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.procs[name] = subprocess.Popen(cmd, stdout=stdout or log, stderr=log, env=env,
+                                            stdin=subprocess.DEVNULL)
+        log.close()
+
+    def start_all(self) -> None:
+        cfg_file = str(self.run_dir / "config.json")
+        self.start("broadcaster", ["broadcaster", "--bind", self.broadcaster_ep])
+        self.start("learner", ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id",
+                               self.run_id, "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep],
+                   stdout=sys.stdout)
+        for i in range(self.cfg.run.num_actors):
+            self.start(f"actor{i}", ["actor", "--config", cfg_file, "--learner", self.learner_ep,
+                                     "--broadcaster", self.broadcaster_ep, "--actor-id", f"actor{i}",
+                                     "--seed", str(self.cfg.run.seed * 10_007 + i * 101)])
+
+    def failed(self) -> tuple[str, int] | None:
+        for name, p in self.procs.items():
+            rc = p.poll()
+            if rc not in (None, 0):
+                return name, rc
+        return None
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        text = (self.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()
+        return "\n".join(text[-lines:])
+
+    def supervise(self) -> None:
+        while self.procs["learner"].poll() is None:
+            bad = self.failed()
+            if bad is not None:
+                raise RoleFailed(f"{bad[0]} exited with status {bad[1]}:\n{self.tail(bad[0])}")
+            time.sleep(0.2)
+        if self.procs["learner"].returncode != 0:
+            raise RoleFailed(f"learner exited with status {self.procs['learner'].returncode}:\n{self.tail('learner')}")
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        """SIGINT to every child still running; SIGKILL to any left after ``grace_s``."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        remove_run(self.run_id)   # a segment of a learner that had to be killed
+
+
+def launch(cfg: Config, run_dir: Path, *, echo=print) -> dict:
+    """Run a whole training job locally; returns the learner's summary. Raises RoleFailed."""
+    sup = Supervisor(cfg, run_dir, echo)
+    echo(f"run {sup.run_id}: learner {sup.learner_ep}, broadcaster {sup.broadcaster_ep}, "
+         f"{cfg.run.num_actors} actors; logs in {sup.logs}")
+    try:
+        sup.start_all()
+        sup.supervise()
+        # the learner has told the actors to stop; give them a moment to exit on their own
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(p.poll() is None for n, p in sup.procs.items() if n != "broadcaster"):
+            time.sleep(0.1)
+    finally:
+        sup.stop_all()
+    return json.loads((run_dir / "summary.json").read_text())

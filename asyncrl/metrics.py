@@ -1,0 +1,99 @@
+"""Run-directory outputs: metrics JSONL, episode statistics, summary, console progress line."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class JsonlWriter:
+    """Append one JSON object per line, flushed on every write (a crash loses nothing)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, default=_jsonable) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _jsonable(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+class EpisodeTracker:
+    """Recent episode returns (window of the last ``window`` episodes) and all of them, logged
+    with the env step at which they ended: the learning curve."""
+
+    def __init__(self, window: int = 20):
+        self.recent: deque[float] = deque(maxlen=window)
+        self.count = 0
+
+    def add(self, returns, lengths=()) -> None:
+        for r in returns:
+            self.recent.append(float(r))
+            self.count += 1
+
+    @property
+    def average_return(self) -> float | None:
+        return float(np.mean(self.recent)) if self.recent else None
+
+
+def percentiles(values, qs=(50, 95)) -> list[float | None]:
+    if len(values) == 0:
+        return [None for _ in qs]
+    return [float(v) for v in np.percentile(np.asarray(values, np.float64), qs)]
+
+
+def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return: float | None,
+                  lag: tuple | None = None, tv: float | None = None, filtered: float | None = None) -> str:
+    parts = [f"steps {env_steps:>9,}/{total:,}", f"{steps_per_s:7,.0f} steps/s",
+             f"return {avg_return:8.1f}" if avg_return is not None else "return      n/a"]
+    if lag is not None and lag[0] is not None:
+        parts.append(f"lag p50/p95 {lag[0]:.0f}/{lag[1]:.0f} v")
+        if len(lag) > 2 and lag[2] is not None:
+            parts.append(f"{lag[2]:.2f}/{lag[3]:.2f} s")
+    if tv is not None:
+        parts.append(f"tv {tv:.3f}")
+    if filtered is not None:
+        parts.append(f"filtered {filtered:.2f}")
+    return " | ".join(parts)
+
+
+class Clock:
+    """Wall-clock since start, and a rate limiter for console lines."""
+
+    def __init__(self, every_s: float):
+        self.start = time.monotonic()
+        self.every_s, self._last = every_s, 0.0
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            return True
+        return False

@@ -1,0 +1,161 @@
+"""Actor-critic networks, observation normalisation, and flat weight buffers.
+
+The observation statistics are buffers of the policy: they travel with the weights in the flat
+buffer the broadcaster ships, so an actor always normalises with the statistics of the version it
+acts with. Only the learner updates them (:class:`RunningMeanStd`).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from .algo.distributions import Categorical, DiagGaussian
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+
+
+class PolicyOutput(NamedTuple):
+    dist: DiagGaussian | Categorical
+    values: torch.Tensor  # [N]
+
+
+class RunningMeanStd:
+    """Running mean and variance over a stream of batches (Chan et al. parallel update), float64.
+
+    Shapes: ``update(x)`` takes [N, *shape].
+    """
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, np.float64)
+        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total
+        self.var, self.count = m2 / total, total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.tolist(), "var": self.var.tolist(), "count": self.count}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.mean = np.asarray(d["mean"], np.float64)
+        self.var = np.asarray(d["var"], np.float64)
+        self.count = float(d["count"])
+
+
+def _mlp(sizes: list[int], activation: str, out_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        lin = nn.Linear(sizes[i], sizes[i + 1])
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(lin.weight, out_gain if last else math.sqrt(2))
+        nn.init.zeros_(lin.bias)
+        layers.append(lin)
+        if not last:
+            layers.append(_ACTIVATIONS[activation]())
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate policy and value MLPs over normalised observations.
+
+    Continuous actions: diagonal Gaussian with a state-independent log-std parameter.
+    Discrete actions: categorical over logits. Orthogonal init; policy head gain 0.01.
+
+    Args:
+        obs_dim: D. action_dim: A (continuous) or number of actions K (discrete).
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, *, discrete: bool,
+                 hidden_sizes=(64, 64), activation: str = "tanh", init_log_std: float = 0.0,
+                 normalize_obs: bool = True, obs_clip: float = 10.0):
+        super().__init__()
+        self.discrete, self.normalize_obs, self.obs_clip = discrete, normalize_obs, obs_clip
+        sizes = [obs_dim, *hidden_sizes]
+        self.pi = _mlp([*sizes, action_dim], activation, 0.01)
+        self.v = _mlp([*sizes, 1], activation, 1.0)
+        if not discrete:
+            self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+        self.register_buffer("obs_mean", torch.zeros(obs_dim))
+        self.register_buffer("obs_var", torch.ones(obs_dim))
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        """[N, D] raw -> [N, D] normalised and clipped to ±obs_clip."""
+        if not self.normalize_obs:
+            return obs
+        return ((obs - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)).clamp(-self.obs_clip, self.obs_clip)
+
+    def distribution(self, x: torch.Tensor) -> DiagGaussian | Categorical:
+        out = self.pi(x)
+        return Categorical(out) if self.discrete else DiagGaussian(out, self.log_std)
+
+    def forward(self, obs: torch.Tensor) -> PolicyOutput:
+        """obs [N, D] raw -> (action distribution over [N], values [N])."""
+        x = self.normalize(obs)
+        return PolicyOutput(self.distribution(x), self.v(x).squeeze(-1))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [N, D] raw -> V(s) [N]."""
+        return self.v(self.normalize(obs)).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, generator: torch.Generator | None = None):
+        """Sample actions for obs [E, D] (numpy). Returns (actions [E, A] or [E], log_prob [E])
+        as numpy; the actions are unclipped samples."""
+        dist = self.distribution(self.normalize(torch.from_numpy(obs)))
+        actions = dist.sample(generator)
+        return actions.numpy(), dist.log_prob(actions).numpy()
+
+    def set_obs_stats(self, rms: RunningMeanStd) -> None:
+        self.obs_mean.copy_(torch.as_tensor(rms.mean, dtype=torch.float32))
+        self.obs_var.copy_(torch.as_tensor(rms.var, dtype=torch.float32))
+
+
+def build_policy(cfg_policy, obs_dim: int, action_dim: int, *, discrete: bool) -> ActorCritic:
+    """ActorCritic from a PolicyConfig."""
+    return ActorCritic(obs_dim, action_dim, discrete=discrete, hidden_sizes=tuple(cfg_policy.hidden_sizes),
+                       activation=cfg_policy.activation, init_log_std=cfg_policy.init_log_std,
+                       normalize_obs=cfg_policy.normalize_obs, obs_clip=cfg_policy.obs_clip)
+
+
+# ---- flat weights: one contiguous float32 buffer, parameters then buffers, state_dict order ----
+
+def layout(module: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    return [(k, tuple(v.shape)) for k, v in module.state_dict().items()]
+
+
+def layout_hash(module: nn.Module) -> str:
+    """16 hex digits identifying names, shapes and order of the flat buffer."""
+    text = ";".join(f"{k}:{s}" for k, s in layout(module))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def flatten_weights(module: nn.Module) -> np.ndarray:
+    """All parameters and buffers as one contiguous float32 array [P]."""
+    tensors = [v.detach().reshape(-1).to(torch.float32) for v in module.state_dict().values()]
+    return torch.cat(tensors).numpy()
+
+
+def load_flat_weights(module: nn.Module, flat: np.ndarray) -> None:
+    """Inverse of :func:`flatten_weights`. Raises ValueError if the size does not match."""
+    sd = module.state_dict()
+    total = sum(v.numel() for v in sd.values())
+    if flat.ndim != 1 or flat.size != total:
+        raise ValueError(f"flat weights have shape {flat.shape}, expected ({total},)")
+    src = torch.from_numpy(np.asarray(flat, np.float32))
+    off = 0
+    with torch.no_grad():
+        for v in sd.values():
+            n = v.numel()
+            v.copy_(src[off:off + n].view_as(v))
+            off += n

@@ -1,0 +1,200 @@
+"""Actor role: envs + a copy of the policy. Connects to the learner (slot grants, reports) and
+the broadcaster (weights), fills granted slots in the learner's shared memory when it can attach
+to it, and ships rollouts over TCP when it cannot.
+
+Top to bottom: handshake -> first weights -> loop(newest weights, wait for a grant, collect,
+report). Every step records the policy version that chose its action.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .. import transport as tp
+from ..config import Config, from_dict
+from ..envs import VecEnv
+from ..policy import build_policy, layout_hash, load_flat_weights
+from ..rollout import collect
+from ..shm import ShmError, SlotRing
+from ..spec import RolloutSpec
+
+log = logging.getLogger("asyncrl.actor")
+
+
+class ActorError(RuntimeError):
+    """The actor cannot go on (refused by the learner, no learner, mismatched config)."""
+
+
+@dataclass
+class ActorOptions:
+    learner: str                # tcp://host:port of the learner's ROUTER
+    broadcaster: str            # tcp://host:port of the broadcaster's PUB; its ROUTER is port + 1
+    actor_id: str
+    seed: int
+    connect_timeout_s: float = 60.0
+    max_rollouts: int = 0       # 0: until the learner says stop
+
+
+def snapshot_endpoint(broadcaster: str) -> str:
+    """The broadcaster's request socket sits one port above its PUB socket."""
+    host, port = broadcaster.rsplit(":", 1)
+    return f"{host}:{int(port) + 1}"
+
+
+class Actor:
+    def __init__(self, cfg: Config, opts: ActorOptions):
+        self.cfg, self.opts = cfg, opts
+        torch.set_num_threads(1)
+        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=opts.seed, max_episode_steps=cfg.env.max_episode_steps)
+        self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
+        self.ctx = tp.context()
+        self.learner = tp.dealer(self.ctx, opts.learner, opts.actor_id)
+        self.weights_sub = tp.sub(self.ctx, opts.broadcaster)
+        self.snapshot = tp.dealer(self.ctx, snapshot_endpoint(opts.broadcaster), opts.actor_id)
+        self.run_id = ""
+        self.ring: SlotRing | None = None
+        self.local_slot = None            # TCP mode: one slot in ordinary memory
+        self.grants: list[tuple[int, int]] = []
+        self.policy = None
+        self.version = -1
+        self.generator = torch.Generator().manual_seed(opts.seed)
+        self.last_heartbeat = 0.0
+        self.stopped = ""
+
+    # ---- handshake ----
+    def hello(self) -> None:
+        """Say hello until the learner answers (it may start later); raise ActorError on refusal."""
+        deadline = time.monotonic() + self.opts.connect_timeout_s
+        header = {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": "", "actor_id": self.opts.actor_id,
+                  "host": socket.gethostname(), "pid": os.getpid(), "env_id": self.cfg.env.id,
+                  "spec": self.spec.to_dict(), "shm_token": None}
+        while time.monotonic() < deadline:
+            tp.send(self.learner, tp.encode(header), block=False)
+            frames = tp.recv_multipart_timeout(self.learner, 1000)
+            if frames is None:
+                continue
+            reply, _ = tp.decode(frames)
+            if reply["type"] == "refuse":
+                raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {reply['reason']}")
+            if reply["type"] == "welcome":
+                return self._welcome(reply)
+        raise ActorError(f"actor {self.opts.actor_id}: no learner answered at {self.opts.learner} "
+                         f"within {self.opts.connect_timeout_s:.0f} s")
+
+    def _welcome(self, reply: dict) -> None:
+        self.run_id = reply["run_id"]
+        learner_cfg = from_dict(json.loads(reply["config"]))
+        self.policy = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
+                                   discrete=self.spec.discrete)
+        try:
+            self.ring = SlotRing.attach(name=reply["shm_name"], spec=self.spec, num_slots=reply["num_slots"],
+                                        token=reply["token"])
+            log.info("actor %s: attached to shared memory %s", self.opts.actor_id, reply["shm_name"])
+        except ShmError as exc:
+            log.info("actor %s: learner's shared memory not reachable (%s); shipping rollouts over TCP",
+                     self.opts.actor_id, exc)
+            self.local_slot = self.spec.allocate()
+
+    def _send(self, kind: str, **fields) -> None:
+        tp.send(self.learner, tp.encode({"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
+                                         "actor_id": self.opts.actor_id, **fields}))
+
+    # ---- weights ----
+    def first_weights(self) -> None:
+        deadline = time.monotonic() + self.opts.connect_timeout_s
+        while self.version < 0:
+            if time.monotonic() > deadline:
+                raise ActorError(f"actor {self.opts.actor_id}: no weights from the broadcaster "
+                                 f"at {self.opts.broadcaster}")
+            tp.send(self.snapshot, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION,
+                                              "run_id": self.run_id, "actor_id": self.opts.actor_id}), block=False)
+            frames = tp.recv_multipart_timeout(self.snapshot, 1000)
+            if frames is not None and len(frames) == 3:   # [topic, header, payload]; else "no weights yet"
+                self._load(frames)
+            self.newest_weights()
+
+    def newest_weights(self) -> None:
+        frames = tp.drain_latest(self.weights_sub)
+        if frames is not None:
+            self._load(frames)
+
+    def _load(self, frames) -> None:
+        header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=layout_hash(self.policy))
+        if header["version"] > self.version:
+            load_flat_weights(self.policy, flat)
+            self.version = header["version"]
+
+    # ---- grants and reports ----
+    def poll_learner(self, timeout_ms: int) -> None:
+        frames = tp.recv_multipart_timeout(self.learner, timeout_ms)
+        while frames is not None:
+            header, _ = tp.decode(frames, run_id=self.run_id)
+            if header["type"] == "grant":
+                self.grants.append((header["slot"], header["grant_id"]))
+            elif header["type"] == "stop":
+                self.stopped = header["reason"]
+            frames = tp.recv_multipart_timeout(self.learner, 0)
+
+    def heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self.last_heartbeat >= self.cfg.transport.heartbeat_s:
+            self._send("heartbeat")
+            self.last_heartbeat = now
+
+    def wait_for_grant(self) -> tuple[int, int] | None:
+        while not self.grants and not self.stopped:
+            self.heartbeat()
+            self.poll_learner(100)
+        return self.grants.pop(0) if self.grants else None
+
+    def act(self, obs):
+        return self.policy.act(obs, self.generator)
+
+    def run(self) -> int:
+        """Handshake, then collect until the learner says stop. Returns rollouts sent."""
+        self.hello()
+        self.first_weights()
+        self.env.reset()
+        for _ in range(2):                      # two credits: fill one slot while the next is granted
+            self._send("request")
+        sent = 0
+        while not self.stopped and (self.opts.max_rollouts == 0 or sent < self.opts.max_rollouts):
+            self.poll_learner(0)
+            grant = self.wait_for_grant()
+            if grant is None:
+                break
+            slot_index, grant_id = grant
+            self.newest_weights()
+            slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
+            stats = collect(self.env, self.act, slot, version=self.version)
+            report = dict(grant_id=grant_id, env_steps=stats.env_steps,
+                          episode_returns=[float(r) for r in stats.episode_returns],
+                          episode_lengths=[int(n) for n in stats.episode_lengths])
+            if self.ring is not None:
+                del slot
+                self._send("ready", slot=slot_index, **report)
+            else:
+                header = {"type": "rollout", "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
+                          "actor_id": self.opts.actor_id, **report}
+                tp.send(self.learner, tp.encode_rollout(header, slot, self.spec))
+            sent += 1
+            self.heartbeat()
+        return sent
+
+    def close(self) -> None:
+        try:
+            if self.run_id and not self.stopped:
+                tp.send(self.learner, tp.encode({"type": "bye", "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
+                                                 "actor_id": self.opts.actor_id}), block=False)
+        finally:
+            tp.close(self.learner, self.weights_sub, self.snapshot)
+            self.ctx.term()
+            if self.ring is not None:
+                self.ring.close()
+            self.env.close()

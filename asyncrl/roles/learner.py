@@ -1,0 +1,280 @@
+"""Learner role: owns the policy, the optimizer and the shared-memory slot ring; grants slots to
+actors (credits = backpressure), gathers B full slots into a batch, runs one VACO learner
+iteration, publishes the new weights through the broadcaster, and accounts for policy lag.
+
+Top to bottom: serve messages -> consume a batch when B slots are full -> publish -> repeat
+until the env-step budget; then stop the actors, checkpoint, summarise, remove the segment.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import transport as tp
+from ..config import Config
+from ..envs import rollout_spec
+from ..lag import LagTracker
+from ..metrics import Clock, EpisodeTracker, JsonlWriter, progress_line, write_json_atomic
+from ..shm import SlotLedger, SlotRing, cleanup_stale
+from ..state import LearnerState
+from .actor import snapshot_endpoint
+
+log = logging.getLogger("asyncrl.learner")
+
+# Fields that must describe one env stream; a report's slot is checked before it is consumed.
+_SPEC_FIELDS = ("obs_dim", "action_dim", "discrete", "rollout_length", "num_envs")
+
+
+@dataclass
+class ActorInfo:
+    host: str
+    pid: int
+    last_seen: float
+    pending: int = 0                       # grants asked for and not yet given
+    mode: str = "shm"
+    meta: dict = field(default_factory=dict)
+
+
+class Learner:
+    def __init__(self, cfg: Config, run_dir: str | Path, *, run_id: str, bind: str, broadcaster: str,
+                 echo=print):
+        self.cfg, self.run_dir, self.run_id, self.echo = cfg, Path(run_dir), run_id, echo
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.set_num_threads(cfg.learner.torch_threads)
+        self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
+                                 max_episode_steps=cfg.env.max_episode_steps)
+        self.state = LearnerState(cfg, self.spec)
+        for name in cleanup_stale():
+            log.warning("learner: removed shared-memory segment %s left by a dead run", name)
+        self.ring = SlotRing.create(run_id=run_id, spec=self.spec, num_slots=cfg.learner.num_slots)
+        self.ledger = SlotLedger(cfg.learner.num_slots)
+        self.ctx = tp.context()
+        self.router = tp.router(self.ctx, bind)
+        self.endpoint = tp.endpoint_of(self.router)
+        self.weights_out = tp.dealer(self.ctx, snapshot_endpoint(broadcaster), f"learner-{run_id}")
+        self.actors: dict[str, ActorInfo] = {}
+        self.full_meta: dict[int, tuple[str, dict]] = {}
+        self.rejects = tp.RejectCounter("learner")
+        self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
+        self.lag = LagTracker(self.run_dir / "lag.jsonl")
+        self.episodes = EpisodeTracker()
+        self.clock = Clock(cfg.run.log_every_s)
+        self.last_stats: dict = {}
+        self.publish()
+
+    # ---- weights ----
+    def publish(self) -> None:
+        now = time.time()
+        self.lag.published(self.state.version, now)
+        frames = tp.encode_weights(run_id=self.run_id, version=self.state.version, publish_time=now,
+                                   layout_hash=self.state.layout_hash, payload=self.state.flat_weights())
+        tp.send(self.weights_out, frames, block=False)
+
+    # ---- messages ----
+    def serve(self, timeout_ms: int) -> None:
+        frames = tp.recv_multipart_timeout(self.router, timeout_ms, copy=False)
+        while frames is not None:
+            self.handle(frames)
+            frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
+        self.reap_silent_actors()
+        self.grant_pending()
+
+    def handle(self, frames) -> None:
+        identity = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
+        sender = identity.decode(errors="replace")
+        try:
+            header, arrays = tp.decode(frames[1:])
+            if header["type"] == "hello":
+                return self.on_hello(identity, header)
+            if header["run_id"] != self.run_id:
+                raise tp.ProtocolError("run_id", f"{header['type']}: run {header['run_id']!r}, this run is {self.run_id!r}")
+            actor = self.actors.get(header.get("actor_id", ""))
+            if actor is None or header["actor_id"] != sender:
+                raise tp.ProtocolError("unknown_actor", f"{header['type']} from an actor that did not say hello")
+            actor.last_seen = time.monotonic()
+            kind = header["type"]
+            if kind == "request":
+                actor.pending += 1
+            elif kind in ("ready", "rollout"):
+                actor.pending += 1            # every report asks for the next slot
+                self.on_report(sender, header, arrays)
+            elif kind == "bye":
+                self.forget(sender, "said bye")
+            elif kind != "heartbeat":
+                raise tp.ProtocolError("unexpected_type", kind)
+        except tp.ProtocolError as exc:
+            self.rejects.reject(exc, sender)
+
+    def on_hello(self, identity: bytes, h: dict) -> None:
+        actor_id = h["actor_id"]
+        mismatch = self.mismatch(h)
+        if mismatch:
+            log.warning("learner: refused actor %s from %s: %s", actor_id, h["host"], mismatch)
+            self.reply(identity, {"type": "refuse", "reason": mismatch})
+            return
+        old = self.actors.get(actor_id)
+        if old is not None and old.pid == h["pid"]:
+            return                             # a repeated hello from the same process
+        if old is not None:
+            self.forget(actor_id, "restarted")
+        self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic())
+        log.info("learner: actor %s joined from %s (pid %d)", actor_id, h["host"], h["pid"])
+        self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
+                              "spec": self.spec.to_dict(), "token": self.ring.token,
+                              "config": json.dumps(self.cfg.to_dict())})
+
+    def mismatch(self, h: dict) -> str:
+        """'' if the actor's env and rollout shape match this run; else one line naming the field."""
+        if h["env_id"] != self.cfg.env.id:
+            return f"env_id: actor has {h['env_id']!r}, learner has {self.cfg.env.id!r}"
+        mine = self.spec.to_dict()
+        for key in _SPEC_FIELDS:
+            if h["spec"].get(key) != mine[key]:
+                return f"{key}: actor has {h['spec'].get(key)!r}, learner has {mine[key]!r}"
+        return ""
+
+    def reply(self, identity: bytes, header: dict) -> None:
+        tp.send(self.router, [identity, *tp.encode({"run_id": self.run_id, **header})], block=False)
+
+    def on_report(self, actor_id: str, h: dict, arrays) -> None:
+        """A slot is full: checked, then queued for the next batch. A rejected report frees
+        its slot again, so nothing of it is ever consumed."""
+        if h["type"] == "ready":
+            slot = h["slot"]
+            held = any(g == (slot, h["grant_id"]) for g in self.ledger.granted_to(actor_id))
+        else:
+            slot = next((g.slot for g in self.ledger.granted_to(actor_id) if g.grant_id == h["grant_id"]), None)
+            held = slot is not None
+        if not held:
+            raise tp.ProtocolError("stale_grant", f"{h['type']} for slot {slot} grant {h['grant_id']} "
+                                                  f"not held by {actor_id}")
+        try:
+            if h["type"] == "rollout":
+                received = tp.decode_rollout_frames(arrays, self.spec)
+                self.validate_slot(received)
+                views = self.ring.views(slot)
+                for name, a in received.items():
+                    views[name][...] = a
+                del views
+                self.actors[actor_id].mode = "tcp"
+            else:
+                self.validate_slot(self.ring.views(slot))
+        except tp.ProtocolError:
+            self.ledger.void(actor_id, slot, h["grant_id"])
+            raise
+        self.ledger.complete(actor_id, slot, h["grant_id"])
+        self.full_meta[slot] = (actor_id, {"host": self.actors[actor_id].host, "env_steps": h["env_steps"],
+                                           "episode_returns": h["episode_returns"]})
+
+    def validate_slot(self, views: dict) -> None:
+        tp.check_finite(views)
+        v = views["behavior_version"]
+        if v.min() < 0 or v.max() > self.state.version:
+            raise tp.ProtocolError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{self.state.version}")
+        if self.spec.discrete:
+            a = views["actions"]
+            if a.min() < 0 or a.max() >= self.spec.action_dim:
+                raise tp.ProtocolError("action", f"action indices {a.min()}..{a.max()} outside 0..{self.spec.action_dim - 1}")
+
+    def forget(self, actor_id: str, why: str) -> None:
+        freed = self.ledger.reclaim(actor_id)
+        self.actors.pop(actor_id, None)
+        log.info("learner: actor %s left (%s); %d granted slots freed", actor_id, why, len(freed))
+
+    def reap_silent_actors(self) -> None:
+        now = time.monotonic()
+        for actor_id in [a for a, i in self.actors.items() if now - i.last_seen > self.cfg.transport.actor_timeout_s]:
+            self.forget(actor_id, f"silent for {self.cfg.transport.actor_timeout_s:.0f} s")
+
+    def grant_pending(self) -> None:
+        progress = True
+        while progress:
+            progress = False
+            for actor_id, info in self.actors.items():
+                if info.pending > 0:
+                    g = self.ledger.grant(actor_id)
+                    if g is None:
+                        return
+                    info.pending -= 1
+                    self.reply(actor_id.encode(), {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
+                    progress = True
+
+    # ---- learning ----
+    def consume(self) -> bool:
+        """If B slots are full: copy them out, free them, run one learner iteration, publish."""
+        B = self.cfg.learner.slots_per_batch
+        if self.ledger.num_full < B:
+            return False
+        slots = self.ledger.pop_full(B)
+        now = time.time()
+        batch_slots, lag_rows, ended = [], [], []
+        for s in slots:
+            actor_id, meta = self.full_meta.pop(s)
+            views = self.ring.views(s)
+            batch_slots.append((actor_id, {k: v.copy() for k, v in views.items()}))
+            del views
+            lag_rows.append((actor_id, meta["host"], batch_slots[-1][1]["behavior_version"]))
+            self.state.env_steps += meta["env_steps"]
+            self.episodes.add(meta["episode_returns"])
+            ended += meta["episode_returns"]
+        for s in slots:
+            self.ledger.release(s)
+        self.grant_pending()                   # actors go on while the learner learns
+        batch = self.state.make_batch(batch_slots)
+        batch_lag = self.lag.consumed(self.state.version, now, lag_rows, iteration=self.state.iteration)
+        stats = self.state.iterate(batch)
+        self.publish()
+        self.last_stats = stats
+        self.metrics.write({"iteration": self.state.iteration, "env_steps": self.state.env_steps,
+                            "wall_time_s": self.clock.elapsed, "average_return": self.episodes.average_return,
+                            "episode_returns": ended, **batch_lag, **stats})
+        if self.cfg.learner.checkpoint_every and self.state.iteration % self.cfg.learner.checkpoint_every == 0:
+            self.state.save(self.run_dir / "checkpoint.pt")
+        return True
+
+    def progress(self) -> None:
+        if not self.clock.due():
+            return
+        p = self.lag.recent_percentiles()
+        self.echo(progress_line(env_steps=self.state.env_steps, total=self.cfg.run.total_env_steps,
+                                steps_per_s=self.state.env_steps / max(self.clock.elapsed, 1e-9),
+                                avg_return=self.episodes.average_return, lag=p,
+                                tv=self.last_stats.get("tv_estimate"), filtered=self.last_stats.get("filtered_fraction")))
+
+    def run(self) -> dict:
+        log.info("learner: run %s listening on %s, shared memory %s", self.run_id, self.endpoint, self.ring.name)
+        while self.state.env_steps < self.cfg.run.total_env_steps:
+            self.serve(5)
+            self.consume()
+            self.progress()
+        return self.finish()
+
+    def finish(self) -> dict:
+        for actor_id in list(self.actors):
+            self.reply(actor_id.encode(), {"type": "stop", "reason": "step budget reached"})
+        self.state.save(self.run_dir / "checkpoint.pt")
+        summary = {"mode": "async", "run_id": self.run_id, "env_id": self.cfg.env.id, "preset": self.cfg.algo.preset,
+                   "seed": self.cfg.run.seed, "env_steps": self.state.env_steps, "wall_time_s": self.clock.elapsed,
+                   "env_steps_per_s": self.state.env_steps / max(self.clock.elapsed, 1e-9),
+                   "learner_iterations": self.state.iteration,
+                   "final_average_return": self.episodes.average_return,
+                   "rejected_messages": self.rejects.by_reason(), **self.lag.summary()}
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        return summary
+
+    def close(self) -> None:
+        """Idempotent; always removes the shared-memory segment."""
+        try:
+            self.metrics.close()
+            self.lag.close()
+            tp.close(self.router, self.weights_out)
+            self.ctx.term()
+        finally:
+            self.ring.close()
+            self.ring.unlink()

@@ -1,0 +1,52 @@
+"""Collect one rollout of T steps from E envs into a slot (numpy views; shared memory or not).
+
+No sockets here, so it is testable alone and shared by the actor role and serial mode.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from .envs import VecEnv
+
+
+class RolloutStats(NamedTuple):
+    env_steps: int                 # T * E
+    episode_returns: list[float]   # undiscounted, raw rewards, episodes that ended in this rollout
+    episode_lengths: list[int]
+
+
+ActFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: int) -> RolloutStats:
+    """Fill ``slot`` (fields of :class:`asyncrl.spec.RolloutSpec`) with T steps.
+
+    Args:
+        env: the actor's envs; ``env.obs`` ([E, D]) must hold the current observation
+            (call ``env.reset()`` once before the first rollout). Rollouts continue each other:
+            ``obs[T]`` of one rollout is ``obs[0]`` of the next, and may span episodes.
+        act: obs [E, D] float32 -> (unclipped actions [E, A] or [E], log-probs [E]).
+        slot: views of one slot; T is taken from ``slot["rewards"].shape[0]``.
+        version: behaviour policy version recorded for every step.
+    """
+    T = slot["rewards"].shape[0]
+    obs = slot["obs"]
+    obs[0] = env.obs
+    returns, lengths = [], []
+    for t in range(T):
+        actions, log_prob = act(obs[t])
+        slot["actions"][t] = actions
+        slot["behavior_log_prob"][t] = log_prob
+        slot["behavior_version"][t] = version
+        step, finished = env.step(actions)
+        slot["rewards"][t] = step.rewards
+        slot["terminated"][t] = step.terminated
+        slot["truncated"][t] = step.truncated
+        slot["final_obs"][t] = step.final_obs
+        obs[t + 1] = step.obs
+        for ret, length in finished:
+            returns.append(ret)
+            lengths.append(length)
+    return RolloutStats(T * env.num_envs, returns, lengths)

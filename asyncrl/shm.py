@@ -1,0 +1,417 @@
+"""Shared-memory slot ring and the learner's slot ledger.
+
+``SlotRing``: S slots of one ``RolloutSpec`` in ONE POSIX shared-memory segment named
+``asyncrl-<run_id>-<pid of creator>`` (the name alone tells ``cleanup_stale`` whether its creator
+still lives). Byte layout: a 64-byte header, then slot i at ``64 + i * spec.slot_nbytes``::
+
+    offset size  header field
+    0      8     magic b"ASYNCRL1"
+    8      8     num_slots            (uint64, little-endian)
+    16     8     spec.slot_nbytes     (uint64)
+    24     16    spec.layout_hash     (ASCII)
+    40     16    token                (random; proves a client mapped this very segment)
+    56     8     reserved, zero
+
+The creator owns the name (``unlink``); attached processes only map it.
+
+``SlotLedger``: pure bookkeeping of which slot is free, granted to an actor, full, or being
+consumed (monobeast's free/full queues, with grant ids so late or foreign reports are refused).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import struct
+import sys
+import threading
+import weakref
+from collections import Counter, deque
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import NamedTuple
+
+import numpy as np
+
+from asyncrl.spec import RolloutSpec
+
+log = logging.getLogger(__name__)
+
+PREFIX = "asyncrl-"
+SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory; cleanup scans it
+HEADER_NBYTES = 64
+TOKEN_NBYTES = 16
+MAGIC = b"ASYNCRL1"
+_HEADER = struct.Struct("<8sQQ16s16s8x")
+assert _HEADER.size == HEADER_NBYTES
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+class ShmError(RuntimeError):
+    """A shared-memory segment is missing, of another layout, or not the one expected."""
+
+
+class SlotRing:
+    """S rollout slots in one shared-memory segment. Build with ``create`` or ``attach``.
+
+    Used as a context manager it closes on exit, and the creator also unlinks.
+    """
+
+    def __init__(self, shm: SharedMemory, spec: RolloutSpec, num_slots: int, token: bytes,
+                 owner: bool):
+        self._shm, self.spec, self.num_slots, self.token, self.owner = \
+            shm, spec, num_slots, token, owner
+        self._views: dict[int, dict[str, np.ndarray]] = {}
+        self._closed = self._unlinked = False
+
+    @classmethod
+    def create(cls, *, run_id: str, spec: RolloutSpec, num_slots: int) -> SlotRing:
+        """Create the zero-filled segment ``asyncrl-<run_id>-<os.getpid()>``.
+
+        Raises ValueError for a run_id outside ``[A-Za-z0-9_.-]{1,200}`` or num_slots < 1;
+        ShmError if that name exists (a second ring of this run in this process, or a stale
+        segment from a dead process with a recycled pid: run ``asyncrl clean``).
+        """
+        if not _RUN_ID.fullmatch(run_id):
+            raise ValueError(f"run_id must match [A-Za-z0-9_.-]{{1,200}}, got {run_id!r}")
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        name = f"{PREFIX}{run_id}-{os.getpid()}"
+        try:
+            shm = SharedMemory(name=name, create=True,
+                               size=HEADER_NBYTES + num_slots * spec.slot_nbytes)
+        except FileExistsError:
+            raise ShmError(f"shared-memory segment {name!r} already exists") from None
+        token = secrets.token_bytes(TOKEN_NBYTES)
+        _HEADER.pack_into(shm.buf, 0, MAGIC, num_slots, spec.slot_nbytes, _hash(spec), token)
+        return cls(shm, spec, num_slots, token, owner=True)
+
+    @classmethod
+    def attach(cls, *, name: str, spec: RolloutSpec, num_slots: int,
+               token: bytes | None = None) -> SlotRing:
+        """Map an existing segment (e.g. the one a learner's ``welcome`` names).
+
+        The segment is not registered with this process's resource tracker, so this process
+        exiting never removes it. Raises ShmError if it is missing (e.g. the learner runs on
+        another host), or its magic, num_slots, layout hash, size or (when given) token differ.
+        """
+        try:
+            shm = _open_untracked(name)
+        except FileNotFoundError:
+            raise ShmError(f"no shared-memory segment {name!r} on this host") from None
+        try:
+            found = _check_header(shm, spec, num_slots, token)
+        except ShmError:
+            shm.close()
+            raise
+        return cls(shm, spec, num_slots, found, owner=False)
+
+    @property
+    def name(self) -> str:
+        """Segment name without the leading slash, as ``attach`` takes it."""
+        return self._shm.name
+
+    def views(self, i: int) -> dict[str, np.ndarray]:
+        """Writable numpy views of slot ``i``, straight into shared memory (no copy).
+
+        Returns {field name: array of that field's shape and dtype} (``spec.fields``, e.g. obs
+        [T+1, E, obs_dim] float32). Repeated calls return the same arrays in a new dict.
+        Raises IndexError unless 0 <= i < num_slots; ShmError after close().
+        """
+        if self._closed:
+            raise ShmError(f"{self.name} is closed")
+        if not 0 <= i < self.num_slots:
+            raise IndexError(f"slot {i} out of range [0, {self.num_slots})")
+        if i not in self._views:
+            base = HEADER_NBYTES + i * self.spec.slot_nbytes
+            self._views[i] = self.spec.views(self._shm.buf, base)
+        return dict(self._views[i])
+
+    def close(self) -> None:
+        """Unmap the segment in this process; idempotent, never raises BufferError.
+
+        numpy keeps no buffer lock on the mapping, so unmapping while a view is still referenced
+        would make its next access a segfault. If views are still alive, the unmap is deferred
+        until the last of them is garbage-collected. Does not remove the name: see unlink().
+        """
+        if self._closed:
+            return
+        self._closed = True
+        refs = [weakref.ref(a) for v in self._views.values() for a in v.values()]
+        self._views.clear()
+        live = [a for r in refs if (a := r()) is not None]
+        if not live:
+            self._shm.close()
+            return
+        log.debug("%s: %d views still alive; unmapping when they are gone", self.name, len(live))
+        pending = _CloseWhenUnused(self._shm, len(live))
+        for a in live:
+            weakref.finalize(a, pending.one_gone).atexit = False
+
+    def unlink(self) -> None:
+        """Remove the segment's name (creator only; idempotent). Mappings stay valid until closed.
+
+        Raises ShmError if this ring was attached rather than created.
+        """
+        if not self.owner:
+            raise ShmError(f"{self.name}: only the creating process unlinks the segment")
+        if self._unlinked:
+            return
+        self._unlinked = True
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:  # removed by `asyncrl clean`; still drop the tracker's entry
+            resource_tracker.unregister(self._shm._name, "shared_memory")
+
+    def __enter__(self) -> SlotRing:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        if self.owner:
+            self.unlink()
+
+    def __del__(self):
+        # SharedMemory.__del__ would unmap under live views; close() defers that safely.
+        if hasattr(self, "_closed"):
+            self.close()
+
+    def __repr__(self) -> str:
+        return (f"SlotRing({self.name!r}, num_slots={self.num_slots}, owner={self.owner}, "
+                f"closed={self._closed})")
+
+
+class _CloseWhenUnused:
+    """Closes a SharedMemory once ``one_gone`` was called ``n`` times (once per dead view)."""
+
+    def __init__(self, shm: SharedMemory, n: int):
+        self.shm, self.n, self.lock = shm, n, threading.Lock()
+
+    def one_gone(self) -> None:
+        with self.lock:
+            self.n -= 1
+            if self.n == 0:
+                self.shm.close()
+
+
+def _hash(spec: RolloutSpec) -> bytes:
+    return spec.layout_hash.encode("ascii")[:16]
+
+
+def _check_header(shm: SharedMemory, spec: RolloutSpec, num_slots: int,
+                  token: bytes | None) -> bytes:
+    """Validate the header against what the caller expects; return the segment's token."""
+    if shm.size < HEADER_NBYTES:
+        raise ShmError(f"{shm.name}: {shm.size} bytes, too small for an asyncrl header")
+    magic, n, slot_nbytes, layout, found, = _HEADER.unpack_from(shm.buf, 0)
+    if magic != MAGIC:
+        raise ShmError(f"{shm.name}: not an asyncrl slot ring (magic {magic!r})")
+    if n != num_slots:
+        raise ShmError(f"{shm.name}: has {n} slots, expected {num_slots}")
+    if layout != _hash(spec) or slot_nbytes != spec.slot_nbytes:
+        raise ShmError(f"{shm.name}: rollout layout {layout!r} differs from this process's "
+                       f"{_hash(spec)!r} (different RolloutSpec)")
+    if shm.size < HEADER_NBYTES + n * slot_nbytes:
+        raise ShmError(f"{shm.name}: {shm.size} bytes, expected {HEADER_NBYTES + n * slot_nbytes}")
+    if token is not None and token != found:
+        raise ShmError(f"{shm.name}: token differs: another segment of the same name")
+    return found
+
+
+_register_lock = threading.Lock()
+
+
+def _open_untracked(name: str) -> SharedMemory:
+    """Attach without registering the segment with this process's resource tracker."""
+    if sys.version_info >= (3, 13):
+        return SharedMemory(name=name, track=False)
+    # Python 3.11/3.12 register every attach, and the tracker unlinks registered segments when
+    # this process exits (cpython#82300): the learner's ring would vanish with the first actor
+    # that quits. Unregistering after the fact is the usual fix, but a multiprocessing child
+    # shares its parent's tracker, so that would also erase the creator's entry (and make the
+    # creator's unlink print a KeyError from the tracker). So skip just this one registration.
+    register = resource_tracker.register
+
+    def register_others(rname: str, rtype: str) -> None:
+        if rtype != "shared_memory" or rname.lstrip("/") != name.lstrip("/"):
+            register(rname, rtype)
+
+    with _register_lock:
+        resource_tracker.register = register_others
+        try:
+            return SharedMemory(name=name)
+        finally:
+            resource_tracker.register = register
+
+
+# ---------------------------------------------------------------------------------- cleanup
+
+def _creator_pid(name: str, prefix: str) -> int | None:
+    """pid at the end of ``<prefix>...-<pid>``, or None if the name is not of that form."""
+    if not name.startswith(prefix):
+        return None
+    tail = name.rpartition("-")[2]
+    return int(tail) if re.fullmatch(r"[0-9]{1,10}", tail) and int(tail) > 0 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _unlink_names(names: list[str]) -> list[str]:
+    removed = []
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:  # someone else cleaned it first
+            continue
+        removed.append(name)
+        log.info("removed shared-memory segment %s", name)
+    return removed
+
+
+def _listing() -> list[str]:
+    return sorted(os.listdir(SHM_DIR)) if os.path.isdir(SHM_DIR) else []
+
+
+def cleanup_stale(prefix: str = PREFIX) -> list[str]:
+    """Unlink segments ``<prefix>...-<pid>`` in /dev/shm whose creator pid is no longer alive.
+
+    Returns the names removed. Assumes the creators ran in this pid namespace (a pid reused by
+    an unrelated live process keeps its segment: safe, merely not cleaned).
+    """
+    stale = [n for n in _listing()
+             if (pid := _creator_pid(n, prefix)) is not None and not _alive(pid)]
+    return _unlink_names(stale)
+
+
+def remove_run(run_id: str) -> list[str]:
+    """Unlink every segment of ``run_id`` (``asyncrl-<run_id>-<pid>``), live creator or not.
+
+    Returns the names removed. Processes that mapped them keep their mappings until they close.
+    """
+    exact = re.compile(re.escape(f"{PREFIX}{run_id}-") + r"[0-9]+")
+    return _unlink_names([n for n in _listing() if exact.fullmatch(n)])
+
+
+# ---------------------------------------------------------------------------------- ledger
+
+class Grant(NamedTuple):
+    slot: int
+    grant_id: int
+
+
+class SlotLedger:
+    """The learner's record of every slot's state. Pure Python, no shared memory.
+
+    free --grant--> granted --complete--> full --pop_full--> consuming --release--> free,
+    and granted --reclaim--> free when the actor died. Every transition checks the current state,
+    so a slot is never consumed twice nor while an actor may still be writing it. grant_ids are
+    never reused, so a completion for a reclaimed grant is refused even once the slot is granted
+    again. Slots an actor completed before dying stay full: their data is valid.
+    ``counters`` counts grants, backpressure (grant found no free slot), completed, refused,
+    reclaimed, consumed and released.
+    """
+
+    def __init__(self, num_slots: int):
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.num_slots = num_slots
+        self._free: deque[int] = deque(range(num_slots))
+        self._granted: dict[int, tuple[str, int]] = {}  # slot -> (actor_id, grant_id)
+        self._full: deque[int] = deque()  # completion order
+        self._consuming: set[int] = set()
+        self._next_grant_id = 1
+        self.counters: Counter[str] = Counter()
+
+    def grant(self, actor_id: str) -> Grant | None:
+        """Grant the longest-free slot to ``actor_id``; None when no slot is free (backpressure)."""
+        if not self._free:
+            self.counters["backpressure"] += 1
+            return None
+        slot, grant_id = self._free.popleft(), self._next_grant_id
+        self._next_grant_id += 1
+        self._granted[slot] = (actor_id, grant_id)
+        self.counters["grants"] += 1
+        return Grant(slot, grant_id)
+
+    def complete(self, actor_id: str, slot: int, grant_id: int) -> bool:
+        """Mark ``slot`` full. True only if it is currently granted to ``actor_id`` under
+        ``grant_id``; a duplicate, stale or foreign completion returns False and changes nothing."""
+        if self._granted.get(slot) != (actor_id, grant_id):
+            self.counters["refused"] += 1
+            return False
+        del self._granted[slot]
+        self._full.append(slot)
+        self.counters["completed"] += 1
+        return True
+
+    def void(self, actor_id: str, slot: int, grant_id: int) -> bool:
+        """Return a granted slot to the free queue without consuming it (its report was rejected).
+        True only if it is currently granted to ``actor_id`` under ``grant_id``."""
+        if self._granted.get(slot) != (actor_id, grant_id):
+            return False
+        del self._granted[slot]
+        self._free.append(slot)
+        self.counters["voided"] += 1
+        return True
+
+    def full(self) -> tuple[int, ...]:
+        """Completed slots not yet taken, oldest completion first."""
+        return tuple(self._full)
+
+    def pop_full(self, n: int) -> list[int]:
+        """Take the ``n`` oldest full slots for consumption; ``release`` each after copying it out.
+
+        Raises ValueError if fewer than ``n`` are full (a batch is never silently short).
+        """
+        if not 0 <= n <= len(self._full):
+            raise ValueError(f"asked for {n} full slots, {len(self._full)} are full")
+        slots = [self._full.popleft() for _ in range(n)]
+        self._consuming.update(slots)
+        self.counters["consumed"] += n
+        return slots
+
+    def release(self, slot: int) -> None:
+        """Return a consumed slot to the free queue; ValueError if it is not being consumed."""
+        if slot not in self._consuming:
+            raise ValueError(f"slot {slot} is not being consumed; cannot release it")
+        self._consuming.remove(slot)
+        self._free.append(slot)
+        self.counters["released"] += 1
+
+    def reclaim(self, actor_id: str) -> list[int]:
+        """Free every slot granted to ``actor_id`` (it died); returns them. Its grants are void."""
+        slots = [s for s, (a, _) in self._granted.items() if a == actor_id]
+        for s in slots:
+            del self._granted[s]
+            self._free.append(s)
+        self.counters["reclaimed"] += len(slots)
+        return slots
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_granted(self) -> int:
+        return len(self._granted)
+
+    @property
+    def num_full(self) -> int:
+        return len(self._full)
+
+    @property
+    def num_consuming(self) -> int:
+        return len(self._consuming)
+
+    def granted_to(self, actor_id: str) -> list[Grant]:
+        """The grants ``actor_id`` currently holds."""
+        return [Grant(s, g) for s, (a, g) in self._granted.items() if a == actor_id]

@@ -1,0 +1,109 @@
+"""The one table of rollout fields. Shared memory and the wire both derive from it.
+
+A *slot* holds one actor's E parallel rollouts of T steps, time-major. Index convention (VACO.md):
+``rewards[t]`` follows ``actions[t]`` taken in ``obs[t]``; ``obs`` has T+1 rows so the learner can
+bootstrap from ``obs[T]``. ``final_obs[t]`` is meaningful only where ``truncated[t]`` (the
+observation the episode ended in, before the automatic reset wrote the next episode's first
+observation into ``obs[t+1]``).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Field(NamedTuple):
+    name: str
+    shape: tuple[int, ...]  # full shape inside one slot
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """Shapes of one slot.
+
+    Args:
+        obs_dim: length of the flat observation vector.
+        action_dim: action vector length A (continuous), or the number of actions K (discrete).
+        discrete: True for a categorical action space (actions stored as int64 indices [T, E]).
+        rollout_length: T, env steps per rollout.
+        num_envs: E, parallel envs (one rollout each) per slot.
+    """
+
+    obs_dim: int
+    action_dim: int
+    discrete: bool
+    rollout_length: int
+    num_envs: int
+
+    def __post_init__(self):
+        for name in ("obs_dim", "action_dim", "rollout_length", "num_envs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"RolloutSpec.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        T, E, D = self.rollout_length, self.num_envs, self.obs_dim
+        act = Field("actions", (T, E), np.dtype(np.int64)) if self.discrete else \
+            Field("actions", (T, E, self.action_dim), np.dtype(np.float32))
+        return (
+            Field("obs", (T + 1, E, D), np.dtype(np.float32)),
+            act,
+            Field("behavior_log_prob", (T, E), np.dtype(np.float32)),
+            Field("behavior_version", (T, E), np.dtype(np.int64)),
+            Field("rewards", (T, E), np.dtype(np.float32)),
+            Field("terminated", (T, E), np.dtype(np.bool_)),
+            Field("truncated", (T, E), np.dtype(np.bool_)),
+            Field("final_obs", (T, E, D), np.dtype(np.float32)),
+        )
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"no rollout field {name!r}; fields are {self.field_names}")
+
+    def offsets(self) -> dict[str, int]:
+        """Byte offset of each field inside one slot (each field 64-byte aligned)."""
+        out, off = {}, 0
+        for f in self.fields:
+            out[f.name] = off
+            off += _align(int(np.prod(f.shape)) * f.dtype.itemsize)
+        return out
+
+    @property
+    def slot_nbytes(self) -> int:
+        last = self.fields[-1]
+        return self.offsets()[last.name] + _align(int(np.prod(last.shape)) * last.dtype.itemsize)
+
+    def allocate(self) -> dict[str, np.ndarray]:
+        """Zeroed arrays for one slot in ordinary (non-shared) memory."""
+        return {f.name: np.zeros(f.shape, f.dtype) for f in self.fields}
+
+    def views(self, buf, base: int = 0) -> dict[str, np.ndarray]:
+        """Numpy views of one slot that starts at byte ``base`` of ``buf`` (a buffer object)."""
+        offs = self.offsets()
+        return {
+            f.name: np.ndarray(f.shape, f.dtype, buffer=buf, offset=base + offs[f.name])
+            for f in self.fields
+        }
+
+    def to_dict(self) -> dict:
+        return {"obs_dim": self.obs_dim, "action_dim": self.action_dim, "discrete": self.discrete,
+                "rollout_length": self.rollout_length, "num_envs": self.num_envs}
+
+    @property
+    def layout_hash(self) -> str:
+        text = ";".join(f"{f.name}:{f.shape}:{f.dtype.str}" for f in self.fields)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _align(n: int, to: int = 64) -> int:
+    return (n + to - 1) // to * to

@@ -1,0 +1,55 @@
+"""Tiny deterministic gymnasium envs for tests and smoke runs (registered on import of
+:mod:`asyncrl.envs` as ``asyncrl/Constant-v0`` and ``asyncrl/Corridor-v0``)."""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class ConstantEnv(gym.Env):
+    """Reward 1 every step, one constant observation, never terminates: an infinite-horizon
+    task cut only by a TimeLimit. True value V(s) = 1 / (1 - γ); a learner that treats
+    truncation as termination learns less."""
+
+    def __init__(self, obs_dim: int = 2, action_dim: int = 1):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (obs_dim,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(self.observation_space.shape, np.float32), 1.0, False, False, {}
+
+
+class CorridorEnv(gym.Env):
+    """Observation [position / length, step]; reward = the action's first component clipped
+    to [-1, 1]; terminates once ``terminate_at`` steps are taken (0: never). Deterministic, so
+    rollouts can be checked step by step."""
+
+    def __init__(self, length: int = 10, terminate_at: int = 0, discrete: bool = False):
+        self.length, self.terminate_at = length, terminate_at
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2) if discrete else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.t = 0
+
+    def _obs(self):
+        return np.array([self.t / self.length, self.t], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(action) if np.isscalar(action) or np.ndim(action) == 0 else float(np.clip(action[0], -1, 1))
+        terminated = self.terminate_at > 0 and self.t >= self.terminate_at
+        return self._obs(), reward, terminated, False, {}
+
+
+def register() -> None:
+    for env_id, cls in (("asyncrl/Constant-v0", ConstantEnv), ("asyncrl/Corridor-v0", CorridorEnv)):
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=cls, max_episode_steps=1000)

@@ -1,0 +1,460 @@
+"""Wire format and sockets: the only module that imports zmq.
+
+A message is multipart: frame 0 a msgpack header (a map with str keys, at most 64 KiB), then raw
+array frames (rollouts only). Weights travel as ``[b"weights", header, payload]`` on PUB/SUB.
+Everything received is validated here; nothing is ever unpickled. Bad input raises
+``ProtocolError`` whose ``reason`` is a short stable code for counting (see ``RejectCounter``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import get_args, get_origin
+
+import msgpack
+import numpy as np
+import zmq
+
+from asyncrl.spec import RolloutSpec
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 64 * 1024
+WEIGHTS_TOPIC = b"weights"
+DEFAULT_TIMEOUT_MS = 5000
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol. ``reason``: a short code such as "schema",
+    "run_id", "proto", "frame_count", "frame_size", "nonfinite", "checksum"."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------- header schemas
+
+_COMMON = {"type": str, "proto": int, "run_id": str}
+_REPORT = {"actor_id": str, "grant_id": int, "env_steps": int,
+           "episode_returns": list[float], "episode_lengths": list[int]}
+
+SCHEMAS: dict[str, dict[str, object]] = {
+    # actor -> learner
+    "hello": {"actor_id": str, "host": str, "pid": int, "env_id": str, "spec": dict,
+              "shm_token": bytes | None},
+    "request": {"actor_id": str},  # ask for one slot grant
+    "ready": {**_REPORT, "slot": int},  # the granted slot was written through shared memory
+    "rollout": _REPORT,  # followed by one raw frame per spec field, in spec order
+    "heartbeat": {"actor_id": str},
+    "bye": {"actor_id": str},
+    # learner -> actor
+    "welcome": {"shm_name": str, "num_slots": int, "spec": dict, "token": bytes,
+                "config": str},  # the learner's resolved config, JSON: actors build the same policy
+    # actor -> broadcaster: send me the newest weights now (PUB/SUB drops what came before)
+    "snapshot": {"actor_id": str},
+    "refuse": {"reason": str},
+    "grant": {"slot": int, "grant_id": int},
+    "stop": {"reason": str},
+    # learner -> broadcaster -> actors (frame 1 of a weights message)
+    "weights": {"version": int, "publish_time": float, "nbytes": int, "checksum": int,
+                "layout_hash": str},
+}
+_UNPACK_LIMITS = dict(max_str_len=4096, max_bin_len=4096, max_array_len=16384, max_map_len=64,
+                      max_ext_len=0)
+
+
+def _valid(value, kind) -> bool:
+    """Type check plus sanity: ints >= 0 (no bools), floats finite, dicts flat with str keys."""
+    if get_origin(kind) is list:
+        (item,) = get_args(kind)
+        return isinstance(value, list) and all(_valid(v, item) for v in value)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        return False
+    if isinstance(value, int):
+        return value >= 0
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and isinstance(v, (bool, int, float, str))
+                   for k, v in value.items())
+    return True
+
+
+def validate_header(header, *, run_id: str | None = None) -> dict:
+    """Check a decoded header against its schema; returns it. Raises ProtocolError."""
+    if not isinstance(header, dict):
+        raise ProtocolError("malformed", f"header is a {type(header).__name__}, not a map")
+    kind = header.get("type")
+    if not isinstance(kind, str) or kind not in SCHEMAS:
+        raise ProtocolError("unknown_type", f"{kind!r}")
+    proto = header.get("proto")
+    if type(proto) is not int or proto != PROTOCOL_VERSION:
+        raise ProtocolError("proto", f"{kind}: protocol {proto!r}, this side speaks "
+                                     f"{PROTOCOL_VERSION}")
+    if run_id is not None and header.get("run_id") != run_id:
+        raise ProtocolError("run_id", f"{kind}: run {header.get('run_id')!r}, expected {run_id!r}")
+    schema = {**_COMMON, **SCHEMAS[kind]}
+    if missing := schema.keys() - header.keys():
+        raise ProtocolError("schema", f"{kind}: missing {sorted(missing)}")
+    if extra := header.keys() - schema.keys():
+        raise ProtocolError("schema", f"{kind}: unexpected keys {sorted(map(repr, extra))}")
+    for key, expected in schema.items():
+        if not _valid(header[key], expected):
+            name = expected.__name__ if isinstance(expected, type) else str(expected)
+            raise ProtocolError("schema",
+                                f"{kind}.{key}: {header[key]!r:.80} is not a valid {name}")
+    return header
+
+
+def _np_scalar(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} in a header")
+
+
+def _unpack_header(frame, run_id: str | None) -> dict:
+    buf = _bytes(frame)
+    if buf.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError("oversized", f"header frame of {buf.nbytes} bytes > {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise ProtocolError("malformed", f"header is not valid msgpack ({e})") from None
+    return validate_header(header, run_id=run_id)
+
+
+def _pack_header(header: dict) -> bytes:
+    """msgpack a header; numpy scalars become Python numbers. Refuses (ProtocolError) whatever
+    the receiving side would refuse, so bugs show up at the sender."""
+    packed = msgpack.packb({"proto": PROTOCOL_VERSION, **header}, use_bin_type=True,
+                           default=_np_scalar)
+    _unpack_header(packed, None)
+    return packed
+
+
+def _bytes(frame) -> memoryview:
+    """A flat byte view of a received or outgoing frame (bytes, zmq.Frame, memoryview, ...)."""
+    try:
+        return memoryview(frame).cast("B")
+    except TypeError as e:
+        raise ProtocolError("malformed", f"frame is not a contiguous buffer ({e})") from None
+
+
+def _frame(array: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(array)).cast("B")
+
+
+# ---------------------------------------------------------------------------- messages
+
+def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> list[bytes | memoryview]:
+    """Frames ``[msgpack header, *array buffers]``. ``proto`` is filled in unless given.
+
+    Array frames are zero-copy views of the arrays (see ``send`` for when ZeroMQ copies them).
+    Raises ProtocolError for a header that ``decode`` would reject, or arrays on a type other
+    than ``rollout``.
+    """
+    packed = _pack_header(header)
+    if arrays and header.get("type") != "rollout":
+        raise ProtocolError("frame_count", f"{header.get('type')} carries no array frames")
+    return [packed, *(_frame(a) for a in arrays)]
+
+
+def encode_rollout(header: dict, arrays: Mapping[str, np.ndarray], spec: RolloutSpec) -> list:
+    """``encode`` a ``rollout`` message: the header, then one frame per spec field in spec order.
+
+    arrays: {field name: array of that field's shape and dtype}, e.g. ``SlotRing.views(i)``.
+    Raises ValueError if a field is missing or has another shape or dtype.
+    """
+    for f in spec.fields:
+        a = arrays[f.name]
+        if a.shape != f.shape or a.dtype != f.dtype:
+            raise ValueError(f"{f.name}: {a.shape} {a.dtype}, spec says {f.shape} {f.dtype}")
+    return encode({**header, "type": "rollout"}, [arrays[f.name] for f in spec.fields])
+
+
+def decode(frames: Sequence, *, run_id: str | None = None) -> tuple[dict, list]:
+    """Validate a message (ROUTER: strip the identity frame first); returns (header, frames[1:]).
+
+    Raises ProtocolError on an empty message, an oversized (> 64 KiB) or non-msgpack header,
+    an unknown ``type``, another protocol version or run id (when ``run_id`` is given), missing,
+    unexpected or ill-typed keys, or array frames on any type but ``rollout`` (whose frames
+    ``decode_rollout_frames`` checks).
+    """
+    if not frames:
+        raise ProtocolError("frame_count", "empty message")
+    header = _unpack_header(frames[0], run_id)
+    rest = list(frames[1:])
+    if rest and header["type"] != "rollout":
+        raise ProtocolError("frame_count", f"{header['type']} with {len(rest)} extra frames")
+    return header, rest
+
+
+def check_finite(arrays: Mapping[str, np.ndarray], names: Iterable[str] | None = None) -> None:
+    """Raise ProtocolError("nonfinite") naming the first of ``names`` (default: every
+    floating-point array) that holds NaN or +-inf. Also for shared-memory slots."""
+    if names is None:
+        names = [k for k, a in arrays.items() if a.dtype.kind == "f"]
+    for name in names:
+        if not np.isfinite(arrays[name]).all():
+            bad = int(np.size(arrays[name]) - np.count_nonzero(np.isfinite(arrays[name])))
+            raise ProtocolError("nonfinite", f"{name} holds {bad} NaN/inf values")
+
+
+def decode_rollout_frames(frames: Sequence, spec: RolloutSpec) -> dict[str, np.ndarray]:
+    """Read-only numpy views (no copy) of a rollout's array frames: {field name: array of the
+    field's shape and dtype}, e.g. obs [T+1, E, obs_dim] float32.
+
+    Raises ProtocolError: "frame_count" unless one frame per spec field, "frame_size" if a
+    frame's byte size differs from shape * itemsize, "bad_bool" for bool bytes other than 0/1,
+    "nonfinite" (naming the field) for NaN/inf in a float field.
+    """
+    if len(frames) != len(spec.fields):
+        raise ProtocolError("frame_count", f"{len(frames)} array frames, spec has "
+                                           f"{len(spec.fields)} fields")
+    out = {}
+    for f, frame in zip(spec.fields, frames):
+        buf = _bytes(frame)
+        expected = int(np.prod(f.shape)) * f.dtype.itemsize
+        if buf.nbytes != expected:
+            raise ProtocolError("frame_size", f"{f.name}: {buf.nbytes} bytes, expected {expected}"
+                                              f" for {f.shape} {f.dtype}")
+        if f.dtype == np.bool_ and np.frombuffer(buf, np.uint8).max(initial=0) > 1:
+            raise ProtocolError("bad_bool", f"{f.name} holds bytes other than 0/1")
+        arr = np.frombuffer(buf, f.dtype).reshape(f.shape)
+        arr.flags.writeable = False
+        out[f.name] = arr
+    check_finite(out)
+    return out
+
+
+def encode_weights(*, run_id: str, version: int, publish_time: float, layout_hash: str,
+                   payload: np.ndarray) -> list[bytes | memoryview]:
+    """``[b"weights", header, payload]``; payload is the flat float32 [P] parameter vector,
+    sent zero-copy; publish_time in seconds on the learner's clock. Raises ValueError for
+    a payload that is not 1-D float32."""
+    if payload.dtype != np.float32 or payload.ndim != 1:
+        raise ValueError(f"weights payload must be 1-D float32, got {payload.dtype} "
+                         f"{payload.shape}")
+    body = _frame(payload)
+    header = {"type": "weights", "run_id": run_id, "version": int(version),
+              "publish_time": float(publish_time), "nbytes": body.nbytes,
+              "checksum": zlib.crc32(body), "layout_hash": layout_hash}
+    return [WEIGHTS_TOPIC, _pack_header(header), body]
+
+
+def decode_weights(frames: Sequence, *, run_id: str | None = None,
+                   layout_hash: str | None = None) -> tuple[dict, np.ndarray]:
+    """Validate a weights message; returns (header, read-only float32 [P] view of the payload).
+
+    Raises ProtocolError: "frame_count", "topic", header errors as in ``decode``, "layout"
+    (layout_hash differs when given), "frame_size" (payload bytes != nbytes), "checksum"
+    (crc32), "nonfinite".
+    """
+    if len(frames) != 3:
+        raise ProtocolError("frame_count", f"weights message of {len(frames)} frames, expected 3")
+    topic = _bytes(frames[0])
+    if topic.nbytes != len(WEIGHTS_TOPIC) or topic.tobytes() != WEIGHTS_TOPIC:
+        raise ProtocolError("topic", "first frame is not b'weights'")
+    header = _unpack_header(frames[1], run_id)
+    if header["type"] != "weights":
+        raise ProtocolError("unknown_type", f"{header['type']} on the weights topic")
+    if layout_hash is not None and header["layout_hash"] != layout_hash:
+        raise ProtocolError("layout", f"weights layout {header['layout_hash']!r}, this policy "
+                                      f"has {layout_hash!r}")
+    body = _bytes(frames[2])
+    if body.nbytes != header["nbytes"] or body.nbytes % 4:
+        raise ProtocolError("frame_size", f"payload {body.nbytes} bytes, header says "
+                                          f"{header['nbytes']}")
+    if zlib.crc32(body) != header["checksum"]:
+        raise ProtocolError("checksum", f"weights version {header['version']}")
+    weights = np.frombuffer(body, np.float32)
+    weights.flags.writeable = False
+    check_finite({"weights": weights})
+    return header, weights
+
+
+# ---------------------------------------------------------------------------- rejects
+
+class RejectCounter:
+    """Counts rejected messages by (reason, sender) and logs them; never raises.
+
+    Logs the 1st, 2nd, 4th, 8th, ... reject of each (reason, sender), so a misbehaving peer
+    cannot flood the log. ``counts``: Counter of (reason, sender) -> rejects.
+    """
+
+    def __init__(self, role: str, logger: logging.Logger | None = None):
+        self.role, self.log = role, logger or log
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def reject(self, error: Exception | str, sender: bytes | str | None = None) -> None:
+        if isinstance(error, Exception):
+            reason = getattr(error, "reason", None) or type(error).__name__
+        else:
+            reason = str(error)
+        if isinstance(sender, bytes):
+            sender = sender.decode("utf-8", "backslashreplace")
+        key = (reason, (sender or "?")[:64])
+        self.counts[key] += 1
+        n = self.counts[key]
+        if n & (n - 1) == 0:
+            self.log.warning("%s: rejected message from %s: %s (%d so far)", self.role, key[1],
+                             error, n)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def by_reason(self) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for (reason, _), n in self.counts.items():
+            out[reason] += n
+        return dict(out)
+
+
+# ---------------------------------------------------------------------------- sockets
+# One place for socket options: LINGER 0 (close never hangs), bounded queues (HWM, in
+# messages), and send/recv timeouts so no call blocks forever.
+
+def context() -> zmq.Context:
+    """A new ZeroMQ context; ``ctx.destroy(linger=0)`` closes it with all its sockets."""
+    return zmq.Context()
+
+
+def _socket(ctx: zmq.Context, kind: int, hwm: int, timeout_ms: int) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.linger = 0
+    sock.sndhwm = sock.rcvhwm = hwm
+    sock.sndtimeo = sock.rcvtimeo = timeout_ms
+    return sock
+
+
+def bind(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind; returns the endpoint actually bound ("tcp://host:0" or ":*" picks a free port)."""
+    if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+        endpoint = endpoint[:-1] + "*"
+    sock.bind(endpoint)
+    return endpoint_of(sock)
+
+
+def endpoint_of(sock: zmq.Socket) -> str:
+    """The last endpoint ``sock`` bound, with the real port."""
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _bind_or_connect(sock: zmq.Socket, bind_to: str | None, connect: str | None) -> zmq.Socket:
+    if (bind_to is None) == (connect is None):
+        sock.close(linger=0)
+        raise ValueError("give exactly one of bind= and connect=")
+    if bind_to is not None:
+        bind(sock, bind_to)
+    else:
+        sock.connect(connect)
+    return sock
+
+
+def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000,
+           timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+    """Learner side of the actor channel. Received frames: [identity, header, *arrays].
+    ROUTER_HANDOVER lets a restarted actor reuse its identity at once."""
+    sock = _socket(ctx, zmq.ROUTER, hwm, timeout_ms)
+    sock.router_handover = 1
+    return _bind_or_connect(sock, bind, None)
+
+
+def dealer(ctx: zmq.Context, connect: str, identity: str | bytes, *, hwm: int = 1000,
+           timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+    """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes."""
+    sock = _socket(ctx, zmq.DEALER, hwm, timeout_ms)
+    sock.identity = identity.encode() if isinstance(identity, str) else identity
+    return _bind_or_connect(sock, None, connect)
+
+
+def pub(ctx: zmq.Context, bind: str, *, hwm: int = 8,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+    """Broadcaster's weights publisher. A small HWM: only the newest weights matter."""
+    return _bind_or_connect(_socket(ctx, zmq.PUB, hwm, timeout_ms), bind, None)
+
+
+def sub(ctx: zmq.Context, connect: str, *, topic: bytes = WEIGHTS_TOPIC, hwm: int = 8,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+    """Actor's weights subscriber; read it with ``drain_latest``."""
+    sock = _socket(ctx, zmq.SUB, hwm, timeout_ms)
+    sock.subscribe(topic)
+    return _bind_or_connect(sock, None, connect)
+
+
+def push(ctx: zmq.Context, *, bind: str | None = None, connect: str | None = None,
+         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+    """PUSH end of a pipeline (learner -> broadcaster weights); exactly one of bind/connect."""
+    return _bind_or_connect(_socket(ctx, zmq.PUSH, hwm, timeout_ms), bind, connect)
+
+
+def pull(ctx: zmq.Context, *, bind: str | None = None, connect: str | None = None,
+         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+    """PULL end of a pipeline; exactly one of bind/connect."""
+    return _bind_or_connect(_socket(ctx, zmq.PULL, hwm, timeout_ms), bind, connect)
+
+
+def send(sock: zmq.Socket, frames: Sequence, *, block: bool = True, copy: bool = True) -> bool:
+    """Send a multipart message. Returns False instead of raising when it would block
+    (block=False) or its send timeout expires (HWM reached, no peer).
+
+    copy=False hands large array buffers to ZeroMQ without copying; ZeroMQ reads them after
+    this returns, so only use it for arrays nobody modifies afterwards (not a reused rollout
+    buffer).
+    """
+    try:
+        sock.send_multipart(frames, flags=0 if block else zmq.NOBLOCK, copy=copy)
+    except zmq.Again:
+        return False
+    return True
+
+
+def recv_multipart_timeout(sock: zmq.Socket, timeout_ms: int, *, copy: bool = True) -> list | None:
+    """The next multipart message, or None if none arrives within ``timeout_ms``.
+
+    copy=False returns zmq.Frame objects (buffer protocol; no copy of large arrays), which
+    every decode function here accepts; ROUTER identities then need ``frames[0].bytes``.
+    """
+    if not sock.poll(timeout_ms, zmq.POLLIN):
+        return None
+    try:
+        return sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+    except zmq.Again:  # another reader took it
+        return None
+
+
+def drain_latest(sock: zmq.Socket, *, max_messages: int = 10_000) -> list | None:
+    """Read every message pending on ``sock`` without blocking; return only the newest complete
+    multipart message (a list of zmq.Frame), or None if none was pending.
+
+    Done by hand because ZMQ_CONFLATE breaks multipart messages. ZeroMQ delivers a message's
+    frames atomically, so once the first frame is there the rest are too. Stops after
+    ``max_messages`` so a flooding publisher cannot keep it looping.
+    """
+    latest = None
+    for _ in range(max_messages):
+        try:
+            latest = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            break
+    return latest
+
+
+def poll(socks: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Socket]:
+    """The sockets among ``socks`` with a message to read, waiting at most ``timeout_ms``."""
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    return {s for s, _ in poller.poll(timeout_ms)}
+
+
+def close(*socks: zmq.Socket) -> None:
+    """Close sockets at once, dropping unsent messages (linger 0)."""
+    for s in socks:
+        s.close(linger=0)

@@ -1,0 +1,173 @@
+"""One learner iteration (VACO.md "Loss and schedule"), shared by every preset.
+
+1. With the weights at iteration start (π_T), compute log π_T(a|s) and V(s) once.
+2. Advantages once: V-trace realignment (vaco, vaco_no_filter) or GAE on β's data (ppo, ppo_kl,
+   spo, vaco_no_realign). impala instead recomputes V-trace before every optimizer step.
+3. num_epochs x num_minibatches optimizer steps on
+   policy loss + value_coef * mean (V - targets)^2 - entropy_coef * entropy.
+
+Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .algo import losses
+from .algo.returns import gae, next_state_values, vtrace
+from .policy import ActorCritic
+
+VTRACE_PRESETS = ("vaco", "vaco_no_filter", "impala")
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+@torch.no_grad()
+def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor]):
+    """log π(a|s) [T, N], V(s_t) [T+1, N], V(final_obs) [T, N] (only where truncated)."""
+    obs, actions, truncated = batch["obs"], batch["actions"], batch["truncated"]
+    T, N = actions.shape[:2]
+    x = policy.normalize(_flat(obs))
+    values = policy.v(x).view(T + 1, N)
+    log_prob = policy.distribution(x[: T * N]).log_prob(_flat(actions)).view(T, N)
+    final_values = torch.zeros(T, N)
+    if truncated.any():
+        idx = truncated.nonzero(as_tuple=True)
+        final_values[idx] = policy.value(batch["final_obs"][idx])
+    return log_prob, values, final_values
+
+
+def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar):
+    """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring."""
+    terminated, truncated = batch["terminated"], batch["truncated"]
+    next_values = next_state_values(values_tp1=values[1:], final_values=final_values,
+                                    terminated=terminated, truncated=truncated)
+    episode_end = terminated | truncated
+    if preset in VTRACE_PRESETS:
+        r = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target_log_prob,
+                   rewards=batch["rewards"], values=values[:-1], next_values=next_values,
+                   episode_end=episode_end, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar)
+        return (r.pg_advantages if preset == "impala" else r.advantages), r.vs
+    g = gae(rewards=batch["rewards"], values=values[:-1], next_values=next_values,
+            episode_end=episode_end, gamma=gamma, lam=lam)
+    return g.advantages, g.returns
+
+
+def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv) -> losses.PolicyLoss:
+    p = cfg.preset
+    if p in ("vaco", "vaco_no_realign"):
+        anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
+        return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                                       advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor)
+    if p == "vaco_no_filter":
+        return losses.ratio_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv)
+    if p == "ppo":
+        return losses.ppo_clip_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                                    advantages=adv, clip_eps=cfg.clip_eps)
+    if p == "ppo_kl":
+        return losses.ppo_kl_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                                  advantages=adv, kl_coef=cfg.kl_coef)
+    if p == "spo":
+        return losses.spo_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                               advantages=adv, spo_eps=cfg.spo_eps)
+    raise ValueError(f"unknown preset {p!r}")
+
+
+def _optimizer_step(policy, optimizer, loss, max_grad_norm) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+    optimizer.step()
+    return float(grad_norm)
+
+
+def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
+                      batch: dict[str, torch.Tensor], *, cfg, generator: torch.Generator) -> dict[str, Any]:
+    """Run one learner iteration in place on ``policy`` and ``optimizer``.
+
+    Args:
+        batch: time-major tensors: obs [T+1, N, D], actions [T, N, A] (or [T, N] int64),
+            behavior_log_prob [T, N], rewards [T, N] (already scaled), terminated /
+            truncated [T, N] bool, final_obs [T, N, D].
+        cfg: an AlgoConfig (preset and hyperparameters). The caller sets the learning rate.
+        generator: drives minibatch shuffling (serial runs are bit-reproducible).
+
+    Returns:
+        Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, filtered_fraction,
+        clip_fraction, explained_variance, rho_mean, rho_max, grad_norm) plus ``minibatches``:
+        per optimizer step [step, tv_estimate, filtered_fraction, clip_fraction] (forward lag).
+    """
+    target_log_prob, values, final_values = _evaluate(policy, batch)
+    log_rho = target_log_prob - batch["behavior_log_prob"]
+    rho = log_rho.clamp(-20, 20).exp()
+    kw = dict(batch=batch, values=values, final_values=final_values, gamma=cfg.gamma,
+              lam=cfg.gae_lambda, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
+    if cfg.preset == "impala":
+        steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw)
+        adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
+    else:
+        adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob, **kw)
+        steps = _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob)
+    stats = {k: float(np.mean([s[k] for s in steps])) for k in steps[0] if k != "step"}
+    stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)
+    stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
+    stats["minibatches"] = [[s["step"], s["tv_estimate"], s["filtered_fraction"], s["clip_fraction"]]
+                            for s in steps]
+    return stats
+
+
+def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob):
+    T, N = batch["rewards"].shape
+    flat = {"obs": _flat(batch["obs"][:-1]), "actions": _flat(batch["actions"]),
+            "behavior_log_prob": batch["behavior_log_prob"].reshape(-1),
+            "target_log_prob": target_log_prob.reshape(-1), "adv": adv.reshape(-1), "targets": targets.reshape(-1)}
+    size = T * N
+    mb = size // cfg.num_minibatches
+    steps = []
+    for _ in range(cfg.num_epochs):
+        perm = torch.randperm(size, generator=generator)
+        for k in range(cfg.num_minibatches):
+            idx = perm[k * mb:(k + 1) * mb]
+            a = flat["adv"][idx]
+            if cfg.normalize_advantages and a.numel() > 1:
+                a = (a - a.mean()) / (a.std() + 1e-8)
+            out = policy(flat["obs"][idx])
+            log_prob = out.dist.log_prob(flat["actions"][idx])
+            pl = _policy_loss(cfg, log_prob=log_prob, behavior_log_prob=flat["behavior_log_prob"][idx],
+                              target_log_prob=flat["target_log_prob"][idx], adv=a)
+            steps.append(_finish_step(policy, optimizer, cfg, pl, out, flat["targets"][idx], len(steps)))
+    return steps
+
+
+def _finish_step(policy, optimizer, cfg, pl, out, targets, step):
+    vl = losses.value_loss(values=out.values, targets=targets)
+    entropy = out.dist.entropy().mean()
+    loss = pl.loss + cfg.value_coef * vl - cfg.entropy_coef * entropy
+    grad_norm = _optimizer_step(policy, optimizer, loss, cfg.max_grad_norm)
+    return {"step": step, "policy_loss": pl.loss.item(), "value_loss": vl.item(), "entropy": entropy.item(),
+            "approx_kl": float(pl.approx_kl), "tv_estimate": float(pl.tv_estimate),
+            "filtered_fraction": float(pl.filtered_fraction), "clip_fraction": float(pl.clip_fraction),
+            "grad_norm": grad_norm}
+
+
+def _impala_steps(policy, optimizer, batch, cfg, generator, kw):
+    """One epoch; minibatches are groups of whole rollouts (columns), and V-trace is recomputed
+    with the current weights before every optimizer step (IMPALA, arXiv:1802.01561)."""
+    T, N = batch["rewards"].shape
+    groups = max(1, min(cfg.num_minibatches, N))
+    steps = []
+    for cols in torch.randperm(N, generator=generator).chunk(groups):
+        sub = {k: v[:, cols] for k, v in batch.items()}
+        target_log_prob, values, final_values = _evaluate(policy, sub)
+        sub_kw = dict(kw, batch=sub, values=values, final_values=final_values)
+        pg_adv, vs = advantages(preset="impala", target_log_prob=target_log_prob, **sub_kw)
+        out = policy(_flat(sub["obs"][:-1]))
+        log_prob = out.dist.log_prob(_flat(sub["actions"]))
+        pl = losses.impala_policy_loss(log_prob=log_prob, behavior_log_prob=sub["behavior_log_prob"].reshape(-1),
+                                       pg_advantages=pg_adv.reshape(-1), rho_bar=cfg.rho_bar)
+        steps.append(_finish_step(policy, optimizer, cfg, pl, out, vs.reshape(-1), len(steps)))
+    return steps

@@ -1,0 +1,21 @@
+"""Bad config input exits non-zero with one clear line naming the problem, no traceback."""
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--set", "algo.lrr=1"], "unknown config key algo.lrr"),
+    (["--set", "algo.lr=fast"], "algo.lr: expected a number"),
+    (["--preset", "trpo"], "unknown preset"),
+    (["--env", "NoSuchEnv-v9"], "unknown env id 'NoSuchEnv-v9'"),
+    (["--config", "/nonexistent.toml"], "config file not found"),
+])
+def test_bad_config_input_one_line(args, words, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--run-dir", str(tmp_path / "r"), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert words in lines[0] and "Traceback" not in p.stderr

@@ -1,0 +1,53 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from asyncrl import config
+from asyncrl.config import Config, ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_toml_matches_dataclass_defaults():
+    data = tomllib.loads((ROOT / "configs/default.toml").read_text())
+    assert config.from_dict(data) == Config()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    config.load(path)
+
+
+def test_overrides_parse_types_and_bare_strings():
+    cfg = config.load(None, ["algo.lr=1e-4", "env.id=Hopper-v5", "policy.hidden_sizes=[32, 32]",
+                             "algo.normalize_advantages=false", "algo.gamma=1"])
+    assert cfg.algo.lr == 1e-4 and cfg.env.id == "Hopper-v5"
+    assert cfg.policy.hidden_sizes == (32, 32) and cfg.algo.normalize_advantages is False
+    assert cfg.algo.gamma == 1.0 and isinstance(cfg.algo.gamma, float)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("algo.lrr=1", "unknown config key algo.lrr"),
+    ("algoo.lr=1", "unknown config section [algoo]"),
+    ("algo.lr=fast", "algo.lr: expected a number"),
+    ("algo.num_epochs=2.5", "algo.num_epochs: expected an integer"),
+    ("algo.normalize_advantages=1", "expected true/false"),
+    ("algo.preset=trpo", "unknown preset algo.preset='trpo'"),
+    ("algo.ratio_anchor=pi", "algo.ratio_anchor must be one of"),
+    ("algo.num_minibatches=7", "not divisible"),
+    ("lr=1", "--set expects section.key=value"),
+])
+def test_bad_input_names_the_problem(override, words):
+    with pytest.raises(ConfigError, match=None) as info:
+        config.load(None, [override])
+    assert words in str(info.value)
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        config.load(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[algo\nlr = 1")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        config.load(bad)
