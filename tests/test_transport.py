@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(30)
 RUN = "run-1"
 SPEC = RolloutSpec(obs_dim=3, action_dim=1, discrete=True, rollout_length=4, num_envs=2)
 REPORT = dict(actor_id="a0", grant_id=7, env_steps=8, episode_returns=[1.5, -2.0],
-              episode_lengths=[3, 5])
+              episode_lengths=[3, 5], timing={"env_s": 0.5, "inference_s": 0.1, "wait_s": 0.0})
 HEADERS = {
     "hello": dict(actor_id="a0", host="h", pid=123, env_id="CartPole-v1", spec=SPEC.to_dict(),
                   shm_token=None),

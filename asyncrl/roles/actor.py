@@ -19,7 +19,7 @@ import torch
 from .. import transport as tp
 from ..config import Config, from_dict
 from ..envs import VecEnv
-from ..policy import build_policy, layout_hash, load_flat_weights
+from ..policy import InferencePolicy, build_policy, layout_hash
 from ..rollout import collect
 from ..shm import ShmError, SlotRing
 from ..spec import RolloutSpec
@@ -63,7 +63,6 @@ class Actor:
         self.grants: list[tuple[int, int]] = []
         self.policy = None
         self.version = -1
-        self.generator = torch.Generator().manual_seed(opts.seed)
         self.last_heartbeat = 0.0
         self.stopped = ""
 
@@ -90,8 +89,10 @@ class Actor:
     def _welcome(self, reply: dict) -> None:
         self.run_id = reply["run_id"]
         learner_cfg = from_dict(json.loads(reply["config"]))
-        self.policy = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
-                                   discrete=self.spec.discrete)
+        template = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
+                                discrete=self.spec.discrete)
+        self.layout_hash = layout_hash(template)
+        self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.opts.seed)
         try:
             self.ring = SlotRing.attach(name=reply["shm_name"], spec=self.spec, num_slots=reply["num_slots"],
                                         token=reply["token"])
@@ -125,9 +126,9 @@ class Actor:
             self._load(frames)
 
     def _load(self, frames) -> None:
-        header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=layout_hash(self.policy))
+        header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
         if header["version"] > self.version:
-            load_flat_weights(self.policy, flat)
+            self.policy.load(flat)
             self.version = header["version"]
 
     # ---- grants and reports ----
@@ -153,9 +154,6 @@ class Actor:
             self.poll_learner(100)
         return self.grants.pop(0) if self.grants else None
 
-    def act(self, obs):
-        return self.policy.act(obs, self.generator)
-
     def run(self) -> int:
         """Handshake, then collect until the learner says stop. Returns rollouts sent."""
         self.hello()
@@ -166,16 +164,19 @@ class Actor:
         sent = 0
         while not self.stopped and (self.opts.max_rollouts == 0 or sent < self.opts.max_rollouts):
             self.poll_learner(0)
+            t_wait = time.perf_counter()
             grant = self.wait_for_grant()
+            wait_s = time.perf_counter() - t_wait
             if grant is None:
                 break
             slot_index, grant_id = grant
             self.newest_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
-            stats = collect(self.env, self.act, slot, version=self.version)
+            stats = collect(self.env, self.policy.act, slot, version=self.version)
             report = dict(grant_id=grant_id, env_steps=stats.env_steps,
                           episode_returns=[float(r) for r in stats.episode_returns],
-                          episode_lengths=[int(n) for n in stats.episode_lengths])
+                          episode_lengths=[int(n) for n in stats.episode_lengths],
+                          timing={"env_s": stats.env_s, "inference_s": stats.inference_s, "wait_s": wait_s})
             if self.ring is not None:
                 del slot
                 self._send("ready", slot=slot_index, **report)

@@ -66,6 +66,7 @@ class Learner:
         self.episodes = EpisodeTracker()
         self.clock = Clock(cfg.run.log_every_s)
         self.last_stats: dict = {}
+        self.timing: Counter[str] = Counter()   # seconds: where the time goes
         self.publish()
 
     # ---- weights ----
@@ -171,6 +172,10 @@ class Learner:
         self.ledger.complete(actor_id, slot, h["grant_id"])
         self.full_meta[slot] = (actor_id, {"host": self.actors[actor_id].host, "env_steps": h["env_steps"],
                                            "episode_returns": h["episode_returns"]})
+        for key in ("env_s", "inference_s", "wait_s"):
+            value = h["timing"].get(key, 0.0)
+            if isinstance(value, (int, float)):
+                self.timing["actors_" + key] += float(value)
 
     def validate_slot(self, views: dict) -> None:
         tp.check_finite(views)
@@ -228,7 +233,9 @@ class Learner:
         self.grant_pending()                   # actors go on while the learner learns
         batch = self.state.make_batch(batch_slots)
         batch_lag = self.lag.consumed(self.state.version, now, lag_rows, iteration=self.state.iteration)
+        t0 = time.perf_counter()
         stats = self.state.iterate(batch)
+        self.timing["learner_update_s"] += time.perf_counter() - t0
         self.publish()
         self.last_stats = stats
         self.metrics.write({"iteration": self.state.iteration, "env_steps": self.state.env_steps,
@@ -250,8 +257,11 @@ class Learner:
     def run(self) -> dict:
         log.info("learner: run %s listening on %s, shared memory %s", self.run_id, self.endpoint, self.ring.name)
         while self.state.env_steps < self.cfg.run.total_env_steps:
+            t0 = time.perf_counter()
             self.serve(5)
-            self.consume()
+            t1 = time.perf_counter()
+            if not self.consume():
+                self.timing["learner_wait_s"] += t1 - t0
             self.progress()
         return self.finish()
 
@@ -264,7 +274,8 @@ class Learner:
                    "env_steps_per_s": self.state.env_steps / max(self.clock.elapsed, 1e-9),
                    "learner_iterations": self.state.iteration,
                    "final_average_return": self.episodes.average_return,
-                   "rejected_messages": self.rejects.by_reason(), **self.lag.summary()}
+                   "rejected_messages": self.rejects.by_reason(), "time_breakdown_s": dict(self.timing),
+                   "slot_counters": dict(self.ledger.counters), **self.lag.summary()}
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 

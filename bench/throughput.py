@@ -1,0 +1,68 @@
+"""Throughput benchmark (``make bench``): env steps per second consumed by the learner while it
+trains HalfCheetah-v5 with learner, broadcaster and actors as separate processes.
+
+Runs ``asyncrl run`` --runs times with a step budget of --seconds x --expected-rate (so each run
+lasts at least about that long), and prints the median rate and where the time went:
+actors' env stepping, policy inference and waiting for a slot grant, and the learner's update and
+idle time (all in seconds summed over processes, and as a share of the run's wall time).
+
+    .venv/bin/python bench/throughput.py --runs 3 --seconds 60
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def one_run(args, i: int, out: Path) -> dict:
+    run_dir = out / f"run{i}"
+    budget = int(args.seconds * args.expected_rate)
+    cmd = [sys.executable, "-m", "asyncrl.cli", "run", "--env", args.env, "--num-actors", str(args.num_actors),
+           "--total-steps", str(budget), "--run-dir", str(run_dir), "--set", "run.log_every_s=1000",
+           *sum((["--set", s] for s in args.set), [])]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    s = json.loads((run_dir / "summary.json").read_text())
+    wall = s["wall_time_s"]
+    t = s.get("time_breakdown_s", {})
+    row = {"env_steps_per_s": s["env_steps_per_s"], "wall_time_s": wall, "env_steps": s["env_steps"],
+           "lag_p50": s["lag_p50"], "lag_p95": s["lag_p95"],
+           "share_of_wall": {k: v / wall for k, v in t.items()}}
+    print(f"run {i}: {s['env_steps_per_s']:,.0f} env steps/s over {wall:.0f} s; "
+          + ", ".join(f"{k} {v / wall:.2f}" for k, v in sorted(t.items())), flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="HalfCheetah-v5")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=60.0, help="minimum length of each run")
+    p.add_argument("--expected-rate", type=float, default=5000.0, help="env steps/s used to size the budget")
+    p.add_argument("--num-actors", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], help="config override for every run")
+    p.add_argument("--out", default=None, help="directory for the runs (default: a temporary one)")
+    args = p.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="asyncrl-bench-"))
+    rows = [one_run(args, i, out) for i in range(args.runs)]
+    rates = [r["env_steps_per_s"] for r in rows]
+    keys = sorted({k for r in rows for k in r["share_of_wall"]})
+    median_share = {k: statistics.median(r["share_of_wall"].get(k, 0.0) for r in rows) for k in keys}
+    print(f"median {statistics.median(rates):,.0f} env steps/s (runs: {', '.join(f'{x:,.0f}' for x in rates)}); "
+          f"vs Sample Factory 2.1.1 APPO on this machine (BENCHMARKS.md, 4,900-5,100): "
+          f"{statistics.median(rates) / 5000:.2f}x")
+    print("median share of wall time (process-seconds per second; actors summed):")
+    for k, v in median_share.items():
+        print(f"  {k:<22} {v:5.2f}")
+    (out / "throughput.json").write_text(json.dumps({"args": vars(args), "runs": rows,
+                                                     "median_env_steps_per_s": statistics.median(rates),
+                                                     "median_share_of_wall": median_share}, indent=2))
+    print(f"details: {out / 'throughput.json'}")
+
+
+if __name__ == "__main__":
+    main()
