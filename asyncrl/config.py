@@ -57,7 +57,7 @@ class AlgoConfig:
     entropy_coef: float = 0.0
     normalize_advantages: bool = True
     num_epochs: int = 10
-    num_minibatches: int = 32
+    num_minibatches: int = 8         # minibatches of 256: see configs/default.toml for why
     lr: float = 3e-4
     anneal_lr: bool = True
     adam_eps: float = 1e-5

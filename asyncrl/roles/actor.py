@@ -148,6 +148,12 @@ class Actor:
             self._send("heartbeat")
             self.last_heartbeat = now
 
+    def act(self, obs):
+        # Heartbeat while collecting: a rollout longer than transport.actor_timeout_s must not make
+        # the learner reap a live actor (it would regrant the slot being written, then lock it out).
+        self.heartbeat()
+        return self.policy.act(obs)
+
     def wait_for_grant(self) -> tuple[int, int] | None:
         while not self.grants and not self.stopped:
             self.heartbeat()
@@ -172,7 +178,7 @@ class Actor:
             slot_index, grant_id = grant
             self.newest_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
-            stats = collect(self.env, self.policy.act, slot, version=self.version)
+            stats = collect(self.env, self.act, slot, version=self.version)
             report = dict(grant_id=grant_id, env_steps=stats.env_steps,
                           episode_returns=[float(r) for r in stats.episode_returns],
                           episode_lengths=[int(n) for n in stats.episode_lengths],

@@ -1,0 +1,169 @@
+"""Hostile input on the learner's port while it trains: random bytes, foreign run ids, unknown
+types, another protocol version, oversized frames, reports with wrong shapes or non-finite
+numbers. Each is rejected and counted by reason (summary.json ``rejected_messages``); training
+goes on to the end."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from asyncrl import transport as tp
+from asyncrl.spec import RolloutSpec
+from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, shm_segments, wait_for
+
+pytestmark = pytest.mark.integration
+
+CORRIDOR = "asyncrl/Corridor-v0"
+SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)  # = SMALL
+
+
+class Spy:
+    """A hand-driven DEALER on the learner's port, speaking (and breaking) the actor protocol."""
+
+    def __init__(self, endpoint: str, actor_id: str = "spy"):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.identity = actor_id.encode()
+        self.sock.connect(endpoint)
+        self.actor_id, self.run_id = actor_id, ""
+
+    def send(self, frames) -> None:
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout_s: float = 20.0) -> dict:
+        if not self.sock.poll(int(timeout_s * 1000)):
+            pytest.fail(f"no reply from the learner within {timeout_s:.0f} s")
+        header, _ = tp.decode(self.sock.recv_multipart())
+        return header
+
+    def hello(self, env_id: str = CORRIDOR) -> dict:
+        self.send(tp.encode({"type": "hello", "run_id": "", "actor_id": self.actor_id, "host": "spyhost",
+                             "pid": os.getpid(), "env_id": env_id, "spec": SPEC.to_dict(),
+                             "shm_token": None}))
+        return self.next_of("welcome", "refuse")
+
+    def next_of(self, *kinds: str) -> dict:
+        """The next reply of one of ``kinds``, skipping grants."""
+        while True:
+            reply = self.recv()
+            if reply["type"] in kinds:
+                return reply
+            assert reply["type"] == "grant", reply
+
+    def header(self, kind: str, **fields) -> dict:
+        return {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, **fields}
+
+    def report(self, grant_id: int, **extra) -> dict:
+        return self.header("rollout", grant_id=grant_id, env_steps=SPEC.rollout_length * SPEC.num_envs,
+                           episode_returns=[], episode_lengths=[], timing={}, **extra)
+
+    def grant(self) -> int:
+        """The next grant's id (the learner answers every report and request with one)."""
+        while True:
+            reply = self.recv()
+            if reply["type"] == "grant":
+                return reply["grant_id"]
+            assert reply["type"] != "stop", "training ended while the spy was still at work"
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def valid_slot() -> dict[str, np.ndarray]:
+    a = SPEC.allocate()
+    a["obs"][:, :, 1] = np.arange(SPEC.rollout_length + 1)[:, None]
+    return a
+
+
+@pytest.mark.timeout(150)
+def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 30_000
+    procs.run_ids.add(run_id)
+    learner_ep = f"tcp://127.0.0.1:{free_port()}"
+    broadcaster_ep = f"tcp://127.0.0.1:{free_port_pair()}"
+    procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
+    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
+                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", str(total), *SMALL])
+    procs.start("good", ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep, "--actor-id", "good",
+                         "--env", CORRIDOR, *SMALL])
+    wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, 60, "2 learner iterations", procs=procs)
+
+    spy = Spy(learner_ep)
+    expected: dict[str, int] = {}
+
+    def hostile(frames, reason: str) -> None:
+        spy.send(frames)
+        expected[reason] = expected.get(reason, 0) + 1
+
+    try:
+        welcome = spy.hello()
+        assert welcome["type"] == "welcome", welcome
+        spy.run_id = welcome["run_id"]
+        rng = np.random.default_rng(0)
+        # random bytes: whatever the learner's decoder calls them (msgpack garbage: "malformed")
+        junk = rng.bytes(200)
+        with pytest.raises(tp.ProtocolError) as info:
+            tp.decode([junk])
+        hostile([junk], info.value.reason)
+        # a well-formed message of another run
+        hostile(tp.encode({**spy.header("heartbeat"), "run_id": "some-other-run"}), "run_id")
+        # a header of an unknown type, and one of another protocol version (msgpack by hand:
+        # tp.encode refuses to build them)
+        hostile([msgpack.packb({"type": "launch_missiles", "proto": tp.PROTOCOL_VERSION, "run_id": spy.run_id,
+                                "actor_id": "spy"})], "unknown_type")
+        hostile([msgpack.packb({"type": "heartbeat", "proto": 99, "run_id": spy.run_id, "actor_id": "spy"})],
+                "proto")
+        # oversized frames: a 100 KiB header, and 8 MiB of junk
+        hostile([msgpack.packb({"type": "heartbeat", "pad": "x" * 100_000})], "oversized")
+        hostile([rng.bytes(8 << 20)], "oversized")
+        # a `ready` with array frames, and one for a slot the spy was never granted
+        hostile(tp.encode(spy.header("ready", slot=0, grant_id=1, env_steps=32, episode_returns=[],
+                                     episode_lengths=[], timing={})) + [b"\0" * 64], "frame_count")
+        hostile(tp.encode(spy.header("ready", slot=0, grant_id=10**9, env_steps=32, episode_returns=[],
+                                     episode_lengths=[], timing={})), "stale_grant")
+
+        # rollouts over TCP for slots the spy really holds: each rejected one frees its slot and
+        # earns the next grant
+        spy.send(tp.encode(spy.header("request")))
+        g = spy.grant()
+        good = valid_slot()
+        wrong = {**good, "obs": np.zeros((SPEC.rollout_length, 2, 3), np.float32)}   # [T, E, 3], not [T+1, E, 2]
+        hostile(tp.encode(spy.report(g), [wrong[f.name] for f in SPEC.fields]), "frame_size")
+        g = spy.grant()
+        hostile(tp.encode(spy.report(g), [good[f.name] for f in SPEC.fields][:-1]), "frame_count")
+        g = spy.grant()
+        nan = {**good, "rewards": np.full((SPEC.rollout_length, 2), np.nan, np.float32)}
+        hostile(tp.encode(spy.report(g), [nan[f.name] for f in SPEC.fields]), "nonfinite")
+        g = spy.grant()
+        future = {**good, "behavior_version": np.full((SPEC.rollout_length, 2), 10**6, np.int64)}
+        hostile(tp.encode(spy.report(g), [future[f.name] for f in SPEC.fields]), "version")
+        # barrier: a hello it must refuse. One DEALER's messages are handled in order, so once the
+        # refusal is back, everything above was handled. (A refused hello is not a rejected message.)
+        refusal = spy.hello(env_id="asyncrl/Constant-v0")
+        assert refusal["type"] == "refuse" and "env_id" in refusal["reason"], refusal
+        seen_at = len(read_jsonl(run_dir / "metrics.jsonl"))
+        spy.send(tp.encode(spy.header("bye")))   # give back the grant it holds
+    finally:
+        spy.close()
+
+    assert procs.wait("learner", 120) == 0, procs.dump()
+    assert procs.wait("good", 20) == 0, procs.dump()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rejected_messages"] == expected, (summary["rejected_messages"], expected)
+    assert summary["env_steps"] >= total
+    assert summary["learner_iterations"] > seen_at, "training did not go on after the hostile messages"
+    rows = read_jsonl(run_dir / "lag.jsonl")
+    assert {r["actor"] for r in rows} == {"good"}, "something the spy sent was consumed"
+    log = procs.err("learner")
+    assert "rejected message from spy" in log
+    assert not shm_segments(run_id)
+    procs.popen["broadcaster"].send_signal(signal.SIGINT)
+    procs.shutdown()

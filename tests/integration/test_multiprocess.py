@@ -1,0 +1,364 @@
+"""Multi-process runs: `asyncrl run`, the roles started by hand, an actor SIGKILLed while it writes
+a slot, Ctrl-C, and actors whose config does not match the learner's.
+
+Every test starts its processes through the ``procs`` fixture (conftest.py), which stops only
+those pids at the end and asserts that none survives and that no /dev/shm segment of the test's
+run id is left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mp_helpers import (SMALL, alive, descendants, free_port, free_port_pair, new_run_id, proc_stat,
+                       read_jsonl, shm_segments, wait_for)
+
+pytestmark = pytest.mark.integration
+
+RUN_LINE = re.compile(r"^run (\S+): learner ", re.MULTILINE)
+CORRIDOR = "asyncrl/Corridor-v0"
+
+
+def endpoints() -> tuple[str, str]:
+    return f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port_pair()}"
+
+
+def start_roles(procs, *, run_id, run_dir, env_id, total_steps, extra=(), learner=True):
+    """Broadcaster and (optionally) learner by hand; returns (learner endpoint, broadcaster endpoint)."""
+    learner_ep, broadcaster_ep = endpoints()
+    procs.run_ids.add(run_id)
+    procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
+    if learner:
+        start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id=env_id,
+                      total_steps=total_steps, extra=extra)
+    return learner_ep, broadcaster_ep
+
+
+def start_learner(procs, learner_ep, broadcaster_ep, *, run_id, run_dir, env_id, total_steps, extra=()):
+    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", env_id,
+                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", str(total_steps),
+                            *SMALL, *extra])
+
+
+def start_actor(procs, name, learner_ep, broadcaster_ep, *, env_id, extra=(), expect_failure=False):
+    return procs.start(name, ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep,
+                              "--actor-id", name, "--env", env_id, *SMALL, *extra],
+                       expect_failure=expect_failure)
+
+
+def check_run_outputs(run_dir: Path, total_steps: int, *, actors: set[str] | None = None) -> dict:
+    """summary.json, metrics.jsonl, lag.jsonl and checkpoint.pt of a finished run."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= total_steps, summary
+    assert summary["learner_iterations"] > 0, summary
+    for key in ("lag_p50", "lag_p95", "lag_seconds_p50", "lag_seconds_p95"):
+        assert summary[key] is not None and summary[key] >= 0, (key, summary)
+    assert summary["rejected_messages"] == {}, summary
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(metrics) == summary["learner_iterations"]
+    assert [m["iteration"] for m in metrics] == list(range(1, len(metrics) + 1))
+    assert metrics[-1]["env_steps"] == summary["env_steps"]
+    lag = read_jsonl(run_dir / "lag.jsonl")
+    assert lag, "lag.jsonl is empty"
+    for row in lag:
+        assert 0 <= row["behavior_version"] <= row["version"], row
+        assert row["lag_versions"] == row["version"] - row["behavior_version"], row
+        if actors is not None:
+            assert row["actor"] in actors, row
+    assert (run_dir / "checkpoint.pt").stat().st_size > 0
+    return summary
+
+
+def wait_adopting(procs, name: str, timeout: float) -> int:
+    """Wait for ``name`` to exit, recording its descendants meanwhile; returns its exit status."""
+    p = procs.popen[name]
+    deadline = time.monotonic() + timeout
+    while p.poll() is None:
+        procs.adopt_descendants()
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name} did not finish within {timeout:.0f} s\n{procs.dump()}")
+        time.sleep(0.2)
+    return p.returncode
+
+
+def wait_all_dead(pids: dict[int, int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [pid for pid, start in pids.items() if alive(pid, start)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+# ----------------------------------------------------------------------------- 1. asyncrl run
+
+@pytest.mark.timeout(150)
+def test_run_command_halfcheetah(procs, tmp_path):
+    """`asyncrl run`: 2 actors, ~8k HalfCheetah steps, exit 0, complete outputs, nothing left."""
+    run_dir, total = tmp_path / "run", 8000
+    procs.start("run", ["run", "--env", "HalfCheetah-v5", "--num-actors", "2", "--total-steps", str(total),
+                        "--run-dir", str(run_dir), "--set", "run.log_every_s=2", *SMALL])
+    run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
+    procs.run_ids.add(run_id)
+    wait_for(lambda: len(procs.adopt_descendants()) >= 4, 30, "learner, broadcaster and 2 actors", procs=procs)
+    rc = wait_adopting(procs, "run", 120)
+    assert rc == 0, procs.dump()
+    assert "done:" in procs.out("run")
+    left = wait_all_dead(procs.others, 5)
+    assert not left, f"processes of the run outlived it: {left}"
+    assert not shm_segments(run_id)
+    check_run_outputs(run_dir, total, actors={"actor0", "actor1"})
+    assert {p.name for p in (run_dir / "logs").iterdir()} >= {"learner.log", "broadcaster.log",
+                                                              "actor0.log", "actor1.log"}
+    procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- 2. by hand
+
+@pytest.mark.timeout(150)
+def test_roles_by_hand_actors_before_learner(procs, tmp_path):
+    """broadcaster, learner and 2 actors as separate commands; the actors start first and wait."""
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 6000
+    procs.run_ids.add(run_id)
+    learner_ep, broadcaster_ep = endpoints()
+    for name in ("a0", "a1"):
+        start_actor(procs, name, learner_ep, broadcaster_ep, env_id="HalfCheetah-v5")
+
+    # the actors are saying hello into the void once they have loaded ZeroMQ and their envs
+    def actors_waiting():
+        for name in ("a0", "a1"):
+            pid = procs.popen[name].pid
+            try:
+                if "zmq" not in Path(f"/proc/{pid}/maps").read_text():
+                    return False
+            except FileNotFoundError:
+                return False
+        return True
+    wait_for(actors_waiting, 60, "the actors to load ZeroMQ", procs=procs)
+    time.sleep(1.5)
+    assert all(procs.popen[n].poll() is None for n in ("a0", "a1")), procs.dump()
+
+    procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
+    start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id="HalfCheetah-v5",
+                  total_steps=total)
+    assert procs.wait("learner", 120) == 0, procs.dump()
+    for name in ("a0", "a1"):
+        assert procs.wait(name, 20) == 0, procs.dump()
+        assert "rollouts sent; step budget reached" in procs.out(name)
+    assert "done:" in procs.out("learner")
+    assert not shm_segments(run_id), "the learner left its segment behind"
+    # a broadcaster runs until stopped; Ctrl-C stops it cleanly
+    procs.popen["broadcaster"].send_signal(signal.SIGINT)
+    assert procs.wait("broadcaster", 10) == 0
+    log = procs.err("learner")
+    assert "actor a0 joined" in log and "actor a1 joined" in log
+    check_run_outputs(run_dir, total, actors={"a0", "a1"})
+    procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- 3. killed mid-write
+
+T_LONG, E = 997, 2
+
+
+def corridor_ring(name: str):
+    from asyncrl.shm import SlotRing
+    from asyncrl.spec import RolloutSpec
+    spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=T_LONG, num_envs=E)
+    return SlotRing.attach(name=name, spec=spec, num_slots=6)
+
+
+def torn_rows(views: dict) -> int | None:
+    """First row t where a Corridor slot stops being one rollout, or None (also for a slot never
+    written).
+
+    One rollout writes one behaviour version into every row, and Corridor's obs[.., 1] counts steps
+    since the last reset: obs[t+1] = obs[t] + 1, or 0 right after an episode end. A slot whose
+    writer was killed holds the new rollout up to some row and an older one (or zeros) after it.
+    T_LONG is not a divisor of Corridor's 1000-step episodes, so consecutive rollouts start at
+    different counters and the seam shows."""
+    c = views["obs"][:, :, 1]
+    if not c.any():
+        return None
+    ended = views["terminated"] | views["truncated"]
+    ok = np.where(ended, c[1:] == 0, c[1:] == c[:-1] + 1).all(axis=1)
+    bv = views["behavior_version"]
+    ok &= (bv == bv[0, 0]).all(axis=1)
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if bad.size else None
+
+
+@pytest.mark.timeout(150)
+def test_actor_killed_while_writing(procs, tmp_path):
+    """Actors SIGKILLed in the middle of writing a slot: the learner reclaims their grants after
+    transport.actor_timeout_s, never consumes the half-written slot, and training finishes.
+
+    To make a consumed half-written slot visible, the test (attached to the learner's segment)
+    marks the last row of the dead actor's torn slot with another behaviour version. Every slot a
+    rollout fills carries one behaviour version, so each lag.jsonl row (one per slot and version)
+    must hold all T*E samples of its slot; the marked slot, if consumed, would split into two rows.
+    """
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 60_000
+    long = ["--set", f"env.rollout_length={T_LONG}", "--set", "transport.actor_timeout_s=2"]
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
+                                             total_steps=total, extra=long)
+    segment = wait_for(lambda: shm_segments(run_id), 60, "the learner's segment", procs=procs)[0]
+    lag_path = run_dir / "lag.jsonl"
+
+    torn_seen, killed = [], []
+    for k in range(3):
+        name = f"doomed{k}"
+        p = start_actor(procs, name, learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=long,
+                        expect_failure=True)
+        # it works alone, with a policy version >= 1, before it is killed
+        wait_for(lambda: any(r["actor"] == name and r["behavior_version"] >= 1 for r in read_jsonl(lag_path)),
+                 60, f"{name}'s slots to be consumed", interval=0.05, procs=procs)
+        # SIGKILL while it runs (not while it waits): it is then inside collect(), writing a slot
+        deadline = time.monotonic() + 10
+        while (st := proc_stat(p.pid)) is not None and st[0] != "R" and time.monotonic() < deadline:
+            time.sleep(0.002)
+        p.kill()
+        p.wait(10)
+        killed.append(name)
+        # no actor is alive now, so a torn slot is the dead actor's; mark it before it is reclaimed
+        ring = corridor_ring(segment)
+        try:
+            for i in range(ring.num_slots):
+                views = ring.views(i)
+                t = torn_rows(views)
+                if t is not None:
+                    bv = views["behavior_version"]
+                    bv[T_LONG - 1] = 0 if bv[0, 0] != 0 else 1
+                    torn_seen.append((name, i, t))
+                del views
+        finally:
+            ring.close()
+        if torn_seen and k >= 1:
+            break
+    assert torn_seen, "no kill landed while an actor was writing a slot"
+
+    start_actor(procs, "good", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=long)
+    assert procs.wait("learner", 120) == 0, procs.dump()
+    assert procs.wait("good", 20) == 0, procs.dump()
+
+    log = procs.err("learner")
+    for name in killed:
+        assert re.search(rf"actor {name} left \(silent for 2 s\); \d+ granted slots freed", log), log
+    for name, _, _ in torn_seen:   # the torn slot was granted to it, so at least that one came back
+        freed = int(re.search(rf"actor {name} left \(silent for 2 s\); (\d+) granted", log).group(1))
+        assert freed >= 1, log
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= total and summary["rejected_messages"] == {}, summary
+    rows = read_jsonl(lag_path)
+    assert any(r["actor"] == "good" for r in rows)
+    last_version: dict[str, int] = {}
+    for r in rows:
+        assert r["actor"] in {*killed, "good"}, r
+        assert 0 <= r["behavior_version"] <= r["version"], r
+        assert r["samples"] == T_LONG * E, f"a consumed slot mixes behaviour versions: {r}"
+        # an actor's slots are consumed in the order it filled them, its version never goes back
+        assert r["behavior_version"] >= last_version.get(r["actor"], 0), r
+        last_version[r["actor"]] = r["behavior_version"]
+    procs.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_actor_with_long_rollouts_is_not_reaped(procs, tmp_path):
+    """A live actor whose rollout takes longer than transport.actor_timeout_s keeps heartbeating
+    while it collects: the learner must not reap it (it would regrant the slot being written and
+    then refuse everything the actor sends, so the run would never finish)."""
+    run_id, run_dir, T = new_run_id(), tmp_path / "run", 40_000
+    cfg = ["--set", "env.num_envs=1", "--set", f"env.rollout_length={T}", "--set", "learner.slots_per_batch=1",
+           "--set", "learner.num_slots=3", "--set", "algo.num_epochs=1", "--set", "transport.actor_timeout_s=1",
+           "--set", "transport.heartbeat_s=0.2"]
+    learner_ep, broadcaster_ep = endpoints()
+    procs.run_ids.add(run_id)
+    procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
+    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
+                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", str(2 * T), *cfg])
+    procs.start("slow", ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep, "--actor-id", "slow",
+                         "--env", CORRIDOR, *cfg])
+    learner = procs.popen["learner"]
+    wait_for(lambda: learner.poll() is not None or "left (silent" in procs.err("learner"), 90,
+             "the learner to finish", procs=procs)
+    assert "left (silent" not in procs.err("learner"), procs.err("learner")
+    assert procs.wait("learner", 10) == 0, procs.dump()
+    assert procs.wait("slow", 20) == 0, procs.dump()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 2 * T and summary["rejected_messages"] == {}, summary
+    # the case under test: one rollout really outlasted the timeout
+    timing, slots = summary.get("time_breakdown_s", {}), summary.get("slot_counters", {})
+    if "actors_env_s" in timing and slots.get("completed"):
+        per_rollout = (timing["actors_env_s"] + timing.get("actors_inference_s", 0.0)) / slots["completed"]
+        assert per_rollout > 1.0, f"rollouts took only {per_rollout:.2f} s; make them longer"
+    procs.popen["broadcaster"].send_signal(signal.SIGINT)
+    procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- 4. Ctrl-C
+
+@pytest.mark.timeout(120)
+def test_sigint_stops_every_process(procs, tmp_path):
+    """Ctrl-C (SIGINT to the run's process group) mid-training: the launcher and every process it
+    started exit within 5 s, and the run's shared memory is gone."""
+    run_dir = tmp_path / "run"
+    p = procs.start("run", ["run", "--env", CORRIDOR, "--num-actors", "2", "--total-steps", "100000000",
+                            "--run-dir", str(run_dir), "--set", "run.log_every_s=1", *SMALL])
+    run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
+    procs.run_ids.add(run_id)
+    wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 3, 60, "3 learner iterations", procs=procs)
+    assert shm_segments(run_id)
+    tree = {p.pid: proc_stat(p.pid)[2], **procs.adopt_descendants()}
+    assert len(tree) >= 5, f"expected launcher, learner, broadcaster and 2 actors: {tree}"
+    assert all(os.getpgid(pid) == p.pid for pid in tree), "a role left the run's process group"
+
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    left = wait_all_dead(tree, 5.0)
+    elapsed = time.monotonic() - t0
+    assert not left, f"still alive {elapsed:.1f} s after Ctrl-C: {left}\n{procs.dump()}"
+    assert p.wait(1) == 130, procs.dump()
+    assert "interrupted" in procs.err("run")
+    assert not shm_segments(run_id), "the run's shared memory outlived Ctrl-C"
+    assert not descendants(p.pid)
+    procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- 6. mismatched actors
+
+@pytest.mark.timeout(150)
+def test_mismatched_actor_refused(procs, tmp_path):
+    """An actor with another env id or rollout length is refused with one line naming the field and
+    both values (exit status 2); training with the good actor goes on and finishes."""
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 16_000
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
+                                             total_steps=total)
+    start_actor(procs, "good", learner_ep, broadcaster_ep, env_id=CORRIDOR)
+    bad = {
+        "bad_env": (["--set", "run.seed=3"], "asyncrl/Constant-v0",
+                    "env_id: actor has 'asyncrl/Constant-v0', learner has 'asyncrl/Corridor-v0'"),
+        "bad_len": (["--set", "env.rollout_length=32"], CORRIDOR, "rollout_length: actor has 32, learner has 16"),
+    }
+    for name, (extra, env_id, _) in bad.items():
+        start_actor(procs, name, learner_ep, broadcaster_ep, env_id=env_id, extra=extra, expect_failure=True)
+    for name, (_, _, words) in bad.items():
+        assert procs.wait(name, 60) == 2, procs.dump()
+        lines = [ln for ln in procs.err(name).splitlines() if ln.strip()]
+        assert len(lines) == 1, procs.err(name)
+        assert words in lines[0] and "refused" in lines[0] and "Traceback" not in lines[0], lines[0]
+    assert procs.popen["learner"].poll() is None, "training ended before the bad actors were refused"
+    assert procs.wait("learner", 120) == 0, procs.dump()
+    assert procs.wait("good", 20) == 0, procs.dump()
+    log = procs.err("learner")
+    assert "refused actor bad_env" in log and "refused actor bad_len" in log
+    check_run_outputs(run_dir, total, actors={"good"})
+    procs.popen["broadcaster"].send_signal(signal.SIGINT)
+    procs.shutdown()
