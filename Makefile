@@ -13,7 +13,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev]" "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev,plot]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 # The main job: HalfCheetah-v5 with default settings, learner + broadcaster + 2 actors.

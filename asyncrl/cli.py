@@ -99,6 +99,13 @@ def _on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _stopping() -> None:
+    """Once a role unwinds, let no second Ctrl-C/SIGTERM cut its cleanup short: a terminal's Ctrl-C
+    reaches every process of `asyncrl run`, which then signals each role again. SIGKILL still works."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _role_flags(env_id, num_envs, seed, total_steps=None):
     return {("env", "id"): env_id, ("env", "num_envs"): num_envs, ("run", "seed"): seed,
             ("run", "total_env_steps"): total_steps}
@@ -128,6 +135,7 @@ def learner(config_file, overrides, env_id, bind, broadcaster, run_dir, run_id, 
     try:
         summary = role.run()
     except KeyboardInterrupt:
+        _stopping()
         summary = role.finish()
         click.echo("learner: interrupted", err=True)
     finally:
@@ -143,13 +151,21 @@ def learner(config_file, overrides, env_id, bind, broadcaster, run_dir, run_id, 
 @click.option("--num-envs", type=int, help="Envs in this actor (must match the learner's env.num_envs).")
 @click.option("--actor-id", help="Unique name of this actor (default: host-pid).")
 @click.option("--seed", type=int, help="Env and action seed of this actor.")
-def actor(config_file, overrides, learner_ep, broadcaster, env_id, num_envs, actor_id, seed):
+@click.option("--policy-delay", type=int, help="Act with the weights K versions behind the newest (lag experiments).")
+@click.option("--policy-age-buffer", type=int,
+              help="Each rollout acts with a version drawn uniformly from the last K received.")
+@click.option("--slowdown", type=float, help="Sleep SECONDS after each rollout (a straggler).")
+def actor(config_file, overrides, learner_ep, broadcaster, env_id, num_envs, actor_id, seed, policy_delay,
+          policy_age_buffer, slowdown):
     """An actor: steps envs with the newest weights it has and fills slots for the learner."""
     import os
     import socket
     from .roles.actor import Actor, ActorError, ActorOptions
     _on_sigterm()
-    cfg = load_config(config_file, overrides, _role_flags(env_id, num_envs, None))
+    flags = _role_flags(env_id, num_envs, None)
+    flags.update({("actor", "policy_delay"): policy_delay, ("actor", "policy_age_buffer"): policy_age_buffer,
+                  ("actor", "slowdown_s"): slowdown})
+    cfg = load_config(config_file, overrides, flags)
     opts = ActorOptions(learner=learner_ep or cfg.transport.learner_bind,
                         broadcaster=broadcaster or cfg.transport.broadcaster_bind,
                         actor_id=actor_id or f"{socket.gethostname()}-{os.getpid()}",
@@ -161,7 +177,7 @@ def actor(config_file, overrides, learner_ep, broadcaster, env_id, num_envs, act
     except ActorError as exc:
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        pass
+        _stopping()
     finally:
         role.close()
 
@@ -178,9 +194,29 @@ def broadcaster(bind, config_file, overrides):
     try:
         role.run()
     except KeyboardInterrupt:
-        pass
+        _stopping()
     finally:
         role.close()
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also write a PNG of the lag.")
+def lag(run_dir, as_json, plot_path):
+    """Policy-lag report of a run: versions and seconds, overall, per actor, per host."""
+    from .lag_report import ReportError, build_report, format_report, plot_report
+    try:
+        report = build_report(run_dir)
+    except ReportError as exc:
+        raise UserError(str(exc)) from None
+    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    if plot_path:
+        try:
+            plot_report(run_dir, plot_path)
+        except ImportError as exc:
+            raise UserError(str(exc)) from None
+        click.echo(f"plot written to {plot_path}", err=as_json)
 
 
 @main.command()

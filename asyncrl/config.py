@@ -65,10 +65,18 @@ class AlgoConfig:
 
 
 @dataclass(frozen=True)
+class ActorConfig:
+    # Lag controls for experiments (asyncrl.lag_control); 0 / 1 / 0.0: none.
+    policy_delay: int = 0         # act with the weights K versions behind the newest
+    policy_age_buffer: int = 1    # each rollout acts with a version drawn from the last K received
+    slowdown_s: float = 0.0       # sleep this long after each rollout (a straggler)
+
+
+@dataclass(frozen=True)
 class LearnerConfig:
     slots_per_batch: int = 4         # B slots of E rollouts make one batch: [T, B*E]
     num_slots: int = 12              # S slots in the shared-memory ring
-    max_policy_lag: int = -1         # drop samples older than this many versions; -1: keep all
+    max_policy_lag: int = -1         # drop samples more versions behind than this; -1: keep all
     reward_scaling: bool = True      # divide rewards by running std of discounted return
     reward_clip: float = 10.0
     checkpoint_every: int = 50       # learner iterations; 0: only at the end
@@ -97,6 +105,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -182,6 +191,10 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{k} must be >= 1, got {v}")
     if not 0.0 <= a.gamma <= 1.0 or not 0.0 <= a.gae_lambda <= 1.0:
         raise ConfigError(f"algo.gamma and algo.gae_lambda must lie in [0, 1], got {a.gamma}, {a.gae_lambda}")
+    if cfg.actor.policy_delay < 0 or cfg.actor.policy_age_buffer < 1 or cfg.actor.slowdown_s < 0:
+        raise ConfigError("actor.policy_delay must be >= 0, actor.policy_age_buffer >= 1, actor.slowdown_s >= 0")
+    if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
+        raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
     if a.lr <= 0:
         raise ConfigError(f"algo.lr must be > 0, got {a.lr}")
     if l.num_slots < l.slots_per_batch:

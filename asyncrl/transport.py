@@ -430,6 +430,17 @@ def recv_multipart_timeout(sock: zmq.Socket, timeout_ms: int, *, copy: bool = Tr
         return None
 
 
+def drain_all(sock: zmq.Socket, *, max_messages: int = 10_000) -> list[list]:
+    """Every message pending on ``sock`` (oldest first) without blocking; lists of zmq.Frame."""
+    out = []
+    for _ in range(max_messages):
+        try:
+            out.append(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+        except zmq.Again:
+            break
+    return out
+
+
 def drain_latest(sock: zmq.Socket, *, max_messages: int = 10_000) -> list | None:
     """Read every message pending on ``sock`` without blocking; return only the newest complete
     multipart message (a list of zmq.Frame), or None if none was pending.

@@ -19,6 +19,7 @@ import torch
 from .. import transport as tp
 from ..config import Config, from_dict
 from ..envs import VecEnv
+from ..lag_control import WeightHistory
 from ..policy import InferencePolicy, build_policy, layout_hash
 from ..rollout import collect
 from ..shm import ShmError, SlotRing
@@ -62,7 +63,10 @@ class Actor:
         self.local_slot = None            # TCP mode: one slot in ordinary memory
         self.grants: list[tuple[int, int]] = []
         self.policy = None
-        self.version = -1
+        self.version = -1                 # the version the policy copy holds now
+        a = cfg.actor
+        self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
+                                     seed=opts.seed)
         self.last_heartbeat = 0.0
         self.stopped = ""
 
@@ -109,7 +113,7 @@ class Actor:
     # ---- weights ----
     def first_weights(self) -> None:
         deadline = time.monotonic() + self.opts.connect_timeout_s
-        while self.version < 0:
+        while self.history.newest < 0:
             if time.monotonic() > deadline:
                 raise ActorError(f"actor {self.opts.actor_id}: no weights from the broadcaster "
                                  f"at {self.opts.broadcaster}")
@@ -117,19 +121,24 @@ class Actor:
                                               "run_id": self.run_id, "actor_id": self.opts.actor_id}), block=False)
             frames = tp.recv_multipart_timeout(self.snapshot, 1000)
             if frames is not None and len(frames) == 3:   # [topic, header, payload]; else "no weights yet"
-                self._load(frames)
-            self.newest_weights()
+                self._receive(frames)
+            self.receive_weights()
 
-    def newest_weights(self) -> None:
-        frames = tp.drain_latest(self.weights_sub)
-        if frames is not None:
-            self._load(frames)
+    def receive_weights(self) -> None:
+        """Take every weights message pending (older versions matter to the lag controls)."""
+        for frames in tp.drain_all(self.weights_sub):
+            self._receive(frames)
 
-    def _load(self, frames) -> None:
+    def _receive(self, frames) -> None:
         header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
-        if header["version"] > self.version:
+        self.history.add(header["version"], flat)
+
+    def select_weights(self) -> None:
+        """Load the version the lag controls pick (the newest, by default) into the policy copy."""
+        version, flat = self.history.choose()
+        if version != self.version:
             self.policy.load(flat)
-            self.version = header["version"]
+            self.version = version
 
     # ---- grants and reports ----
     def poll_learner(self, timeout_ms: int) -> None:
@@ -160,6 +169,12 @@ class Actor:
             self.poll_learner(100)
         return self.grants.pop(0) if self.grants else None
 
+    def sleep_with_heartbeats(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, self.cfg.transport.heartbeat_s / 2))
+            self.heartbeat()
+
     def run(self) -> int:
         """Handshake, then collect until the learner says stop. Returns rollouts sent."""
         self.hello()
@@ -176,7 +191,8 @@ class Actor:
             if grant is None:
                 break
             slot_index, grant_id = grant
-            self.newest_weights()
+            self.receive_weights()
+            self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             stats = collect(self.env, self.act, slot, version=self.version)
             report = dict(grant_id=grant_id, env_steps=stats.env_steps,
@@ -192,6 +208,8 @@ class Actor:
                 tp.send(self.learner, tp.encode_rollout(header, slot, self.spec))
             sent += 1
             self.heartbeat()
+            if self.cfg.actor.slowdown_s > 0:
+                self.sleep_with_heartbeats(self.cfg.actor.slowdown_s)
         return sent
 
     def close(self) -> None:

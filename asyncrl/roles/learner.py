@@ -19,10 +19,8 @@ import torch
 from .. import transport as tp
 from ..config import Config
 from ..envs import rollout_spec
-from ..lag import LagTracker
-from ..metrics import Clock, EpisodeTracker, JsonlWriter, progress_line, write_json_atomic
+from ..consume import Consumer, SlotData
 from ..shm import SlotLedger, SlotRing, cleanup_stale
-from ..state import LearnerState
 from .actor import snapshot_endpoint
 
 log = logging.getLogger("asyncrl.learner")
@@ -49,7 +47,8 @@ class Learner:
         torch.set_num_threads(cfg.learner.torch_threads)
         self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
                                  max_episode_steps=cfg.env.max_episode_steps)
-        self.state = LearnerState(cfg, self.spec)
+        self.consumer = Consumer(cfg, self.spec, self.run_dir)
+        self.state = self.consumer.state
         for name in cleanup_stale():
             log.warning("learner: removed shared-memory segment %s left by a dead run", name)
         self.ring = SlotRing.create(run_id=run_id, spec=self.spec, num_slots=cfg.learner.num_slots)
@@ -61,18 +60,13 @@ class Learner:
         self.actors: dict[str, ActorInfo] = {}
         self.full_meta: dict[int, tuple[str, dict]] = {}
         self.rejects = tp.RejectCounter("learner")
-        self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
-        self.lag = LagTracker(self.run_dir / "lag.jsonl")
-        self.episodes = EpisodeTracker()
-        self.clock = Clock(cfg.run.log_every_s)
-        self.last_stats: dict = {}
         self.timing: Counter[str] = Counter()   # seconds: where the time goes
         self.publish()
 
     # ---- weights ----
     def publish(self) -> None:
-        now = time.time()
-        self.lag.published(self.state.version, now)
+        """Send the current weights to the broadcaster (publish time: the Consumer's record)."""
+        now = self.consumer.lag.publish_time[self.state.version]
         frames = tp.encode_weights(run_id=self.run_id, version=self.state.version, publish_time=now,
                                    layout_hash=self.state.layout_hash, payload=self.state.flat_weights())
         tp.send(self.weights_out, frames, block=False)
@@ -182,6 +176,8 @@ class Learner:
         v = views["behavior_version"]
         if v.min() < 0 or v.max() > self.state.version:
             raise tp.ProtocolError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{self.state.version}")
+        if v.min() != v.max():   # one rollout, one policy version: what makes max_policy_lag exact
+            raise tp.ProtocolError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
         if self.spec.discrete:
             a = views["actions"]
             if a.min() < 0 or a.max() >= self.spec.action_dim:
@@ -217,73 +213,41 @@ class Learner:
         if self.ledger.num_full < B:
             return False
         slots = self.ledger.pop_full(B)
-        now = time.time()
-        batch_slots, lag_rows, ended = [], [], []
+        batch = []
         for s in slots:
             actor_id, meta = self.full_meta.pop(s)
             views = self.ring.views(s)
-            batch_slots.append((actor_id, {k: v.copy() for k, v in views.items()}))
+            batch.append(SlotData(actor_id, meta["host"], {k: v.copy() for k, v in views.items()},
+                                  meta["env_steps"], meta["episode_returns"]))
             del views
-            lag_rows.append((actor_id, meta["host"], batch_slots[-1][1]["behavior_version"]))
-            self.state.env_steps += meta["env_steps"]
-            self.episodes.add(meta["episode_returns"])
-            ended += meta["episode_returns"]
-        for s in slots:
             self.ledger.release(s)
         self.grant_pending()                   # actors go on while the learner learns
-        batch = self.state.make_batch(batch_slots)
-        batch_lag = self.lag.consumed(self.state.version, now, lag_rows, iteration=self.state.iteration)
-        t0 = time.perf_counter()
-        stats = self.state.iterate(batch)
-        self.timing["learner_update_s"] += time.perf_counter() - t0
-        self.publish()
-        self.last_stats = stats
-        self.metrics.write({"iteration": self.state.iteration, "env_steps": self.state.env_steps,
-                            "wall_time_s": self.clock.elapsed, "average_return": self.episodes.average_return,
-                            "episode_returns": ended, **batch_lag, **stats})
-        if self.cfg.learner.checkpoint_every and self.state.iteration % self.cfg.learner.checkpoint_every == 0:
-            self.state.save(self.run_dir / "checkpoint.pt")
+        if self.consumer.consume(batch) is not None:
+            self.publish()
         return True
-
-    def progress(self) -> None:
-        if not self.clock.due():
-            return
-        p = self.lag.recent_percentiles()
-        self.echo(progress_line(env_steps=self.state.env_steps, total=self.cfg.run.total_env_steps,
-                                steps_per_s=self.state.env_steps / max(self.clock.elapsed, 1e-9),
-                                avg_return=self.episodes.average_return, lag=p,
-                                tv=self.last_stats.get("tv_estimate"), filtered=self.last_stats.get("filtered_fraction")))
 
     def run(self) -> dict:
         log.info("learner: run %s listening on %s, shared memory %s", self.run_id, self.endpoint, self.ring.name)
-        while self.state.env_steps < self.cfg.run.total_env_steps:
+        while not self.consumer.done:
             t0 = time.perf_counter()
             self.serve(5)
             t1 = time.perf_counter()
             if not self.consume():
                 self.timing["learner_wait_s"] += t1 - t0
-            self.progress()
+            self.consumer.progress(self.echo)
         return self.finish()
 
     def finish(self) -> dict:
         for actor_id in list(self.actors):
             self.reply(actor_id.encode(), {"type": "stop", "reason": "step budget reached"})
-        self.state.save(self.run_dir / "checkpoint.pt")
-        summary = {"mode": "async", "run_id": self.run_id, "env_id": self.cfg.env.id, "preset": self.cfg.algo.preset,
-                   "seed": self.cfg.run.seed, "env_steps": self.state.env_steps, "wall_time_s": self.clock.elapsed,
-                   "env_steps_per_s": self.state.env_steps / max(self.clock.elapsed, 1e-9),
-                   "learner_iterations": self.state.iteration,
-                   "final_average_return": self.episodes.average_return,
-                   "rejected_messages": self.rejects.by_reason(), "time_breakdown_s": dict(self.timing),
-                   "slot_counters": dict(self.ledger.counters), **self.lag.summary()}
-        write_json_atomic(self.run_dir / "summary.json", summary)
-        return summary
+        self.timing["learner_update_s"] = self.consumer.update_s
+        return self.consumer.finish(mode="async", run_id=self.run_id, rejected_messages=self.rejects.by_reason(),
+                                    time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters))
 
     def close(self) -> None:
         """Idempotent; always removes the shared-memory segment."""
         try:
-            self.metrics.close()
-            self.lag.close()
+            self.consumer.close()
             tp.close(self.router, self.weights_out)
             self.ctx.term()
         finally:

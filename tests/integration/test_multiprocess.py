@@ -329,6 +329,15 @@ def test_sigint_stops_every_process(procs, tmp_path):
     assert "interrupted" in procs.err("run")
     assert not shm_segments(run_id), "the run's shared memory outlived Ctrl-C"
     assert not descendants(p.pid)
+    # every role unwound cleanly, even though Ctrl-C reached it twice (the terminal's, then the
+    # launcher's): no traceback, and the interrupted learner still wrote its summary and checkpoint
+    for log in (run_dir / "logs").iterdir():
+        text = log.read_text(errors="replace")
+        assert "Traceback" not in text and "Aborted!" not in text, f"{log.name}:\n{text}"
+    assert "learner: interrupted" in (run_dir / "logs" / "learner.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["learner_iterations"] >= 3, summary
+    assert (run_dir / "checkpoint.pt").stat().st_size > 0
     procs.shutdown()
 
 

@@ -1,0 +1,63 @@
+"""Lag controls for experiments: which of the weight versions an actor has received acts next.
+
+- ``policy_delay`` K: act with the newest received version that is at least K versions older
+  than the newest one (the oldest kept while fewer exist): a constant extra backward lag.
+- ``policy_age_buffer`` K: each rollout acts with a version drawn uniformly from the last K
+  received: the simulated asynchrony of VACO's MuJoCo study (arXiv:2603.01365).
+Both 0/1 (the defaults) mean: act with the newest version.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+
+class WeightHistory:
+    """The last few (version -> flat weights [P] float32) an actor received.
+
+    Raises:
+        ValueError: a negative delay, a buffer below 1, or both controls at once.
+    """
+
+    def __init__(self, *, policy_delay: int = 0, policy_age_buffer: int = 1, seed: int = 0):
+        if policy_delay < 0 or policy_age_buffer < 1:
+            raise ValueError(f"policy_delay must be >= 0 and policy_age_buffer >= 1, got "
+                             f"{policy_delay}, {policy_age_buffer}")
+        if policy_delay > 0 and policy_age_buffer > 1:
+            raise ValueError("use policy_delay or policy_age_buffer, not both")
+        self.delay, self.buffer = policy_delay, policy_age_buffer
+        self.keep = max(policy_delay + 1, policy_age_buffer)
+        self.versions: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def needs_every_version(self) -> bool:
+        """True when older versions matter (the actor must keep each message, not only the newest)."""
+        return self.keep > 1
+
+    def add(self, version: int, flat: np.ndarray) -> None:
+        if self.versions and version <= next(reversed(self.versions)):
+            return                                   # stale or repeated
+        self.versions[version] = np.array(flat, np.float32)
+        while len(self.versions) > self.keep:
+            self.versions.popitem(last=False)
+
+    @property
+    def newest(self) -> int:
+        return next(reversed(self.versions)) if self.versions else -1
+
+    def choose(self) -> tuple[int, np.ndarray]:
+        """(version, flat weights) to act with for the next rollout. Raises LookupError if empty."""
+        if not self.versions:
+            raise LookupError("no weights received yet")
+        keys = list(self.versions)
+        if self.delay > 0:
+            target = keys[-1] - self.delay
+            older = [v for v in keys if v <= target]
+            version = older[-1] if older else keys[0]
+        elif self.buffer > 1:
+            version = keys[int(self.rng.integers(len(keys)))]
+        else:
+            version = keys[-1]
+        return version, self.versions[version]

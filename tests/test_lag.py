@@ -1,0 +1,99 @@
+"""Lag accounting, lag controls and the lag report (serial mode: deterministic and fast)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from asyncrl import config
+from asyncrl.lag import weighted_percentiles
+from asyncrl.lag_control import WeightHistory
+from asyncrl.lag_report import build_report, format_report
+from asyncrl.serial import run_serial
+
+SMALL = ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=10", "env.num_envs=2", "env.rollout_length=8",
+         "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=2", "algo.num_epochs=1",
+         "run.num_actors=2", "run.log_every_s=1000"]
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "lag.jsonl").read_text().splitlines()]
+
+
+def test_weight_history_rules():
+    flat = lambda v: np.full(3, v, np.float32)  # noqa: E731
+    newest = WeightHistory()
+    delayed = WeightHistory(policy_delay=3)
+    for v in range(6):
+        newest.add(v, flat(v))
+        delayed.add(v, flat(v))
+    assert newest.choose()[0] == 5 and delayed.choose()[0] == 2
+    early = WeightHistory(policy_delay=3)
+    early.add(0, flat(0))
+    early.add(1, flat(1))
+    assert early.choose()[0] == 0                    # fewer than K+1 versions: the oldest
+    buf = WeightHistory(policy_age_buffer=4, seed=0)
+    for v in range(10):
+        buf.add(v, flat(v))
+    picks = {buf.choose()[0] for _ in range(200)}
+    assert picks == {6, 7, 8, 9}
+    buf.add(3, flat(3))                               # stale versions are ignored
+    assert buf.newest == 9
+    with pytest.raises(ValueError, match="not both"):
+        WeightHistory(policy_delay=1, policy_age_buffer=2)
+    with pytest.raises(LookupError):
+        WeightHistory().choose()
+
+
+def test_weighted_percentiles():
+    assert weighted_percentiles([3, 1, 2], [1, 1, 2], (50, 100)) == [2.0, 3.0]
+    assert weighted_percentiles([], [], (50,)) == [None]
+    values = np.random.default_rng(0).integers(0, 20, 500)
+    assert weighted_percentiles(values.tolist(), [1] * 500, (90,))[0] == np.percentile(values, 90, method="inverted_cdf")
+
+
+def test_policy_delay_gives_exactly_that_lag(tmp_path):
+    cfg = config.load(None, SMALL + ["actor.policy_delay=3"])
+    run_serial(cfg, tmp_path, max_iterations=12, echo=lambda *_: None)
+    rows = _rows(tmp_path)
+    late = [r for r in rows if r["iteration"] >= 3]
+    assert late and all(r["lag_versions"] == 3 for r in late)
+    assert all(r["lag_versions"] == r["iteration"] for r in rows if r["iteration"] < 3)
+    report = build_report(tmp_path)
+    assert report["per_actor"]["actor0"]["lag_versions"]["max"] == 3
+    assert "actor actor0" in format_report(report)
+
+
+def test_max_policy_lag_drops_exactly_the_samples_over_it(tmp_path):
+    cfg = config.load(None, SMALL + ["actor.policy_age_buffer=8", "learner.max_policy_lag=2", "run.seed=3"])
+    summary = run_serial(cfg, tmp_path, max_iterations=25, echo=lambda *_: None)
+    rows = _rows(tmp_path)
+    dropped = [r for r in rows if r["dropped"]]
+    kept = [r for r in rows if not r["dropped"]]
+    assert dropped and kept
+    assert all(r["lag_versions"] > 2 for r in dropped) and all(r["lag_versions"] <= 2 for r in kept)
+    n_dropped = sum(r["samples"] for r in dropped)
+    assert summary["dropped_samples"] == n_dropped == build_report(tmp_path)["dropped"]["samples"]
+    # every collected sample is either consumed or dropped
+    assert sum(r["samples"] for r in rows) == summary["env_steps"]
+
+
+def test_lag_command_text_json_and_errors(tmp_path):
+    cfg = config.load(None, SMALL)
+    run_serial(cfg, tmp_path / "run", max_iterations=3, echo=lambda *_: None)
+    cmd = [sys.executable, "-m", "asyncrl.cli", "lag"]
+    text = subprocess.run(cmd + [str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0 and "backward lag, versions" in text.stdout and "per_actor" not in text.stdout
+    js = subprocess.run(cmd + [str(tmp_path / "run"), "--json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(js.stdout)["overall"]["all"]["lag_versions"]["count"] == 3 * 2 * 8 * 2
+    bad = subprocess.run(cmd + [str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no run directory" in bad.stderr
+
+
+def test_lag_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from asyncrl.lag_report import plot_report
+    run_serial(config.load(None, SMALL), tmp_path, max_iterations=3, echo=lambda *_: None)
+    plot_report(tmp_path, tmp_path / "lag.png")
+    assert (tmp_path / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
