@@ -154,7 +154,7 @@ def learner(config_file, overrides, env_id, bind, broadcaster, run_dir, run_id, 
 @click.option("--policy-delay", type=int, help="Act with the weights K versions behind the newest (lag experiments).")
 @click.option("--policy-age-buffer", type=int,
               help="Each rollout acts with a version drawn uniformly from the last K received.")
-@click.option("--slowdown", type=float, help="Sleep SECONDS after each rollout (a straggler).")
+@click.option("--slowdown", type=float, help="A straggler: each rollout takes SECONDS longer (spread over its steps).")
 def actor(config_file, overrides, learner_ep, broadcaster, env_id, num_envs, actor_id, seed, policy_delay,
           policy_age_buffer, slowdown):
     """An actor: steps envs with the newest weights it has and fills slots for the learner."""

@@ -69,7 +69,7 @@ class ActorConfig:
     # Lag controls for experiments (asyncrl.lag_control); 0 / 1 / 0.0: none.
     policy_delay: int = 0         # act with the weights K versions behind the newest
     policy_age_buffer: int = 1    # each rollout acts with a version drawn from the last K received
-    slowdown_s: float = 0.0       # sleep this long after each rollout (a straggler)
+    slowdown_s: float = 0.0       # a straggler: each rollout takes this many seconds longer (actor processes)
 
 
 @dataclass(frozen=True)

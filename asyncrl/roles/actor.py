@@ -68,6 +68,7 @@ class Actor:
         self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
                                      seed=opts.seed)
         self.last_heartbeat = 0.0
+        self.step_sleep_s = cfg.actor.slowdown_s / cfg.env.rollout_length
         self.stopped = ""
 
     # ---- handshake ----
@@ -169,11 +170,12 @@ class Actor:
             self.poll_learner(100)
         return self.grants.pop(0) if self.grants else None
 
-    def sleep_with_heartbeats(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, self.cfg.transport.heartbeat_s / 2))
-            self.heartbeat()
+    def act(self, obs):
+        """The policy copy's actions; a straggler (actor.slowdown_s > 0) also sleeps slowdown_s / T
+        per step, so its rollouts take that much longer and come back staler."""
+        if self.step_sleep_s > 0:
+            time.sleep(self.step_sleep_s)
+        return self.policy.act(obs)
 
     def run(self) -> int:
         """Handshake, then collect until the learner says stop. Returns rollouts sent."""
@@ -208,8 +210,6 @@ class Actor:
                 tp.send(self.learner, tp.encode_rollout(header, slot, self.spec))
             sent += 1
             self.heartbeat()
-            if self.cfg.actor.slowdown_s > 0:
-                self.sleep_with_heartbeats(self.cfg.actor.slowdown_s)
         return sent
 
     def close(self) -> None:

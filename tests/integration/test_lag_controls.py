@@ -1,0 +1,65 @@
+"""Lag controls across real processes: an actor with --policy-delay, and a straggler (--slowdown)
+among normal actors; the lag report's per-actor rows must show each."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mp_helpers import new_run_id, read_jsonl
+from test_multiprocess import CORRIDOR, start_actor, start_roles
+
+pytestmark = pytest.mark.integration
+
+
+def _report(run_dir):
+    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "lag", str(run_dir), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _run(procs, tmp_path, actors: dict[str, list[str]], total: int):
+    run_id, run_dir = new_run_id(), tmp_path / "run"
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
+                                             total_steps=total)
+    for name, extra in actors.items():
+        start_actor(procs, name, learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=extra)
+    assert procs.wait("learner", 120) == 0, procs.dump()
+    for name in actors:
+        assert procs.wait(name, 20) == 0, procs.dump()
+    return run_dir
+
+
+@pytest.mark.timeout(150)
+def test_policy_delay_adds_exactly_that_many_versions(procs, tmp_path):
+    run_dir = _run(procs, tmp_path, {"delayed": ["--policy-delay", "3"], "normal": []}, total=64 * 40)
+    rows = [r for r in read_jsonl(run_dir / "lag.jsonl") if r["iteration"] >= 8]
+    delayed = [r["lag_versions"] for r in rows if r["actor"] == "delayed"]
+    normal = [r["lag_versions"] for r in rows if r["actor"] == "normal"]
+    assert delayed and normal
+    # what any actor's data lags by the time the learner takes it: the versions in flight
+    # (the delayed actor's own in-flight share can exceed the normal actor's maximum now and then)
+    in_flight = max(normal)
+    assert all(lag >= 3 for lag in delayed), delayed
+    assert np.mean([lag > 3 + in_flight for lag in delayed]) <= 0.1, (delayed, normal)
+    per_actor = _report(run_dir)["per_actor"]
+    d, n = per_actor["delayed"]["lag_versions"], per_actor["normal"]["lag_versions"]
+    assert abs(d["p50"] - n["p50"] - 3) <= 1, per_actor
+    procs.shutdown()
+
+
+@pytest.mark.timeout(150)
+def test_straggler_lags_more_than_the_others(procs, tmp_path):
+    run_dir = _run(procs, tmp_path, {"fast0": [], "fast1": [], "straggler": ["--slowdown", "0.5"]},
+                   total=64 * 400)
+    per_actor = _report(run_dir)["per_actor"]
+    slow, fast = per_actor["straggler"], [per_actor["fast0"], per_actor["fast1"]]
+    for f in fast:
+        assert slow["lag_seconds"]["mean"] > f["lag_seconds"]["mean"], per_actor
+        assert slow["lag_versions"]["mean"] > f["lag_versions"]["mean"], per_actor
+        assert slow["lag_versions"]["count"] < f["lag_versions"]["count"], per_actor
+    procs.shutdown()
