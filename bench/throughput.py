@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,26 @@ def one_run(args, i: int, out: Path) -> dict:
     return row
 
 
+FPS_LINE = re.compile(r"Fps is \(10 sec: ([0-9.nan]+), 60 sec: ([0-9.nan]+)")
+
+
+def sample_factory_run(args, i: int, out: Path) -> float:
+    """Sample Factory 2.1.1 APPO on HalfCheetah with BENCHMARKS.md's command (2 workers x 8 envs,
+    CPU learner), in its own virtualenv; returns the last 60-second FPS it printed (learning on)."""
+    budget = int(args.seconds * args.expected_rate * 1.3)
+    cmd = [args.peer_sf, "-m", "sf_examples.mujoco.train_mujoco", "--env=mujoco_halfcheetah",
+           f"--experiment=bench{i}", f"--train_dir={out / 'sf-runs'}", "--device=cpu", "--num_workers=2",
+           "--num_envs_per_worker=8", f"--train_for_env_steps={budget}"]
+    if args.sf_async:
+        cmd.append("--async_rl=True")
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
+    rates = [float(m.group(2)) for m in FPS_LINE.finditer(p.stdout + p.stderr) if m.group(2) != "nan"]
+    if not rates:
+        raise RuntimeError(f"Sample Factory printed no FPS line (exit {p.returncode}):\n{p.stderr[-2000:]}")
+    print(f"sample factory run {i}: {rates[-1]:,.0f} env steps/s (60-second window)", flush=True)
+    return rates[-1]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="HalfCheetah-v5")
@@ -46,19 +67,30 @@ def main() -> None:
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--set", action="append", default=[], help="config override for every run")
     p.add_argument("--out", default=None, help="directory for the runs (default: a temporary one)")
+    p.add_argument("--peer-sf", default=None, metavar="PYTHON",
+                   help="python of a virtualenv with sample-factory[mujoco]: alternate its runs with ours")
+    p.add_argument("--sf-async", action="store_true", help="Sample Factory with --async_rl=True")
     args = p.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="asyncrl-bench-"))
-    rows = [one_run(args, i, out) for i in range(args.runs)]
+    rows, peer = [], []
+    for i in range(args.runs):             # alternate, so drift on a shared machine hits both alike
+        rows.append(one_run(args, i, out))
+        if args.peer_sf:
+            peer.append(sample_factory_run(args, i, out))
     rates = [r["env_steps_per_s"] for r in rows]
     keys = sorted({k for r in rows for k in r["share_of_wall"]})
     median_share = {k: statistics.median(r["share_of_wall"].get(k, 0.0) for r in rows) for k in keys}
-    print(f"median {statistics.median(rates):,.0f} env steps/s (runs: {', '.join(f'{x:,.0f}' for x in rates)}); "
-          f"vs Sample Factory 2.1.1 APPO on this machine (BENCHMARKS.md, 4,900-5,100): "
-          f"{statistics.median(rates) / 5000:.2f}x")
+    med = statistics.median(rates)
+    print(f"median {med:,.0f} env steps/s (runs: {', '.join(f'{x:,.0f}' for x in rates)})")
+    if peer:
+        print(f"Sample Factory 2.1.1 APPO, same benchmark run: median {statistics.median(peer):,.0f} env steps/s "
+              f"(runs: {', '.join(f'{x:,.0f}' for x in peer)}); ratio asyncrl / SF = {med / statistics.median(peer):.2f}")
+    else:
+        print(f"vs Sample Factory's 5,000 in BENCHMARKS.md (not measured in this run): {med / 5000:.2f}x")
     print("median share of wall time (process-seconds per second; actors summed):")
     for k, v in median_share.items():
         print(f"  {k:<22} {v:5.2f}")
-    (out / "throughput.json").write_text(json.dumps({"args": vars(args), "runs": rows,
+    (out / "throughput.json").write_text(json.dumps({"args": vars(args), "runs": rows, "sample_factory": peer,
                                                      "median_env_steps_per_s": statistics.median(rates),
                                                      "median_share_of_wall": median_share}, indent=2))
     print(f"details: {out / 'throughput.json'}")

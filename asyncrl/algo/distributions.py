@@ -11,6 +11,8 @@ import math
 import torch
 from torch import Tensor
 
+from . import checks
+
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -31,11 +33,11 @@ class DiagGaussian:
 
     def __init__(self, mean: Tensor, log_std: Tensor):
         if not isinstance(mean, Tensor) or mean.dim() != 2:
-            raise ValueError(f"mean must be a [N, A] tensor, got {_shape(mean)}")
+            raise ValueError(f"mean must be a [N, A] tensor, got {checks.shape_of(mean)}")
         if not isinstance(log_std, Tensor) or log_std.shape not in (mean.shape[1:], mean.shape):
             raise ValueError(f"log_std must be [A] or [N, A] with mean {tuple(mean.shape)}, "
-                             f"got {_shape(log_std)}")
-        _check_float(mean=mean, log_std=log_std)
+                             f"got {checks.shape_of(log_std)}")
+        checks.floats(mean=mean, log_std=log_std)
         self.mean = mean
         self.log_std = log_std
 
@@ -47,8 +49,8 @@ class DiagGaussian:
         """
         if not isinstance(actions, Tensor) or actions.shape != self.mean.shape:
             raise ValueError(f"actions must have shape {tuple(self.mean.shape)}, "
-                             f"got {_shape(actions)}")
-        _check_float(mean=self.mean, actions=actions)
+                             f"got {checks.shape_of(actions)}")
+        checks.floats(mean=self.mean, actions=actions)
         z = (actions - self.mean) * torch.exp(-self.log_std)
         per_dim = -0.5 * z * z - self.log_std - _HALF_LOG_2PI
         return per_dim.sum(-1)
@@ -84,8 +86,8 @@ class Categorical:
 
     def __init__(self, logits: Tensor):
         if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[1] < 1:
-            raise ValueError(f"logits must be a [N, K] tensor with K >= 1, got {_shape(logits)}")
-        _check_float(logits=logits)
+            raise ValueError(f"logits must be a [N, K] tensor with K >= 1, got {checks.shape_of(logits)}")
+        checks.floats(logits=logits)
         self.logits = logits
         self.log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, K]
 
@@ -97,7 +99,7 @@ class Categorical:
         """
         n, k = self.logits.shape
         if not isinstance(actions, Tensor) or actions.shape != (n,):
-            raise ValueError(f"actions must have shape ({n},), got {_shape(actions)}")
+            raise ValueError(f"actions must have shape ({n},), got {checks.shape_of(actions)}")
         if actions.is_floating_point() or actions.is_complex() or actions.dtype == torch.bool:
             raise ValueError(f"actions must be an integer tensor, got {actions.dtype}")
         if n and (int(actions.min()) < 0 or int(actions.max()) >= k):
@@ -119,18 +121,3 @@ class Categorical:
     def mode(self) -> Tensor:
         """Most likely action indices [N] (int64, first on ties)."""
         return torch.argmax(self.logits.detach(), dim=-1)
-
-
-def _shape(x) -> str:
-    return f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
-
-
-def _check_float(**tensors: Tensor) -> None:
-    dtype = None
-    for name, x in tensors.items():
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be floating point, got {x.dtype}")
-        if dtype is None:
-            dtype, first = x.dtype, name
-        elif x.dtype != dtype:
-            raise ValueError(f"{name} has dtype {x.dtype}, expected {dtype} (that of {first})")

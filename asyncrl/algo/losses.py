@@ -17,6 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import checks
+
 LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp: e^20 ~ 4.9e8, far beyond any useful ratio
 
 
@@ -66,7 +68,7 @@ def tv_estimate(log_ratio: Tensor) -> Tensor:
 
     Paper: VACO, arXiv:2603.01365 (Component 2 of VACO.md).
     """
-    _check_n(log_ratio=log_ratio)
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio)
     ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     return 0.5 * torch.mean(torch.abs(ratio - 1.0))
 
@@ -92,8 +94,8 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float) -> 
 
     Paper: VACO, arXiv:2603.01365.
     """
-    _check_n(log_ratio=log_ratio, advantages=advantages)
-    tv_threshold = _check_scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio, advantages=advantages)
+    tv_threshold = checks.scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
     with torch.no_grad():
         tv = tv_estimate(log_ratio)
         ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -129,7 +131,7 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
 
     Paper: VACO, arXiv:2603.01365.
     """
-    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
              **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}))
     anchor = behavior_log_prob if anchor_log_prob is None else anchor_log_prob
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
@@ -157,7 +159,7 @@ def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
 
     Paper: VACO, arXiv:2603.01365 (its ablation without the filter).
     """
-    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     loss = -(torch.exp(log_ratio) * advantages.detach()).mean()
     return _result(loss, log_ratio)
@@ -181,8 +183,8 @@ def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Te
 
     Paper: Schulman et al., arXiv:1707.06347.
     """
-    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
-    eps = _check_scalar("clip_eps", clip_eps, low=0.0, low_open=True)
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    eps = checks.scalar("clip_eps", clip_eps, low=0.0, low_open=True)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio, adv = torch.exp(log_ratio), advantages.detach()
     loss = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv).mean()
@@ -211,8 +213,8 @@ def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tens
 
     Paper: Schulman et al., arXiv:1707.06347 (the KL-penalty variant, fixed coefficient).
     """
-    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
-    kl_coef = _check_scalar("kl_coef", kl_coef, low=0.0)
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    kl_coef = checks.scalar("kl_coef", kl_coef, low=0.0)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio = torch.exp(log_ratio)
     kl = ((ratio - 1.0) - log_ratio).mean()
@@ -240,8 +242,8 @@ def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
 
     Paper: Xie et al., arXiv:2401.16025.
     """
-    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
-    eps = _check_scalar("spo_eps", spo_eps, low=0.0, low_open=True)
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    eps = checks.scalar("spo_eps", spo_eps, low=0.0, low_open=True)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio, adv = torch.exp(log_ratio), advantages.detach()
     loss = -(ratio * adv - adv.abs() * (ratio - 1.0) ** 2 / (2.0 * eps)).mean()
@@ -269,8 +271,8 @@ def impala_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, pg_advant
 
     Paper: Espeholt et al., arXiv:1802.01561.
     """
-    _check_n(log_prob=log_prob, behavior_log_prob=behavior_log_prob, pg_advantages=pg_advantages)
-    rho_bar = _check_scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
+    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, pg_advantages=pg_advantages)
+    rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
     with torch.no_grad():
         rhos = torch.clamp(torch.exp(log_prob - behavior_log_prob), max=rho_bar)
     loss = -(rhos * pg_advantages.detach() * log_prob).mean()
@@ -292,7 +294,7 @@ def value_loss(*, values: Tensor, targets: Tensor) -> Tensor:
 
     Paper: VACO, arXiv:2603.01365 (critic regresses to the V-trace targets vs).
     """
-    _check_same(values=values, targets=targets)
+    checks.tensors(floating=True, same_dtype=True, values=values, targets=targets)
     return torch.mean((values - targets.detach()) ** 2)
 
 
@@ -311,7 +313,7 @@ def explained_variance(*, values: Tensor, targets: Tensor) -> float:
 
     Paper: diagnostic only (as logged by PPO implementations, arXiv:1707.06347).
     """
-    _check_same(values=values, targets=targets)
+    checks.tensors(floating=True, same_dtype=True, values=values, targets=targets)
     with torch.no_grad():
         var_t = torch.var(targets, unbiased=False).item()
         if var_t == 0.0:
@@ -336,47 +338,3 @@ def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None,
             clip_fraction=zero if clip is None else clip.detach(),
             approx_kl=((ratio - 1.0) - lr).mean(),
         )
-
-
-def _check_n(**tensors: Tensor) -> None:
-    """Non-empty 1-D floating tensors of one shape and dtype."""
-    for name, x in tensors.items():
-        if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 1 or x.shape[0] < 1:
-            raise ValueError(f"{name} must be [N] with N >= 1, got shape {tuple(x.shape)}")
-    _check_same(**tensors)
-
-
-def _check_same(**tensors: Tensor) -> None:
-    """Non-empty floating tensors of one shape and dtype."""
-    first = None
-    for name, x in tensors.items():
-        if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be floating point, got {x.dtype}")
-        if x.numel() == 0:
-            raise ValueError(f"{name} is empty")
-        if first is None:
-            first, ref = name, x
-        elif x.shape != ref.shape:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(ref.shape)} "
-                             f"(the shape of {first})")
-        elif x.dtype != ref.dtype:
-            raise ValueError(f"{name} has dtype {x.dtype}, expected {ref.dtype} (that of {first})")
-
-
-def _check_scalar(name: str, x, *, low: float, low_open: bool = False,
-                  allow_inf: bool = False) -> float:
-    if isinstance(x, bool):
-        raise ValueError(f"{name} must be a real number, got {x!r}")
-    try:
-        v = float(x)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{name} must be a real number, got {x!r}") from err
-    if math.isnan(v) or (math.isinf(v) and not allow_inf) or v < low or (low_open and v == low):
-        bound = f"> {low}" if low_open else f">= {low}"
-        raise ValueError(f"{name} must be {bound}{' (inf allowed)' if allow_inf else ', finite'}, "
-                         f"got {x!r}")
-    return v

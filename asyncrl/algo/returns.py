@@ -16,6 +16,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import checks
+
 
 class VTraceReturns(NamedTuple):
     """Output of :func:`vtrace`; every field is [T, B] in the dtype of ``values``.
@@ -65,10 +67,10 @@ def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: T
 
     Paper: VACO arXiv:2603.01365 (definition of V'_t in its V-trace, see VACO.md).
     """
-    _check_tb(values_tp1=values_tp1, final_values=final_values, terminated=terminated,
+    checks.tensors(dims=2, values_tp1=values_tp1, final_values=final_values, terminated=terminated,
               truncated=truncated)
-    _check_float(values_tp1=values_tp1, final_values=final_values)
-    _check_bool(terminated=terminated, truncated=truncated)
+    checks.floats(values_tp1=values_tp1, final_values=final_values)
+    checks.bools(terminated=terminated, truncated=truncated)
     out = torch.where(truncated, final_values, values_tp1)
     return torch.where(terminated, torch.zeros_like(out), out)
 
@@ -110,15 +112,15 @@ def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tenso
     Papers: V-trace, Espeholt et al., arXiv:1802.01561; realigned advantages, VACO,
     arXiv:2603.01365.
     """
-    _check_tb(behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
+    checks.tensors(dims=2, behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
               rewards=rewards, values=values, next_values=next_values, episode_end=episode_end)
-    _check_float(behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
+    checks.floats(behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
                  rewards=rewards, values=values, next_values=next_values)
-    _check_bool(episode_end=episode_end)
-    gamma = _check_unit(gamma=gamma)
-    lam = _check_unit(lam=lam)
-    rho_bar = _check_positive(rho_bar=rho_bar)
-    c_bar = _check_positive(c_bar=c_bar)
+    checks.bools(episode_end=episode_end)
+    gamma = checks.scalar("gamma", gamma, low=0.0, high=1.0)
+    lam = checks.scalar("lam", lam, low=0.0, high=1.0)
+    rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
+    c_bar = checks.scalar("c_bar", c_bar, low=0.0, low_open=True, allow_inf=True)
 
     rhos = torch.exp(target_log_prob - behavior_log_prob)  # overflow to inf is clipped below
     clipped_rhos = torch.clamp(rhos, max=rho_bar)
@@ -155,11 +157,11 @@ def gae(*, rewards: Tensor, values: Tensor, next_values: Tensor, episode_end: Te
 
     Paper: Schulman et al., arXiv:1506.02438.
     """
-    _check_tb(rewards=rewards, values=values, next_values=next_values, episode_end=episode_end)
-    _check_float(rewards=rewards, values=values, next_values=next_values)
-    _check_bool(episode_end=episode_end)
-    gamma = _check_unit(gamma=gamma)
-    lam = _check_unit(lam=lam)
+    checks.tensors(dims=2, rewards=rewards, values=values, next_values=next_values, episode_end=episode_end)
+    checks.floats(rewards=rewards, values=values, next_values=next_values)
+    checks.bools(episode_end=episode_end)
+    gamma = checks.scalar("gamma", gamma, low=0.0, high=1.0)
+    lam = checks.scalar("lam", lam, low=0.0, high=1.0)
     not_end = (~episode_end).to(values.dtype)
     deltas = rewards + gamma * next_values - values
     advantages = _discounted_backward(deltas, gamma * lam * not_end)
@@ -174,59 +176,3 @@ def _discounted_backward(x: Tensor, coef: Tensor) -> Tensor:
         acc = x[t] + coef[t] * acc
         out[t] = acc
     return torch.stack(out)
-
-
-def _check_tb(**tensors: Tensor) -> None:
-    shape = None
-    for name, x in tensors.items():
-        if not isinstance(x, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 2 or x.shape[0] < 1:
-            raise ValueError(f"{name} must be [T, B] with T >= 1, got shape {tuple(x.shape)}")
-        if shape is None:
-            shape, first = x.shape, name
-        elif x.shape != shape:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {tuple(shape)} "
-                             f"(the shape of {first})")
-
-
-def _check_float(**tensors: Tensor) -> None:
-    dtype = None
-    for name, x in tensors.items():
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be floating point, got {x.dtype}")
-        if dtype is None:
-            dtype, first = x.dtype, name
-        elif x.dtype != dtype:
-            raise ValueError(f"{name} has dtype {x.dtype}, expected {dtype} (that of {first})")
-
-
-def _check_bool(**tensors: Tensor) -> None:
-    for name, x in tensors.items():
-        if x.dtype != torch.bool:
-            raise ValueError(f"{name} must be a bool tensor, got {x.dtype}")
-
-
-def _scalar(name: str, x) -> float:
-    if isinstance(x, bool):
-        raise ValueError(f"{name} must be a real number, got {x!r}")
-    try:
-        return float(x)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ValueError(f"{name} must be a real number, got {x!r}") from err
-
-
-def _check_unit(**kw) -> float:
-    ((name, x),) = kw.items()
-    v = _scalar(name, x)
-    if not 0.0 <= v <= 1.0:  # also rejects NaN
-        raise ValueError(f"{name} must be in [0, 1], got {x!r}")
-    return v
-
-
-def _check_positive(**kw) -> float:
-    ((name, x),) = kw.items()
-    v = _scalar(name, x)
-    if not v > 0.0:  # also rejects NaN
-        raise ValueError(f"{name} must be > 0 (inf allowed), got {x!r}")
-    return v
