@@ -17,6 +17,7 @@ from typing import Any
 
 PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter")
 RATIO_ANCHORS = ("behavior", "learning")
+ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
 
 
 class ConfigError(ValueError):
@@ -35,7 +36,7 @@ class EnvConfig:
 class PolicyConfig:
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
-    init_log_std: float = 0.0
+    init_log_std: float = -0.5   # std 0.61: see configs/default.toml for why
     normalize_obs: bool = True
     obs_clip: float = 10.0
 
@@ -70,6 +71,9 @@ class ActorConfig:
     policy_delay: int = 0         # act with the weights K versions behind the newest
     policy_age_buffer: int = 1    # each rollout acts with a version drawn from the last K received
     slowdown_s: float = 0.0       # a straggler: each rollout takes this many seconds longer (actor processes)
+    # How rollouts reach the learner: "auto" (shared memory if the learner's segment can be
+    # attached, i.e. same host; else TCP), "shm" (fail if it cannot attach), "tcp" (always TCP).
+    rollout_transport: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.gamma and algo.gae_lambda must lie in [0, 1], got {a.gamma}, {a.gae_lambda}")
     if cfg.actor.policy_delay < 0 or cfg.actor.policy_age_buffer < 1 or cfg.actor.slowdown_s < 0:
         raise ConfigError("actor.policy_delay must be >= 0, actor.policy_age_buffer >= 1, actor.slowdown_s >= 0")
+    if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:
+        raise ConfigError(f"actor.rollout_transport must be one of {', '.join(ROLLOUT_TRANSPORTS)}, "
+                          f"got {cfg.actor.rollout_transport!r}")
     if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
     if a.lr <= 0:
