@@ -1,4 +1,4 @@
-"""Command line: ``asyncrl run | learner | actor | broadcaster | clean``."""
+"""Command line: ``asyncrl run | learner | actor | broadcaster | keys | lag | clean``."""
 from __future__ import annotations
 
 import json
@@ -93,17 +93,44 @@ def run(config_file, overrides, env_id, preset, num_actors, total_steps, run_dir
 
 
 def _on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every role cleans up (sockets, shared memory)."""
+    """SIGTERM unwinds like Ctrl-C, so every role cleans up (sockets, shared memory).
+
+    Only the first SIGINT/SIGTERM interrupts; later ones are ignored (SIGKILL still works): a
+    terminal's Ctrl-C reaches every process of `asyncrl run`, which then signals each role again,
+    and a second KeyboardInterrupt would cut the cleanup short (no summary, no checkpoint)."""
     def handler(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # started with Ctrl-C ignored: keep it so
+        signal.signal(signal.SIGINT, handler)
 
 
-def _stopping() -> None:
-    """Once a role unwinds, let no second Ctrl-C/SIGTERM cut its cleanup short: a terminal's Ctrl-C
-    reaches every process of `asyncrl run`, which then signals each role again. SIGKILL still works."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def _network(f):
+    """--keys and --insecure: CURVE for every socket on a non-loopback address (asyncrl.security)."""
+    f = click.option("--insecure", is_flag=True,
+                     help="No CURVE encryption or authentication, even across hosts (prints a warning).")(f)
+    f = click.option("--keys", "keys_dir", type=click.Path(file_okay=False),
+                     help="Key directory from `asyncrl keys generate`: DIR/server on the learner host, "
+                          "DIR/client-K on an actor host. Needed for any non-loopback address.")(f)
+    return f
+
+
+def _endpoint(value: str | None, default: str) -> str:
+    """--bind/--learner/--broadcaster/--upstream: HOST:PORT or tcp://HOST:PORT. Raises UserError."""
+    from .security import normalize_endpoint
+    try:
+        return normalize_endpoint(value or default)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _security(role: str, keys_dir, insecure: bool):
+    from .security import Security
+    if keys_dir and not Path(keys_dir).is_dir():
+        raise UserError(f"{role}: --keys {keys_dir}: no such directory")
+    return Security(role, keys_dir, insecure=insecure)
 
 
 def _role_flags(env_id, num_envs, seed, total_steps=None):
@@ -113,29 +140,43 @@ def _role_flags(env_id, num_envs, seed, total_steps=None):
 
 @main.command()
 @_common
+@_network
 @click.option("--env", "env_id", help="Gymnasium env id.")
-@click.option("--bind", help="Address actors connect to, e.g. tcp://0.0.0.0:5555 (default: config transport.learner_bind).")
+@click.option("--bind", help="Interface address and port actors connect to, e.g. tcp://0.0.0.0:5555 or "
+                             "10.0.0.5:5555 (default: config transport.learner_bind, loopback). A non-loopback "
+                             "address turns CURVE on: give --keys or --insecure.")
+@click.option("--advertise", help="The address actors on other hosts use (HOST or HOST:PORT), if not the bound "
+                                  "one; printed at start-up in the actor command line.")
 @click.option("--broadcaster", help="The broadcaster's address (default: config transport.broadcaster_bind).")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
 @click.option("--run-id", help="Run id (default: made up from the time).")
 @click.option("--total-steps", type=int, help="Env-step budget.")
 @click.option("--seed", type=int)
-def learner(config_file, overrides, env_id, bind, broadcaster, run_dir, run_id, total_steps, seed):
+def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise, broadcaster, run_dir, run_id,
+            total_steps, seed):
     """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
     import secrets
-    from .roles.learner import Learner
+
+    from .roles.learner import Learner, LearnerError
+    from .security import SecurityError
     _on_sigterm()
     cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps))
     run_id = run_id or f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    role = Learner(cfg, out, run_id=run_id, bind=bind or cfg.transport.learner_bind,
-                   broadcaster=broadcaster or cfg.transport.broadcaster_bind, echo=click.echo)
+    bind = _endpoint(bind, cfg.transport.learner_bind)
+    broadcaster = _endpoint(broadcaster, cfg.transport.broadcaster_bind)
+    try:
+        role = Learner(cfg, out, run_id=run_id, bind=bind, broadcaster=broadcaster, echo=click.echo,
+                       security=_security("learner", keys_dir, insecure), advertise=advertise)
+    except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
+        raise UserError(f"learner: {exc}" if isinstance(exc, OSError) else str(exc)) from None
     try:
         summary = role.run()
+    except LearnerError as exc:
+        raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        _stopping()
         summary = role.finish()
         click.echo("learner: interrupted", err=True)
     finally:
@@ -145,6 +186,7 @@ def learner(config_file, overrides, env_id, bind, broadcaster, run_dir, run_id, 
 
 @main.command()
 @_common
+@_network
 @click.option("--learner", "learner_ep", help="Learner address (default: config transport.learner_bind).")
 @click.option("--broadcaster", help="Broadcaster address (default: config transport.broadcaster_bind).")
 @click.option("--env", "env_id", help="Gymnasium env id (must match the learner's).")
@@ -155,8 +197,14 @@ def learner(config_file, overrides, env_id, bind, broadcaster, run_dir, run_id, 
 @click.option("--policy-age-buffer", type=int,
               help="Each rollout acts with a version drawn uniformly from the last K received.")
 @click.option("--slowdown", type=float, help="A straggler: each rollout takes SECONDS longer (spread over its steps).")
-def actor(config_file, overrides, learner_ep, broadcaster, env_id, num_envs, actor_id, seed, policy_delay,
-          policy_age_buffer, slowdown):
+@click.option("--rollout-transport", type=click.Choice(["auto", "shm", "tcp"]),
+              help="auto: shared memory when the learner is on this host, else TCP; shm: fail without shared "
+                   "memory; tcp: always TCP (default: config actor.rollout_transport).")
+@click.option("--run-id", help="Join only the learner of this run (refused otherwise).")
+@click.option("--host-label", help="The host name this actor reports, e.g. for the lag report per host "
+                                   "(default: this host's name).")
+def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, env_id, num_envs, actor_id, seed,
+          policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label):
     """An actor: steps envs with the newest weights it has and fills slots for the learner."""
     import os
     import socket
@@ -164,39 +212,101 @@ def actor(config_file, overrides, learner_ep, broadcaster, env_id, num_envs, act
     _on_sigterm()
     flags = _role_flags(env_id, num_envs, None)
     flags.update({("actor", "policy_delay"): policy_delay, ("actor", "policy_age_buffer"): policy_age_buffer,
-                  ("actor", "slowdown_s"): slowdown})
+                  ("actor", "slowdown_s"): slowdown, ("actor", "rollout_transport"): rollout_transport})
     cfg = load_config(config_file, overrides, flags)
-    opts = ActorOptions(learner=learner_ep or cfg.transport.learner_bind,
-                        broadcaster=broadcaster or cfg.transport.broadcaster_bind,
-                        actor_id=actor_id or f"{socket.gethostname()}-{os.getpid()}",
-                        seed=seed if seed is not None else os.getpid())
-    role = Actor(cfg, opts)
+    actor_id = actor_id or f"{host_label or socket.gethostname()}-{os.getpid()}"
+    opts = ActorOptions(learner=_endpoint(learner_ep, cfg.transport.learner_bind),
+                        broadcaster=_endpoint(broadcaster, cfg.transport.broadcaster_bind),
+                        actor_id=actor_id, seed=seed if seed is not None else os.getpid(),
+                        run_id=run_id or "", host_label=host_label or "",
+                        security=_security(f"actor {actor_id}", keys_dir, insecure))
+    from .security import SecurityError
+    try:
+        role = Actor(cfg, opts)
+    except SecurityError as exc:
+        raise UserError(str(exc)) from None
     try:
         n = role.run()
         click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}")
     except ActorError as exc:
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        _stopping()
+        pass
     finally:
         role.close()
 
 
 @main.command()
-@click.option("--bind", help="PUB address (requests on the next port); default: config transport.broadcaster_bind.")
+@click.option("--bind", help="PUB address, HOST:PORT (snapshot requests on PORT + 1); default: config "
+                             "transport.broadcaster_bind (loopback). A non-loopback address turns CURVE on: "
+                             "give --keys or --insecure.")
+@click.option("--advertise", help="The address actors on other hosts use (HOST or HOST:PORT), if not the bound one.")
+@click.option("--upstream", help="Relay: take the weights from the broadcaster at this PUB address (another host) "
+                                 "and republish them here, so weights cross the network once per host.")
+@_network
 @_common
-def broadcaster(bind, config_file, overrides):
+def broadcaster(bind, advertise, upstream, keys_dir, insecure, config_file, overrides):
     """The weight broadcaster: republishes the learner's newest weights to all actors."""
-    from .roles.broadcaster import Broadcaster
+    from .roles.broadcaster import Broadcaster, BroadcasterError
+    from .security import SecurityError
     _on_sigterm()
     cfg = load_config(config_file, overrides)
-    role = Broadcaster(bind or cfg.transport.broadcaster_bind)
+    bind = _endpoint(bind, cfg.transport.broadcaster_bind)
+    try:
+        role = Broadcaster(bind, upstream=_endpoint(upstream, "") if upstream else None,
+                           security=_security("broadcaster", keys_dir, insecure), advertise=advertise,
+                           echo=click.echo)
+    except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
+        raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None
     try:
         role.run()
+    except BroadcasterError as exc:
+        raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        _stopping()
+        pass
     finally:
         role.close()
+
+
+@main.group()
+def keys():
+    """CURVE key pairs for runs across hosts."""
+
+
+@keys.command("generate")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--clients", type=int, default=1, show_default=True,
+              help="Client key pairs to make: one per actor host.")
+def keys_generate(directory, clients):
+    """Make the server key pair and N client key pairs under DIRECTORY.
+
+    \b
+    DIRECTORY/server/    copy to the learner host; --keys DIRECTORY/server for the
+                         learner and the broadcaster:
+        server.key_secret  the server key pair (secret)
+        server.key         the server public key
+        client.key_secret  the learner's own client key pair (it connects to
+                           the broadcaster)
+        allowed/*.key      the client public keys accepted (delete one and
+                           restart to revoke that client)
+    DIRECTORY/client-K/  copy to actor host K; --keys DIRECTORY/client-K for its
+                         actors and its relay broadcaster:
+        client.key_secret  this host's client key pair (secret)
+        server.key         the server public key
+
+    A socket on a non-loopback address (0.0.0.0 included) uses CURVE; on loopback it does not.
+    Existing keys are never overwritten: run it again with a larger --clients to add hosts
+    (then restart the learner and broadcaster so they accept them).
+    """
+    from .security import generate
+    try:
+        created = generate(directory, clients)
+    except (ValueError, OSError) as exc:
+        raise UserError(str(exc)) from None
+    for d in created:
+        click.echo(f"created {d}")
+    if not created:
+        click.echo(f"{directory}: every key already exists; nothing created")
 
 
 @main.command()

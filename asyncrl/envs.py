@@ -2,6 +2,7 @@
 observation into rollout fields. Only this module imports gymnasium."""
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import NamedTuple
 
@@ -70,6 +71,7 @@ class VecEnv:
             self.close()
             raise EnvError(f"{env_id}: action space must be Box (1-D) or Discrete, got {act_space}")
         self.env_id, self.num_envs, self.obs_dim = env_id, num_envs, int(obs_space.shape[0])
+        self.spaces = {"observation": describe_space(obs_space), "action": describe_space(act_space)}
         self._seed = seed
         self.obs = np.zeros((num_envs, self.obs_dim), np.float32)
         self.episode_return = np.zeros(num_envs, np.float64)
@@ -117,6 +119,35 @@ class VecEnv:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def describe_space(space: gym.Space) -> str:
+    """A canonical one-line description of a Box or Discrete space (shape, dtype, bounds), the
+    same on every host with the same env; the handshake compares them."""
+    if isinstance(space, gym.spaces.Discrete):
+        return f"Discrete(n={int(space.n)}, start={int(space.start)})"
+    if isinstance(space, gym.spaces.Box):
+        return (f"Box(shape={tuple(space.shape)}, dtype={np.dtype(space.dtype).name}, "
+                f"low={_bounds(space.low)}, high={_bounds(space.high)})")
+    return type(space).__name__
+
+
+def _bounds(a: np.ndarray) -> str:
+    a = np.asarray(a, np.float64).ravel()
+    if a.size and (a == a[0]).all():
+        return repr(float(a[0]))
+    if a.size <= 8:
+        return "[" + ", ".join(repr(float(x)) for x in a) + "]"
+    return "sha256:" + hashlib.sha256(a.tobytes()).hexdigest()[:16]
+
+
+def env_spaces(env_id: str, max_episode_steps: int = 0) -> dict[str, str]:
+    """{"observation": ..., "action": ...} descriptions of ``env_id``'s spaces (builds one env)."""
+    probe = VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps)
+    try:
+        return dict(probe.spaces)
+    finally:
+        probe.close()
 
 
 def rollout_spec(env_id: str, *, num_envs: int, rollout_length: int, max_episode_steps: int = 0) -> RolloutSpec:

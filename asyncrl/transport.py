@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import get_args, get_origin
+from typing import NamedTuple, get_args, get_origin
 
 import msgpack
 import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from asyncrl.spec import RolloutSpec
 
@@ -26,6 +28,10 @@ PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
 WEIGHTS_TOPIC = b"weights"
 DEFAULT_TIMEOUT_MS = 5000
+
+
+class AddressError(OSError):
+    """An endpoint that cannot be bound or connected to; the message names it and says why."""
 
 
 class ProtocolError(ValueError):
@@ -65,6 +71,10 @@ SCHEMAS: dict[str, dict[str, object]] = {
     "weights": {"version": int, "publish_time": float, "nbytes": int, "checksum": int,
                 "layout_hash": str},
 }
+# Keys a sender may leave out (older or hand-made clients); checked like the others when present.
+OPTIONAL: dict[str, dict[str, object]] = {
+    "hello": {"spaces": dict},   # {"observation": ..., "action": ...}: envs.describe_spaces
+}
 _UNPACK_LIMITS = dict(max_str_len=4096, max_bin_len=4096, max_array_len=16384, max_map_len=64,
                       max_ext_len=0)
 
@@ -102,8 +112,10 @@ def validate_header(header, *, run_id: str | None = None) -> dict:
     schema = {**_COMMON, **SCHEMAS[kind]}
     if missing := schema.keys() - header.keys():
         raise ProtocolError("schema", f"{kind}: missing {sorted(missing)}")
-    if extra := header.keys() - schema.keys():
+    optional = OPTIONAL.get(kind, {})
+    if extra := header.keys() - schema.keys() - optional.keys():
         raise ProtocolError("schema", f"{kind}: unexpected keys {sorted(map(repr, extra))}")
+    schema.update({k: v for k, v in optional.items() if k in header})
     for key, expected in schema.items():
         if not _valid(header[key], expected):
             name = expected.__name__ if isinstance(expected, type) else str(expected)
@@ -127,6 +139,19 @@ def _unpack_header(frame, run_id: str | None) -> dict:
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ProtocolError("malformed", f"header is not valid msgpack ({e})") from None
     return validate_header(header, run_id=run_id)
+
+
+def peek(frame) -> dict:
+    """The raw map of a header frame, unvalidated (e.g. the ``type`` and ``proto`` of a message
+    ``decode`` refused, to answer a hello of another protocol version); {} if unreadable."""
+    try:
+        buf = _bytes(frame)
+        if buf.nbytes > MAX_HEADER_BYTES:
+            return {}
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+    except (ValueError, TypeError, msgpack.UnpackException):   # ProtocolError is a ValueError
+        return {}
+    return header if isinstance(header, dict) else {}
 
 
 def _pack_header(header: dict) -> bytes:
@@ -288,8 +313,8 @@ class RejectCounter:
     cannot flood the log. ``counts``: Counter of (reason, sender) -> rejects.
     """
 
-    def __init__(self, role: str, logger: logging.Logger | None = None):
-        self.role, self.log = role, logger or log
+    def __init__(self, role: str, logger: logging.Logger | None = None, *, what: str = "rejected message"):
+        self.role, self.log, self.what = role, logger or log, what
         self.counts: Counter[tuple[str, str]] = Counter()
 
     def reject(self, error: Exception | str, sender: bytes | str | None = None) -> None:
@@ -303,8 +328,7 @@ class RejectCounter:
         self.counts[key] += 1
         n = self.counts[key]
         if n & (n - 1) == 0:
-            self.log.warning("%s: rejected message from %s: %s (%d so far)", self.role, key[1],
-                             error, n)
+            self.log.warning("%s: %s from %s: %s (%d so far)", self.role, self.what, key[1], error, n)
 
     @property
     def total(self) -> int:
@@ -321,16 +345,31 @@ class RejectCounter:
 # One place for socket options: LINGER 0 (close never hangs), bounded queues (HWM, in
 # messages), and send/recv timeouts so no call blocks forever.
 
+def snapshot_endpoint(broadcaster: str) -> str:
+    """The broadcaster's request socket sits one port above its PUB socket."""
+    host, port = broadcaster.rsplit(":", 1)
+    return f"{host}:{int(port) + 1}"
+
+
 def context() -> zmq.Context:
     """A new ZeroMQ context; ``ctx.destroy(linger=0)`` closes it with all its sockets."""
     return zmq.Context()
 
 
-def _socket(ctx: zmq.Context, kind: int, hwm: int, timeout_ms: int) -> zmq.Socket:
+def _socket(ctx: zmq.Context, kind: int, hwm: int, timeout_ms: int, security=None) -> zmq.Socket:
+    """A socket with the options above; its handshakes are watched (``handshakes``) from before
+    it binds or connects, since ZeroMQ does not retry after some failures."""
     sock = ctx.socket(kind)
+    _WATCHES[sock] = HandshakeWatch(sock)
     sock.linger = 0
     sock.sndhwm = sock.rcvhwm = hwm
     sock.sndtimeo = sock.rcvtimeo = timeout_ms
+    if security is not None:   # a security.Curve; must be set before bind/connect
+        if security.server_key is None:
+            sock.curve_server = True
+        else:
+            sock.curve_serverkey = security.server_key
+        sock.curve_publickey, sock.curve_secretkey = security.public, security.secret
     return sock
 
 
@@ -348,57 +387,66 @@ def endpoint_of(sock: zmq.Socket) -> str:
 
 
 def _bind_or_connect(sock: zmq.Socket, bind_to: str | None, connect: str | None) -> zmq.Socket:
-    if (bind_to is None) == (connect is None):
-        sock.close(linger=0)
-        raise ValueError("give exactly one of bind= and connect=")
-    if bind_to is not None:
-        bind(sock, bind_to)
-    else:
-        sock.connect(connect)
+    try:
+        if (bind_to is None) == (connect is None):
+            raise ValueError("give exactly one of bind= and connect=")
+        if bind_to is not None:
+            bind(sock, bind_to)
+        else:
+            sock.connect(connect)
+    except (ValueError, zmq.ZMQError) as exc:   # leave no socket open behind
+        close(sock)
+        if isinstance(exc, zmq.ZMQError):
+            raise AddressError(f"cannot {'bind' if bind_to else 'connect to'} {bind_to or connect}: {exc}") from None
+        raise
     return sock
 
 
 def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000,
-           timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """Learner side of the actor channel. Received frames: [identity, header, *arrays].
-    ROUTER_HANDOVER lets a restarted actor reuse its identity at once."""
-    sock = _socket(ctx, zmq.ROUTER, hwm, timeout_ms)
+    ROUTER_HANDOVER lets a restarted actor reuse its identity at once.
+
+    ``security`` (every factory here): a ``security.Curve`` (CURVE server or client keys) or None
+    for no encryption. Raises AddressError if the address cannot be bound (in use, not an
+    address of this host) or is malformed."""
+    sock = _socket(ctx, zmq.ROUTER, hwm, timeout_ms, security)
     sock.router_handover = 1
     return _bind_or_connect(sock, bind, None)
 
 
 def dealer(ctx: zmq.Context, connect: str, identity: str | bytes, *, hwm: int = 1000,
-           timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes."""
-    sock = _socket(ctx, zmq.DEALER, hwm, timeout_ms)
+    sock = _socket(ctx, zmq.DEALER, hwm, timeout_ms, security)
     sock.identity = identity.encode() if isinstance(identity, str) else identity
     return _bind_or_connect(sock, None, connect)
 
 
 def pub(ctx: zmq.Context, bind: str, *, hwm: int = 8,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+        timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """Broadcaster's weights publisher. A small HWM: only the newest weights matter."""
-    return _bind_or_connect(_socket(ctx, zmq.PUB, hwm, timeout_ms), bind, None)
+    return _bind_or_connect(_socket(ctx, zmq.PUB, hwm, timeout_ms, security), bind, None)
 
 
 def sub(ctx: zmq.Context, connect: str, *, topic: bytes = WEIGHTS_TOPIC, hwm: int = 8,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+        timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """Actor's weights subscriber; read it with ``drain_latest``."""
-    sock = _socket(ctx, zmq.SUB, hwm, timeout_ms)
+    sock = _socket(ctx, zmq.SUB, hwm, timeout_ms, security)
     sock.subscribe(topic)
     return _bind_or_connect(sock, None, connect)
 
 
 def push(ctx: zmq.Context, *, bind: str | None = None, connect: str | None = None,
-         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """PUSH end of a pipeline (learner -> broadcaster weights); exactly one of bind/connect."""
-    return _bind_or_connect(_socket(ctx, zmq.PUSH, hwm, timeout_ms), bind, connect)
+    return _bind_or_connect(_socket(ctx, zmq.PUSH, hwm, timeout_ms, security), bind, connect)
 
 
 def pull(ctx: zmq.Context, *, bind: str | None = None, connect: str | None = None,
-         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> zmq.Socket:
+         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """PULL end of a pipeline; exactly one of bind/connect."""
-    return _bind_or_connect(_socket(ctx, zmq.PULL, hwm, timeout_ms), bind, connect)
+    return _bind_or_connect(_socket(ctx, zmq.PULL, hwm, timeout_ms, security), bind, connect)
 
 
 def send(sock: zmq.Socket, frames: Sequence, *, block: bool = True, copy: bool = True) -> bool:
@@ -430,6 +478,15 @@ def recv_multipart_timeout(sock: zmq.Socket, timeout_ms: int, *, copy: bool = Tr
         return None
 
 
+def user_id(frame) -> str | None:
+    """The CURVE public key (z85) the authenticator vouched for as the sender of a received
+    zmq.Frame, or None (no CURVE, or not a zmq.Frame)."""
+    try:
+        return frame.get("User-Id")
+    except (AttributeError, zmq.ZMQError):
+        return None
+
+
 def drain_all(sock: zmq.Socket, *, max_messages: int = 10_000) -> list[list]:
     """Every message pending on ``sock`` (oldest first) without blocking; lists of zmq.Frame."""
     out = []
@@ -458,6 +515,87 @@ def drain_latest(sock: zmq.Socket, *, max_messages: int = 10_000) -> list | None
     return latest
 
 
+_WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # socket -> HandshakeWatch
+
+
+class HandshakeFailure(NamedTuple):
+    reason: str      # "auth", "mechanism_mismatch", "cryptographic", "protocol", "no_detail"
+    endpoint: str    # the socket's own address (ZeroMQ reports no peer address here)
+    detail: str      # one line for a log or an error message
+
+
+_HANDSHAKE_DETAIL = {
+    "auth": "the server refused the client's CURVE key (not among its allowed keys)",
+    "mechanism_mismatch": "one end uses CURVE and the other does not (a role binding a non-loopback "
+                          "address, 0.0.0.0 included, uses CURVE: connect to it through such an address, "
+                          "with --keys; or give both ends --insecure)",
+    "cryptographic": "CURVE decryption failed: the client holds another server's public key",
+    "protocol": "ZMTP protocol error",
+    "no_detail": "the peer dropped the connection during the handshake (wrong or missing keys: a "
+                 "client holding another server's public key, or CURVE on one end only)",
+}
+
+
+class HandshakeWatch:
+    """The handshake outcomes of one socket, read from a ZeroMQ monitor without blocking.
+
+    ``failures()`` returns the failed handshakes since the last call; ``succeeded`` counts the
+    good ones. ``close()`` before closing the socket."""
+
+    _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+               | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock, self.succeeded, self._failed_in_a_row = sock, 0, 0
+        self.monitor = sock.get_monitor_socket(self._EVENTS)
+        self.monitor.linger = 0
+
+    def fatal(self, tries: int = 3) -> HandshakeFailure | None:
+        """For a client: the failure to give up on, if any: a refused key or CURVE on one end only
+        at once (ZeroMQ does not retry after a mechanism mismatch), any other failure once
+        ``tries`` handshakes in a row failed (it retries those every 0.1 s)."""
+        failed = self.failures()
+        refused = [f for f in failed if f.reason in ("auth", "mechanism_mismatch")]
+        if refused:
+            return refused[0]
+        return failed[-1] if failed and self._failed_in_a_row >= tries else None
+
+    def failures(self) -> list[HandshakeFailure]:
+        out = []
+        for _ in range(1000):
+            try:
+                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.succeeded += 1
+                self._failed_in_a_row = 0
+                continue
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                reason = "auth"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                reason = "no_detail"
+            elif value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                reason = "mechanism_mismatch"
+            elif value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+                reason = "cryptographic"
+            else:
+                reason = "protocol"
+            endpoint = event["endpoint"].decode("utf-8", "replace") if isinstance(event["endpoint"], bytes) \
+                else str(event["endpoint"])
+            out.append(HandshakeFailure(reason, endpoint, _HANDSHAKE_DETAIL[reason]))
+            self._failed_in_a_row += 1
+        return out
+
+    def close(self) -> None:
+        """Stop monitoring; idempotent."""
+        if not self.monitor.closed:
+            if not self.sock.closed:
+                self.sock.disable_monitor()
+            self.monitor.close(linger=0)
+
+
 def poll(socks: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Socket]:
     """The sockets among ``socks`` with a message to read, waiting at most ``timeout_ms``."""
     poller = zmq.Poller()
@@ -466,7 +604,15 @@ def poll(socks: Iterable[zmq.Socket], timeout_ms: int) -> set[zmq.Socket]:
     return {s for s, _ in poller.poll(timeout_ms)}
 
 
+def handshakes(sock: zmq.Socket) -> HandshakeWatch:
+    """The HandshakeWatch of a socket made by this module. Raises KeyError for any other."""
+    return _WATCHES[sock]
+
+
 def close(*socks: zmq.Socket) -> None:
-    """Close sockets at once, dropping unsent messages (linger 0)."""
+    """Close sockets at once, dropping unsent messages (linger 0), and their handshake monitors."""
     for s in socks:
+        watch = _WATCHES.pop(s, None)
+        if watch is not None:
+            watch.close()
         s.close(linger=0)

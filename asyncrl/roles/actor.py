@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from .. import transport as tp
+from ..transport import snapshot_endpoint
 from ..config import Config, from_dict
 from ..envs import VecEnv
 from ..lag_control import WeightHistory
 from ..policy import InferencePolicy, build_policy, layout_hash
 from ..rollout import collect
+from ..security import Security
 from ..shm import ShmError, SlotRing
 from ..spec import RolloutSpec
 
@@ -40,12 +42,9 @@ class ActorOptions:
     seed: int
     connect_timeout_s: float = 60.0
     max_rollouts: int = 0       # 0: until the learner says stop
-
-
-def snapshot_endpoint(broadcaster: str) -> str:
-    """The broadcaster's request socket sits one port above its PUB socket."""
-    host, port = broadcaster.rsplit(":", 1)
-    return f"{host}:{int(port) + 1}"
+    run_id: str = ""            # refuse to join any other run ("": any)
+    host_label: str = ""        # the host this actor reports (lag report per host); "": hostname
+    security: Security | None = None   # keys for non-loopback addresses (default: none)
 
 
 class Actor:
@@ -54,10 +53,17 @@ class Actor:
         torch.set_num_threads(1)
         self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=opts.seed, max_episode_steps=cfg.env.max_episode_steps)
         self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
+        self.security = opts.security or Security(f"actor {opts.actor_id}")
+        sec = self.security.client
+        snapshot_ep = snapshot_endpoint(opts.broadcaster)
+        keys = sec(opts.learner), sec(opts.broadcaster), sec(snapshot_ep)   # SecurityError before any socket
         self.ctx = tp.context()
-        self.learner = tp.dealer(self.ctx, opts.learner, opts.actor_id)
-        self.weights_sub = tp.sub(self.ctx, opts.broadcaster)
-        self.snapshot = tp.dealer(self.ctx, snapshot_endpoint(opts.broadcaster), opts.actor_id)
+        self.learner = tp.dealer(self.ctx, opts.learner, opts.actor_id, security=keys[0])
+        self.weights_sub = tp.sub(self.ctx, opts.broadcaster, security=keys[1])
+        self.snapshot = tp.dealer(self.ctx, snapshot_ep, opts.actor_id, security=keys[2])
+        self.watches = [("learner", opts.learner, tp.handshakes(self.learner)),
+                        ("broadcaster", opts.broadcaster, tp.handshakes(self.weights_sub)),
+                        ("broadcaster", snapshot_ep, tp.handshakes(self.snapshot))]
         self.run_id = ""
         self.ring: SlotRing | None = None
         self.local_slot = None            # TCP mode: one slot in ordinary memory
@@ -68,22 +74,34 @@ class Actor:
         self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
                                      seed=opts.seed)
         self.last_heartbeat = 0.0
+        self.last_learner_message = time.monotonic()   # the learner answers every heartbeat
+        self.rejects = tp.RejectCounter("actor")
         self.step_sleep_s = cfg.actor.slowdown_s / cfg.env.rollout_length
         self.stopped = ""
 
     # ---- handshake ----
     def hello(self) -> None:
-        """Say hello until the learner answers (it may start later); raise ActorError on refusal."""
+        """Say hello until the learner answers (it may start later). Raises ActorError when the
+        learner refuses (another run id, env, rollout shape, spaces or protocol version), refuses
+        the connection (keys), or does not answer within connect_timeout_s."""
         deadline = time.monotonic() + self.opts.connect_timeout_s
-        header = {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": "", "actor_id": self.opts.actor_id,
-                  "host": socket.gethostname(), "pid": os.getpid(), "env_id": self.cfg.env.id,
-                  "spec": self.spec.to_dict(), "shm_token": None}
+        header = {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": self.opts.run_id,
+                  "actor_id": self.opts.actor_id, "host": self.opts.host_label or socket.gethostname(),
+                  "pid": os.getpid(), "env_id": self.cfg.env.id, "spec": self.spec.to_dict(),
+                  "shm_token": None, "spaces": self.env.spaces}
+        next_hello = 0.0
         while time.monotonic() < deadline:
-            tp.send(self.learner, tp.encode(header), block=False)
-            frames = tp.recv_multipart_timeout(self.learner, 1000)
+            if time.monotonic() >= next_hello:
+                tp.send(self.learner, tp.encode(header), block=False)
+                next_hello = time.monotonic() + 1.0
+            self.check_connections()
+            frames = tp.recv_multipart_timeout(self.learner, 200)
             if frames is None:
                 continue
-            reply, _ = tp.decode(frames)
+            try:
+                reply, _ = tp.decode(frames)
+            except tp.ProtocolError as exc:
+                raise ActorError(f"actor {self.opts.actor_id}: cannot read the learner's answer: {exc}") from None
             if reply["type"] == "refuse":
                 raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {reply['reason']}")
             if reply["type"] == "welcome":
@@ -93,19 +111,37 @@ class Actor:
 
     def _welcome(self, reply: dict) -> None:
         self.run_id = reply["run_id"]
+        self.last_learner_message = time.monotonic()
         learner_cfg = from_dict(json.loads(reply["config"]))
         template = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
                                 discrete=self.spec.discrete)
         self.layout_hash = layout_hash(template)
         self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.opts.seed)
+        mode = self.cfg.actor.rollout_transport
+        if mode == "tcp":
+            log.info("actor %s: shipping rollouts over TCP (actor.rollout_transport = tcp)", self.opts.actor_id)
+            self.local_slot = self.spec.allocate()
+            return
         try:
             self.ring = SlotRing.attach(name=reply["shm_name"], spec=self.spec, num_slots=reply["num_slots"],
                                         token=reply["token"])
             log.info("actor %s: attached to shared memory %s", self.opts.actor_id, reply["shm_name"])
         except ShmError as exc:
+            if mode == "shm":
+                raise ActorError(f"actor {self.opts.actor_id}: actor.rollout_transport is shm, but the learner's "
+                                 f"shared memory is not reachable from here: {exc}") from None
             log.info("actor %s: learner's shared memory not reachable (%s); shipping rollouts over TCP",
                      self.opts.actor_id, exc)
             self.local_slot = self.spec.allocate()
+
+    def check_connections(self) -> None:
+        """Raise ActorError once the learner or the broadcaster refuses this actor's handshake
+        (a key it does not accept, another server key, CURVE on one end only)."""
+        for what, endpoint, watch in self.watches:
+            bad = watch.fatal()
+            if bad is not None:
+                raise ActorError(f"actor {self.opts.actor_id}: the {what} at {endpoint} refused the connection: "
+                                 f"{bad.detail}")
 
     def _send(self, kind: str, **fields) -> None:
         tp.send(self.learner, tp.encode({"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
@@ -120,6 +156,7 @@ class Actor:
                                  f"at {self.opts.broadcaster}")
             tp.send(self.snapshot, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION,
                                               "run_id": self.run_id, "actor_id": self.opts.actor_id}), block=False)
+            self.check_connections()
             frames = tp.recv_multipart_timeout(self.snapshot, 1000)
             if frames is not None and len(frames) == 3:   # [topic, header, payload]; else "no weights yet"
                 self._receive(frames)
@@ -145,11 +182,16 @@ class Actor:
     def poll_learner(self, timeout_ms: int) -> None:
         frames = tp.recv_multipart_timeout(self.learner, timeout_ms)
         while frames is not None:
-            header, _ = tp.decode(frames, run_id=self.run_id)
-            if header["type"] == "grant":
-                self.grants.append((header["slot"], header["grant_id"]))
-            elif header["type"] == "stop":
-                self.stopped = header["reason"]
+            try:
+                header, _ = tp.decode(frames, run_id=self.run_id)
+            except tp.ProtocolError as exc:
+                self.rejects.reject(exc, "learner")
+            else:
+                self.last_learner_message = time.monotonic()
+                if header["type"] == "grant":
+                    self.grants.append((header["slot"], header["grant_id"]))
+                elif header["type"] == "stop":
+                    self.stopped = header["reason"]
             frames = tp.recv_multipart_timeout(self.learner, 0)
 
     def heartbeat(self) -> None:
@@ -157,17 +199,16 @@ class Actor:
         if now - self.last_heartbeat >= self.cfg.transport.heartbeat_s:
             self._send("heartbeat")
             self.last_heartbeat = now
-
-    def act(self, obs):
-        # Heartbeat while collecting: a rollout longer than transport.actor_timeout_s must not make
-        # the learner reap a live actor (it would regrant the slot being written, then lock it out).
-        self.heartbeat()
-        return self.policy.act(obs)
+            self.check_connections()
 
     def wait_for_grant(self) -> tuple[int, int] | None:
         while not self.grants and not self.stopped:
             self.heartbeat()
             self.poll_learner(100)
+            silent = time.monotonic() - self.last_learner_message
+            if silent > self.cfg.transport.actor_timeout_s:
+                raise ActorError(f"actor {self.opts.actor_id}: no word from the learner at {self.opts.learner} "
+                                 f"for {silent:.0f} s (it stopped, or dropped this actor)")
         return self.grants.pop(0) if self.grants else None
 
     def act(self, obs):
@@ -175,6 +216,9 @@ class Actor:
         per step, so its rollouts take that much longer and come back staler."""
         if self.step_sleep_s > 0:
             time.sleep(self.step_sleep_s)
+        # Heartbeat while collecting: a rollout longer than transport.actor_timeout_s must not make
+        # the learner reap a live actor (it would regrant the slot being written, then lock it out).
+        self.heartbeat()
         return self.policy.act(obs)
 
     def run(self) -> int:
@@ -219,6 +263,7 @@ class Actor:
                                                  "actor_id": self.opts.actor_id}), block=False)
         finally:
             tp.close(self.learner, self.weights_sub, self.snapshot)
+            self.security.close()
             self.ctx.term()
             if self.ring is not None:
                 self.ring.close()

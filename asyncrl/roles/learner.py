@@ -17,16 +17,21 @@ from pathlib import Path
 import torch
 
 from .. import transport as tp
-from ..config import Config
-from ..envs import rollout_spec
+from ..transport import snapshot_endpoint
+from ..config import Config, EnvConfig
+from ..envs import env_spaces, rollout_spec
+from ..security import Security, advertised, endpoint_host, is_loopback
 from ..consume import Consumer, SlotData
 from ..shm import SlotLedger, SlotRing, cleanup_stale
-from .actor import snapshot_endpoint
 
 log = logging.getLogger("asyncrl.learner")
 
 # Fields that must describe one env stream; a report's slot is checked before it is consumed.
 _SPEC_FIELDS = ("obs_dim", "action_dim", "discrete", "rollout_length", "num_envs")
+
+
+class LearnerError(RuntimeError):
+    """The learner cannot go on (e.g. the broadcaster refuses its connection)."""
 
 
 @dataclass
@@ -41,26 +46,44 @@ class ActorInfo:
 
 class Learner:
     def __init__(self, cfg: Config, run_dir: str | Path, *, run_id: str, bind: str, broadcaster: str,
-                 echo=print):
+                 echo=print, security: Security | None = None, advertise: str | None = None):
+        """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
+        ``advertise``: the address actors on other hosts use, when not the bound one.
+
+        Raises SecurityError (keys missing for a non-loopback address), transport.AddressError
+        (address in use, not of this host), ShmError, EnvError."""
         self.cfg, self.run_dir, self.run_id, self.echo = cfg, Path(run_dir), run_id, echo
+        self.security, self.advertise, self.broadcaster = security or Security("learner"), advertise, broadcaster
+        # Sockets first: a refused key or a busy port must not leave a shared-memory segment behind.
+        self.ctx = tp.context()
+        try:
+            weights_ep = snapshot_endpoint(broadcaster)
+            self.router = tp.router(self.ctx, bind, security=self.security.server(self.ctx, bind))
+            self.weights_out = tp.dealer(self.ctx, weights_ep, f"learner-{run_id}",
+                                         security=self.security.client(weights_ep))
+        except BaseException:
+            self.security.close()
+            self.ctx.destroy(linger=0)
+            raise
+        self.endpoint = tp.endpoint_of(self.router)
+        self.actor_watch, self.broadcaster_watch = tp.handshakes(self.router), tp.handshakes(self.weights_out)
+        self.next_check = 0.0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.learner.torch_threads)
         self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
                                  max_episode_steps=cfg.env.max_episode_steps)
+        self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps)
         self.consumer = Consumer(cfg, self.spec, self.run_dir)
         self.state = self.consumer.state
         for name in cleanup_stale():
             log.warning("learner: removed shared-memory segment %s left by a dead run", name)
         self.ring = SlotRing.create(run_id=run_id, spec=self.spec, num_slots=cfg.learner.num_slots)
         self.ledger = SlotLedger(cfg.learner.num_slots)
-        self.ctx = tp.context()
-        self.router = tp.router(self.ctx, bind)
-        self.endpoint = tp.endpoint_of(self.router)
-        self.weights_out = tp.dealer(self.ctx, snapshot_endpoint(broadcaster), f"learner-{run_id}")
         self.actors: dict[str, ActorInfo] = {}
         self.full_meta: dict[int, tuple[str, dict]] = {}
         self.rejects = tp.RejectCounter("learner")
         self.timing: Counter[str] = Counter()   # seconds: where the time goes
+        self.rollouts_by_transport: Counter[str] = Counter()   # "shm" / "tcp"
         self.publish()
 
     # ---- weights ----
@@ -79,6 +102,20 @@ class Learner:
             frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
         self.reap_silent_actors()
         self.grant_pending()
+        self.check_connections()
+
+    def check_connections(self) -> None:
+        """Log refused actor connections; raise LearnerError if the broadcaster refuses ours
+        (weights would never reach anyone). At most every 0.25 s."""
+        now = time.monotonic()
+        if now < self.next_check:
+            return
+        self.next_check = now + 0.25
+        self.security.note_refusals(self.actor_watch)
+        bad = self.broadcaster_watch.fatal()
+        if bad is not None:
+            raise LearnerError(f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} refused the "
+                               f"connection: {bad.detail}")
 
     def handle(self, frames) -> None:
         identity = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
@@ -97,14 +134,21 @@ class Learner:
             if kind == "request":
                 actor.pending += 1
             elif kind in ("ready", "rollout"):
-                actor.pending += 1            # every report asks for the next slot
                 self.on_report(sender, header, arrays)
+                actor.pending += 1            # every report of a slot it held asks for the next one
             elif kind == "bye":
                 self.forget(sender, "said bye")
-            elif kind != "heartbeat":
+            elif kind == "heartbeat":             # answered, so an actor can tell a dead learner
+                self.reply(identity, {"type": "heartbeat", "actor_id": sender})
+            else:
                 raise tp.ProtocolError("unexpected_type", kind)
         except tp.ProtocolError as exc:
             self.rejects.reject(exc, sender)
+            raw = tp.peek(frames[1]) if exc.reason == "proto" and len(frames) > 1 else {}
+            if raw.get("type") == "hello":    # tell an actor of another version why it gets nothing
+                reason = f"proto: actor has protocol {raw.get('proto')!r}, learner has {tp.PROTOCOL_VERSION}"
+                log.warning("learner: refused actor %s: %s", sender, reason)
+                self.reply(identity, {"type": "refuse", "reason": reason})
 
     def on_hello(self, identity: bytes, h: dict) -> None:
         actor_id = h["actor_id"]
@@ -114,8 +158,13 @@ class Learner:
             self.reply(identity, {"type": "refuse", "reason": mismatch})
             return
         old = self.actors.get(actor_id)
-        if old is not None and old.pid == h["pid"]:
+        if old is not None and old.pid == h["pid"] and old.host == h["host"]:
             return                             # a repeated hello from the same process
+        if old is not None and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
+            reason = f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another --actor-id"
+            log.warning("learner: refused a second actor %s from %s: %s", actor_id, h["host"], reason)
+            self.reply(identity, {"type": "refuse", "reason": reason})
+            return
         if old is not None:
             self.forget(actor_id, "restarted")
         self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic())
@@ -125,14 +174,10 @@ class Learner:
                               "config": json.dumps(self.cfg.to_dict())})
 
     def mismatch(self, h: dict) -> str:
-        """'' if the actor's env and rollout shape match this run; else one line naming the field."""
-        if h["env_id"] != self.cfg.env.id:
-            return f"env_id: actor has {h['env_id']!r}, learner has {self.cfg.env.id!r}"
-        mine = self.spec.to_dict()
-        for key in _SPEC_FIELDS:
-            if h["spec"].get(key) != mine[key]:
-                return f"{key}: actor has {h['spec'].get(key)!r}, learner has {mine[key]!r}"
-        return ""
+        """'' if the actor's run id (when it names one), env, rollout shape and spaces match this
+        run; else one line naming the field."""
+        return handshake_mismatch(h, run_id=self.run_id, env_id=self.cfg.env.id, spec=self.spec.to_dict(),
+                                  spaces=self.spaces)
 
     def reply(self, identity: bytes, header: dict) -> None:
         tp.send(self.router, [identity, *tp.encode({"run_id": self.run_id, **header})], block=False)
@@ -158,10 +203,13 @@ class Learner:
                     views[name][...] = a
                 del views
                 self.actors[actor_id].mode = "tcp"
+                self.rollouts_by_transport["tcp"] += 1
             else:
+                self.rollouts_by_transport["shm"] += 1
                 self.validate_slot(self.ring.views(slot))
         except tp.ProtocolError:
             self.ledger.void(actor_id, slot, h["grant_id"])
+            self.actors[actor_id].pending += 1     # the grant it held is void: it may ask again
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         self.full_meta[slot] = (actor_id, {"host": self.actors[actor_id].host, "env_steps": h["env_steps"],
@@ -194,17 +242,21 @@ class Learner:
             self.forget(actor_id, f"silent for {self.cfg.transport.actor_timeout_s:.0f} s")
 
     def grant_pending(self) -> None:
-        progress = True
-        while progress:
-            progress = False
-            for actor_id, info in self.actors.items():
-                if info.pending > 0:
-                    g = self.ledger.grant(actor_id)
-                    if g is None:
-                        return
-                    info.pending -= 1
-                    self.reply(actor_id.encode(), {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
-                    progress = True
+        """Grant free slots to the actors that asked, one at a time, longest-unserved first: an
+        actor just served goes to the back of ``self.actors``. With fewer slots than requests
+        (many actors, e.g. across hosts), the first actors to join would otherwise take every
+        freed slot and starve the rest."""
+        while True:
+            actor_id = next((a for a, info in self.actors.items() if info.pending > 0), None)
+            if actor_id is None:
+                return
+            g = self.ledger.grant(actor_id)
+            if g is None:
+                return
+            info = self.actors.pop(actor_id)
+            info.pending -= 1
+            self.actors[actor_id] = info
+            self.reply(actor_id.encode(), {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
 
     # ---- learning ----
     def consume(self) -> bool:
@@ -226,7 +278,29 @@ class Learner:
             self.publish()
         return True
 
+    def announce(self) -> None:
+        """Where actors connect; for a non-loopback address, the exact actor command to use."""
+        security = self.security.describe(self.endpoint)
+        if is_loopback(self.endpoint):
+            return
+        adv = advertised(self.endpoint, self.advertise)
+        b = self.broadcaster
+        if is_loopback(b):                  # same host as the learner: other hosts use the learner's name
+            b = f"tcp://{endpoint_host(adv)}:{b.rsplit(':', 1)[1]}"
+        env, default = self.cfg.env, EnvConfig()
+        flags = [f"--env {env.id}"]
+        if env.num_envs != default.num_envs:
+            flags.append(f"--num-envs {env.num_envs}")
+        for key in ("rollout_length", "max_episode_steps"):
+            if getattr(env, key) != getattr(default, key):
+                flags.append(f"--set env.{key}={getattr(env, key)}")
+        flags.append("--insecure" if self.security.insecure else "--keys KEYS/client-K")
+        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}); on each actor host run:\n"
+                  f"  asyncrl actor --learner {adv} --broadcaster {b} {' '.join(flags)} "
+                  f"--run-id {self.run_id} --actor-id NAME")
+
     def run(self) -> dict:
+        self.announce()
         log.info("learner: run %s listening on %s, shared memory %s", self.run_id, self.endpoint, self.ring.name)
         while not self.consumer.done:
             t0 = time.perf_counter()
@@ -242,14 +316,35 @@ class Learner:
             self.reply(actor_id.encode(), {"type": "stop", "reason": "step budget reached"})
         self.timing["learner_update_s"] = self.consumer.update_s
         return self.consumer.finish(mode="async", run_id=self.run_id, rejected_messages=self.rejects.by_reason(),
-                                    time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters))
+                                    time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters),
+                                    refused_connections=self.security.refused.by_reason(),
+                                    rollouts_by_transport=dict(self.rollouts_by_transport))
 
     def close(self) -> None:
         """Idempotent; always removes the shared-memory segment."""
         try:
             self.consumer.close()
             tp.close(self.router, self.weights_out)
+            self.security.close()
             self.ctx.term()
         finally:
             self.ring.close()
             self.ring.unlink()
+
+
+def handshake_mismatch(h: dict, *, run_id: str, env_id: str, spec: dict, spaces: dict) -> str:
+    """'' if a ``hello`` header fits this run; else one line naming the first field that differs
+    and both values: run_id (only when the actor names one), env_id, the spec fields, then the
+    observation and action spaces (only when the actor describes them)."""
+    if h["run_id"] and h["run_id"] != run_id:
+        return f"run_id: actor has {h['run_id']!r}, learner has {run_id!r}"
+    if h["env_id"] != env_id:
+        return f"env_id: actor has {h['env_id']!r}, learner has {env_id!r}"
+    for key in _SPEC_FIELDS:
+        if h["spec"].get(key) != spec[key]:
+            return f"{key}: actor has {h['spec'].get(key)!r}, learner has {spec[key]!r}"
+    theirs = h.get("spaces")
+    for key in ("observation", "action") if theirs is not None else ():
+        if theirs.get(key) != spaces[key]:
+            return f"{key} space: actor has {theirs.get(key)}, learner has {spaces[key]}"
+    return ""

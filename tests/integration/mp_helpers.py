@@ -152,16 +152,18 @@ class Procs:
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
-    def start(self, name: str, args: list[str], *, expect_failure: bool = False) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], *, expect_failure: bool = False,
+              prefix: list[str] = ()) -> subprocess.Popen:
         """Run ``python -m asyncrl.cli *args`` in its own session (so its process group is its own),
-        stdout/stderr to files under proc-logs/."""
+        stdout/stderr to files under proc-logs/. ``prefix``: a command that execs the rest in place
+        (e.g. ``ip netns exec NS``), so the recorded pid is still the role's."""
         assert name not in self.popen, name
         if expect_failure:
             self.expect_failure.add(name)
         out = open(self.logs / f"{name}.out", "w")
         err = open(self.logs / f"{name}.err", "w")
         try:
-            p = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", *args], stdout=out, stderr=err,
+            p = subprocess.Popen([*prefix, sys.executable, "-m", "asyncrl.cli", *args], stdout=out, stderr=err,
                                  stdin=subprocess.DEVNULL, cwd=self.workdir, env=self.env(),
                                  start_new_session=True)
         finally:

@@ -30,14 +30,13 @@ def endpoints() -> tuple[str, str]:
     return f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port_pair()}"
 
 
-def start_roles(procs, *, run_id, run_dir, env_id, total_steps, extra=(), learner=True):
-    """Broadcaster and (optionally) learner by hand; returns (learner endpoint, broadcaster endpoint)."""
+def start_roles(procs, *, run_id, run_dir, env_id, total_steps, extra=()):
+    """Broadcaster and learner by hand; returns (learner endpoint, broadcaster endpoint)."""
     learner_ep, broadcaster_ep = endpoints()
     procs.run_ids.add(run_id)
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
-    if learner:
-        start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id=env_id,
-                      total_steps=total_steps, extra=extra)
+    start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id=env_id,
+                  total_steps=total_steps, extra=extra)
     return learner_ep, broadcaster_ep
 
 
@@ -107,7 +106,8 @@ def test_run_command_halfcheetah(procs, tmp_path):
                         "--run-dir", str(run_dir), "--set", "run.log_every_s=2", *SMALL])
     run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
     procs.run_ids.add(run_id)
-    wait_for(lambda: len(procs.adopt_descendants()) >= 4, 30, "learner, broadcaster and 2 actors", procs=procs)
+    wait_for(lambda: len(procs.adopt_descendants()) >= 4 or procs.popen["run"].poll() is not None, 30,
+             "learner, broadcaster and 2 actors", procs=procs)
     rc = wait_adopting(procs, "run", 120)
     assert rc == 0, procs.dump()
     assert "done:" in procs.out("run")
@@ -115,8 +115,10 @@ def test_run_command_halfcheetah(procs, tmp_path):
     assert not left, f"processes of the run outlived it: {left}"
     assert not shm_segments(run_id)
     check_run_outputs(run_dir, total, actors={"actor0", "actor1"})
-    assert {p.name for p in (run_dir / "logs").iterdir()} >= {"learner.log", "broadcaster.log",
-                                                              "actor0.log", "actor1.log"}
+    logs = {p.name: p.read_text(errors="replace") for p in (run_dir / "logs").iterdir()}
+    assert set(logs) >= {"learner.log", "broadcaster.log", "actor0.log", "actor1.log"}
+    for name, text in logs.items():
+        assert "Traceback" not in text and "Aborted!" not in text, f"{name}:\n{text}"
     procs.shutdown()
 
 
@@ -159,6 +161,8 @@ def test_roles_by_hand_actors_before_learner(procs, tmp_path):
     assert procs.wait("broadcaster", 10) == 0
     log = procs.err("learner")
     assert "actor a0 joined" in log and "actor a1 joined" in log
+    for name in ("learner", "broadcaster", "a0", "a1"):
+        assert "Traceback" not in procs.err(name), procs.err(name)
     check_run_outputs(run_dir, total, actors={"a0", "a1"})
     procs.shutdown()
 
@@ -308,7 +312,12 @@ def test_actor_with_long_rollouts_is_not_reaped(procs, tmp_path):
 @pytest.mark.timeout(120)
 def test_sigint_stops_every_process(procs, tmp_path):
     """Ctrl-C (SIGINT to the run's process group) mid-training: the launcher and every process it
-    started exit within 5 s, and the run's shared memory is gone."""
+    started exit within 5 s, and the run's shared memory is gone.
+
+    Exiting is not free (a role that imported torch spends about 0.6 CPU-s in interpreter
+    shutdown), so on a machine loaded well beyond its cores by other jobs the 5 s stretch in
+    proportion to the load (at most 15 s); the other checks then still tell a clean exit from a
+    killed one (the learner's summary and checkpoint, no traceback)."""
     run_dir = tmp_path / "run"
     p = procs.start("run", ["run", "--env", CORRIDOR, "--num-actors", "2", "--total-steps", "100000000",
                             "--run-dir", str(run_dir), "--set", "run.log_every_s=1", *SMALL])
@@ -320,11 +329,17 @@ def test_sigint_stops_every_process(procs, tmp_path):
     assert len(tree) >= 5, f"expected launcher, learner, broadcaster and 2 actors: {tree}"
     assert all(os.getpgid(pid) == p.pid for pid in tree), "a role left the run's process group"
 
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    limit = 5.0 if load < 1.5 else min(15.0, 5.0 * load)
     t0 = time.monotonic()
     os.killpg(p.pid, signal.SIGINT)
-    left = wait_all_dead(tree, 5.0)
+    left = wait_all_dead(tree, limit)
     elapsed = time.monotonic() - t0
-    assert not left, f"still alive {elapsed:.1f} s after Ctrl-C: {left}\n{procs.dump()}"
+    if left:
+        states = {pid: (proc_stat(pid), Path(f"/proc/{pid}/cmdline").read_bytes()[:120]) for pid in left
+                  if proc_stat(pid)}
+        pytest.fail(f"still alive {elapsed:.1f} s after Ctrl-C (limit {limit:.1f} s, load per core {load:.1f}): "
+                    f"{states}\n{procs.dump()}")
     assert p.wait(1) == 130, procs.dump()
     assert "interrupted" in procs.err("run")
     assert not shm_segments(run_id), "the run's shared memory outlived Ctrl-C"

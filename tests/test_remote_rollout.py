@@ -1,0 +1,146 @@
+"""Remote actors, in one process: a rollout shipped over TCP lands in the learner's slot exactly as
+one written through shared memory, and the handshake names the first field that does not fit."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from asyncrl import config
+from asyncrl import transport as tp
+from asyncrl.envs import env_spaces
+from asyncrl.roles.learner import Learner, handshake_mismatch
+from asyncrl.shm import SlotRing
+from asyncrl.spec import RolloutSpec
+
+CORRIDOR = "asyncrl/Corridor-v0"
+SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
+         "algo.num_minibatches=4", "algo.num_epochs=2", f"env.id={CORRIDOR}"]
+SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _slot_arrays(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = SPEC.allocate()
+    a["obs"][...] = rng.normal(size=a["obs"].shape)
+    a["actions"][...] = rng.normal(size=a["actions"].shape)
+    a["behavior_log_prob"][...] = -rng.random(a["behavior_log_prob"].shape)
+    a["rewards"][...] = rng.normal(size=a["rewards"].shape)
+    a["truncated"][5, 1] = True
+    a["final_obs"][5, 1] = rng.normal(size=2)
+    a["terminated"][9, 0] = True
+    return a
+
+
+class Client:
+    def __init__(self, ctx, endpoint: str, actor_id: str):
+        self.sock, self.actor_id = tp.dealer(ctx, endpoint, actor_id), actor_id
+        self.run_id = ""
+
+    def send(self, kind: str, arrays=None, **fields) -> None:
+        header = {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, **fields}
+        frames = tp.encode_rollout(header, arrays, SPEC) if arrays is not None else tp.encode(header)
+        assert tp.send(self.sock, frames)
+
+    def wait(self, learner: Learner, kind: str) -> dict:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            learner.serve(20)
+            frames = tp.recv_multipart_timeout(self.sock, 20)
+            if frames is not None:
+                header, _ = tp.decode(frames)
+                if header["type"] == kind:
+                    return header
+        pytest.fail(f"{self.actor_id}: no {kind} from the learner")
+
+
+@pytest.mark.timeout(60)
+def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
+    cfg = config.load(None, SMALL)
+    learner = Learner(cfg, tmp_path / "run", run_id="utest-remote", bind="tcp://127.0.0.1:0",
+                      broadcaster=f"tcp://127.0.0.1:{_free_port()}", echo=lambda *_: None)
+    ctx = tp.context()
+    clients = {name: Client(ctx, learner.endpoint, name) for name in ("local", "remote")}
+    ring = None
+    try:
+        hello = dict(host="h", pid=os.getpid(), env_id=CORRIDOR, spec=SPEC.to_dict(), shm_token=None,
+                     spaces=env_spaces(CORRIDOR))
+        grants = {}
+        for name, c in clients.items():
+            c.send("hello", **hello)
+            welcome = c.wait(learner, "welcome")
+            c.run_id = welcome["run_id"]
+            c.send("request")
+            grants[name] = c.wait(learner, "grant")
+        ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
+                               token=welcome["token"])
+        arrays = _slot_arrays(seed=4)
+        report = dict(env_steps=32, episode_returns=[], episode_lengths=[], timing={})
+
+        views = ring.views(grants["local"]["slot"])          # the local actor writes in place
+        for k, a in arrays.items():
+            views[k][...] = a
+        del views
+        clients["local"].send("ready", slot=grants["local"]["slot"], grant_id=grants["local"]["grant_id"], **report)
+        stale = ring.views(grants["remote"]["slot"])          # old data in the remote actor's slot
+        for a in stale.values():
+            a[...] = 7
+        del stale
+        clients["remote"].send("rollout", arrays=arrays, grant_id=grants["remote"]["grant_id"], **report)
+
+        deadline = time.monotonic() + 10
+        while learner.ledger.num_full < 2 and time.monotonic() < deadline:
+            learner.serve(20)
+        assert learner.rejects.total == 0, learner.rejects.counts
+        assert sorted(learner.ledger.full()) == sorted(g["slot"] for g in grants.values())
+        assert dict(learner.rollouts_by_transport) == {"shm": 1, "tcp": 1}
+        for name, g in grants.items():
+            views = ring.views(g["slot"])
+            for k, a in arrays.items():
+                np.testing.assert_array_equal(views[k], a, err_msg=f"{name} {k}")
+            del views
+        # and the learner consumes both as one batch
+        assert learner.consume()
+        assert learner.state.iteration == 1
+    finally:
+        if ring is not None:
+            ring.close()
+        tp.close(*(c.sock for c in clients.values()))
+        ctx.term()
+        learner.close()
+
+
+MINE = dict(run_id="run-1", env_id=CORRIDOR, spec=SPEC.to_dict(), spaces=env_spaces(CORRIDOR))
+
+
+def _hello(**changes) -> dict:
+    h = {"run_id": "", "env_id": CORRIDOR, "spec": SPEC.to_dict(), "spaces": env_spaces(CORRIDOR)}
+    return {**h, **changes}
+
+
+@pytest.mark.parametrize("hello, words", [
+    (_hello(), ""),
+    (_hello(run_id="run-1"), ""),
+    ({k: v for k, v in _hello().items() if k != "spaces"}, ""),      # a client that does not describe them
+    (_hello(run_id="run-0"), "run_id: actor has 'run-0', learner has 'run-1'"),
+    (_hello(env_id="asyncrl/Constant-v0"), "env_id: actor has 'asyncrl/Constant-v0', learner has 'asyncrl/Corridor-v0'"),
+    (_hello(spec={**SPEC.to_dict(), "rollout_length": 32}), "rollout_length: actor has 32, learner has 16"),
+    (_hello(spec={**SPEC.to_dict(), "obs_dim": 3}), "obs_dim: actor has 3, learner has 2"),
+    (_hello(spaces={**env_spaces(CORRIDOR), "action": "Box(shape=(1,), dtype=float32, low=-2.0, high=2.0)"}),
+     "action space: actor has Box(shape=(1,), dtype=float32, low=-2.0, high=2.0), learner has "
+     "Box(shape=(1,), dtype=float32, low=-1.0, high=1.0)"),
+    (_hello(spaces={**env_spaces(CORRIDOR), "observation": "Box(shape=(2,), dtype=float64, low=-inf, high=inf)"}),
+     "observation space: actor has Box(shape=(2,), dtype=float64"),
+])
+def test_handshake_mismatch_names_the_field_and_both_values(hello, words):
+    got = handshake_mismatch(hello, **MINE)
+    assert (words in got) if words else got == "", got
