@@ -63,7 +63,8 @@ def main() -> None:
     p.add_argument("--env", default="HalfCheetah-v5")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=float, default=60.0, help="minimum length of each run")
-    p.add_argument("--expected-rate", type=float, default=5000.0, help="env steps/s used to size the budget")
+    p.add_argument("--expected-rate", type=float, default=11000.0,
+                   help="env steps/s used to size the budget (a faster run would end before --seconds)")
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--set", action="append", default=[], help="config override for every run")
     p.add_argument("--out", default=None, help="directory for the runs (default: a temporary one)")
