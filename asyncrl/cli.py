@@ -92,6 +92,19 @@ def run(config_file, overrides, env_id, preset, num_actors, total_steps, run_dir
         click.echo(summary_line(summary))
 
 
+def _run_role(role, errors):
+    """Run a role to its end: its own errors become one line (UserError), Ctrl-C a quiet stop
+    (returns None); the role is always closed."""
+    try:
+        return role.run()
+    except errors as exc:
+        raise UserError(str(exc)) from None
+    except KeyboardInterrupt:
+        return None
+    finally:
+        role.close()
+
+
 def _on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so every role cleans up (sockets, shared memory).
 
@@ -225,15 +238,9 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
         role = Actor(cfg, opts)
     except SecurityError as exc:
         raise UserError(str(exc)) from None
-    try:
-        n = role.run()
+    n = _run_role(role, ActorError)
+    if n is not None:
         click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}")
-    except ActorError as exc:
-        raise UserError(str(exc)) from None
-    except KeyboardInterrupt:
-        pass
-    finally:
-        role.close()
 
 
 @main.command()
@@ -258,14 +265,7 @@ def broadcaster(bind, advertise, upstream, keys_dir, insecure, config_file, over
                            echo=click.echo)
     except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
         raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None
-    try:
-        role.run()
-    except BroadcasterError as exc:
-        raise UserError(str(exc)) from None
-    except KeyboardInterrupt:
-        pass
-    finally:
-        role.close()
+    _run_role(role, BroadcasterError)
 
 
 @main.group()

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from asyncrl.launch import free_port, free_port_pair  # noqa: F401  (used by the tests)
 
 REPO = Path(__file__).resolve().parents[2]
 SHM_DIR = "/dev/shm"
@@ -31,29 +32,6 @@ SMALL = ["--set", "env.num_envs=2", "--set", "env.rollout_length=16", "--set", "
 
 def new_run_id() -> str:
     return f"itest-{uuid.uuid4().hex[:12]}"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def free_port_pair(host: str = "127.0.0.1") -> int:
-    """P with P and P + 1 free a moment ago (the broadcaster binds both)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind((host, 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind((host, port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def shm_segments(run_id: str) -> list[str]:
