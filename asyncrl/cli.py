@@ -20,19 +20,31 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
-def load_config(config_file, overrides, flags: dict | None = None) -> Config:
-    """Defaults <- --config FILE <- CLI flags <- --set overrides. Raises UserError."""
+def load_config(config_file, overrides, flags: dict | None = None, *, env: bool = True) -> Config:
+    """Defaults <- --config FILE <- CLI flags <- --set overrides; with ``env``, the env must be
+    one asyncrl can make here. Raises UserError."""
     extra: dict[str, dict] = {}
     for (section, key), value in (flags or {}).items():
         if value is not None:
             extra.setdefault(section, {})[key] = value
     try:
         cfg = config_mod.load(config_file, overrides, extra)
-        from .envs import EnvError, check_env_id
-        check_env_id(cfg.env.id)
+        if env:
+            from .envs import check_env
+            check_env(cfg.env.id, cfg.env.max_episode_steps)
     except (ConfigError, ValueError) as exc:  # EnvError is a ValueError
         raise UserError(str(exc)) from None
     return cfg
+
+
+def fresh_run_dir(run_dir, cfg: Config) -> Path:
+    """The run directory (created); refuses one that already holds a run, whose metrics and lag
+    records the new run would otherwise be appended to. Raises UserError."""
+    out = Path(run_dir) if run_dir else default_run_dir(cfg)
+    if (out / "metrics.jsonl").exists() or (out / "lag.jsonl").exists():
+        raise UserError(f"run directory {out} already holds a run; choose another --run-dir")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -67,12 +79,12 @@ def main(verbose: bool) -> None:
 @click.option("--serial", is_flag=True, help="Everything in one process (debugging; bit-reproducible).")
 def run(config_file, overrides, env_id, preset, num_actors, total_steps, run_dir, seed, serial):
     """Train: learner, broadcaster and actors as local processes (or --serial)."""
+    _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
     cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("algo", "preset"): preset,
                                                   ("run", "num_actors"): num_actors,
                                                   ("run", "total_env_steps"): total_steps,
                                                   ("run", "seed"): seed})
-    out = Path(run_dir) if run_dir else default_run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_run_dir(run_dir, cfg)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     click.echo(f"run directory: {out}")
     try:
@@ -86,7 +98,7 @@ def run(config_file, overrides, env_id, preset, num_actors, total_steps, run_dir
             except RoleFailed as exc:
                 raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
-        click.echo("interrupted; every process of the run was stopped", err=True)
+        click.echo("interrupted: the run was stopped; its summary.json and checkpoint.pt were written", err=True)
         sys.exit(130)
     if serial:   # in a multi-process run the learner prints it
         click.echo(summary_line(summary))
@@ -175,8 +187,7 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise,
     _on_sigterm()
     cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps))
     run_id = run_id or f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
-    out = Path(run_dir) if run_dir else default_run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_run_dir(run_dir, cfg)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     bind = _endpoint(bind, cfg.transport.learner_bind)
     broadcaster = _endpoint(broadcaster, cfg.transport.broadcaster_bind)
@@ -257,7 +268,7 @@ def broadcaster(bind, advertise, upstream, keys_dir, insecure, config_file, over
     from .roles.broadcaster import Broadcaster, BroadcasterError
     from .security import SecurityError
     _on_sigterm()
-    cfg = load_config(config_file, overrides)
+    cfg = load_config(config_file, overrides, env=False)
     bind = _endpoint(bind, cfg.transport.broadcaster_bind)
     try:
         role = Broadcaster(bind, upstream=_endpoint(upstream, "") if upstream else None,
@@ -326,6 +337,8 @@ def lag(run_dir, as_json, plot_path):
             plot_report(run_dir, plot_path)
         except ImportError as exc:
             raise UserError(str(exc)) from None
+        except OSError as exc:
+            raise UserError(f"cannot write {plot_path}: {exc.strerror or exc}") from None
         click.echo(f"plot written to {plot_path}", err=as_json)
 
 
@@ -343,7 +356,11 @@ def summary_line(s: dict) -> str:
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
     return (f"done: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
             f"({s['env_steps_per_s']:,.0f}/s), {s['learner_iterations']} learner iterations, "
-            f"average return {ret_text}, lag p50/p95 {s.get('lag_p50')}/{s.get('lag_p95')} versions")
+            f"average return {ret_text}, lag p50/p95 {_num(s.get('lag_p50'))}/{_num(s.get('lag_p95'))} versions")
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:g}"
 
 
 if __name__ == "__main__":  # pragma: no cover

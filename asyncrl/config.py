@@ -146,7 +146,7 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
     if annotation is str:
@@ -195,15 +195,18 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{k} must be >= 1, got {v}")
     if not 0.0 <= a.gamma <= 1.0 or not 0.0 <= a.gae_lambda <= 1.0:
         raise ConfigError(f"algo.gamma and algo.gae_lambda must lie in [0, 1], got {a.gamma}, {a.gae_lambda}")
-    if cfg.actor.policy_delay < 0 or cfg.actor.policy_age_buffer < 1 or cfg.actor.slowdown_s < 0:
-        raise ConfigError("actor.policy_delay must be >= 0, actor.policy_age_buffer >= 1, actor.slowdown_s >= 0")
+    for key, value, low in (("actor.policy_delay", cfg.actor.policy_delay, 0),
+                            ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
+                            ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0)):
+        if value < low:
+            raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:
         raise ConfigError(f"actor.rollout_transport must be one of {', '.join(ROLLOUT_TRANSPORTS)}, "
                           f"got {cfg.actor.rollout_transport!r}")
     if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
-    if a.lr <= 0:
-        raise ConfigError(f"algo.lr must be > 0, got {a.lr}")
+    if not 0 < a.lr < float("inf"):
+        raise ConfigError(f"algo.lr must be a finite number > 0, got {a.lr}")
     if l.num_slots < l.slots_per_batch:
         raise ConfigError(f"learner.num_slots ({l.num_slots}) must be >= learner.slots_per_batch ({l.slots_per_batch})")
     if cfg.batch_size % a.num_minibatches:

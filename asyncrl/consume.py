@@ -39,7 +39,8 @@ class Consumer:
         self.lag.published(0, time.time())
 
     def consume(self, slots: list[SlotData]) -> dict | None:
-        """One learner iteration on ``slots`` (those over max_policy_lag are dropped first).
+        """One learner iteration on ``slots`` (those over max_policy_lag are dropped first); lag
+        rows carry the number of the iteration that consumed them, as metrics.jsonl does (1-based).
         Returns the iteration's metrics, or None if every slot was dropped."""
         st, now, limit = self.state, time.time(), self.cfg.learner.max_policy_lag
         kept, ended = [], []
@@ -50,13 +51,13 @@ class Consumer:
             lag_versions = st.version - int(np.min(sd.arrays["behavior_version"]))
             if 0 <= limit < lag_versions:
                 self.lag.dropped(st.version, now, sd.actor, sd.host, sd.arrays["behavior_version"],
-                                 iteration=st.iteration)
+                                 iteration=st.iteration + 1)
             else:
                 kept.append(sd)
         if not kept:
             return None
         batch_lag = self.lag.consumed(st.version, now, [(s.actor, s.host, s.arrays["behavior_version"]) for s in kept],
-                                      iteration=st.iteration)
+                                      iteration=st.iteration + 1)
         batch = st.make_batch([(s.actor, s.arrays) for s in kept])
         t0 = time.perf_counter()
         stats = st.iterate(batch)

@@ -37,6 +37,20 @@ def check_env_id(env_id: str) -> None:
         raise EnvError(f"unknown env id {env_id!r}: {exc}") from None
 
 
+def check_env(env_id: str, max_episode_steps: int = 0) -> None:
+    """Raise EnvError with one line unless ``env_id`` is registered AND can be made here with
+    spaces asyncrl handles (a missing extra such as Box2D, or a Discrete observation, is caught
+    before any process starts)."""
+    check_env_id(env_id)
+    try:
+        VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps).close()
+    except EnvError:
+        raise
+    except Exception as exc:  # whatever gymnasium or the env raises: report it in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise EnvError(f"{env_id} cannot be made here: {type(exc).__name__}: {first}") from None
+
+
 class VecEnv:
     """E copies of one gymnasium env stepped in turn in this process, with the action clipping
     and end-of-episode bookkeeping asyncrl needs: an env whose episode ended is reset at once,

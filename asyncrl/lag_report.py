@@ -50,7 +50,11 @@ def build_report(run_dir: str | Path) -> dict:
         raise ReportError(f"no run directory {run_dir}")
     rows = _read_jsonl(run_dir / "lag.jsonl")
     if not rows:
-        raise ReportError(f"{run_dir}: no lag records (lag.jsonl missing or empty)")
+        raise ReportError(f"{run_dir}: no lag records (lag.jsonl missing, empty or unreadable)")
+    fields = ("actor", "host", "samples", "lag_versions", "lag_seconds", "iteration")
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict) or any(k not in r for k in fields)), None)
+    if bad is not None:
+        raise ReportError(f"{run_dir}/lag.jsonl: record {bad + 1} lacks one of {', '.join(fields)}")
     consumed = [r for r in rows if not r.get("dropped")]
     groups = {"overall": {"all": consumed}, "per_actor": defaultdict(list), "per_host": defaultdict(list)}
     for r in consumed:
@@ -128,7 +132,9 @@ def plot_report(run_dir: str | Path, path: str | Path) -> None:
         ax[0, 0].hist([r["lag_versions"] for r in rs], weights=[r["samples"] for r in rs],
                       bins=np.arange(-0.5, top + 1.5), alpha=0.6, label=a)
         secs = [max(r["lag_seconds"], 1e-4) for r in rs]
-        ax[0, 1].hist(secs, weights=[r["samples"] for r in rs], bins=np.logspace(-4, 3, 50), alpha=0.6, label=a)
+        lo = np.log10(max(min((max(r["lag_seconds"], 1e-4) for r in rows), default=1e-4), 1e-4)) - 0.1
+        hi = np.log10(max((r["lag_seconds"] for r in rows), default=1.0) + 1e-4) + 0.1
+        ax[0, 1].hist(secs, weights=[r["samples"] for r in rs], bins=np.logspace(lo, hi, 40), alpha=0.6, label=a)
     ax[0, 0].set(xlabel="backward lag (versions)", ylabel="samples", title="lag in versions")
     ax[0, 1].set(xscale="log", xlabel="backward lag (seconds, learner clock)", ylabel="samples", title="lag in seconds")
     by_iter = defaultdict(lambda: [0.0, 0.0, 0])
@@ -138,9 +144,10 @@ def plot_report(run_dir: str | Path, path: str | Path) -> None:
         acc[1] += r["lag_seconds"] * r["samples"]
         acc[2] += r["samples"]
     its = sorted(by_iter)
-    ax[1, 0].plot(its, [by_iter[i][0] / by_iter[i][2] for i in its], label="versions")
+    ax[1, 0].plot(its, [by_iter[i][0] / by_iter[i][2] for i in its], label="versions (left)")
     ax2 = ax[1, 0].twinx()
-    ax2.plot(its, [by_iter[i][1] / by_iter[i][2] for i in its], color="C1", label="seconds")
+    ax2.plot(its, [by_iter[i][1] / by_iter[i][2] for i in its], color="C1", label="seconds (right)")
+    ax[1, 0].legend(handles=ax[1, 0].get_lines() + ax2.get_lines(), fontsize=8)
     ax[1, 0].set(xlabel="learner iteration", ylabel="mean lag (versions)", title="lag over time")
     ax2.set_ylabel("mean lag (seconds)")
     ax[1, 1].plot([m["iteration"] for m in metrics], [m.get("tv_estimate") for m in metrics], label="tv_estimate")

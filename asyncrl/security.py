@@ -98,6 +98,9 @@ def normalize_endpoint(text: str) -> str:
     full = text if text.startswith("tcp://") else f"tcp://{text}"
     if ":" not in full[6:] or not (full.rsplit(":", 1)[1] == "*" or full.rsplit(":", 1)[1].isdigit()):
         raise ValueError(f"expected HOST:PORT or tcp://HOST:PORT, got {text!r}")
+    port = full.rsplit(":", 1)[1]
+    if port.isdigit() and int(port) > 65535:
+        raise ValueError(f"port {port} in {text!r} is out of range (0-65535)")
     return full
 
 

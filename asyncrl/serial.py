@@ -54,6 +54,10 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
                 for h in histories:
                     h.add(state.version, flat)
             consumer.progress(echo)
+    except KeyboardInterrupt:
+        consumer.finish(mode="serial", interrupted=True)   # Ctrl-C keeps what was learned
+        raise
+    else:
         return consumer.finish(mode="serial")
     finally:
         consumer.close()

@@ -11,6 +11,10 @@ import pytest
     (["--preset", "trpo"], "unknown preset"),
     (["--env", "NoSuchEnv-v9"], "unknown env id 'NoSuchEnv-v9'"),
     (["--config", "/nonexistent.toml"], "config file not found"),
+    (["--env", "FrozenLake-v1"], "observation space must be a flat Box"),
+    (["--set", "algo.lr=nan"], "algo.lr: expected a number"),
+    (["--set", "algo.lr=inf"], "algo.lr must be a finite number"),
+    (["--set", "env.max_episode_steps=-3"], "env.max_episode_steps must be >= 0"),
 ])
 def test_bad_config_input_one_line(args, words, tmp_path):
     p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--run-dir", str(tmp_path / "r"), *args],
@@ -19,3 +23,11 @@ def test_bad_config_input_one_line(args, words, tmp_path):
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1, p.stderr
     assert words in lines[0] and "Traceback" not in p.stderr
+
+
+def test_run_dir_holding_a_run_is_refused(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--run-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "already holds a run" in p.stderr and "Traceback" not in p.stderr
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"          # nothing lost

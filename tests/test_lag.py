@@ -57,9 +57,9 @@ def test_policy_delay_gives_exactly_that_lag(tmp_path):
     cfg = config.load(None, SMALL + ["actor.policy_delay=3"])
     run_serial(cfg, tmp_path, max_iterations=12, echo=lambda *_: None)
     rows = _rows(tmp_path)
-    late = [r for r in rows if r["iteration"] >= 3]
+    late = [r for r in rows if r["iteration"] > 3]              # iteration k consumes at version k - 1
     assert late and all(r["lag_versions"] == 3 for r in late)
-    assert all(r["lag_versions"] == r["iteration"] for r in rows if r["iteration"] < 3)
+    assert all(r["lag_versions"] == r["iteration"] - 1 for r in rows if r["iteration"] <= 3)
     report = build_report(tmp_path)
     assert report["per_actor"]["actor0"]["lag_versions"]["max"] == 3
     assert "actor actor0" in format_report(report)

@@ -89,8 +89,12 @@ class Actor:
                   "actor_id": self.opts.actor_id, "host": self.opts.host_label or socket.gethostname(),
                   "pid": os.getpid(), "env_id": self.cfg.env.id, "spec": self.spec.to_dict(),
                   "shm_token": None, "spaces": self.env.spaces}
-        next_hello = 0.0
+        next_hello, said_waiting = 0.0, False
         while time.monotonic() < deadline:
+            if not said_waiting and deadline - time.monotonic() < self.opts.connect_timeout_s - 3:
+                said_waiting = True    # only once the learner is clearly not there yet
+                log.info("actor %s: waiting for the learner at %s (up to %.0f s)", self.opts.actor_id,
+                         self.opts.learner, self.opts.connect_timeout_s)
             if time.monotonic() >= next_hello:
                 tp.send(self.learner, tp.encode(header), block=False)
                 next_hello = time.monotonic() + 1.0
