@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,10 +52,20 @@ def sample_factory_run(args, i: int, out: Path) -> float:
            "--num_envs_per_worker=8", f"--train_for_env_steps={budget}"]
     if args.sf_async:
         cmd.append("--async_rl=True")
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
-    rates = [float(m.group(2)) for m in FPS_LINE.finditer(p.stdout + p.stderr) if m.group(2) != "nan"]
+    # its own session, so that an interrupted benchmark kills its worker processes too (they are
+    # spawned children that outlive a killed parent and would load the machine for later runs)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    rates = [float(m.group(2)) for m in FPS_LINE.finditer(stdout + stderr) if m.group(2) != "nan"]
     if not rates:
-        raise RuntimeError(f"Sample Factory printed no FPS line (exit {p.returncode}):\n{p.stderr[-2000:]}")
+        raise RuntimeError(f"Sample Factory printed no FPS line (exit {proc.returncode}):\n{stderr[-2000:]}")
     print(f"sample factory run {i}: {rates[-1]:,.0f} env steps/s (60-second window)", flush=True)
     return rates[-1]
 
