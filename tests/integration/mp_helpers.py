@@ -112,6 +112,12 @@ def read_jsonl(path: Path) -> list[dict]:
 
 # ----------------------------------------------------------------------------- the fixture
 
+def _default_sigint() -> None:
+    """In the child: Ctrl-C as in a terminal, even when the test run itself was started in the
+    background (where SIGINT is inherited as ignored, and the roles keep it so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Procs:
     """The processes of one test. ``start`` them; ``shutdown`` (also run at teardown) stops them."""
 
@@ -143,7 +149,7 @@ class Procs:
         try:
             p = subprocess.Popen([*prefix, sys.executable, "-m", "asyncrl.cli", *args], stdout=out, stderr=err,
                                  stdin=subprocess.DEVNULL, cwd=self.workdir, env=self.env(),
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=_default_sigint)
         finally:
             out.close()
             err.close()
