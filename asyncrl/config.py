@@ -213,6 +213,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"batch size T*B*E = {cfg.batch_size} is not divisible by algo.num_minibatches={a.num_minibatches}")
 
 
+def actor_seed(seed: int, actor_index: int) -> int:
+    """Env and action seed of one actor of a run: distinct per actor, the same for the same run
+    seed (used by serial mode and by `asyncrl run` alike)."""
+    return seed * 10_007 + actor_index * 101
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
     """``section.key=value`` -> (section, key, value); the value is parsed as a TOML value,
     falling back to a bare string (so ``env.id=Hopper-v5`` works without quotes)."""

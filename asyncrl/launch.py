@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import Config
+from .config import Config, actor_seed
 from .shm import remove_run
 
 
@@ -77,7 +77,7 @@ class Supervisor:
         for i in range(self.cfg.run.num_actors):
             self.start(f"actor{i}", ["actor", "--config", cfg_file, "--learner", self.learner_ep,
                                      "--broadcaster", self.broadcaster_ep, "--actor-id", f"actor{i}",
-                                     "--seed", str(self.cfg.run.seed * 10_007 + i * 101)])
+                                     "--seed", str(actor_seed(self.cfg.run.seed, i))])
 
     def failed(self) -> tuple[str, int] | None:
         for name, p in self.procs.items():

@@ -9,17 +9,12 @@ from pathlib import Path
 
 import torch
 
-from .config import Config
+from .config import Config, actor_seed
 from .consume import Consumer, SlotData
 from .envs import VecEnv
 from .lag_control import WeightHistory
 from .policy import InferencePolicy
 from .rollout import collect
-
-
-def actor_seed(seed: int, actor_index: int) -> int:
-    """Env seed of one actor: distinct streams for distinct actors, same for the same run seed."""
-    return seed * 10_007 + actor_index * 101
 
 
 def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None = None,
