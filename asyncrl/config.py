@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter")
+PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
+# Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
+# arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
+PRESET_SETTINGS: dict[str, dict[str, Any]] = {
+    "vaco_paper": {"ratio_anchor": "behavior", "tv_threshold": 0.2, "surrogate_rho_bar": float("inf"),
+                   "entropy_coef": 0.0},
+}
 RATIO_ANCHORS = ("behavior", "learning")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
 
@@ -51,6 +57,7 @@ class AlgoConfig:
     c_bar: float = 1.0
     tv_threshold: float = 0.2        # δ of the TV filter (the paper's value, unablated there)
     ratio_anchor: str = "behavior"   # "behavior" (β) or "learning" (π_T)
+    surrogate_rho_bar: float = float("inf")  # bound on π_T/β in the surrogate (learning anchor); inf: none
     clip_eps: float = 0.2            # ppo
     kl_coef: float = 1.0             # ppo_kl
     spo_eps: float = 0.2             # spo
@@ -171,6 +178,9 @@ def _build(data: dict[str, Any]) -> Config:
         if bad:
             raise ConfigError(f"unknown config key {name}.{bad[0]}; keys of [{name}] are {sorted(hints)}")
         kwargs = {k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in raw.items()}
+        if name == "algo":
+            for k, v in PRESET_SETTINGS.get(kwargs.get("preset", cls.preset), {}).items():
+                kwargs.setdefault(k, v)
         built[name] = cls(**kwargs)
     cfg = Config(**built)
     validate(cfg)

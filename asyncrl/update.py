@@ -19,7 +19,7 @@ from .algo import losses
 from .algo.returns import gae, next_state_values, vtrace
 from .policy import ActorCritic
 
-VTRACE_PRESETS = ("vaco", "vaco_no_filter", "impala")
+VTRACE_PRESETS = ("vaco", "vaco_paper", "vaco_no_filter", "impala")
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -59,10 +59,11 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
 
 def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv) -> losses.PolicyLoss:
     p = cfg.preset
-    if p in ("vaco", "vaco_no_realign"):
+    if p in ("vaco", "vaco_paper", "vaco_no_realign"):
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
         return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
-                                       advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor)
+                                       advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor,
+                                       surrogate_rho_bar=cfg.surrogate_rho_bar)
     if p == "vaco_no_filter":
         return losses.ratio_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv)
     if p == "ppo":

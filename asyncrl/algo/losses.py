@@ -106,12 +106,19 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float) -> 
 
 
 def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
-                     tv_threshold: float, anchor_log_prob: Tensor | None = None) -> PolicyLoss:
+                     tv_threshold: float, anchor_log_prob: Tensor | None = None,
+                     surrogate_rho_bar: float = math.inf) -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
-        r_i = π_θ/β;  keep from :func:`tv_filter` on the anchor ratio π_θ/anchor
-        loss = -mean_i [keep_i r_i A_i + (1 - keep_i) stopgrad(r_i A_i)]
+        w_i = min(surrogate_rho_bar, anchor_i/β_i)   (w_i = 1 for the β anchor)
+        s_i = w_i (π_θ/anchor)_i A_i;  keep from :func:`tv_filter` on the anchor ratio π_θ/anchor
+        loss = -mean_i [keep_i s_i + (1 - keep_i) stopgrad(s_i)]
 
+    With the β anchor s_i = (π_θ/β)_i A_i, the paper's surrogate. With the learning anchor π_T and
+    surrogate_rho_bar = inf, s_i is still (π_θ/β)_i A_i (the ratio is unbounded per sample); a
+    finite surrogate_rho_bar truncates the backward-lag part π_T/β of the ratio, as V-trace's ρ̄
+    truncates it in the advantages, and leaves the forward part π_θ/π_T to the TV filter (the
+    "decoupled" split of the ratio: Hilton et al. 2021, arXiv:2110.00641).
     Filtered samples still count in the loss value but receive exactly zero gradient.
 
     Args:
@@ -120,22 +127,30 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         advantages: [N] realigned advantages A_i (reward units, possibly normalised).
         tv_threshold: δ >= 0 (inf disables the filter).
         anchor_log_prob: [N] or None. None anchors the TV estimate and filter on β
-            (ratio_anchor = "behavior", the default); pass log π_T(a_i|s_i) for
-            ratio_anchor = "learning".
+            (ratio_anchor = "behavior"); pass log π_T(a_i|s_i) for ratio_anchor = "learning".
+        surrogate_rho_bar: bound > 0 on the importance weight anchor/β (inf: none); only
+            meaningful with an anchor other than β.
 
     Returns:
         :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
 
     Raises:
-        ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN.
+        ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
+            surrogate_rho_bar <= 0 or NaN.
 
     Paper: VACO, arXiv:2603.01365.
     """
     checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
              **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}))
+    bar = checks.scalar("surrogate_rho_bar", surrogate_rho_bar, low=0.0, low_open=True, allow_inf=True)
     anchor = behavior_log_prob if anchor_log_prob is None else anchor_log_prob
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
-    surrogate = torch.exp(log_ratio) * advantages.detach()
+    if anchor_log_prob is None or math.isinf(bar):
+        surrogate = torch.exp(log_ratio) * advantages.detach()
+    else:
+        with torch.no_grad():
+            weight = torch.exp(_log_ratio(anchor, behavior_log_prob)).clamp(max=bar)
+        surrogate = weight * torch.exp(_log_ratio(log_prob, anchor)) * advantages.detach()
     filt = tv_filter(log_ratio=log_prob.detach() - anchor.detach(), advantages=advantages.detach(),
                      tv_threshold=tv_threshold)
     loss = -torch.where(filt.keep_mask, surrogate, surrogate.detach()).mean()
