@@ -351,6 +351,46 @@ def clean(run_id):
     click.echo(f"removed {len(removed)} segment(s)" + (": " + ", ".join(removed) if removed else ""))
 
 
+@main.command()
+@click.argument("study_file", type=click.Path(dir_okay=False))
+@click.option("--jobs", type=int, default=1, show_default=True,
+              help="Serial cells run this many at a time (one core each); multi-process cells run alone.")
+@click.option("--out", type=click.Path(file_okay=False), help="Results directory (default studies/NAME).")
+@click.option("--total-steps", type=int, help="Override the study's env-step budget (smoke runs).")
+@click.option("--seeds", help="Override the study's seeds, e.g. 1,2 (smoke runs).")
+@click.option("--envs", help="Override the study's envs, e.g. asyncrl/Corridor-v0 (smoke runs).")
+@click.option("--dry-run", is_flag=True, help="List the cells and which are finished; run nothing.")
+@click.option("--report-only", is_flag=True, help="Write the results table and report from finished cells only.")
+def study(study_file, jobs, out, total_steps, seeds, envs, dry_run, report_only):
+    """Run a grid of envs x presets x lag conditions x seeds (resumable) and report it.
+
+    Finished cells (same study, resolved config and training code) are skipped, so a killed
+    study re-run continues. Writes OUT/results.json, results.csv, report.md and plots/.
+    """
+    from .study import Runner, StudyError, load_study
+    from .study_report import write_report
+    try:
+        seed_list = [int(x) for x in seeds.split(",")] if seeds else None
+    except ValueError:
+        raise UserError(f"--seeds expects integers separated by commas, got {seeds!r}") from None
+    try:
+        st = load_study(study_file, total_env_steps=total_steps, seeds=seed_list,
+                        envs=envs.split(",") if envs else None)
+        runner = Runner(st, Path(out or Path("studies") / st.name), jobs=jobs, echo=click.echo)
+    except StudyError as exc:
+        raise UserError(str(exc)) from None
+    if dry_run:
+        for c in st.cells:
+            state = "finished" if runner.record_path(c).exists() else "pending"
+            click.echo(f"{state:8} {runner.keys[c]} {c.label} | {c.env} | {c.condition} | seed {c.seed} | {c.mode}")
+        return
+    if not report_only:
+        _on_sigterm()
+        runner.run()
+    results = write_report(st, runner.finished_records(), runner.out)
+    click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {len(st.cells)} cells finished)")
+
+
 def summary_line(s: dict) -> str:
     ret = s.get("final_average_return")
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"

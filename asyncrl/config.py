@@ -107,6 +107,7 @@ class RunConfig:
     seed: int = 1
     total_env_steps: int = 1_000_000
     num_actors: int = 2
+    straggler_slowdown_s: float = 0.0   # asyncrl run: actor0 alone is slowed by this many seconds per rollout
     run_dir: str = "runs"
     log_every_s: float = 5.0
 
@@ -207,7 +208,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.gamma and algo.gae_lambda must lie in [0, 1], got {a.gamma}, {a.gae_lambda}")
     for key, value, low in (("actor.policy_delay", cfg.actor.policy_delay, 0),
                             ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
-                            ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0)):
+                            ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0),
+                            ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:

@@ -172,3 +172,30 @@ def rollout_spec(env_id: str, *, num_envs: int, rollout_length: int, max_episode
                            rollout_length=rollout_length, num_envs=num_envs)
     finally:
         probe.close()
+
+
+def random_policy_return(env_id: str, *, episodes: int = 10, seed: int = 0, max_episode_steps: int = 0) -> float:
+    """Mean undiscounted return of ``episodes`` episodes of the uniform random policy (actions
+    drawn from the action space, seeded): the "random" end of a normalised score (STUDY.md).
+
+    Raises:
+        EnvError: as :class:`VecEnv`; ValueError: episodes < 1.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    check_env_id(env_id)
+    kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps > 0 else {}
+    env = gym.make(env_id, **kwargs)
+    env.action_space.seed(seed)
+    total = 0.0
+    try:
+        for k in range(episodes):
+            env.reset(seed=seed + k)
+            while True:
+                _, r, terminated, truncated, _ = env.step(env.action_space.sample())
+                total += float(r)
+                if terminated or truncated:
+                    break
+    finally:
+        env.close()
+    return total / episodes

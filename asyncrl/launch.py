@@ -77,7 +77,13 @@ class Supervisor:
         for i in range(self.cfg.run.num_actors):
             self.start(f"actor{i}", ["actor", "--config", cfg_file, "--learner", self.learner_ep,
                                      "--broadcaster", self.broadcaster_ep, "--actor-id", f"actor{i}",
-                                     "--seed", str(actor_seed(self.cfg.run.seed, i))])
+                                     "--seed", str(actor_seed(self.cfg.run.seed, i)),
+                                     *self._straggler(i)])
+
+    def _straggler(self, i: int) -> list[str]:
+        """actor0 is the straggler of run.straggler_slowdown_s (heterogeneous hosts)."""
+        s = self.cfg.run.straggler_slowdown_s
+        return ["--slowdown", str(self.cfg.actor.slowdown_s + s)] if i == 0 and s > 0 else []
 
     def failed(self) -> tuple[str, int] | None:
         for name, p in self.procs.items():

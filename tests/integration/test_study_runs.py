@@ -1,0 +1,119 @@
+"""asyncrl study end to end: serial cells are exactly `asyncrl run --serial`; a study killed
+mid-way continues without redoing finished cells; a cell whose config changed runs again."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from mp_helpers import REPO, alive, descendants, wait_for
+from asyncrl.study import Runner, load_study
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=4",
+         "algo.num_minibatches=2", "algo.num_epochs=2", "env.max_episode_steps=20", "run.log_every_s=1000"]
+
+
+def study_text(steps=1024, seeds=(1,), tv=0.2, conditions=("none", "age-3")):
+    return f"""
+name = "itest"
+total_env_steps = {steps}
+seeds = {list(seeds)}
+envs = ["asyncrl/Corridor-v0"]
+set = {json.dumps(SMALL)}
+[reference]
+"asyncrl/Corridor-v0" = 20.0
+[[arm]]
+presets = ["vaco"]
+conditions = {json.dumps(list(conditions))}
+set = ["algo.tv_threshold={tv}"]
+[[arm]]
+presets = ["ppo"]
+conditions = ["none"]
+"""
+
+
+def _params(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["policy"]
+
+
+def _metric_rows(run_dir):
+    keep = ("env_steps", "average_return", "policy_loss", "value_loss", "tv_estimate", "filtered_fraction", "entropy")
+    return [{k: r.get(k) for k in keep} for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+@pytest.mark.timeout(300)
+def test_serial_cells_equal_separate_serial_runs_bit_for_bit(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(study_text())
+    st = load_study(path)
+    runner = Runner(st, tmp_path / "out", jobs=2, echo=lambda *_: None)
+    assert runner.run() == 3
+    for cell in st.cells:
+        if cell.label != "vaco":
+            continue
+        rec = json.loads(runner.record_path(cell).read_text())
+        assert rec["status"] == "ok", rec
+        by_hand = tmp_path / f"by-hand-{cell.condition}"
+        cmd = [sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--env", "asyncrl/Corridor-v0", "--preset",
+               "vaco", "--seed", "1", "--total-steps", "1024", "--run-dir", str(by_hand),
+               *sum((["--set", s] for s in SMALL + ["algo.tv_threshold=0.2"]), [])]
+        if cell.condition == "age-3":
+            cmd += ["--set", "actor.policy_age_buffer=3"]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120, cwd=REPO)
+        cell_run = runner.record_path(cell).parent / "run"
+        a, b = _params(cell_run), _params(by_hand)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert _metric_rows(cell_run) == _metric_rows(by_hand)
+    assert json.loads((tmp_path / "out" / "cells" / runner.keys[st.cells[0]] / "cell.json").read_text())["curve"]
+
+
+@pytest.mark.timeout(300)
+def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(study_text(steps=3072, seeds=(1, 2)))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "asyncrl.cli", "study", str(path), "--jobs", "1", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    children: dict = {}
+    try:
+        first = wait_for(lambda: list(out.glob("cells/*/cell.json")), 150, "a first finished cell")
+        # let the next cell start, then kill the study outright
+        wait_for(lambda: len(list(out.glob("cells/*/log.txt"))) > len(first), 60, "the next cell to start")
+        children = descendants(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        # its cells die with it (SIGTERM from the kernel on the study's death)
+        wait_for(lambda: not any(alive(p, s) for p, s in children.items()), 30, "the cells of the killed study to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid, start in children.items():
+            if alive(pid, start):
+                import os
+                os.kill(pid, signal.SIGKILL)
+    st = load_study(path)
+    runner = Runner(st, out, jobs=2, echo=lambda *_: None)
+    done_before = {p: p.stat().st_mtime_ns for p in out.glob("cells/*/cell.json")}
+    assert 1 <= len(done_before) < len(st.cells)
+    assert runner.run() == len(st.cells) - len(done_before)   # only the unfinished cells ran
+    assert all(p.stat().st_mtime_ns == m for p, m in done_before.items())
+    assert len(runner.finished_records()) == len(st.cells)
+    # change the vaco arm's config: its cells (and only they) run again
+    path.write_text(study_text(steps=3072, seeds=(1, 2), tv=0.1))
+    changed = Runner(load_study(path), out, jobs=2, echo=lambda *_: None)
+    pending = changed.pending()
+    assert {c.label for c in pending} == {"vaco"} and len(pending) == 4
+    assert changed.run() == 4 and not changed.pending()
+    # the command's report of the finished study
+    res = subprocess.run([*cmd, "--report-only"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["cells"]) == 6 and (out / "report.md").exists() and (out / "results.csv").exists()
+    assert {g["label"] for g in results["groups"]} == {"vaco", "ppo"}

@@ -1,0 +1,116 @@
+"""asyncrl study: the study file, the grid, cell keys, and the report on hand-made records."""
+import json
+import shutil
+
+import pytest
+
+from asyncrl import study as study_mod
+from asyncrl.study import StudyError, cell_key, condition_settings, load_study
+from asyncrl.study_report import group_rows, comparisons
+
+SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=4",
+         "algo.num_minibatches=2", "algo.num_epochs=2", "env.max_episode_steps=20"]
+
+
+def write(tmp_path, text, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+GRID = f"""
+name = "g"
+total_env_steps = 2048
+seeds = [1, 2]
+envs = ["asyncrl/Corridor-v0"]
+set = {json.dumps(SMALL)}
+[[arm]]
+presets = ["vaco", "ppo"]
+conditions = ["none", "age-4", "async-2"]
+[[arm]]
+name = "delta"
+presets = ["vaco"]
+conditions = ["delay-2"]
+sweep = {{"algo.tv_threshold" = [0.05, 0.1]}}
+"""
+
+
+def test_grid_expands_every_axis_seed_major(tmp_path):
+    st = load_study(write(tmp_path, GRID))
+    assert len(st.cells) == (2 * 3 + 2) * 2
+    assert [c.seed for c in st.cells[:8]] == [1] * 8          # every arm's first seed comes first
+    labels = {c.label for c in st.cells}
+    assert labels == {"vaco", "ppo", "delta tv_threshold=0.05", "delta tv_threshold=0.1"}
+    c = next(c for c in st.cells if c.label == "delta tv_threshold=0.1" and c.seed == 2)
+    assert c.mode == "serial" and "algo.tv_threshold=0.1" in c.overrides and "actor.policy_delay=2" in c.overrides
+    assert c.resolved_config()["algo"]["tv_threshold"] == 0.1
+    assert {c.mode for c in st.cells if c.condition == "async-2"} == {"multiprocess"}
+    small = load_study(write(tmp_path, GRID), seeds=[5], total_env_steps=512)
+    assert {c.seed for c in small.cells} == {5} and {c.total_env_steps for c in small.cells} == {512}
+
+
+@pytest.mark.parametrize("name, mode, overrides", [
+    ("none", "serial", []), ("age-8", "serial", ["actor.policy_age_buffer=8"]),
+    ("delay-1", "serial", ["actor.policy_delay=1"]), ("async-4", "multiprocess", ["run.num_actors=4"]),
+    ("straggler", "multiprocess", ["run.num_actors=2", "run.straggler_slowdown_s=0.2"]),
+    ("straggler-3-0.5", "multiprocess", ["run.num_actors=3", "run.straggler_slowdown_s=0.5"])])
+def test_conditions(name, mode, overrides):
+    assert condition_settings(name) == (mode, overrides)
+
+
+@pytest.mark.parametrize("text, match", [
+    ('bogus = 1\n[[arm]]\npresets=["vaco"]', "unknown study key 'bogus'"),
+    ('name = "x"', "at least one"),
+    ('[[arm]]\npresets=["vaco"]\nconditions=["age-x"]', "unknown lag condition 'age-x'"),
+    ('[[arm]]\npresets=["vaco"]\nwhat=1', "unknown key 'what'"),
+    ('[[arm]]\npresets=["trpo"]', "unknown preset"),
+    ('[[arm]]\npresets=["vaco"]\nset=["algo.nope=1"]', "unknown config key algo.nope"),
+    ('seeds = []\n[[arm]]\npresets=["vaco"]', "seeds must be a non-empty list"),
+    ('total_env_steps = -3\n[[arm]]\npresets=["vaco"]', "total_env_steps"),
+    ('[[arm', "invalid TOML")])
+def test_bad_study_files_name_the_problem(tmp_path, text, match):
+    with pytest.raises(StudyError, match=match):
+        load_study(write(tmp_path, text))
+
+
+def test_missing_study_file(tmp_path):
+    with pytest.raises(StudyError, match="not found"):
+        load_study(tmp_path / "nope.toml")
+
+
+def test_key_follows_config_and_training_code_not_reporting_code(tmp_path, monkeypatch):
+    st = load_study(write(tmp_path, GRID))
+    a, b = st.cells[0], st.cells[1]
+    fp = study_mod.training_code_fingerprint()
+    assert cell_key(st, a, fp) != cell_key(st, b, fp)
+    assert cell_key(st, a, fp) == cell_key(load_study(write(tmp_path, GRID, "t.toml")), a, fp)  # same name "g"
+    assert cell_key(st, a, fp) != cell_key(st, a, "0" * 16)
+    # the fingerprint covers training modules, not the reporting ones
+    pkg = tmp_path / "pkg"
+    shutil.copytree(study_mod.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(study_mod, "PACKAGE", pkg)
+    base = study_mod.training_code_fingerprint()
+    (pkg / "study_report.py").write_text((pkg / "study_report.py").read_text() + "\n# reporting only\n")
+    assert study_mod.training_code_fingerprint() == base
+    (pkg / "algo" / "losses.py").write_text((pkg / "algo" / "losses.py").read_text() + "\n# changes runs\n")
+    assert study_mod.training_code_fingerprint() != base
+
+
+def _rec(label, env, cond, seed, final, status="ok"):
+    diag = {k: {"mean": 0.1, "last": 0.1} for k in study_mod.DIAGNOSTICS}
+    return {"label": label, "env": env, "condition": cond, "seed": seed, "final_return": final, "auc": final,
+            "status": status, "diagnostics": diag, "lag_p50": 1, "lag_p95": 2, "lag_seconds_p50": 0.1,
+            "lag_seconds_p95": 0.2, "wall_time_s": 1.0, "env_steps_per_s": 1.0}
+
+
+def test_report_rows_count_modes_and_failed_cells(tmp_path):
+    st = load_study(write(tmp_path, '''modes = {"E" = 3000.0}\n[[arm]]\npresets=["vaco", "ppo"]'''))
+    recs = [_rec("vaco", "E", "none", s, f) for s, f in ((1, 1600.0), (2, 4500.0), (3, 4400.0))]
+    recs += [_rec("ppo", "E", "none", 1, 2000.0), _rec("ppo", "E", "none", 2, None, status="failed")]
+    rows = {r["label"]: r for r in group_rows(st, recs)}
+    assert rows["vaco"]["modes"] == {"split": 3000.0, "low": 1, "high": 2}
+    assert rows["vaco"]["median"] == 4400.0 and rows["vaco"]["n"] == 3
+    assert rows["ppo"]["n"] == 1 and rows["ppo"]["failed"] == 1
+    comp = comparisons(st, recs)
+    assert comp[0]["x"] == "vaco" and comp[0]["y"] == "ppo"
+    assert comp[0]["probability_of_improvement"]["value"] == pytest.approx(2 / 3)
