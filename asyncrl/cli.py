@@ -359,9 +359,11 @@ def clean(run_id):
 @click.option("--total-steps", type=int, help="Override the study's env-step budget (smoke runs).")
 @click.option("--seeds", help="Override the study's seeds, e.g. 1,2 (smoke runs).")
 @click.option("--envs", help="Override the study's envs, e.g. asyncrl/Corridor-v0 (smoke runs).")
+@click.option("--presets", "only_presets", help="Only the cells of these presets, e.g. vaco,ppo.")
+@click.option("--conditions", "only_conditions", help="Only the cells of these lag conditions, e.g. none,age-8.")
 @click.option("--dry-run", is_flag=True, help="List the cells and which are finished; run nothing.")
 @click.option("--report-only", is_flag=True, help="Write the results table and report from finished cells only.")
-def study(study_file, jobs, out, total_steps, seeds, envs, dry_run, report_only):
+def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_conditions, dry_run, report_only):
     """Run a grid of envs x presets x lag conditions x seeds (resumable) and report it.
 
     Finished cells (same study, resolved config and training code) are skipped, so a killed
@@ -375,7 +377,9 @@ def study(study_file, jobs, out, total_steps, seeds, envs, dry_run, report_only)
         raise UserError(f"--seeds expects integers separated by commas, got {seeds!r}") from None
     try:
         st = load_study(study_file, total_env_steps=total_steps, seeds=seed_list,
-                        envs=envs.split(",") if envs else None)
+                        envs=envs.split(",") if envs else None,
+                        presets=only_presets.split(",") if only_presets else None,
+                        conditions=only_conditions.split(",") if only_conditions else None)
         runner = Runner(st, Path(out or Path("studies") / st.name), jobs=jobs, echo=click.echo)
     except StudyError as exc:
         raise UserError(str(exc)) from None

@@ -164,7 +164,8 @@ def _list(where: str, value, kind) -> list:
 
 
 def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: list[int] | None = None,
-               envs: list[str] | None = None) -> Study:
+               envs: list[str] | None = None, presets: list[str] | None = None,
+               conditions: list[str] | None = None) -> Study:
     """Parse a study file into its cells; the keyword arguments shrink it (smoke runs).
 
     Raises:
@@ -197,27 +198,33 @@ def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: l
     if not isinstance(arms, list) or not arms:
         raise StudyError(f"{path}: a study needs at least one [[arm]]")
     cells: list[Cell] = []
+    only_presets, only_conditions = set(presets or ()), set(conditions or ())
     for i, arm in enumerate(arms):
         where = f"{path}: arm {i + 1}"
         bad = sorted(set(arm) - ARM_KEYS)
         if bad:
             raise StudyError(f"{where}: unknown key {bad[0]!r}; keys are {sorted(ARM_KEYS)}")
-        presets = _list(f"{where}: presets", arm.get("presets"), str)
-        conditions = _list(f"{where}: conditions", arm.get("conditions", ["none"]), str)
+        arm_presets = _list(f"{where}: presets", arm.get("presets"), str)
+        arm_conditions = _list(f"{where}: conditions", arm.get("conditions", ["none"]), str)
         arm_set = _list(f"{where}: set", arm["set"], str) if "set" in arm else []
         sweep = arm.get("sweep", {})
         if not isinstance(sweep, dict):
             raise StudyError(f"{where}: sweep must be a table of key = [values]")
         axes = [[(k, v) for v in _list(f"{where}: sweep.{k}", vals, object)] for k, vals in sweep.items()]
         arm_envs = envs or (_list(f"{where}: envs", arm["envs"], str) if "envs" in arm else all_envs)
-        for env, preset, cond, combo in itertools.product(arm_envs, presets, conditions, itertools.product(*axes)):
+        for env, preset, cond, combo in itertools.product(arm_envs, arm_presets, arm_conditions,
+                                                          itertools.product(*axes)):
+            if (only_presets and preset not in only_presets) or (only_conditions and cond not in only_conditions):
+                continue
             mode, cond_set = condition_settings(cond)
             swept = [f"{k}={json.dumps(v)}" for k, v in combo]
-            label = " ".join([arm.get("name", preset) if len(presets) == 1 or "name" not in arm else f"{arm['name']}:{preset}",
+            label = " ".join([arm.get("name", preset) if len(arm_presets) == 1 or "name" not in arm else f"{arm['name']}:{preset}",
                               *(f"{k.split('.')[-1]}={v}" for k, v in combo)])
             for seed in all_seeds:
                 cells.append(Cell(label, env, preset, cond, int(seed), tuple(common + arm_set + swept + cond_set),
                                   mode, steps, cfg_file))
+    if not cells:
+        raise StudyError(f"{path}: no cell matches the given presets / conditions")
     for c in cells[:: max(1, len(all_seeds))]:       # one check per (arm, env, preset, condition, sweep)
         try:
             c.resolved_config()

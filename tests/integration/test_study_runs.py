@@ -117,3 +117,20 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert len(results["cells"]) == 6 and (out / "report.md").exists() and (out / "results.csv").exists()
     assert {g["label"] for g in results["groups"]} == {"vaco", "ppo"}
+
+
+@pytest.mark.timeout(600)
+def test_full_profile_smoke_at_a_tiny_budget(tmp_path):
+    """configs/studies/full.toml: every preset, serial and multi-process conditions, one toy env,
+    one seed, one learner iteration per cell; every cell finishes and the report is written."""
+    out = tmp_path / "full"
+    cmd = [sys.executable, "-m", "asyncrl.cli", "study", str(REPO / "configs/studies/full.toml"), "--jobs", "2",
+           "--out", str(out), "--envs", "asyncrl/Corridor-v0", "--seeds", "1", "--total-steps", "512",
+           "--conditions", "none,delay-1,async-2"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=580)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["cells"]) == results["cells_total"] == 8 * 3
+    assert {c["status"] for c in results["cells"]} == {"ok"}, [c.get("error") for c in results["cells"]]
+    assert {c["mode"] for c in results["cells"]} == {"serial", "multiprocess"}
+    assert len({c["preset"] for c in results["cells"]}) == 8
