@@ -20,9 +20,10 @@ PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     "vaco_paper": {"ratio_anchor": "behavior", "tv_threshold": 0.2, "surrogate_rho_bar": float("inf"),
-                   "entropy_coef": 0.0},
+                   "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "entropy_coef": 0.0},
 }
 RATIO_ANCHORS = ("behavior", "learning")
+FILTER_TRIGGERS = ("minibatch", "iteration")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
 
 
@@ -58,6 +59,8 @@ class AlgoConfig:
     tv_threshold: float = 0.2        # δ of the TV filter (the paper's value, unablated there)
     ratio_anchor: str = "behavior"   # "behavior" (β) or "learning" (π_T)
     surrogate_rho_bar: float = float("inf")  # bound on π_T/β in the surrogate (learning anchor); inf: none
+    tv_filter_trigger: str = "minibatch"     # "minibatch": each minibatch over δ; "iteration": from the first one on
+    tv_filter_min_deviation: float = 0.0     # the sign rule only for samples with |r - 1| above this
     clip_eps: float = 0.2            # ppo
     kl_coef: float = 1.0             # ppo_kl
     spo_eps: float = 0.2             # spo
@@ -195,6 +198,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"unknown preset algo.preset={a.preset!r}; presets are {', '.join(PRESETS)}")
     if a.ratio_anchor not in RATIO_ANCHORS:
         raise ConfigError(f"algo.ratio_anchor must be one of {RATIO_ANCHORS}, got {a.ratio_anchor!r}")
+    if a.tv_filter_trigger not in FILTER_TRIGGERS:
+        raise ConfigError(f"algo.tv_filter_trigger must be one of {FILTER_TRIGGERS}, got {a.tv_filter_trigger!r}")
+    if not 0.0 <= a.tv_filter_min_deviation < float("inf"):
+        raise ConfigError(f"algo.tv_filter_min_deviation must be a finite number >= 0, got {a.tv_filter_min_deviation}")
+    if not a.surrogate_rho_bar > 0:
+        raise ConfigError(f"algo.surrogate_rho_bar must be > 0 (inf: no bound), got {a.surrogate_rho_bar}")
     if cfg.policy.activation not in ("tanh", "relu", "elu"):
         raise ConfigError(f"policy.activation must be tanh, relu or elu, got {cfg.policy.activation!r}")
     positive = {"env.num_envs": e.num_envs, "env.rollout_length": e.rollout_length,

@@ -91,7 +91,8 @@ class LearnerState:
             frac = max(0.0, 1.0 - self.env_steps / self.cfg.run.total_env_steps)
             for g in self.optimizer.param_groups:
                 g["lr"] = a.lr * frac
-        stats = learner_iteration(self.policy, self.optimizer, batch, cfg=a, generator=self.generator)
+        stats = learner_iteration(self.policy, self.optimizer, batch, cfg=a, generator=self.generator,
+                                  version=self.version)
         if self.cfg.policy.normalize_obs:
             self.obs_rms.update(batch["obs"][:-1].reshape(-1, self.spec.obs_dim).numpy())
             self.policy.set_obs_stats(self.obs_rms)

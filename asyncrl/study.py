@@ -61,7 +61,8 @@ STUDY_KEYS = {"name", "total_env_steps", "seeds", "envs", "config", "set", "refe
               "random_episodes", "compare"}
 ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs"}
 CURVE_POINTS = 200
-DIAGNOSTICS = ("tv_estimate", "filtered_fraction", "clip_fraction", "approx_kl", "entropy", "rho_mean")
+DIAGNOSTICS = ("tv_estimate", "filtered_fraction", "clip_fraction", "approx_kl", "entropy", "rho_mean",
+               "filter_fire_rate", "filtered_fraction_stale", "filtered_fraction_fresh", "explained_variance")
 
 
 class StudyError(ValueError):

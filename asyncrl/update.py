@@ -10,6 +10,7 @@ Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -57,13 +58,14 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
     return g.advantages, g.returns
 
 
-def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv) -> losses.PolicyLoss:
+def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> losses.PolicyLoss:
     p = cfg.preset
     if p in ("vaco", "vaco_paper", "vaco_no_realign"):
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
         return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
                                        advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor,
-                                       surrogate_rho_bar=cfg.surrogate_rho_bar)
+                                       surrogate_rho_bar=cfg.surrogate_rho_bar,
+                                       min_deviation=cfg.tv_filter_min_deviation, force=force)
     if p == "vaco_no_filter":
         return losses.ratio_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv)
     if p == "ppo":
@@ -87,7 +89,8 @@ def _optimizer_step(policy, optimizer, loss, max_grad_norm) -> float:
 
 
 def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
-                      batch: dict[str, torch.Tensor], *, cfg, generator: torch.Generator) -> dict[str, Any]:
+                      batch: dict[str, torch.Tensor], *, cfg, generator: torch.Generator,
+                      version: int | None = None) -> dict[str, Any]:
     """Run one learner iteration in place on ``policy`` and ``optimizer``.
 
     Args:
@@ -96,10 +99,15 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
             truncated [T, N] bool, final_obs [T, N, D].
         cfg: an AlgoConfig (preset and hyperparameters). The caller sets the learning rate.
         generator: drives minibatch shuffling (serial runs are bit-reproducible).
+        version: the learner's policy version; with it (and behavior_version [T, N] in the batch)
+            the filtered fraction is also reported for stale (behaviour version < version) and
+            fresh samples apart.
 
     Returns:
         Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, filtered_fraction,
-        clip_fraction, explained_variance, rho_mean, rho_max, grad_norm) plus ``minibatches``:
+        clip_fraction, explained_variance, rho_mean, rho_max, grad_norm; for VACO also
+        filter_fire_rate, the fraction of optimizer steps whose minibatch was filtered, and
+        filtered_fraction_stale / _fresh) plus ``minibatches``:
         per optimizer step [step, tv_estimate, filtered_fraction, clip_fraction] (forward lag).
     """
     target_log_prob, values, final_values = _evaluate(policy, batch)
@@ -112,8 +120,12 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
     else:
         adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob, **kw)
-        steps = _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob)
-    stats = {k: float(np.mean([s[k] for s in steps])) for k in steps[0] if k != "step"}
+        stale = None
+        if version is not None and "behavior_version" in batch:
+            stale = (batch["behavior_version"] < version).reshape(-1)
+        steps = _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale)
+    stats = {k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
+             for k in steps[0] if k != "step"}
     stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
     stats["minibatches"] = [[s["step"], s["tv_estimate"], s["filtered_fraction"], s["clip_fraction"]]
@@ -121,7 +133,7 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
     return stats
 
 
-def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob):
+def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale=None):
     T, N = batch["rewards"].shape
     flat = {"obs": _flat(batch["obs"][:-1]), "actions": _flat(batch["actions"]),
             "behavior_log_prob": batch["behavior_log_prob"].reshape(-1),
@@ -129,6 +141,7 @@ def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, tar
     size = T * N
     mb = size // cfg.num_minibatches
     steps = []
+    fired = torch.zeros((), dtype=torch.bool)    # hysteresis: has a minibatch of this iteration been over δ
     for _ in range(cfg.num_epochs):
         perm = torch.randperm(size, generator=generator)
         for k in range(cfg.num_minibatches):
@@ -139,9 +152,29 @@ def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, tar
             out = policy(flat["obs"][idx])
             log_prob = out.dist.log_prob(flat["actions"][idx])
             pl = _policy_loss(cfg, log_prob=log_prob, behavior_log_prob=flat["behavior_log_prob"][idx],
-                              target_log_prob=flat["target_log_prob"][idx], adv=a)
-            steps.append(_finish_step(policy, optimizer, cfg, pl, out, flat["targets"][idx], len(steps)))
+                              target_log_prob=flat["target_log_prob"][idx], adv=a,
+                              force=fired if cfg.tv_filter_trigger == "iteration" else False)
+            step = _finish_step(policy, optimizer, cfg, pl, out, flat["targets"][idx], len(steps))
+            if pl.filter_fired is not None:
+                fired = fired | pl.filter_fired
+                step.update(_filter_split(pl, log_prob, flat, idx, a, cfg, stale))
+            steps.append(step)
     return steps
+
+
+def _filter_split(pl, log_prob, flat, idx, adv, cfg, stale) -> dict[str, float]:
+    """How often the filter fired, and what it removed from stale and from fresh samples."""
+    out = {"filter_fire_rate": float(pl.filter_fired)}
+    if stale is None:
+        return out
+    anchor = flat["target_log_prob"][idx] if cfg.ratio_anchor == "learning" else flat["behavior_log_prob"][idx]
+    keep = losses.tv_filter(log_ratio=log_prob.detach() - anchor, advantages=adv.detach(), tv_threshold=math.inf,
+                            min_deviation=cfg.tv_filter_min_deviation, force=pl.filter_fired).keep_mask
+    s = stale[idx]
+    nan = float("nan")
+    out["filtered_fraction_stale"] = float((~keep[s]).float().mean()) if s.any() else nan
+    out["filtered_fraction_fresh"] = float((~keep[~s]).float().mean()) if (~s).any() else nan
+    return out
 
 
 def _finish_step(policy, optimizer, cfg, pl, out, targets, step):

@@ -33,6 +33,7 @@ class TVFilter(NamedTuple):
     keep_mask: Tensor
     tv_estimate: Tensor
     filtered_fraction: Tensor
+    fired: Tensor | None = None   # 0-dim bool: the sign rule was applied (over δ, or forced)
 
 
 class PolicyLoss(NamedTuple):
@@ -51,6 +52,7 @@ class PolicyLoss(NamedTuple):
     filtered_fraction: Tensor
     clip_fraction: Tensor
     approx_kl: Tensor
+    filter_fired: Tensor | None = None   # 0-dim bool (VACO only): the sign rule was applied
 
 
 def tv_estimate(log_ratio: Tensor) -> Tensor:
@@ -73,41 +75,55 @@ def tv_estimate(log_ratio: Tensor) -> Tensor:
     return 0.5 * torch.mean(torch.abs(ratio - 1.0))
 
 
-def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float) -> TVFilter:
+def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min_deviation: float = 0.0,
+              force: bool | Tensor = False) -> TVFilter:
     """VACO's TV filter: which samples keep their gradient in this minibatch.
 
-    If tv_estimate(log_ratio) <= tv_threshold every sample is kept; otherwise sample i is kept
-    iff A_i (r_i - 1) <= 0, i.e. its gradient step would not grow |r_i - 1| (a step on sample i
-    moves r_i in the direction of sign(A_i)). Computed without gradient.
+    If tv_estimate(log_ratio) <= tv_threshold (and not ``force``) every sample is kept; otherwise
+    sample i is kept iff A_i (r_i - 1) <= 0, i.e. its gradient step would not grow |r_i - 1| (a
+    step on sample i moves r_i in the direction of sign(A_i)), or |r_i - 1| <= min_deviation.
+    min_deviation = 0 is the paper's rule; a positive one applies the sign rule only to samples
+    that already moved that far (with δ = 0 it is PPO-clip's gradient mask at ε = min_deviation).
+    ``force`` (bool or 0-dim bool tensor) applies the rule whatever the estimate (hysteresis: the
+    caller keeps filtering once a minibatch of the iteration was over δ). Computed without gradient.
 
     Args:
         log_ratio: [N] log π_θ - log anchor (nats); the anchor is β, or π_T for
             ratio_anchor = "learning".
         advantages: [N] A_i (reward units, possibly normalised).
         tv_threshold: δ >= 0 (inf disables the filter), budget on the minibatch tv_estimate.
+        min_deviation: >= 0, finite (unitless, on |r - 1|).
+        force: apply the sign rule even at or under δ.
 
     Returns:
-        :class:`TVFilter` (keep_mask [N] bool, tv_estimate 0-dim, filtered_fraction 0-dim).
+        :class:`TVFilter` (keep_mask [N] bool, tv_estimate 0-dim, filtered_fraction 0-dim, fired
+        0-dim bool).
 
     Raises:
-        ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN.
+        ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
+            min_deviation < 0 or not finite.
 
     Paper: VACO, arXiv:2603.01365.
     """
     checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio, advantages=advantages)
     tv_threshold = checks.scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
+    min_deviation = checks.scalar("min_deviation", min_deviation, low=0.0)
     with torch.no_grad():
         tv = tv_estimate(log_ratio)
         ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        fired = (tv > tv_threshold) | torch.as_tensor(force, device=tv.device)
         # "or" with the 0-dim comparison instead of a Python `if`: stays on device, no host sync.
-        keep = (advantages * (ratio - 1.0) <= 0) | (tv <= tv_threshold)
+        keep = (advantages * (ratio - 1.0) <= 0) | ~fired
+        if min_deviation > 0:
+            keep = keep | ((ratio - 1.0).abs() <= min_deviation)
         filtered_fraction = 1.0 - keep.to(log_ratio.dtype).mean()
-    return TVFilter(keep, tv, filtered_fraction)
+    return TVFilter(keep, tv, filtered_fraction, fired)
 
 
 def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
                      tv_threshold: float, anchor_log_prob: Tensor | None = None,
-                     surrogate_rho_bar: float = math.inf) -> PolicyLoss:
+                     surrogate_rho_bar: float = math.inf, min_deviation: float = 0.0,
+                     force: bool | Tensor = False) -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
         w_i = min(surrogate_rho_bar, anchor_i/β_i)   (w_i = 1 for the β anchor)
@@ -130,6 +146,7 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             (ratio_anchor = "behavior"); pass log π_T(a_i|s_i) for ratio_anchor = "learning".
         surrogate_rho_bar: bound > 0 on the importance weight anchor/β (inf: none); only
             meaningful with an anchor other than β.
+        min_deviation, force: passed to :func:`tv_filter` (filter granularity and hysteresis).
 
     Returns:
         :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
@@ -152,9 +169,9 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             weight = torch.exp(_log_ratio(anchor, behavior_log_prob)).clamp(max=bar)
         surrogate = weight * torch.exp(_log_ratio(log_prob, anchor)) * advantages.detach()
     filt = tv_filter(log_ratio=log_prob.detach() - anchor.detach(), advantages=advantages.detach(),
-                     tv_threshold=tv_threshold)
+                     tv_threshold=tv_threshold, min_deviation=min_deviation, force=force)
     loss = -torch.where(filt.keep_mask, surrogate, surrogate.detach()).mean()
-    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filt.filtered_fraction)
+    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filt.filtered_fraction, fired=filt.fired)
 
 
 def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
@@ -341,7 +358,7 @@ def _log_ratio(log_prob: Tensor, reference: Tensor) -> Tensor:
 
 
 def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None,
-            filtered: Tensor | None = None, clip: Tensor | None = None) -> PolicyLoss:
+            filtered: Tensor | None = None, clip: Tensor | None = None, fired: Tensor | None = None) -> PolicyLoss:
     with torch.no_grad():
         lr = log_ratio.detach()
         ratio = torch.exp(lr)
@@ -352,4 +369,5 @@ def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None,
             filtered_fraction=zero if filtered is None else filtered.detach(),
             clip_fraction=zero if clip is None else clip.detach(),
             approx_kl=((ratio - 1.0) - lr).mean(),
+            filter_fired=fired,
         )

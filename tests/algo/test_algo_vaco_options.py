@@ -1,0 +1,104 @@
+"""VACO's design options (issue 8): the truncated importance weight of the learning anchor, the
+sign rule only beyond a minimum deviation, and the iteration-level (hysteresis) trigger."""
+import math
+
+import pytest
+import torch
+
+from asyncrl import config
+from asyncrl.algo.losses import ppo_clip_loss, tv_filter, vaco_policy_loss
+from asyncrl.update import _surrogate_steps
+
+F64 = torch.float64
+
+
+def _data(n=512, seed=0, spread=0.5):
+    g = torch.Generator().manual_seed(seed)
+    beh = -torch.rand(n, generator=g, dtype=F64) * 3
+    anchor = beh + spread * torch.randn(n, generator=g, dtype=F64)          # π_T: lag away from β
+    log_prob = anchor + 0.3 * torch.randn(n, generator=g, dtype=F64)         # π_θ: forward drift
+    adv = torch.randn(n, generator=g, dtype=F64)
+    return beh, anchor, log_prob, adv
+
+
+def test_truncated_weight_gradient_by_hand():
+    beh, anchor, log_prob, adv = _data()
+    lp = log_prob.clone().requires_grad_(True)
+    out = vaco_policy_loss(log_prob=lp, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                           anchor_log_prob=anchor, surrogate_rho_bar=1.0)
+    out.loss.backward()
+    w = torch.exp(anchor - beh).clamp(max=1.0)
+    want = -(w * torch.exp(log_prob - anchor) * adv) / len(adv)              # d/d log π of w (π_θ/π_T) A
+    torch.testing.assert_close(lp.grad, want, rtol=1e-12, atol=1e-14)
+    assert (torch.exp(anchor - beh) > 1).any()                               # the bound did bind
+
+
+def test_unbounded_weight_is_the_plain_ratio_and_beta_anchor_ignores_the_bound():
+    beh, anchor, log_prob, adv = _data(seed=1)
+    grads = []
+    for kw in (dict(anchor_log_prob=anchor, surrogate_rho_bar=math.inf), dict(surrogate_rho_bar=1.0), {}):
+        lp = log_prob.clone().requires_grad_(True)
+        vaco_policy_loss(log_prob=lp, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf, **kw).loss.backward()
+        grads.append(lp.grad)
+    torch.testing.assert_close(grads[0], grads[2], rtol=1e-10, atol=1e-14)   # w (π_θ/π_T) = π_θ/β
+    assert torch.equal(grads[1], grads[2])                                    # β anchor: w = 1
+
+
+def test_min_deviation_with_zero_delta_is_ppo_clip_gradient():
+    beh, _, log_prob, adv = _data(seed=2, spread=0.0)
+    g_vaco, g_ppo = log_prob.clone().requires_grad_(True), log_prob.clone().requires_grad_(True)
+    vaco_policy_loss(log_prob=g_vaco, behavior_log_prob=beh, advantages=adv, tv_threshold=0.0,
+                     min_deviation=0.2).loss.backward()
+    ppo_clip_loss(log_prob=g_ppo, behavior_log_prob=beh, advantages=adv, clip_eps=0.2).loss.backward()
+    assert torch.equal(g_vaco.grad == 0, g_ppo.grad == 0) and (g_ppo.grad == 0).any()
+    torch.testing.assert_close(g_vaco.grad, g_ppo.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_min_deviation_and_force_on_hand_made_samples():
+    log_ratio = torch.log(torch.tensor([1.05, 1.5, 0.6, 0.97], dtype=F64))   # |r - 1| = .05 .5 .4 .03
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=F64)                     # every A (r - 1) > 0
+    tv = 0.5 * (0.05 + 0.5 + 0.4 + 0.03) / 4
+    assert tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=0.1).keep_mask.tolist() == [False] * 4
+    assert tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=0.1,
+                     min_deviation=0.1).keep_mask.tolist() == [True, False, False, True]
+    under = tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=tv + 0.01)
+    assert under.keep_mask.all() and not under.fired
+    forced = tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=tv + 0.01, force=torch.tensor(True))
+    assert not forced.keep_mask.any() and forced.fired
+    with pytest.raises(ValueError, match="min_deviation"):
+        tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=0.1, min_deviation=-1.0)
+    with pytest.raises(ValueError, match="surrogate_rho_bar"):
+        vaco_policy_loss(log_prob=log_ratio, behavior_log_prob=log_ratio, advantages=adv, tv_threshold=0.1,
+                         surrogate_rho_bar=0.0)
+
+
+def _fire_sequence(trigger):
+    cfg = config.load(None, ["algo.num_epochs=4", "algo.num_minibatches=4", "algo.tv_threshold=0.05",
+                             "algo.lr=0.01", f"algo.tv_filter_trigger={trigger}", "algo.ratio_anchor=learning",
+                             "algo.surrogate_rho_bar=1.0", "env.id=asyncrl/Corridor-v0"])
+    from asyncrl.policy import build_policy
+    torch.manual_seed(0)
+    policy = build_policy(cfg.policy, 2, 1, discrete=False)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.algo.lr)
+    n = 256
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randn(n + 1, 1, 2, generator=g)
+    actions = torch.randn(n, 1, 1, generator=g)
+    with torch.no_grad():
+        lp = policy.distribution(policy.normalize(obs[:-1, 0])).log_prob(actions[:, 0]).view(n, 1)
+    batch = {"obs": obs, "actions": actions, "behavior_log_prob": lp, "rewards": torch.randn(n, 1, generator=g)}
+    adv = torch.randn(n, 1, generator=g)
+    steps = _surrogate_steps(policy, opt, batch, cfg.algo, torch.Generator().manual_seed(2), adv, adv, lp,
+                             stale=torch.zeros(n, dtype=torch.bool))
+    return [s["filter_fire_rate"] for s in steps], steps
+
+
+def test_iteration_trigger_keeps_filtering_once_over_the_budget():
+    seq, steps = _fire_sequence("iteration")
+    first = seq.index(1.0)
+    assert 0 < first and all(f == 1.0 for f in seq[first:])
+    assert all(math.isnan(s["filtered_fraction_stale"]) and s["filtered_fraction_fresh"] >= 0 for s in steps)
+    per_minibatch, _ = _fire_sequence("minibatch")
+    assert per_minibatch[:first + 1] == seq[:first + 1]       # identical until the first firing
+    with pytest.raises(config.ConfigError, match="tv_filter_trigger"):
+        config.load(None, ["algo.tv_filter_trigger=sometimes"])
