@@ -118,14 +118,27 @@ def comparisons(study: Study, records: list[dict]) -> list[dict]:
     out = []
     for cond in dict.fromkeys(c.condition for c in study.cells):
         for x, y in pairs:
-            sx, sy = scores.get((x, cond)), scores.get((y, cond))
+            # "label@condition" pins a side to one condition (e.g. the main job against serial no-lag)
+            (lx, cx), (ly, cy) = (_side(x, cond), _side(y, cond))
+            if "@" in x + y and cond != (cx if "@" in x else cy):
+                continue
+            sx, sy = scores.get((lx, cx)), scores.get((ly, cy))
             if not sx or not sy or not set(sx) & set(sy):
                 continue
             iv = stats.probability_of_improvement(sx, sy)
-            out.append({"condition": cond, "x": x, "y": y, "envs": sorted(set(sx) & set(sy)),
+            envs = sorted(set(sx) & set(sy))
+            mx = statistics.median([v for e in envs for v in sx[e]])
+            my = statistics.median([v for e in envs for v in sy[e]])
+            out.append({"condition": cond if "@" not in x + y else f"{cx} vs {cy}", "x": lx, "y": ly, "envs": envs,
                         "n_x": sum(map(len, sx.values())), "n_y": sum(map(len, sy.values())),
+                        "median_x": mx, "median_y": my, "median_ratio": mx / my if my else None,
                         "probability_of_improvement": iv._asdict()})
     return out
+
+
+def _side(text: str, cond: str) -> tuple[str, str]:
+    label, _, c = text.partition("@")
+    return label, c or cond
 
 
 def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> str:
@@ -168,10 +181,12 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
                          f"{_interval(stats.Interval(**a['iqm']), 2)} | {_interval(stats.Interval(**a['median']), 2)} |")
     if comps:
         lines += ["", "## Probability of improvement P(X > Y) of final returns (averaged over envs)", "",
-                  "| condition | X | Y | envs | runs X/Y | P(X > Y) [95% CI] |", "|---|---|---|---|---|---|"]
+                  "| condition | X | Y | envs | runs X/Y | median X / median Y | P(X > Y) [95% CI] |",
+                  "|---|---|---|---|---|---|---|"]
         for c in comps:
+            ratio = f"{_fmt(c['median_x'])} / {_fmt(c['median_y'])} = {_fmt(c['median_ratio'], 2)}"
             lines.append(f"| {c['condition']} | {c['x']} | {c['y']} | {len(c['envs'])} | {c['n_x']}/{c['n_y']} | "
-                         f"{_interval(stats.Interval(**c['probability_of_improvement']), 2)} |")
+                         f"{ratio} | {_interval(stats.Interval(**c['probability_of_improvement']), 2)} |")
     return "\n".join(lines) + "\n"
 
 

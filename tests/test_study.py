@@ -114,3 +114,20 @@ def test_report_rows_count_modes_and_failed_cells(tmp_path):
     comp = comparisons(st, recs)
     assert comp[0]["x"] == "vaco" and comp[0]["y"] == "ppo"
     assert comp[0]["probability_of_improvement"]["value"] == pytest.approx(2 / 3)
+
+
+def test_comparison_across_conditions_with_at_syntax(tmp_path):
+    st = load_study(write(tmp_path, '''compare = [["vaco@async-2", "vaco serial@none"]]
+[[arm]]
+presets = ["vaco"]
+conditions = ["async-2"]
+[[arm]]
+name = "vaco serial"
+presets = ["vaco"]'''))
+    recs = [_rec("vaco", "E", "async-2", s, f) for s, f in ((1, 3000.0), (2, 4000.0), (3, 1000.0))]
+    recs += [_rec("vaco serial", "E", "none", s, f) for s, f in ((1, 3500.0), (2, 4000.0))]
+    (comp,) = comparisons(st, recs)
+    assert comp["condition"] == "async-2 vs none" and comp["x"] == "vaco" and comp["y"] == "vaco serial"
+    assert comp["median_ratio"] == pytest.approx(3000.0 / 3750.0)
+    # P(X > Y): 3000 beats none, 4000 beats 3500 and ties 4000, 1000 beats none -> 1.5 / 6
+    assert comp["probability_of_improvement"]["value"] == pytest.approx(1.5 / 6)
