@@ -10,6 +10,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import Config
+from .evaluate import PeriodicEval
+from .provenance import provenance
 from .lag import LagTracker
 from .metrics import Clock, EpisodeTracker, JsonlWriter, progress_line, write_json_atomic
 from .spec import RolloutSpec
@@ -37,6 +39,9 @@ class Consumer:
         self.last_stats: dict = {}
         self.update_s = 0.0
         self.lag.published(0, time.time())
+        self.provenance = provenance()       # at the start: the load the run began under
+        self.evaluate = PeriodicEval(cfg)    # run.eval_every: evaluation returns in metrics.jsonl
+        self.last_eval: dict = {}
 
     def consume(self, slots: list[SlotData]) -> dict | None:
         """One learner iteration on ``slots`` (those over max_policy_lag are dropped first); lag
@@ -64,6 +69,9 @@ class Consumer:
         self.update_s += time.perf_counter() - t0
         self.lag.published(st.version, time.time())
         self.last_stats = stats
+        if self.evaluate.due(st.env_steps):   # the policy of version st.version, after this iteration
+            self.last_eval = {**self.evaluate(st.policy, st.env_steps), "eval_version": st.version}
+            stats = {**stats, **self.last_eval}
         self.metrics.write({"iteration": st.iteration, "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
                             "average_return": self.episodes.average_return, "episode_returns": ended,
                             "dropped_samples": self.lag.dropped_samples, **batch_lag, **stats})
@@ -92,10 +100,13 @@ class Consumer:
                    "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
                    "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
                    "learner_iterations": st.iteration, "final_average_return": self.episodes.average_return,
-                   "dropped_samples": self.lag.dropped_samples, **self.lag.summary(), **extra}
+                   "dropped_samples": self.lag.dropped_samples, "last_eval": self.last_eval or None,
+                   **self.lag.summary(), **extra,
+                   "provenance": self.provenance}
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
     def close(self) -> None:
+        self.evaluate.close()
         self.metrics.close()
         self.lag.close()

@@ -34,6 +34,22 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+def read_jsonl(path: str | Path) -> list:
+    """The JSON values of a JSONL file, one per line; [] for a missing file. A line that does not
+    parse (cut short by a killed process) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
 def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -71,8 +71,8 @@ class Learner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.learner.torch_threads)
         self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
-                                 max_episode_steps=cfg.env.max_episode_steps)
-        self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps)
+                                 max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module)
+        self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
         self.consumer = Consumer(cfg, self.spec, self.run_dir)
         self.state = self.consumer.state
         for name in cleanup_stale():
@@ -288,7 +288,7 @@ class Learner:
         if is_loopback(b):                  # same host as the learner: other hosts use the learner's name
             b = f"tcp://{endpoint_host(adv)}:{b.rsplit(':', 1)[1]}"
         env, default = self.cfg.env, EnvConfig()
-        flags = [f"--env {env.id}"]
+        flags = [f"--env {env.id}"] + ([f"--env-module {env.module}"] if env.module else [])
         if env.num_envs != default.num_envs:
             flags.append(f"--num-envs {env.num_envs}")
         for key in ("rollout_length", "max_episode_steps"):
