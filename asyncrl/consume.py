@@ -13,7 +13,8 @@ from .config import Config
 from .evaluate import PeriodicEval
 from .provenance import provenance
 from .lag import LagTracker
-from .metrics import Clock, EpisodeTracker, JsonlWriter, progress_line, write_json_atomic
+from .metrics import (Clock, EpisodeTracker, JsonlWriter, progress_line, tensorboard_writer, write_json_atomic,
+                      write_scalars)
 from .spec import RolloutSpec
 from .state import LearnerState
 
@@ -31,8 +32,10 @@ class Consumer:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.state = LearnerState(cfg, spec)
+        # TensorBoard (when installed): every metrics scalar and the lag histograms, in tb/
+        self.tb = tensorboard_writer(self.run_dir / "tb")
         self.lag = LagTracker(self.run_dir / "lag.jsonl", window_s=cfg.run.log_every_s,
-                              histogram_path=self.run_dir / "lag_histograms.jsonl")
+                              histogram_path=self.run_dir / "lag_histograms.jsonl", tb=self.tb)
         self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
         self.episodes = EpisodeTracker()
         self.clock = Clock(cfg.run.log_every_s)
@@ -72,9 +75,12 @@ class Consumer:
         if self.evaluate.due(st.env_steps):   # the policy of version st.version, after this iteration
             self.last_eval = {**self.evaluate(st.policy, st.env_steps), "eval_version": st.version}
             stats = {**stats, **self.last_eval}
-        self.metrics.write({"iteration": st.iteration, "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
-                            "average_return": self.episodes.average_return, "episode_returns": ended,
-                            "dropped_samples": self.lag.dropped_samples, **batch_lag, **stats})
+        record = {"iteration": st.iteration, "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
+                  "average_return": self.episodes.average_return, "episode_returns": ended,
+                  "dropped_samples": self.lag.dropped_samples, **batch_lag, **stats}
+        self.metrics.write(record)
+        if self.tb is not None:
+            write_scalars(self.tb, record)
         every = self.cfg.learner.checkpoint_every
         if every and st.iteration % every == 0:
             st.save(self.run_dir / "checkpoint.pt")
@@ -110,3 +116,5 @@ class Consumer:
         self.evaluate.close()
         self.metrics.close()
         self.lag.close()
+        if self.tb is not None:
+            self.tb.close()

@@ -52,10 +52,12 @@ def gl_backend_works(backend: str, timeout_s: float = 60.0) -> bool:
 
 
 def gl_candidates() -> list[str]:
-    """Backends to try, in order: MUJOCO_GL alone when the user set it; else glfw (only with a
-    display), egl, osmesa."""
+    """Backends to try, in order: MUJOCO_GL alone when the user set it; else the comma-separated
+    list in ASYNCRL_GL_BACKENDS when set; else glfw (only with a display), egl, osmesa."""
     if os.environ.get("MUJOCO_GL"):
         return [os.environ["MUJOCO_GL"].lower()]
+    if os.environ.get("ASYNCRL_GL_BACKENDS"):
+        return [b.strip().lower() for b in os.environ["ASYNCRL_GL_BACKENDS"].split(",") if b.strip()]
     return (["glfw"] if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") else []) + ["egl", "osmesa"]
 
 

@@ -17,7 +17,7 @@ import time
 
 from .. import transport as tp
 from ..transport import snapshot_endpoint
-from ..security import Security, advertised, is_loopback
+from ..security import Security, advertised_with_source, is_loopback
 
 log = logging.getLogger("asyncrl.broadcaster")
 
@@ -141,8 +141,8 @@ class Broadcaster:
 
     def announce(self) -> None:
         """Where actors (and relays) connect; the exact commands for a non-loopback address."""
-        adv = advertised(self.endpoint, self.advertise)
-        security = self.security.describe(self.endpoint)
+        adv, source = advertised_with_source(self.endpoint, self.advertise)
+        security = f"{self.security.describe(self.endpoint)}; address from {source}"
         if self.upstream:
             self.echo(f"broadcaster: relaying weights from {self.upstream}; actors on this host use "
                       f"--broadcaster {adv} ({security})")

@@ -20,7 +20,7 @@ from .. import transport as tp
 from ..transport import snapshot_endpoint
 from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
-from ..security import Security, advertised, endpoint_host, is_loopback
+from ..security import Security, advertised_with_source, endpoint_host, is_loopback
 from ..consume import Consumer, SlotData
 from ..shm import SlotLedger, SlotRing, cleanup_stale
 
@@ -283,7 +283,7 @@ class Learner:
         security = self.security.describe(self.endpoint)
         if is_loopback(self.endpoint):
             return
-        adv = advertised(self.endpoint, self.advertise)
+        adv, source = advertised_with_source(self.endpoint, self.advertise)
         b = self.broadcaster
         if is_loopback(b):                  # same host as the learner: other hosts use the learner's name
             b = f"tcp://{endpoint_host(adv)}:{b.rsplit(':', 1)[1]}"
@@ -295,7 +295,8 @@ class Learner:
             if getattr(env, key) != getattr(default, key):
                 flags.append(f"--set env.{key}={getattr(env, key)}")
         flags.append("--insecure" if self.security.insecure else "--keys KEYS/client-K")
-        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}); on each actor host run:\n"
+        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}; address from {source}); "
+                  f"on each actor host run:\n"
                   f"  asyncrl actor --learner {adv} --broadcaster {b} {' '.join(flags)} "
                   f"--run-id {self.run_id} --actor-id NAME")
 
