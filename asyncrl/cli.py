@@ -91,6 +91,9 @@ def main(verbose: bool) -> None:
     """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if not verbose:   # libraries' start-up notes (font cache built, no OpenGL_accelerate) are not ours to print
+        for name in ("matplotlib", "OpenGL", "PIL"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _env_module(f):
@@ -393,7 +396,7 @@ def lag(run_dir, as_json, plot_path):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with every episode's return).")
 def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, video_episodes, as_json):
     """Evaluate a trained policy: mean ± std of return and length over N episodes; optionally an MP4."""
-    from .envs import EnvError, is_mujoco, make_env
+    from .envs import EnvError, follow_with_camera, is_mujoco, make_env
     from .evaluate import EvalError, check_spaces, load_checkpoint, run_episodes
     from .render import INSTALL_GL, RenderError, VideoWriter, choose_gl_backend
     if episodes < 1 or video_episodes < 1:
@@ -416,6 +419,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
         if video:
             if is_mujoco(env) and choose_gl_backend() is None:
                 raise UserError(INSTALL_GL)
+            follow_with_camera(env)
             writer = VideoWriter(video, fps=env.metadata.get("render_fps", 30))
         try:
             result = run_episodes(ckpt.policy, env, episodes=episodes, seed=seed, stochastic=stochastic,
@@ -451,7 +455,9 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
                    f"(policy version {ckpt.version}, {ckpt.env_steps:,} env steps): return {s['return_mean']:.1f} ± "
                    f"{s['return_std']:.1f}, length {s['length_mean']:.1f} ± {s['length_std']:.1f} (mean ± std)")
     if video:
-        click.echo(f"video written to {video} ({writer.frames} frames)", err=as_json)
+        import os
+        gl = f", MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
+        click.echo(f"video written to {video} ({writer.frames} frames{gl})", err=as_json)
 
 
 @main.command()

@@ -98,6 +98,22 @@ def is_mujoco(env: gym.Env) -> bool:
     return type(env.unwrapped).__module__.startswith("gymnasium.envs.mujoco")
 
 
+def follow_with_camera(env: gym.Env, name: str = "track") -> bool:
+    """Render a MuJoCo env through its model's camera ``name`` when it has one (gymnasium's
+    HalfCheetah, Hopper, Walker2d... define a "track" camera that follows the body; the default
+    free camera stays put and the runner leaves the picture). Returns whether it was set."""
+    if not is_mujoco(env):
+        return False
+    import mujoco
+    u = env.unwrapped
+    cam = mujoco.mj_name2id(u.model, mujoco.mjtObj.mjOBJ_CAMERA, name)
+    renderer = getattr(u, "mujoco_renderer", None)
+    if cam < 0 or renderer is None:
+        return False
+    renderer.camera_id, renderer.camera_name = cam, None
+    return True
+
+
 def check_env(env_id: str, max_episode_steps: int = 0, module: str = "") -> None:
     """Raise EnvError with one line unless ``env_id`` is registered AND can be made here with
     spaces asyncrl handles (a missing extra such as Box2D, or a Discrete observation, is caught

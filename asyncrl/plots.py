@@ -24,6 +24,8 @@ import numpy as np
 from .metrics import read_jsonl
 
 GRID_POINTS = 200
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_DASHES = ("-", "--", ":", "-.")
 # Presets whose policy loss applies the TV filter with budget δ = algo.tv_threshold.
 TV_FILTER_PRESETS = ("vaco", "vaco_paper", "vaco_no_realign")
 
@@ -143,6 +145,22 @@ def tv_budget(cfg: dict) -> float | None:
     return None
 
 
+def _headroom(ax, y: float) -> None:
+    """Make sure the horizontal line at ``y`` lies inside ``ax``, not on its top edge."""
+    low, high = ax.get_ylim()
+    if high < y * 1.15:
+        ax.set_ylim(low, y * 1.15)
+
+
+def _plain_log_ticks(axis) -> None:
+    """Tick labels of a log axis as plain numbers (0.3, 1, 2), not 3x10^-1."""
+    from matplotlib import ticker
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    # label the minor ticks at 2 and 5 x 10^k too, so a range within one decade has labels
+    axis.set_minor_formatter(ticker.FuncFormatter(
+        lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** np.floor(np.log10(v)), 6) in (2.0, 5.0) else ""))
+
+
 def _key(s: dict) -> str:
     return s.get("group") or s["label"]
 
@@ -252,6 +270,8 @@ def plot_runs(series: list[dict], out_path: str | Path, *, title: str | None = N
         ax[1, 0].axhline(d, color="0.3", ls="--", lw=1)
         ax[1, 0].annotate(f"TV budget δ = {d:g}", (0.01, d), xycoords=("axes fraction", "data"),
                           xytext=(0, 3), textcoords="offset points", fontsize=8, color="0.3")
+    if deltas:
+        _headroom(ax[1, 0], max(deltas))
     ax[1, 0].set(xlabel="env steps", ylabel="tv_estimate (iteration mean)", title="forward lag: TV estimate")
     frac_series, kinds_used = [], set()
     for s in per_iter:
@@ -299,29 +319,31 @@ def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, tit
             if r["actor"] == a:
                 counts[int(r["lag_versions"])] += r["samples"]
         h = ax[0, 0].bar(np.arange(top + 1) - 0.4 + width * (i + 0.5), counts, width=width, color=colours[a])
-        entries.append((h, f"actor {a}"))
+        entries.append((h, a))
     ax[0, 0].set(yscale="log", xlabel="backward lag (versions)", ylabel="samples (log scale)",
                  title="lag in versions")
     ax[0, 0].set_xticks(range(top + 1) if top < 20 else np.linspace(0, top, 11).round())
     secs_all = [max(r["lag_seconds"], 1e-4) for r in rows]
     if secs_all:
         edges = np.logspace(np.log10(min(secs_all)) - 0.05, np.log10(max(secs_all)) + 0.05, 40)
-        for a in actors:
+        for i, a in enumerate(actors):
             rs = [r for r in rows if r["actor"] == a]
             ax[0, 1].hist([max(r["lag_seconds"], 1e-4) for r in rs], weights=[r["samples"] for r in rs], bins=edges,
-                          histtype="step", lw=1.8, color=colours[a])
-    ax[0, 1].set(xscale="log", yscale="log", xlabel="backward lag (s, learner clock)", ylabel="samples (log scale)",
-                 title="lag in seconds")
+                          histtype="step", lw=1.8, color=colours[a], ls=_DASHES[i % len(_DASHES)])
+    ax[0, 1].set(xscale="log", yscale="log", xlabel="backward lag (s, learner clock; log scale)",
+                 ylabel="samples (log scale)", title="lag in seconds (actors: line styles)")
+    _plain_log_ticks(ax[0, 1].xaxis)
     by_iter: dict = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0]))
     for r in rows:
         acc = by_iter[r["actor"]][r["iteration"]]
         acc[0] += r["lag_versions"] * r["samples"]
         acc[1] += r["lag_seconds"] * r["samples"]
         acc[2] += r["samples"]
-    for a in actors:
+    for k, a in enumerate(actors):    # hollow markers of different shapes: overlapping actors stay visible
         its = sorted(by_iter[a])
-        ax[1, 0].plot(its, [by_iter[a][i][0] / by_iter[a][i][2] for i in its], ".", ms=3, color=colours[a])
-        ax[1, 1].plot(its, [by_iter[a][i][1] / by_iter[a][i][2] for i in its], ".", ms=3, color=colours[a])
+        style = dict(ls="none", marker=_MARKERS[k % len(_MARKERS)], ms=4, mfc="none", mew=1.0, color=colours[a])
+        ax[1, 0].plot(its, [by_iter[a][i][0] / by_iter[a][i][2] for i in its], **style)
+        ax[1, 1].plot(its, [by_iter[a][i][1] / by_iter[a][i][2] for i in its], **style)
     ax[1, 0].set(xlabel="learner iteration", ylabel="mean lag (versions)", title="lag over time, versions")
     ax[1, 1].set(xlabel="learner iteration", ylabel="mean lag (s, learner clock)", title="lag over time, seconds")
     its = [m["iteration"] for m in metrics]
@@ -330,6 +352,7 @@ def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, tit
     if tv_threshold is not None:
         h_d = ax[2, 0].axhline(tv_threshold, color="0.25", ls="--", lw=1.2)
         entries.append((h_d, f"TV budget δ = {tv_threshold:g}"))
+        _headroom(ax[2, 0], tv_threshold)
     entries.append((h_tv, "tv_estimate (iteration mean)"))
     ax[2, 0].set(xlabel="learner iteration", ylabel="tv_estimate", title="forward lag: TV estimate per iteration")
     fracs = [("filtered_fraction", "filtered fraction", "C4"), ("clip_fraction", "clip fraction", "C5")]

@@ -186,3 +186,14 @@ def test_load_checkpoint_gives_policy_and_config(toy_run):
     ck = load_checkpoint(toy_run)
     assert ck.cfg.env.id == "asyncrl/Corridor-v0" and ck.version == 4 and ck.spec["obs_dim"] == 2
     assert resolve_env_id(ck.cfg.env.id) == "asyncrl/Corridor-v0"
+
+
+def test_mujoco_video_follows_the_body():
+    from asyncrl.envs import follow_with_camera, make_env
+    cheetah, corridor = make_env("HalfCheetah-v5", render_mode="rgb_array"), make_env("asyncrl/Corridor-v0")
+    try:
+        assert follow_with_camera(cheetah) and cheetah.unwrapped.mujoco_renderer.camera_id == 0
+        assert not follow_with_camera(corridor)
+    finally:
+        cheetah.close()
+        corridor.close()

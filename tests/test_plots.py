@@ -154,7 +154,7 @@ def test_lag_plot_panels(two_runs, tmp_path, figures):
     assert hist_v.get_yscale() == "log" and hist_s.get_yscale() == "log" and hist_s.get_xscale() == "log"
     assert [len(over_v.get_lines()), len(over_s.get_lines())] == [2, 2]       # one per actor, own panels
     texts = [t.get_text() for t in fig.legends[0].texts]
-    assert texts[:2] == ["actor actor0", "actor actor1"] and "TV budget δ = 0.2" in texts
+    assert texts[:2] == ["actor0", "actor1"] and "TV budget δ = 0.2" in texts
     assert "clip fraction" not in texts                                       # vaco clips nothing: not drawn
     # bars of the two actors sit side by side, in the legend's colours
     bars0, bars1 = hist_v.containers
