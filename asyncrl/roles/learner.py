@@ -295,7 +295,7 @@ class Learner:
             if getattr(env, key) != getattr(default, key):
                 flags.append(f"--set env.{key}={getattr(env, key)}")
         flags.append("--insecure" if self.security.insecure else "--keys KEYS/client-K")
-        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}; address from {source}); "
+        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}), address from {source}; "
                   f"on each actor host run:\n"
                   f"  asyncrl actor --learner {adv} --broadcaster {b} {' '.join(flags)} "
                   f"--run-id {self.run_id} --actor-id NAME")
