@@ -5,16 +5,27 @@ VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench clean
+# Every other dependency is pinned in constraints.txt: the versions CI tested (refresh: make constraints).
+CONSTRAINTS := constraints.txt
+EXTRAS    := dev,plot,video,tensorboard
+
+.PHONY: install run test test-fast bench clean constraints
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml Makefile
+$(STAMP): setup.cfg pyproject.toml Makefile $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q -e ".[dev,plot]" "$(TORCH_PIN)"
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]" "$(TORCH_PIN)"
 	touch $(STAMP)
+
+# Rewrite constraints.txt from what .venv holds now (everything but torch and asyncrl itself).
+# To move to newer versions: .venv/bin/pip install -U -e ".[$(EXTRAS)]" "$(TORCH_PIN)", then
+# make constraints, then make test, and commit constraints.txt.
+constraints:
+	{ echo "# Tested versions of every dependency but torch (pinned in the Makefile). Made by: make constraints"; \
+	  $(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torch|asyncrl|pip|setuptools|wheel)[=@ ]'; } > $(CONSTRAINTS)
 
 # The main job: HalfCheetah-v5 with default settings, learner + broadcaster + 2 actors.
 run: install
@@ -22,6 +33,10 @@ run: install
 
 test: install
 	$(PY) -m pytest -q $(ARGS)
+
+# Unit tests only: no multi-process or network-namespace runs (tests/integration).
+test-fast: install
+	$(PY) -m pytest -q --ignore=tests/integration $(ARGS)
 
 bench: install
 	$(PY) bench/throughput.py $(ARGS)

@@ -1,4 +1,7 @@
-"""Command line: ``asyncrl run | learner | actor | broadcaster | keys | lag | clean``."""
+"""Command line: ``asyncrl run | learner | actor | broadcaster | eval | plot | lag | config | keys | clean``.
+
+Shell completion (click): ``eval "$(_ASYNCRL_COMPLETE=bash_source asyncrl)"`` in ~/.bashrc
+(``zsh_source`` / ``fish_source`` for zsh and fish)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from . import __version__
 from . import config as config_mod
 from .config import Config, ConfigError
 
@@ -31,7 +35,7 @@ def load_config(config_file, overrides, flags: dict | None = None, *, env: bool 
         cfg = config_mod.load(config_file, overrides, extra)
         if env:
             from .envs import check_env
-            check_env(cfg.env.id, cfg.env.max_episode_steps)
+            check_env(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
     except (ConfigError, ValueError) as exc:  # EnvError is a ValueError
         raise UserError(str(exc)) from None
     return cfg
@@ -47,6 +51,12 @@ def fresh_run_dir(run_dir, cfg: Config) -> Path:
     return out
 
 
+def write_config_json(out: Path, cfg: Config) -> None:
+    """The run's resolved config, with where it ran (code commit, package versions, machine load)."""
+    from .provenance import provenance
+    (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "provenance": provenance()}, indent=2) + "\n")
+
+
 def default_run_dir(cfg: Config) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(cfg.run.run_dir) / f"{cfg.env.id}-{cfg.algo.preset}-s{cfg.run.seed}-{stamp}"
@@ -60,32 +70,59 @@ def _common(f):
     return f
 
 
-@click.group()
+class _Command(click.Command):
+    """Lists its whole first help line in ``asyncrl --help`` (click cuts it at ~45 characters)."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        if self.short_help:
+            return self.short_help
+        return (self.help or "").strip().split("\n\n")[0].replace("\n", " ").strip()
+
+
+class _Group(click.Group, _Command):
+    command_class = _Command
+    group_class = type          # subgroups are _Group too
+
+
+@click.group(cls=_Group, context_settings={"max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="asyncrl", message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if not verbose:   # libraries' start-up notes (font cache built, no OpenGL_accelerate) are not ours to print
+        for name in ("matplotlib", "OpenGL", "PIL"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _env_module(f):
+    return click.option("--env-module", "env_module",
+                        help="Python module to import first, e.g. one that registers your env id "
+                             "(config env.module); or give --env module:callable.")(f)
 
 
 @main.command()
 @_common
-@click.option("--env", "env_id", help="Gymnasium env id, e.g. HalfCheetah-v5.")
+@click.option("--env", "env_id", help="Gymnasium env id (e.g. HalfCheetah-v5), or module:callable / "
+                                      "module:EnvId for your own env.")
+@_env_module
 @click.option("--preset", help="vaco, ppo, ppo_kl, spo, impala, vaco_no_realign, vaco_no_filter.")
 @click.option("--num-actors", type=int, help="Actor processes (serial mode: actor env groups).")
 @click.option("--total-steps", type=int, help="Env-step budget.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
 @click.option("--seed", type=int, help="Run seed.")
 @click.option("--serial", is_flag=True, help="Everything in one process (debugging; bit-reproducible).")
-def run(config_file, overrides, env_id, preset, num_actors, total_steps, run_dir, seed, serial):
+def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial):
     """Train: learner, broadcaster and actors as local processes (or --serial)."""
     _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
-    cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("algo", "preset"): preset,
+    cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
+                                                  ("algo", "preset"): preset,
                                                   ("run", "num_actors"): num_actors,
                                                   ("run", "total_env_steps"): total_steps,
                                                   ("run", "seed"): seed})
     out = fresh_run_dir(run_dir, cfg)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_config_json(out, cfg)
     click.echo(f"run directory: {out}")
     try:
         if serial:
@@ -158,15 +195,16 @@ def _security(role: str, keys_dir, insecure: bool):
     return Security(role, keys_dir, insecure=insecure)
 
 
-def _role_flags(env_id, num_envs, seed, total_steps=None):
+def _role_flags(env_id, num_envs, seed, total_steps=None, env_module=None):
     return {("env", "id"): env_id, ("env", "num_envs"): num_envs, ("run", "seed"): seed,
-            ("run", "total_env_steps"): total_steps}
+            ("run", "total_env_steps"): total_steps, ("env", "module"): env_module}
 
 
 @main.command()
 @_common
 @_network
-@click.option("--env", "env_id", help="Gymnasium env id.")
+@click.option("--env", "env_id", help="Gymnasium env id, or module:callable / module:EnvId.")
+@_env_module
 @click.option("--bind", help="Interface address and port actors connect to, e.g. tcp://0.0.0.0:5555 or "
                              "10.0.0.5:5555 (default: config transport.learner_bind, loopback). A non-loopback "
                              "address turns CURVE on: give --keys or --insecure.")
@@ -177,18 +215,18 @@ def _role_flags(env_id, num_envs, seed, total_steps=None):
 @click.option("--run-id", help="Run id (default: made up from the time).")
 @click.option("--total-steps", type=int, help="Env-step budget.")
 @click.option("--seed", type=int)
-def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise, broadcaster, run_dir, run_id,
-            total_steps, seed):
+def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind, advertise, broadcaster, run_dir,
+            run_id, total_steps, seed):
     """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
     import secrets
 
     from .roles.learner import Learner, LearnerError
     from .security import SecurityError
     _on_sigterm()
-    cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps))
+    cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps, env_module))
     run_id = run_id or f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
     out = fresh_run_dir(run_dir, cfg)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_config_json(out, cfg)
     bind = _endpoint(bind, cfg.transport.learner_bind)
     broadcaster = _endpoint(broadcaster, cfg.transport.broadcaster_bind)
     try:
@@ -214,6 +252,7 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise,
 @click.option("--learner", "learner_ep", help="Learner address (default: config transport.learner_bind).")
 @click.option("--broadcaster", help="Broadcaster address (default: config transport.broadcaster_bind).")
 @click.option("--env", "env_id", help="Gymnasium env id (must match the learner's).")
+@_env_module
 @click.option("--num-envs", type=int, help="Envs in this actor (must match the learner's env.num_envs).")
 @click.option("--actor-id", help="Unique name of this actor (default: host-pid).")
 @click.option("--seed", type=int, help="Env and action seed of this actor.")
@@ -227,14 +266,15 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise,
 @click.option("--run-id", help="Join only the learner of this run (refused otherwise).")
 @click.option("--host-label", help="The host name this actor reports, e.g. for the lag report per host "
                                    "(default: this host's name).")
-def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, env_id, num_envs, actor_id, seed,
+def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, env_id, env_module, num_envs, actor_id,
+          seed,
           policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label):
     """An actor: steps envs with the newest weights it has and fills slots for the learner."""
     import os
     import socket
     from .roles.actor import Actor, ActorError, ActorOptions
     _on_sigterm()
-    flags = _role_flags(env_id, num_envs, None)
+    flags = _role_flags(env_id, num_envs, None, env_module=env_module)
     flags.update({("actor", "policy_delay"): policy_delay, ("actor", "policy_age_buffer"): policy_age_buffer,
                   ("actor", "slowdown_s"): slowdown, ("actor", "rollout_transport"): rollout_transport})
     cfg = load_config(config_file, overrides, flags)
@@ -340,6 +380,142 @@ def lag(run_dir, as_json, plot_path):
         except OSError as exc:
             raise UserError(f"cannot write {plot_path}: {exc.strerror or exc}") from None
         click.echo(f"plot written to {plot_path}", err=as_json)
+
+
+@main.command("eval")
+@click.argument("target", metavar="RUN_DIR|CHECKPOINT", type=click.Path())
+@click.option("--episodes", type=int, default=10, show_default=True, help="Episodes to run.")
+@click.option("--stochastic", is_flag=True, help="Sample actions from the policy (default: its mean action).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Episode k starts from env.reset(seed=SEED+k); also seeds --stochastic sampling.")
+@click.option("--env", "env_id", help="Evaluate on this env id instead of the run's (its spaces must fit the policy).")
+@_env_module
+@click.option("--video", type=click.Path(dir_okay=False), help="Also write FILE.mp4 of the first episodes "
+                                                                 "(offscreen rendering; MuJoCo needs EGL or OSMesa).")
+@click.option("--video-episodes", type=int, default=1, show_default=True, help="Episodes in the video.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with every episode's return).")
+def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, video_episodes, as_json):
+    """Evaluate a trained policy: mean ± std of return and length over N episodes; optionally an MP4."""
+    from .envs import EnvError, follow_with_camera, is_mujoco, make_env
+    from .evaluate import EvalError, check_spaces, load_checkpoint, run_episodes
+    from .render import INSTALL_GL, RenderError, VideoWriter, choose_gl_backend
+    if episodes < 1 or video_episodes < 1:
+        raise UserError(f"--episodes and --video-episodes must be >= 1, got {episodes}, {video_episodes}")
+    if video and not video.lower().endswith(".mp4"):
+        raise UserError(f"--video {video}: the file name must end in .mp4")
+    try:
+        ckpt = load_checkpoint(target)
+        e = ckpt.cfg.env
+        env_id, env_module = env_id or e.id, env_module if env_module is not None else e.module
+        env = make_env(env_id, module=env_module, max_episode_steps=e.max_episode_steps,
+                       render_mode="rgb_array" if video else None)
+    except (EvalError, EnvError) as exc:
+        raise UserError(str(exc)) from None
+    except Exception as exc:  # the env's own constructor failed: one line
+        raise UserError(f"{env_id} cannot be made here: {type(exc).__name__}: {exc}") from None
+    writer = None
+    try:
+        check_spaces(env, ckpt.spec, env_id)
+        if video:
+            if is_mujoco(env) and choose_gl_backend() is None:
+                raise UserError(INSTALL_GL)
+            follow_with_camera(env)
+            writer = VideoWriter(video, fps=env.metadata.get("render_fps", 30))
+        try:
+            result = run_episodes(ckpt.policy, env, episodes=episodes, seed=seed, stochastic=stochastic,
+                                  on_frame=(lambda k, frame: writer.add(frame)) if writer else None,
+                                  record_episodes=video_episodes)
+        except (RenderError, EvalError):
+            raise
+        except Exception as exc:
+            if writer is None:
+                raise
+            import os
+            raise UserError(f"rendering failed (MUJOCO_GL={os.environ.get('MUJOCO_GL', 'unset')}): "
+                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    except (EvalError, RenderError) as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot write {video}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        click.echo("eval: interrupted", err=True)
+        sys.exit(130)
+    finally:
+        if writer is not None:
+            writer.close()
+        env.close()
+    s = result.summary()
+    out = {"checkpoint": str(ckpt.path), "version": ckpt.version, "env_steps": ckpt.env_steps, "env_id": env_id,
+           "seed": seed, "actions": "sampled" if stochastic else "mean", **s,
+           "returns": result.returns, "lengths": result.lengths, "video": video}
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(f"{s['episodes']} episodes of {env_id}, {out['actions']} actions, seeds {seed}..{seed + episodes - 1} "
+                   f"(policy version {ckpt.version}, {ckpt.env_steps:,} env steps): return {s['return_mean']:.1f} ± "
+                   f"{s['return_std']:.1f}, length {s['length_mean']:.1f} ± {s['length_std']:.1f} (mean ± std)")
+    if video:
+        import os
+        gl = f", MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
+        click.echo(f"video written to {video} ({writer.frames} frames{gl})", err=as_json)
+
+
+@main.command()
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True, type=click.Path())
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+@click.option("--label", "labels", multiple=True, help="Label of each RUN_DIR in order (repeat it; default: the "
+                                                       "directory names). Runs with the same label form a group.")
+@click.option("--group-by", help="Group runs by a config key, e.g. algo.preset: mean and 95% CI band across each "
+                                 "group's runs (seeds).")
+@click.option("--returns", type=click.Choice(["auto", "train", "eval"]), default="auto", show_default=True,
+              help="train: average of the last 20 training episodes; eval: run.eval_every evaluations; auto: "
+                   "eval where a run has them.")
+@click.option("--title", help="Figure title.")
+def plot(run_dirs, out, labels, group_by, returns, title):
+    """Learning curves of runs: return vs env steps and wall-clock time, TV estimate, filtered fraction, lag."""
+    from .plots import PlotError, plot_runs, read_run
+    if labels and len(labels) != len(run_dirs):
+        raise UserError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
+    try:
+        series = [read_run(d, returns=returns) for d in run_dirs]
+    except PlotError as exc:
+        raise UserError(str(exc)) from None
+    if labels:
+        for s, label in zip(series, labels):
+            s["label"] = label
+        counts = {label: labels.count(label) for label in labels}
+        for s in series:
+            s["group"] = s["label"] if counts[s["label"]] > 1 else None
+    if group_by:
+        if "." not in group_by:
+            raise UserError(f"--group-by expects section.key (e.g. algo.preset), got {group_by!r}")
+        section, key = group_by.split(".", 1)
+        for s in series:
+            if key not in s["config"].get(section, {}):
+                raise UserError(f"--group-by {group_by}: {s['label']} has no such key in its config.json")
+            s["group"] = f"{group_by}={s['config'][section][key]}"
+    try:
+        plot_runs(series, out, title=title)
+    except PlotError as exc:
+        raise UserError(str(exc)) from None
+    except ImportError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
+    click.echo(f"plot of {len(series)} run(s) written to {out}")
+
+
+@main.group("config")
+def config_cmd():
+    """The configuration: every key, its default and its meaning."""
+
+
+@config_cmd.command("show")
+@_common
+def config_show(config_file, overrides):
+    """Print the resolved config as TOML (usable with --config), each key with its meaning and default."""
+    cfg = load_config(config_file, overrides, env=False)
+    click.echo(config_mod.to_toml(cfg), nl=False)
 
 
 @main.command()

@@ -31,88 +31,94 @@ class ConfigError(ValueError):
     """A configuration value, key or file is wrong; the message names it."""
 
 
+def _f(default: Any, help: str) -> Any:
+    """A config field with its one-line meaning (``asyncrl config show`` prints it)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class EnvConfig:
-    id: str = "HalfCheetah-v5"
-    num_envs: int = 8            # E: envs per actor, one rollout each per slot
-    rollout_length: int = 64     # T: env steps per rollout
-    max_episode_steps: int = 0   # 0: the env's own TimeLimit
+    id: str = _f("HalfCheetah-v5", "gymnasium env id, or module:callable / module:EnvId for a user's own env")
+    num_envs: int = _f(8, "E: envs per actor, one rollout each per slot")
+    rollout_length: int = _f(64, "T: env steps per rollout")
+    max_episode_steps: int = _f(0, "episode step limit (TimeLimit, truncation); 0: the env's own")
+    module: str = _f("", "Python module imported before the env is made (it registers the env id); '': none")
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    init_log_std: float = -0.5   # std 0.61: see configs/default.toml for why
-    normalize_obs: bool = True
-    obs_clip: float = 10.0
+    hidden_sizes: tuple[int, ...] = _f((64, 64), "hidden layer widths of the policy and value MLPs")
+    activation: str = _f("tanh", "hidden activation: tanh, relu or elu")
+    init_log_std: float = _f(-0.5, "initial log-std of the Gaussian policy (std 0.61: see configs/default.toml for why)")
+    normalize_obs: bool = _f(True, "normalise observations by running mean and std (learner-updated, shipped with the weights)")
+    obs_clip: float = _f(10.0, "clip normalised observations to +-this")
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
     # Preset: which advantage estimator and policy loss (VACO.md table). arXiv:2603.01365.
-    preset: str = "vaco"
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
-    tv_threshold: float = 0.2        # δ of the TV filter (the paper's value, unablated there)
-    ratio_anchor: str = "behavior"   # "behavior" (β) or "learning" (π_T)
-    surrogate_rho_bar: float = float("inf")  # bound on π_T/β in the surrogate (learning anchor); inf: none
-    tv_filter_trigger: str = "minibatch"     # "minibatch": each minibatch over δ; "iteration": from the first one on
-    tv_filter_min_deviation: float = 0.0     # the sign rule only for samples with |r - 1| above this
-    clip_eps: float = 0.2            # ppo
-    kl_coef: float = 1.0             # ppo_kl
-    spo_eps: float = 0.2             # spo
-    value_coef: float = 0.5
-    entropy_coef: float = 0.0
-    normalize_advantages: bool = True
-    num_epochs: int = 10
-    num_minibatches: int = 8         # minibatches of 256: see configs/default.toml for why
-    lr: float = 3e-4
-    anneal_lr: bool = True
-    adam_eps: float = 1e-5
-    max_grad_norm: float = 0.5
+    preset: str = _f("vaco", "advantage estimator and policy loss: " + ", ".join(PRESETS))
+    gamma: float = _f(0.99, "discount factor")
+    gae_lambda: float = _f(0.95, "lambda of GAE / V-trace traces")
+    rho_bar: float = _f(1.0, "V-trace clip of the importance weight in the value targets")
+    c_bar: float = _f(1.0, "V-trace clip of the trace coefficients")
+    tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient")
+    ratio_anchor: str = _f("behavior", "policy-ratio anchor: behavior (beta) or learning (pi_T)")
+    surrogate_rho_bar: float = _f(float("inf"), "bound on pi_T/beta in the surrogate (learning anchor); inf: none")
+    tv_filter_trigger: str = _f("minibatch", "when the TV filter acts: minibatch (each minibatch over delta) or iteration (from the first one on)")
+    tv_filter_min_deviation: float = _f(0.0, "the TV filter's sign rule applies only to samples with |r - 1| above this")
+    clip_eps: float = _f(0.2, "ppo: ratio clip epsilon")
+    kl_coef: float = _f(1.0, "ppo_kl: KL penalty coefficient")
+    spo_eps: float = _f(0.2, "spo: ratio epsilon")
+    value_coef: float = _f(0.5, "value-loss weight")
+    entropy_coef: float = _f(0.0, "entropy-bonus weight")
+    normalize_advantages: bool = _f(True, "normalise advantages per minibatch")
+    num_epochs: int = _f(10, "epochs over each batch")
+    num_minibatches: int = _f(8, "minibatches per epoch (8 of 256: see configs/default.toml for why)")
+    lr: float = _f(3e-4, "Adam learning rate")
+    anneal_lr: bool = _f(True, "anneal the learning rate linearly to 0 over run.total_env_steps")
+    adam_eps: float = _f(1e-5, "Adam epsilon")
+    max_grad_norm: float = _f(0.5, "clip the gradient norm to this")
 
 
 @dataclass(frozen=True)
 class ActorConfig:
     # Lag controls for experiments (asyncrl.lag_control); 0 / 1 / 0.0: none.
-    policy_delay: int = 0         # act with the weights K versions behind the newest
-    policy_age_buffer: int = 1    # each rollout acts with a version drawn from the last K received
-    slowdown_s: float = 0.0       # a straggler: each rollout takes this many seconds longer (actor processes)
-    # How rollouts reach the learner: "auto" (shared memory if the learner's segment can be
-    # attached, i.e. same host; else TCP), "shm" (fail if it cannot attach), "tcp" (always TCP).
-    rollout_transport: str = "auto"
+    policy_delay: int = _f(0, "act with the weights K versions behind the newest received")
+    policy_age_buffer: int = _f(1, "each rollout acts with a version drawn uniformly from the last K received")
+    slowdown_s: float = _f(0.0, "a straggler: each rollout takes this many seconds longer (actor processes)")
+    rollout_transport: str = _f("auto", "auto (shared memory if the learner's segment attaches, else TCP), shm or tcp")
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
-    slots_per_batch: int = 4         # B slots of E rollouts make one batch: [T, B*E]
-    num_slots: int = 12              # S slots in the shared-memory ring
-    max_policy_lag: int = -1         # drop samples more versions behind than this; -1: keep all
-    reward_scaling: bool = True      # divide rewards by running std of discounted return
-    reward_clip: float = 10.0
-    checkpoint_every: int = 50       # learner iterations; 0: only at the end
-    torch_threads: int = 1
+    slots_per_batch: int = _f(4, "B: slots of E rollouts per batch ([T, B*E])")
+    num_slots: int = _f(12, "S: slots in the shared-memory ring")
+    max_policy_lag: int = _f(-1, "drop samples more versions behind than this; -1: keep all")
+    reward_scaling: bool = _f(True, "divide rewards by the running std of the discounted return, per env stream")
+    reward_clip: float = _f(10.0, "clip scaled rewards to +-this")
+    checkpoint_every: int = _f(50, "learner iterations between checkpoints; 0: only at the end")
+    torch_threads: int = _f(1, "torch threads of the learner")
 
 
 @dataclass(frozen=True)
 class TransportConfig:
-    learner_bind: str = "tcp://127.0.0.1:5555"      # ROUTER: hello, grants, reports, heartbeats
-    broadcaster_bind: str = "tcp://127.0.0.1:5556"  # PUB; its request ROUTER takes the next port
-    heartbeat_s: float = 1.0
-    actor_timeout_s: float = 10.0
+    learner_bind: str = _f("tcp://127.0.0.1:5555", "learner ROUTER address: hello, grants, reports, heartbeats")
+    broadcaster_bind: str = _f("tcp://127.0.0.1:5556", "broadcaster PUB address; its snapshot ROUTER takes the next port")
+    heartbeat_s: float = _f(1.0, "seconds between actor heartbeats")
+    actor_timeout_s: float = _f(10.0, "seconds of silence after which learner and actor give each other up")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int = 1
-    total_env_steps: int = 1_000_000
-    num_actors: int = 2
-    straggler_slowdown_s: float = 0.0   # asyncrl run: actor0 alone is slowed by this many seconds per rollout
-    run_dir: str = "runs"
-    log_every_s: float = 5.0
+    seed: int = _f(1, "run seed (nets, actors' envs and actions)")
+    total_env_steps: int = _f(1_000_000, "env-step budget (consumed by the learner)")
+    num_actors: int = _f(2, "actor processes (serial mode: actor env groups)")
+    straggler_slowdown_s: float = _f(0.0, "asyncrl run: actor0 alone is slowed by this many seconds per rollout")
+    run_dir: str = _f("runs", "parent directory of the default run directory")
+    log_every_s: float = _f(5.0, "seconds between progress lines and lag-histogram windows")
+    eval_every: int = _f(0, "env steps between evaluations (mean action, separate env and seed) in metrics.jsonl; 0: none")
+    eval_episodes: int = _f(5, "episodes per periodic evaluation")
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,9 @@ def validate(cfg: Config) -> None:
                           f"got {cfg.actor.rollout_transport!r}")
     if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
+    if cfg.run.eval_every < 0 or cfg.run.eval_episodes < 1:
+        raise ConfigError(f"run.eval_every must be >= 0 and run.eval_episodes >= 1, got "
+                          f"{cfg.run.eval_every}, {cfg.run.eval_episodes}")
     if not 0 < a.lr < float("inf"):
         raise ConfigError(f"algo.lr must be a finite number > 0, got {a.lr}")
     if l.num_slots < l.slots_per_batch:
@@ -267,6 +276,8 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (),
         try:
             text = Path(path).read_text()
             data = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
+            if str(path).endswith(".json") and isinstance(data, dict):
+                data.pop("provenance", None)   # a run directory's config.json records where it ran
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
@@ -283,4 +294,57 @@ def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (),
 
 def from_dict(data: dict[str, dict[str, Any]]) -> Config:
     """Rebuild a Config from ``Config.to_dict()`` output (e.g. a run directory's config.json)."""
-    return _build({s: dict(v) for s, v in data.items()})
+    return _build({s: dict(v) for s, v in data.items() if s != "provenance"})
+
+
+# ---- describing the config: `asyncrl config show` ----
+
+class KeyInfo(typing.NamedTuple):
+    section: str
+    key: str
+    value: Any      # the resolved value
+    default: Any    # the dataclass default
+    help: str       # one-line meaning (field metadata)
+
+
+def describe(cfg: Config | None = None) -> list[KeyInfo]:
+    """Every key of ``cfg`` (default: the defaults) with its default and one-line meaning, in
+    section order. Raises ConfigError if a field lacks its help text (a test keeps them all)."""
+    cfg = cfg or Config()
+    out = []
+    for sec in dataclasses.fields(Config):
+        values = getattr(cfg, sec.name)
+        for f in dataclasses.fields(values):
+            if not f.metadata.get("help"):
+                raise ConfigError(f"config key {sec.name}.{f.name} has no help text in asyncrl/config.py")
+            out.append(KeyInfo(sec.name, f.name, getattr(values, f.name), f.default, f.metadata["help"]))
+    return out
+
+
+def toml_value(value: Any) -> str:
+    """A config value as TOML text (strings quoted, booleans lower-case, inf as inf, tuples as lists)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "inf" if value == float("inf") else "-inf" if value == float("-inf") else repr(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def to_toml(cfg: Config, *, with_help: bool = True) -> str:
+    """The resolved config as TOML that :func:`load` reads back; with ``with_help``, each key is
+    preceded by a comment line with its meaning and its default (marked when the value differs)."""
+    lines: list[str] = []
+    section = None
+    for k in describe(cfg):
+        if k.section != section:
+            lines += ([""] if lines else []) + [f"[{k.section}]"]
+            section = k.section
+        if with_help:
+            changed = "" if k.value == k.default else "; CHANGED"
+            lines.append(f"# {k.help} (default {toml_value(k.default)}{changed})")
+        lines.append(f"{k.key} = {toml_value(k.value)}")
+    return "\n".join(lines) + "\n"

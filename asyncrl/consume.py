@@ -10,8 +10,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import Config
+from .evaluate import PeriodicEval
+from .provenance import provenance
 from .lag import LagTracker
-from .metrics import Clock, EpisodeTracker, JsonlWriter, progress_line, write_json_atomic
+from .metrics import (Clock, EpisodeTracker, JsonlWriter, progress_line, tensorboard_writer, write_json_atomic,
+                      write_scalars)
 from .spec import RolloutSpec
 from .state import LearnerState
 
@@ -29,14 +32,19 @@ class Consumer:
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.state = LearnerState(cfg, spec)
+        # TensorBoard (when installed): every metrics scalar and the lag histograms, in tb/
+        self.tb = tensorboard_writer(self.run_dir / "tb")
         self.lag = LagTracker(self.run_dir / "lag.jsonl", window_s=cfg.run.log_every_s,
-                              histogram_path=self.run_dir / "lag_histograms.jsonl")
+                              histogram_path=self.run_dir / "lag_histograms.jsonl", tb=self.tb)
         self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
         self.episodes = EpisodeTracker()
         self.clock = Clock(cfg.run.log_every_s)
         self.last_stats: dict = {}
         self.update_s = 0.0
         self.lag.published(0, time.time())
+        self.provenance = provenance()       # at the start: the load the run began under
+        self.evaluate = PeriodicEval(cfg)    # run.eval_every: evaluation returns in metrics.jsonl
+        self.last_eval: dict = {}
 
     def consume(self, slots: list[SlotData]) -> dict | None:
         """One learner iteration on ``slots`` (those over max_policy_lag are dropped first); lag
@@ -64,9 +72,15 @@ class Consumer:
         self.update_s += time.perf_counter() - t0
         self.lag.published(st.version, time.time())
         self.last_stats = stats
-        self.metrics.write({"iteration": st.iteration, "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
-                            "average_return": self.episodes.average_return, "episode_returns": ended,
-                            "dropped_samples": self.lag.dropped_samples, **batch_lag, **stats})
+        if self.evaluate.due(st.env_steps):   # the policy of version st.version, after this iteration
+            self.last_eval = {**self.evaluate(st.policy, st.env_steps), "eval_version": st.version}
+            stats = {**stats, **self.last_eval}
+        record = {"iteration": st.iteration, "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
+                  "average_return": self.episodes.average_return, "episode_returns": ended,
+                  "dropped_samples": self.lag.dropped_samples, **batch_lag, **stats}
+        self.metrics.write(record)
+        if self.tb is not None:
+            write_scalars(self.tb, record)
         every = self.cfg.learner.checkpoint_every
         if every and st.iteration % every == 0:
             st.save(self.run_dir / "checkpoint.pt")
@@ -92,10 +106,15 @@ class Consumer:
                    "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
                    "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
                    "learner_iterations": st.iteration, "final_average_return": self.episodes.average_return,
-                   "dropped_samples": self.lag.dropped_samples, **self.lag.summary(), **extra}
+                   "dropped_samples": self.lag.dropped_samples, "last_eval": self.last_eval or None,
+                   **self.lag.summary(), **extra,
+                   "provenance": self.provenance}
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
     def close(self) -> None:
+        self.evaluate.close()
         self.metrics.close()
         self.lag.close()
+        if self.tb is not None:
+            self.tb.close()

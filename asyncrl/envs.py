@@ -3,7 +3,9 @@ observation into rollout fields. Only this module imports gymnasium."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
+import re
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -29,21 +31,96 @@ class StepResult(NamedTuple):
     final_obs: np.ndarray    # [E, D] float32: the last observation of an ended episode, else 0
 
 
-def check_env_id(env_id: str) -> None:
-    """Raise EnvError with one line if gymnasium has no env registered under ``env_id``."""
+def _import(module: str, what: str):
     try:
-        gym.spec(env_id)
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise EnvError(f"{what}: cannot import module {module!r}: {exc}") from None
+    except Exception as exc:  # the user's module failed while importing: one line, not a traceback
+        raise EnvError(f"{what}: importing module {module!r} failed: {type(exc).__name__}: {exc}") from None
+
+
+def resolve_env_id(env_id: str, module: str = "") -> str:
+    """The gymnasium id to make for a config's ``env.id`` (and ``env.module``).
+
+    - ``module`` (optional) is imported first: a module of the user's that registers env ids.
+    - ``"pkg.mod:Name-v0"``: import ``pkg.mod``; ``Name-v0`` must then be a registered id.
+    - ``"pkg.mod:make_env"``: import ``pkg.mod``; ``make_env`` (a gymnasium.Env class or any
+      callable returning an env) is registered under an id of its own, which is returned.
+    Every process (learner, actors, eval) resolves the same string the same way; the module must
+    be importable in each (on its PYTHONPATH or the working directory).
+
+    Raises EnvError: the module cannot be imported, or names neither a registered id nor a callable."""
+    if module:
+        _import(module, "env.module")
+    if ":" not in env_id:
+        return env_id
+    mod_name, name = env_id.split(":", 1)
+    mod = _import(mod_name, f"env {env_id!r}")
+    if name in gym.registry:
+        return name
+    obj = getattr(mod, name, None)
+    if not callable(obj):
+        raise EnvError(f"env {env_id!r}: module {mod_name!r} has neither a registered env id {name!r} "
+                       f"nor a callable {name!r}")
+    gym_id = "asyncrl-user/" + re.sub(r"[^\w]", "_", env_id) + "-v0"
+    if gym_id not in gym.registry:
+        gym.register(id=gym_id, entry_point=obj)
+    return gym_id
+
+
+def check_env_id(env_id: str, module: str = "") -> None:
+    """Raise EnvError with one line if gymnasium has no env registered under ``env_id``
+    (resolved as :func:`resolve_env_id` does)."""
+    gym_id = resolve_env_id(env_id, module)
+    try:
+        gym.spec(gym_id)
     except gym.error.Error as exc:
         raise EnvError(f"unknown env id {env_id!r}: {exc}") from None
 
 
-def check_env(env_id: str, max_episode_steps: int = 0) -> None:
+def make_env(env_id: str, *, module: str = "", max_episode_steps: int = 0, render_mode: str | None = None,
+             env_kwargs: dict | None = None) -> gym.Env:
+    """One gymnasium env (for evaluation and video; training uses :class:`VecEnv`).
+    ``render_mode="rgb_array"`` makes ``render()`` return [H, W, 3] uint8 frames.
+    Raises EnvError for an unknown id or an import failure."""
+    check_env_id(env_id, module)
+    kwargs = dict(env_kwargs or {})
+    if max_episode_steps > 0:
+        kwargs["max_episode_steps"] = max_episode_steps
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    return gym.make(resolve_env_id(env_id, module), **kwargs)
+
+
+def is_mujoco(env: gym.Env) -> bool:
+    """True for a gymnasium MuJoCo env (its rgb_array rendering needs offscreen OpenGL)."""
+    return type(env.unwrapped).__module__.startswith("gymnasium.envs.mujoco")
+
+
+def follow_with_camera(env: gym.Env, name: str = "track") -> bool:
+    """Render a MuJoCo env through its model's camera ``name`` when it has one (gymnasium's
+    HalfCheetah, Hopper, Walker2d... define a "track" camera that follows the body; the default
+    free camera stays put and the runner leaves the picture). Returns whether it was set."""
+    if not is_mujoco(env):
+        return False
+    import mujoco
+    u = env.unwrapped
+    cam = mujoco.mj_name2id(u.model, mujoco.mjtObj.mjOBJ_CAMERA, name)
+    renderer = getattr(u, "mujoco_renderer", None)
+    if cam < 0 or renderer is None:
+        return False
+    renderer.camera_id, renderer.camera_name = cam, None
+    return True
+
+
+def check_env(env_id: str, max_episode_steps: int = 0, module: str = "") -> None:
     """Raise EnvError with one line unless ``env_id`` is registered AND can be made here with
     spaces asyncrl handles (a missing extra such as Box2D, or a Discrete observation, is caught
     before any process starts)."""
-    check_env_id(env_id)
+    check_env_id(env_id, module)
     try:
-        VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps).close()
+        VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps, module=module).close()
     except EnvError:
         raise
     except Exception as exc:  # whatever gymnasium or the env raises: report it in one line
@@ -65,12 +142,13 @@ class VecEnv:
     """
 
     def __init__(self, env_id: str, num_envs: int, *, seed: int, max_episode_steps: int = 0,
-                 env_kwargs: dict | None = None):
-        check_env_id(env_id)
+                 env_kwargs: dict | None = None, module: str = ""):
+        gym_id = resolve_env_id(env_id, module)
+        check_env_id(gym_id)
         kwargs = dict(env_kwargs or {})
         if max_episode_steps > 0:
             kwargs["max_episode_steps"] = max_episode_steps
-        self.envs = [gym.make(env_id, **kwargs) for _ in range(num_envs)]
+        self.envs = [gym.make(gym_id, **kwargs) for _ in range(num_envs)]
         obs_space, act_space = self.envs[0].observation_space, self.envs[0].action_space
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             self.close()
@@ -155,18 +233,19 @@ def _bounds(a: np.ndarray) -> str:
     return "sha256:" + hashlib.sha256(a.tobytes()).hexdigest()[:16]
 
 
-def env_spaces(env_id: str, max_episode_steps: int = 0) -> dict[str, str]:
+def env_spaces(env_id: str, max_episode_steps: int = 0, module: str = "") -> dict[str, str]:
     """{"observation": ..., "action": ...} descriptions of ``env_id``'s spaces (builds one env)."""
-    probe = VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps)
+    probe = VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps, module=module)
     try:
         return dict(probe.spaces)
     finally:
         probe.close()
 
 
-def rollout_spec(env_id: str, *, num_envs: int, rollout_length: int, max_episode_steps: int = 0) -> RolloutSpec:
+def rollout_spec(env_id: str, *, num_envs: int, rollout_length: int, max_episode_steps: int = 0,
+                 module: str = "") -> RolloutSpec:
     """The RolloutSpec of ``num_envs`` copies of ``env_id`` (builds one env to read its spaces)."""
-    probe = VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps)
+    probe = VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps, module=module)
     try:
         return RolloutSpec(obs_dim=probe.obs_dim, action_dim=probe.action_dim, discrete=probe.discrete,
                            rollout_length=rollout_length, num_envs=num_envs)

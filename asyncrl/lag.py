@@ -32,11 +32,14 @@ def seconds_histogram(values, weights) -> list[int]:
 
 class LagTracker:
     def __init__(self, path: str | Path | None, *, window_s: float = 10.0, histogram_path: str | Path | None = None,
-                 recent: int = 4096):
+                 recent: int = 4096, tb=None):
+        """``tb``: a TensorBoard SummaryWriter to share (closed by its owner); default: one of its own
+        under ``tb/`` beside ``histogram_path`` when tensorboard is installed."""
         self.publish_time: dict[int, float] = {}
         self.rows = JsonlWriter(path) if path else None
         self.hist_rows = JsonlWriter(histogram_path) if histogram_path else None
-        self.tb = _tensorboard(Path(histogram_path).parent / "tb") if histogram_path else None
+        self._own_tb = tb is None
+        self.tb = tb if tb is not None else _tensorboard(Path(histogram_path).parent / "tb") if histogram_path else None
         self.version_counts: Counter[int] = Counter()        # whole run: lag in versions -> samples
         self.seconds_values: list[float] = []                  # whole run, one value per (slot, version)
         self.seconds_weights: list[int] = []
@@ -126,7 +129,7 @@ class LagTracker:
         for w in (self.rows, self.hist_rows):
             if w is not None:
                 w.close()
-        if self.tb is not None:
+        if self.tb is not None and self._own_tb:
             self.tb.close()
 
 

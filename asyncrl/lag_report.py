@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .lag import weighted_percentiles
+from .metrics import read_jsonl
 
 QS = (50, 90, 99)
 
@@ -21,17 +22,7 @@ class ReportError(ValueError):
     """The run directory is missing or holds no lag records."""
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue                      # a line cut short by a killed process
-    return rows
+_read_jsonl = read_jsonl
 
 
 def _stats(values, weights) -> dict:
@@ -112,52 +103,17 @@ def format_report(report: dict) -> str:
 
 
 def plot_report(run_dir: str | Path, path: str | Path) -> None:
-    """PNG: lag histograms (versions, seconds), lag over time, tv_estimate and filtered fraction
-    over time. Raises ImportError with install advice when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("plotting needs matplotlib: .venv/bin/pip install 'asyncrl[plot]' "
-                          "(or pip install matplotlib)") from None
+    """PNG (asyncrl.plots.plot_lag): lag histograms in versions and seconds, lag over time, the
+    tv_estimate against the TV budget δ, and the filtered / clip fraction. Raises ImportError with
+    install advice when matplotlib is missing, OSError when ``path`` cannot be written."""
+    from .plots import plot_lag, tv_budget
     run_dir = Path(run_dir)
-    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl") if not r.get("dropped")]
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
-    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
-    actors = sorted({r["actor"] for r in rows})
-    top = max((r["lag_versions"] for r in rows), default=0)
-    for a in actors:
-        rs = [r for r in rows if r["actor"] == a]
-        ax[0, 0].hist([r["lag_versions"] for r in rs], weights=[r["samples"] for r in rs],
-                      bins=np.arange(-0.5, top + 1.5), alpha=0.6, label=a)
-        secs = [max(r["lag_seconds"], 1e-4) for r in rs]
-        lo = np.log10(max(min((max(r["lag_seconds"], 1e-4) for r in rows), default=1e-4), 1e-4)) - 0.1
-        hi = np.log10(max((r["lag_seconds"] for r in rows), default=1.0) + 1e-4) + 0.1
-        ax[0, 1].hist(secs, weights=[r["samples"] for r in rs], bins=np.logspace(lo, hi, 40), alpha=0.6, label=a)
-    ax[0, 0].set(xlabel="backward lag (versions)", ylabel="samples", title="lag in versions")
-    ax[0, 1].set(xscale="log", xlabel="backward lag (seconds, learner clock)", ylabel="samples", title="lag in seconds")
-    by_iter = defaultdict(lambda: [0.0, 0.0, 0])
-    for r in rows:
-        acc = by_iter[r["iteration"]]
-        acc[0] += r["lag_versions"] * r["samples"]
-        acc[1] += r["lag_seconds"] * r["samples"]
-        acc[2] += r["samples"]
-    its = sorted(by_iter)
-    ax[1, 0].plot(its, [by_iter[i][0] / by_iter[i][2] for i in its], label="versions (left)")
-    ax2 = ax[1, 0].twinx()
-    ax2.plot(its, [by_iter[i][1] / by_iter[i][2] for i in its], color="C1", label="seconds (right)")
-    ax[1, 0].legend(handles=ax[1, 0].get_lines() + ax2.get_lines(), fontsize=8)
-    ax[1, 0].set(xlabel="learner iteration", ylabel="mean lag (versions)", title="lag over time")
-    ax2.set_ylabel("mean lag (seconds)")
-    ax[1, 1].plot([m["iteration"] for m in metrics], [m.get("tv_estimate") for m in metrics], label="tv_estimate")
-    ax[1, 1].plot([m["iteration"] for m in metrics], [m.get("filtered_fraction") for m in metrics],
-                  label="filtered fraction")
-    ax[1, 1].plot([m["iteration"] for m in metrics], [m.get("clip_fraction") for m in metrics], label="clip fraction")
-    ax[1, 1].set(xlabel="learner iteration", title="forward lag (iteration means)")
-    for a in (ax[0, 0], ax[0, 1], ax[1, 1]):
-        a.legend(fontsize=8)
-    fig.suptitle(f"policy lag: {run_dir.name}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl") if isinstance(r, dict) and not r.get("dropped")]
+    metrics = [m for m in _read_jsonl(run_dir / "metrics.jsonl") if isinstance(m, dict) and "iteration" in m]
+    delta = None
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+        delta = tv_budget(cfg)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass
+    plot_lag(rows, metrics, path, title=f"policy lag: {run_dir.name}", tv_threshold=delta)

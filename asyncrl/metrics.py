@@ -34,6 +34,22 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+def read_jsonl(path: str | Path) -> list:
+    """The JSON values of a JSONL file, one per line; [] for a missing file. A line that does not
+    parse (cut short by a killed process) is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
 def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -97,3 +113,52 @@ class Clock:
             self._last = now
             return True
         return False
+
+
+# Columns of each row of a metrics record's "minibatches" list (asyncrl.update).
+MINIBATCH_COLUMNS = ("step", "tv_estimate", "filtered_fraction", "clip_fraction")
+
+
+def tensorboard_writer(logdir: str | Path):
+    """A TensorBoard SummaryWriter on ``logdir`` when tensorboard is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(logdir), flush_secs=10)
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """Every scalar of a metrics.jsonl record, flattened for TensorBoard: numbers as they are
+    (booleans and None left out), a list of numbers as ``KEY/mean`` and ``KEY/max`` (e.g.
+    episode_returns), and the per-minibatch rows as ``minibatches/COLUMN/mean`` and ``/max`` for
+    each column of :data:`MINIBATCH_COLUMNS` but the step index. Non-finite values are left out."""
+    out: dict[str, float] = {}
+
+    def put(key, value):
+        value = float(value)
+        if np.isfinite(value):
+            out[key] = value
+
+    for key, value in record.items():
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, (int, float, np.integer, np.floating)):
+            put(key, value)
+        elif key == "minibatches" and value and isinstance(value[0], (list, tuple)):
+            table = np.asarray(value, np.float64)
+            for j, name in enumerate(MINIBATCH_COLUMNS[1:table.shape[1]], start=1):
+                put(f"minibatches/{name}/mean", table[:, j].mean())
+                put(f"minibatches/{name}/max", table[:, j].max())
+        elif isinstance(value, (list, tuple)) and value and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            put(f"{key}/mean", np.mean(value))
+            put(f"{key}/max", np.max(value))
+    return out
+
+
+def write_scalars(writer, record: dict[str, Any], *, step_key: str = "env_steps") -> None:
+    """Add every :func:`scalars` of ``record`` to a SummaryWriter at global step record[step_key]."""
+    step = int(record[step_key])
+    for key, value in scalars(record).items():
+        writer.add_scalar(key, value, global_step=step)

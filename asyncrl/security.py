@@ -107,17 +107,65 @@ def normalize_endpoint(text: str) -> str:
 def advertised(bound: str, advertise: str | None = None) -> str:
     """The address other hosts should use for a socket bound at ``bound`` (with its real port):
     ``advertise`` (HOST, HOST:PORT or tcp://HOST:PORT; the bound port when none is given), else
-    the bound host, or this host's name when bound to a wildcard such as 0.0.0.0.
-    Raises ValueError for an ``advertise`` that is not an address."""
+    the bound host, or, when bound to a wildcard such as 0.0.0.0, this host's name if it does not
+    resolve to a loopback address, else its outbound IP address (:func:`wildcard_host`); never
+    ``localhost``. Raises ValueError for an ``advertise`` that is not an address."""
+    return advertised_with_source(bound, advertise)[0]
+
+
+def advertised_with_source(bound: str, advertise: str | None = None) -> tuple[str, str]:
+    """(:func:`advertised` address, where it came from: "--advertise", "the bound address",
+    "this host's name ..." or "this host's outbound address ...") for the start-up lines."""
     port = bound.rsplit(":", 1)[1]
     if advertise:
         if advertise.startswith("tcp://") or advertise.rsplit(":", 1)[-1].isdigit() and ":" in advertise:
-            return normalize_endpoint(advertise)
-        return normalize_endpoint(f"{advertise}:{port}")
+            return normalize_endpoint(advertise), "--advertise"
+        return normalize_endpoint(f"{advertise}:{port}"), "--advertise"
     host = endpoint_host(bound)
-    if host in _WILDCARDS:
-        host = socket.getfqdn()
-    return f"tcp://{host}:{port}"
+    if host not in _WILDCARDS:
+        return f"tcp://{host}:{port}", "the bound address"
+    host, source = wildcard_host()
+    return f"tcp://{host}:{port}", source
+
+
+def _resolves_to_loopback(name: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(name, None)
+    except (socket.gaierror, UnicodeError):
+        return True                       # unresolvable: no use to other hosts either
+    return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+
+
+def outbound_address() -> str | None:
+    """This host's IP address on the interface of its default route (a UDP socket is connected
+    to a documentation address; no packet is sent), or None without a route."""
+    for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 9))
+                addr = s.getsockname()[0]
+        except OSError:
+            continue
+        if not ipaddress.ip_address(addr).is_loopback:
+            return addr
+    return None
+
+
+def wildcard_host() -> tuple[str, str]:
+    """The host other machines should use for a socket bound to a wildcard, and where it came
+    from: this host's name when it resolves to a non-loopback address (many machines map their
+    name to 127.0.1.1 or call themselves localhost), else the outbound IP address, else the name
+    with a warning to give --advertise."""
+    for name in dict.fromkeys((socket.getfqdn(), socket.gethostname())):
+        if name and name != "localhost" and not _resolves_to_loopback(name):
+            return name, f"this host's name {name}; --advertise to choose another"
+    addr = outbound_address()
+    if addr is not None:
+        return addr, (f"this host's outbound address {addr} (its name resolves only to loopback); "
+                      "--advertise to choose another")
+    name = socket.gethostname()
+    return name, (f"this host's name {name}, which other hosts may not resolve: no non-loopback address "
+                  "was found; give --advertise")
 
 
 # ---------------------------------------------------------------------------------- key files

@@ -22,7 +22,7 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
     """Train until ``cfg.run.total_env_steps`` (or ``max_iterations``); returns the summary."""
     torch.set_num_threads(cfg.learner.torch_threads)
     envs = [VecEnv(cfg.env.id, cfg.env.num_envs, seed=actor_seed(cfg.run.seed, i),
-                   max_episode_steps=cfg.env.max_episode_steps) for i in range(cfg.run.num_actors)]
+                   max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module) for i in range(cfg.run.num_actors)]
     consumer = Consumer(cfg, envs[0].spec(cfg.env.rollout_length), run_dir)
     state = consumer.state
     actor_policy = InferencePolicy(state.policy, activation=cfg.policy.activation, seed=cfg.run.seed + 1)

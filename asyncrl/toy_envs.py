@@ -26,10 +26,13 @@ class ConstantEnv(gym.Env):
 class CorridorEnv(gym.Env):
     """Observation [position / length, step]; reward = the action's first component clipped
     to [-1, 1]; terminates once ``terminate_at`` steps are taken (0: never). Deterministic, so
-    rollouts can be checked step by step."""
+    rollouts can be checked step by step. ``render_mode="rgb_array"``: [64, 128, 3] uint8 frames
+    (a marker moving along the corridor), so video writing is testable without OpenGL."""
 
-    def __init__(self, length: int = 10, terminate_at: int = 0, discrete: bool = False):
-        self.length, self.terminate_at = length, terminate_at
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+
+    def __init__(self, length: int = 10, terminate_at: int = 0, discrete: bool = False, render_mode=None):
+        self.length, self.terminate_at, self.render_mode = length, terminate_at, render_mode
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Discrete(2) if discrete else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.t = 0
@@ -47,6 +50,12 @@ class CorridorEnv(gym.Env):
         reward = float(action) if np.isscalar(action) or np.ndim(action) == 0 else float(np.clip(action[0], -1, 1))
         terminated = self.terminate_at > 0 and self.t >= self.terminate_at
         return self._obs(), reward, terminated, False, {}
+
+    def render(self):
+        frame = np.full((64, 128, 3), 230, np.uint8)
+        x = int(8 + (self.t % self.length) * (112 / max(self.length - 1, 1)))
+        frame[24:40, max(x - 8, 0):x + 8] = (200, 30, 30)
+        return frame
 
 
 def register() -> None:

@@ -44,7 +44,7 @@ FPS_LINE = re.compile(r"Fps is \(10 sec: ([0-9.nan]+), 60 sec: ([0-9.nan]+)")
 
 
 def sample_factory_run(args, i: int, out: Path) -> float:
-    """Sample Factory 2.1.1 APPO on HalfCheetah with BENCHMARKS.md's command (2 workers x 8 envs,
+    """Sample Factory 2.1.1 APPO on HalfCheetah with the command of docs/benchmarks.md (2 workers x 8 envs,
     CPU learner), in its own virtualenv; returns the last 60-second FPS it printed (learning on)."""
     budget = int(args.seconds * args.expected_rate * 1.3)
     cmd = [args.peer_sf, "-m", "sf_examples.mujoco.train_mujoco", "--env=mujoco_halfcheetah",
@@ -99,7 +99,7 @@ def main() -> None:
         print(f"Sample Factory 2.1.1 APPO, same benchmark run: median {statistics.median(peer):,.0f} env steps/s "
               f"(runs: {', '.join(f'{x:,.0f}' for x in peer)}); ratio asyncrl / SF = {med / statistics.median(peer):.2f}")
     else:
-        print(f"vs Sample Factory's 5,000 in BENCHMARKS.md (not measured in this run): {med / 5000:.2f}x")
+        print("(no same-run ratio: give --peer-sf PYTHON to run Sample Factory alternately; docs/benchmarks.md)")
     print("median share of wall time (process-seconds per second; actors summed):")
     for k, v in median_share.items():
         print(f"  {k:<22} {v:5.2f}")

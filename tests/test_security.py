@@ -178,3 +178,23 @@ def test_curve_pub_sub(keys, ctx):
     finally:
         tp.close(pub, sub)
         server_sec.close()
+
+
+def test_wildcard_bind_never_advertises_loopback(monkeypatch):
+    """A host that calls itself localhost (or maps its name to 127.0.1.1): the outbound address."""
+    monkeypatch.setattr(sec.socket, "getfqdn", lambda: "localhost")
+    monkeypatch.setattr(sec.socket, "gethostname", lambda: "box")
+    real = sec.socket.getaddrinfo
+    monkeypatch.setattr(sec.socket, "getaddrinfo",
+                        lambda name, *a, **k: [(2, 1, 6, "", ("127.0.1.1", 0))] if name == "box" else real(name, *a, **k))
+    monkeypatch.setattr(sec, "outbound_address", lambda: "10.1.2.3")
+    addr, source = sec.advertised_with_source("tcp://0.0.0.0:5555")
+    assert addr == "tcp://10.1.2.3:5555" and "outbound address 10.1.2.3" in source and "--advertise" in source
+    # a name that resolves to a real address is kept, and said so
+    monkeypatch.setattr(sec.socket, "getaddrinfo", lambda name, *a, **k: [(2, 1, 6, "", ("10.9.9.9", 0))])
+    addr, source = sec.advertised_with_source("tcp://0.0.0.0:5555")
+    assert addr == "tcp://box:5555" and source.startswith("this host's name box")
+    # --advertise wins; a bound address is its own
+    assert sec.advertised_with_source("tcp://0.0.0.0:5555", "gpu-box") == ("tcp://gpu-box:5555", "--advertise")
+    assert sec.advertised_with_source("tcp://10.0.0.5:5555") == ("tcp://10.0.0.5:5555", "the bound address")
+

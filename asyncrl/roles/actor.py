@@ -51,7 +51,8 @@ class Actor:
     def __init__(self, cfg: Config, opts: ActorOptions):
         self.cfg, self.opts = cfg, opts
         torch.set_num_threads(1)
-        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=opts.seed, max_episode_steps=cfg.env.max_episode_steps)
+        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=opts.seed, max_episode_steps=cfg.env.max_episode_steps,
+                           module=cfg.env.module)
         self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
         self.security = opts.security or Security(f"actor {opts.actor_id}")
         sec = self.security.client

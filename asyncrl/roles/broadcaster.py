@@ -17,7 +17,7 @@ import time
 
 from .. import transport as tp
 from ..transport import snapshot_endpoint
-from ..security import Security, advertised, is_loopback
+from ..security import Security, advertised_with_source, is_loopback
 
 log = logging.getLogger("asyncrl.broadcaster")
 
@@ -141,14 +141,15 @@ class Broadcaster:
 
     def announce(self) -> None:
         """Where actors (and relays) connect; the exact commands for a non-loopback address."""
-        adv = advertised(self.endpoint, self.advertise)
+        adv, source = advertised_with_source(self.endpoint, self.advertise)
         security = self.security.describe(self.endpoint)
         if self.upstream:
             self.echo(f"broadcaster: relaying weights from {self.upstream}; actors on this host use "
-                      f"--broadcaster {adv} ({security})")
+                      f"--broadcaster {adv} ({security}), address from {source}")
         elif not is_loopback(self.endpoint):
             keys = "--insecure" if self.security.insecure else "--keys KEYS/client-K"
-            self.echo(f"broadcaster: actors use --broadcaster {adv} ({security}); a relay on each actor host:\n"
+            self.echo(f"broadcaster: actors use --broadcaster {adv} ({security}), address from {source}; "
+                      f"a relay on each actor host:\n"
                       f"  asyncrl broadcaster --upstream {adv} --bind tcp://127.0.0.1:{adv.rsplit(':', 1)[1]} {keys}")
 
     def run(self, stop_after_s: float | None = None) -> None:

@@ -20,7 +20,7 @@ from .. import transport as tp
 from ..transport import snapshot_endpoint
 from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
-from ..security import Security, advertised, endpoint_host, is_loopback
+from ..security import Security, advertised_with_source, endpoint_host, is_loopback
 from ..consume import Consumer, SlotData
 from ..shm import SlotLedger, SlotRing, cleanup_stale
 
@@ -71,8 +71,8 @@ class Learner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.learner.torch_threads)
         self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
-                                 max_episode_steps=cfg.env.max_episode_steps)
-        self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps)
+                                 max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module)
+        self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
         self.consumer = Consumer(cfg, self.spec, self.run_dir)
         self.state = self.consumer.state
         for name in cleanup_stale():
@@ -283,19 +283,20 @@ class Learner:
         security = self.security.describe(self.endpoint)
         if is_loopback(self.endpoint):
             return
-        adv = advertised(self.endpoint, self.advertise)
+        adv, source = advertised_with_source(self.endpoint, self.advertise)
         b = self.broadcaster
         if is_loopback(b):                  # same host as the learner: other hosts use the learner's name
             b = f"tcp://{endpoint_host(adv)}:{b.rsplit(':', 1)[1]}"
         env, default = self.cfg.env, EnvConfig()
-        flags = [f"--env {env.id}"]
+        flags = [f"--env {env.id}"] + ([f"--env-module {env.module}"] if env.module else [])
         if env.num_envs != default.num_envs:
             flags.append(f"--num-envs {env.num_envs}")
         for key in ("rollout_length", "max_episode_steps"):
             if getattr(env, key) != getattr(default, key):
                 flags.append(f"--set env.{key}={getattr(env, key)}")
         flags.append("--insecure" if self.security.insecure else "--keys KEYS/client-K")
-        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}); on each actor host run:\n"
+        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}), address from {source}; "
+                  f"on each actor host run:\n"
                   f"  asyncrl actor --learner {adv} --broadcaster {b} {' '.join(flags)} "
                   f"--run-id {self.run_id} --actor-id NAME")
 

@@ -1,0 +1,75 @@
+"""bin/ wrappers: help, argument errors (one line, exit 2), and the commands they run (--dry-run)."""
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(__file__).resolve().parents[1] / "bin"
+ENV = {**os.environ, "ASYNCRL": f"{sys.executable} -m asyncrl"}
+
+
+def _run(name, *args):
+    return subprocess.run([str(BIN / name), *args], capture_output=True, text=True, timeout=60, env=ENV)
+
+
+@pytest.mark.parametrize("name", ["learner-host", "actor-host"])
+def test_help(name):
+    p = _run(name, "--help")
+    assert p.returncode == 0 and p.stdout.startswith(f"Usage: {name} ") and "--dry-run" in p.stdout
+
+
+@pytest.mark.parametrize("name, args, words", [
+    ("learner-host", [], "--address HOST is required"),
+    ("learner-host", ["--address", "10.0.0.5", "--bogus"], "unknown option '--bogus'"),
+    ("learner-host", ["--address", "10.0.0.5", "--port", "70000"], "--port must be an integer 1-65533"),
+    ("learner-host", ["--address"], "--address needs a value"),
+    ("learner-host", ["--address", "h", "--actor-hosts", "0"], "--actor-hosts must be a positive integer"),
+    ("actor-host", [], "--learner HOST is required"),
+    ("actor-host", ["--learner", "h", "--num-actors", "two"], "--num-actors must be a positive integer"),
+    ("actor-host", ["--learner", "h", "--keys", "/nonexistent"], "--keys /nonexistent: no such directory"),
+    ("actor-host", ["--learner", "h", "--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
+])
+def test_argument_errors_one_line(name, args, words):
+    p = _run(name, *args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{name}: ") and words in lines[0], p.stderr
+
+
+def test_learner_host_commands(tmp_path):
+    p = _run("learner-host", "--address", "10.0.0.5", "--keys", str(tmp_path / "k"), "--actor-hosts", "3",
+             "--env", "Hopper-v5", "--run-dir", "runs/lan", "--dry-run", "--", "--total-steps", "5000")
+    assert p.returncode == 0, p.stderr
+    keygen, bc, ln = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
+    asy = shlex.split(ENV["ASYNCRL"])
+    assert keygen == asy + ["keys", "generate", str(tmp_path / "k"), "--clients", "3"]
+    assert bc == asy + ["broadcaster", "--bind", "10.0.0.5:5556", "--keys", str(tmp_path / "k/server")]
+    assert ln == asy + ["learner", "--bind", "10.0.0.5:5555", "--broadcaster", "10.0.0.5:5556", "--keys",
+                        str(tmp_path / "k/server"), "--env", "Hopper-v5", "--run-dir", "runs/lan", "--total-steps", "5000"]
+    assert not (tmp_path / "k").exists()                         # a dry run makes nothing
+
+
+def test_actor_host_commands():
+    p = _run("actor-host", "--learner", "tcp://10.0.0.5:6000", "--num-actors", "2", "--insecure", "--seed", "7",
+             "--host-label", "boxB", "--dry-run", "--", "--slowdown", "0.5")
+    assert p.returncode == 0, p.stderr
+    relay, a0, a1 = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
+    asy = shlex.split(ENV["ASYNCRL"])
+    assert relay == asy + ["broadcaster", "--upstream", "10.0.0.5:6001", "--bind", "127.0.0.1:5556", "--insecure"]
+    assert a0 == asy + ["actor", "--learner", "10.0.0.5:6000", "--broadcaster", "127.0.0.1:5556", "--insecure",
+                        "--actor-id", "boxB-a0", "--seed", "7", "--host-label", "boxB", "--slowdown", "0.5"]
+    assert a1[a1.index("--actor-id") + 1] == "boxB-a1" and a1[a1.index("--seed") + 1] == "8"
+
+
+def test_wrapped_commands_parse():
+    """The options the wrappers pass exist: asyncrl accepts them (each stops at --help)."""
+    for role in ("learner", "broadcaster", "actor"):
+        p = subprocess.run([*shlex.split(ENV["ASYNCRL"]), role, "--help"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0
+        for opt in {"learner": ["--bind", "--broadcaster", "--keys", "--advertise", "--env", "--run-dir"],
+                    "broadcaster": ["--bind", "--upstream", "--keys", "--advertise", "--insecure"],
+                    "actor": ["--learner", "--broadcaster", "--keys", "--actor-id", "--seed", "--host-label"]}[role]:
+            assert opt in p.stdout, (role, opt)
