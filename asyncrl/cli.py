@@ -537,9 +537,11 @@ def clean(run_id):
 @click.option("--envs", help="Override the study's envs, e.g. asyncrl/Corridor-v0 (smoke runs).")
 @click.option("--presets", "only_presets", help="Only the cells of these presets, e.g. vaco,ppo.")
 @click.option("--conditions", "only_conditions", help="Only the cells of these lag conditions, e.g. none,age-8.")
+@click.option("--retry-failed", is_flag=True, help="Run again the cells whose record says failed.")
 @click.option("--dry-run", is_flag=True, help="List the cells and which are finished; run nothing.")
 @click.option("--report-only", is_flag=True, help="Write the results table and report from finished cells only.")
-def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_conditions, dry_run, report_only):
+def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_conditions, retry_failed, dry_run,
+          report_only):
     """Run a grid of envs x presets x lag conditions x seeds (resumable) and report it.
 
     Finished cells (same study, resolved config and training code) are skipped, so a killed
@@ -556,7 +558,8 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
                         envs=envs.split(",") if envs else None,
                         presets=only_presets.split(",") if only_presets else None,
                         conditions=only_conditions.split(",") if only_conditions else None)
-        runner = Runner(st, Path(out or Path("studies") / st.name), jobs=jobs, echo=click.echo)
+        runner = Runner(st, Path(out or Path("studies") / st.name), jobs=jobs, echo=click.echo,
+                        retry_failed=retry_failed)
     except StudyError as exc:
         raise UserError(str(exc)) from None
     if dry_run:

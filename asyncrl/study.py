@@ -173,7 +173,7 @@ def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: l
         StudyError: unreadable file, unknown key, wrong type, unknown condition, or a cell whose
             config is invalid (the message names the cell).
     """
-    path = Path(path)
+    path = Path(path).resolve()
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -291,10 +291,12 @@ def _versions() -> dict[str, str]:
 class Runner:
     """Runs a study's cells into ``out``/cells/<key>/ (run/ = the run directory, cell.json = the record)."""
 
-    def __init__(self, study: Study, out: Path, *, jobs: int = 1, echo: Callable[[str], None] = print):
+    def __init__(self, study: Study, out: Path, *, jobs: int = 1, echo: Callable[[str], None] = print,
+                 retry_failed: bool = False):
         if jobs < 1:
             raise StudyError(f"--jobs must be >= 1, got {jobs}")
-        self.study, self.out, self.jobs, self.echo = study, out, jobs, echo
+        self.study, self.out, self.jobs, self.echo = study, Path(out).resolve(), jobs, echo
+        self.retry_failed = retry_failed
         self.fingerprint = training_code_fingerprint()
         self.commit = git_commit()
         self.keys = {c: cell_key(study, c, self.fingerprint) for c in study.cells}
@@ -306,7 +308,9 @@ class Runner:
         return self.out / "cells" / self.keys[cell] / "cell.json"
 
     def pending(self) -> list[Cell]:
-        return [c for c in self.study.cells if not self.record_path(c).exists()]
+        """Cells without a record (and, with retry_failed, those whose record says failed)."""
+        return [c for c in self.study.cells if not self.record_path(c).exists()
+                or (self.retry_failed and json.loads(self.record_path(c).read_text()).get("status") == "failed")]
 
     def finished_records(self) -> list[dict]:
         out = []
@@ -325,8 +329,10 @@ class Runner:
         cmd = cell.command(run_dir)
         load0, t0, started = os.getloadavg()[0], time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
         with open(cell_dir / "log.txt", "w") as log:
+            # cwd = the cell's directory: `python -m asyncrl.cli` puts its cwd first on sys.path, so
+            # a checkout in the study's cwd would otherwise shadow the code the study was started with
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent)
+                                    cwd=cell_dir, env=_child_env(), preexec_fn=_die_with_parent)
             with self._lock:
                 self._procs.add(proc)
             rc = proc.wait()
@@ -402,6 +408,13 @@ class Runner:
                     drain(all_=False)
                     running.add(pool.submit(self.run_cell, cell))
             drain(all_=True)
+
+
+def _child_env() -> dict[str, str]:
+    """The cells import the same asyncrl as this process (its package's parent first on the path)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def _die_with_parent() -> None:

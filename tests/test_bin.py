@@ -15,7 +15,7 @@ def _run(name, *args):
     return subprocess.run([str(BIN / name), *args], capture_output=True, text=True, timeout=60, env=ENV)
 
 
-@pytest.mark.parametrize("name", ["learner-host", "actor-host"])
+@pytest.mark.parametrize("name", ["learner-host", "actor-host", "study-quick"])
 def test_help(name):
     p = _run(name, "--help")
     assert p.returncode == 0 and p.stdout.startswith(f"Usage: {name} ") and "--dry-run" in p.stdout
@@ -31,6 +31,9 @@ def test_help(name):
     ("actor-host", ["--learner", "h", "--num-actors", "two"], "--num-actors must be a positive integer"),
     ("actor-host", ["--learner", "h", "--keys", "/nonexistent"], "--keys /nonexistent: no such directory"),
     ("actor-host", ["--learner", "h", "--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
+    ("study-quick", ["--jobs", "0"], "--jobs must be a positive integer, got '0'"),
+    ("study-quick", ["--what"], "unknown option '--what'"),
+    ("study-quick", ["--out"], "--out needs a value"),
 ])
 def test_argument_errors_one_line(name, args, words):
     p = _run(name, *args)
@@ -73,3 +76,11 @@ def test_wrapped_commands_parse():
                     "broadcaster": ["--bind", "--upstream", "--keys", "--advertise", "--insecure"],
                     "actor": ["--learner", "--broadcaster", "--keys", "--actor-id", "--seed", "--host-label"]}[role]:
             assert opt in p.stdout, (role, opt)
+
+
+def test_study_quick_lists_the_quick_profile(tmp_path):
+    p = _run("study-quick", "--dry-run", "--out", str(tmp_path / "q"))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 330 and all(line.startswith("pending") for line in lines)
+    assert any("vaco_paper | Walker2d-v5 | age-8 | seed 105" in line for line in lines)

@@ -134,3 +134,22 @@ def test_full_profile_smoke_at_a_tiny_budget(tmp_path):
     assert {c["status"] for c in results["cells"]} == {"ok"}, [c.get("error") for c in results["cells"]]
     assert {c["mode"] for c in results["cells"]} == {"serial", "multiprocess"}
     assert len({c["preset"] for c in results["cells"]}) == 8
+
+
+@pytest.mark.timeout(300)
+def test_cells_run_the_study_code_not_a_checkout_in_the_cwd_and_failed_cells_retry(tmp_path, monkeypatch):
+    shadow = tmp_path / "cwd"
+    (shadow / "asyncrl").mkdir(parents=True)
+    (shadow / "asyncrl" / "__init__.py").write_text("raise ImportError('the shadowing checkout was imported')\n")
+    monkeypatch.chdir(shadow)
+    path = tmp_path / "s.toml"
+    path.write_text(study_text(conditions=("none",)).replace('presets = ["ppo"]', 'presets = ["ppo"]\nenvs = ["os:getcwd"]'))
+    st = load_study(path)
+    runner = Runner(st, tmp_path / "out", jobs=2, echo=lambda *_: None)
+    runner.run()
+    recs = {r["label"]: r for r in runner.finished_records()}
+    assert recs["vaco"]["status"] == "ok", recs["vaco"].get("error")
+    assert recs["ppo"]["status"] == "failed" and "os:getcwd" in recs["ppo"]["error"]
+    assert Runner(st, tmp_path / "out", echo=lambda *_: None).pending() == []
+    again = Runner(st, tmp_path / "out", echo=lambda *_: None, retry_failed=True)
+    assert [c.label for c in again.pending()] == ["ppo"]
