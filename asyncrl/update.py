@@ -66,8 +66,12 @@ def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, forc
                                        advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor,
                                        surrogate_rho_bar=cfg.surrogate_rho_bar,
                                        min_deviation=cfg.tv_filter_min_deviation, force=force)
-    if p == "vaco_no_filter":
-        return losses.ratio_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv)
+    if p == "vaco_no_filter":      # vaco's surrogate (same anchor and weight bound) without the TV filter
+        if cfg.ratio_anchor == "behavior":
+            return losses.ratio_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv)
+        return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv,
+                                       tv_threshold=math.inf, anchor_log_prob=target_log_prob,
+                                       surrogate_rho_bar=cfg.surrogate_rho_bar)
     if p == "ppo":
         return losses.ppo_clip_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
                                     advantages=adv, clip_eps=cfg.clip_eps)
