@@ -377,16 +377,15 @@ class Runner:
         total = len(todo)
         self.echo(f"study {self.study.name}: {len(self.study.cells)} cells, {len(self.study.cells) - total} "
                   f"already finished, {total} to run, {self.jobs} at a time; results in {self.out}")
-        running: set[Future] = set()
-        try:
-            self._schedule(todo, running, total)
-        except BaseException:                     # Ctrl-C, SIGTERM: stop the cells, record none of them
-            self._stop.set()
-            with self._lock:
-                for p in self._procs:
-                    p.terminate()
-            raise
+        self._schedule(todo, set(), total)
         return total
+
+    def _abort(self) -> None:
+        """Ctrl-C, SIGTERM: stop the running cells at once and record none of them."""
+        self._stop.set()
+        with self._lock:
+            for p in self._procs:
+                p.terminate()
 
     def _schedule(self, todo: list[Cell], running: set[Future], total: int) -> None:
         done = 0
@@ -399,15 +398,19 @@ class Runner:
                         running.discard(f)
                         done += 1
                         self._announce(f.result(), done, total)
-            for cell in todo:
-                if cell.mode == "multiprocess":
-                    drain(all_=True)
-                    running.add(pool.submit(self.run_cell, cell))
-                    drain(all_=True)
-                else:
-                    drain(all_=False)
-                    running.add(pool.submit(self.run_cell, cell))
-            drain(all_=True)
+            try:                                  # inside the pool: its exit waits for the running cells
+                for cell in todo:
+                    if cell.mode == "multiprocess":
+                        drain(all_=True)
+                        running.add(pool.submit(self.run_cell, cell))
+                        drain(all_=True)
+                    else:
+                        drain(all_=False)
+                        running.add(pool.submit(self.run_cell, cell))
+                drain(all_=True)
+            except BaseException:
+                self._abort()
+                raise
 
 
 def _child_env() -> dict[str, str]:

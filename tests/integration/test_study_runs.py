@@ -153,3 +153,29 @@ def test_cells_run_the_study_code_not_a_checkout_in_the_cwd_and_failed_cells_ret
     assert Runner(st, tmp_path / "out", echo=lambda *_: None).pending() == []
     again = Runner(st, tmp_path / "out", echo=lambda *_: None, retry_failed=True)
     assert [c.label for c in again.pending()] == ["ppo"]
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_running_cells_and_records_none(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(study_text(steps=200_000, conditions=("none",)))   # cells far longer than the test
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "study", str(path), "--jobs", "2", "--out", str(out)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    children: dict = {}
+    try:
+        wait_for(lambda: len(list(out.glob("cells/*/run/metrics.jsonl"))) == 2, 150, "both cells to be training")
+        children = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) != 0
+        wait_for(lambda: not any(alive(p, s) for p, s in children.items()), 30, "the cells to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid, start in children.items():
+            if alive(pid, start):
+                import os
+                os.kill(pid, signal.SIGKILL)
+    assert list(out.glob("cells/*/cell.json")) == []
+    assert len(Runner(load_study(path), out, echo=lambda *_: None).pending()) == 2
