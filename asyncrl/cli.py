@@ -538,10 +538,12 @@ def clean(run_id):
 @click.option("--presets", "only_presets", help="Only the cells of these presets, e.g. vaco,ppo.")
 @click.option("--conditions", "only_conditions", help="Only the cells of these lag conditions, e.g. none,age-8.")
 @click.option("--retry-failed", is_flag=True, help="Run again the cells whose record says failed.")
+@click.option("--any-code", is_flag=True,
+              help="With --report-only: also report cells finished under other training code (marked).")
 @click.option("--dry-run", is_flag=True, help="List the cells and which are finished; run nothing.")
 @click.option("--report-only", is_flag=True, help="Write the results table and report from finished cells only.")
-def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_conditions, retry_failed, dry_run,
-          report_only):
+def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_conditions, retry_failed, any_code,
+          dry_run, report_only):
     """Run a grid of envs x presets x lag conditions x seeds (resumable) and report it.
 
     Finished cells (same study, resolved config and training code) are skipped, so a killed
@@ -570,7 +572,7 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
     if not report_only:
         _on_sigterm()
         runner.run()
-    results = write_report(st, runner.finished_records(), runner.out)
+    results = write_report(st, runner.finished_records(any_code=any_code and report_only), runner.out)
     click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {len(st.cells)} cells finished)")
 
 

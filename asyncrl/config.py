@@ -20,7 +20,8 @@ PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     "vaco_paper": {"ratio_anchor": "behavior", "tv_threshold": 0.2, "surrogate_rho_bar": float("inf"),
-                   "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "entropy_coef": 0.0},
+                   "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "tv_filter_ratio_cap": float("inf"),
+                   "entropy_coef": 0.0},
 }
 RATIO_ANCHORS = ("behavior", "learning")
 FILTER_TRIGGERS = ("minibatch", "iteration")
@@ -67,6 +68,7 @@ class AlgoConfig:
     surrogate_rho_bar: float = _f(float("inf"), "bound on pi_T/beta in the surrogate (learning anchor); inf: none")
     tv_filter_trigger: str = _f("minibatch", "when the TV filter acts: minibatch (each minibatch over delta) or iteration (from the first one on)")
     tv_filter_min_deviation: float = _f(0.0, "the TV filter's sign rule applies only to samples with |r - 1| above this")
+    tv_filter_ratio_cap: float = _f(float("inf"), "the sign rule also applies, whatever the TV estimate, to samples with |r - 1| above this; inf: never")
     clip_eps: float = _f(0.2, "ppo: ratio clip epsilon")
     kl_coef: float = _f(1.0, "ppo_kl: KL penalty coefficient")
     spo_eps: float = _f(0.2, "spo: ratio epsilon")
@@ -208,6 +210,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.tv_filter_trigger must be one of {FILTER_TRIGGERS}, got {a.tv_filter_trigger!r}")
     if not 0.0 <= a.tv_filter_min_deviation < float("inf"):
         raise ConfigError(f"algo.tv_filter_min_deviation must be a finite number >= 0, got {a.tv_filter_min_deviation}")
+    if not a.tv_filter_ratio_cap > a.tv_filter_min_deviation:
+        raise ConfigError(f"algo.tv_filter_ratio_cap must be > algo.tv_filter_min_deviation, got {a.tv_filter_ratio_cap}")
     if not a.surrogate_rho_bar > 0:
         raise ConfigError(f"algo.surrogate_rho_bar must be > 0 (inf: no bound), got {a.surrogate_rho_bar}")
     if cfg.policy.activation not in ("tanh", "relu", "elu"):

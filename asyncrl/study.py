@@ -274,7 +274,9 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
             "lag_p50": summary.get("lag_p50"), "lag_p95": summary.get("lag_p95"),
             "lag_seconds_p50": summary.get("lag_seconds_p50"), "lag_seconds_p95": summary.get("lag_seconds_p95"),
             "diagnostics": diag, "curve": _downsample(curve),
-            "diverged": final is None or final != final or any(r.get("policy_loss") != r.get("policy_loss") for r in rows)}
+            # no finished episode (final None) is not divergence: a NaN score or loss is
+            "diverged": (final is not None and final != final) or any(r.get("policy_loss") != r.get("policy_loss")
+                                                                       for r in rows)}
 
 
 def _versions() -> dict[str, str]:
@@ -312,12 +314,21 @@ class Runner:
         return [c for c in self.study.cells if not self.record_path(c).exists()
                 or (self.retry_failed and json.loads(self.record_path(c).read_text()).get("status") == "failed")]
 
-    def finished_records(self) -> list[dict]:
-        out = []
+    def finished_records(self, *, any_code: bool = False) -> list[dict]:
+        """The records of this study's cells. With ``any_code``, a cell without a record under the
+        current training code takes the newest record of the same cell (same arm, env, preset,
+        condition, seed, overrides and budget) run by other code; its fingerprint shows it."""
+        out, others = [], {}
+        if any_code:
+            for p in sorted((self.out / "cells").glob("*/cell.json")):
+                r = json.loads(p.read_text())
+                others.setdefault(_identity(r), []).append(r)
         for c in self.study.cells:
             p = self.record_path(c)
             if p.exists():
                 out.append(json.loads(p.read_text()))
+            elif any_code and (same := others.get(_identity(c))):
+                out.append(max(same, key=lambda r: r.get("started", "")))
         return out
 
     def run_cell(self, cell: Cell) -> dict:
@@ -411,6 +422,13 @@ class Runner:
             except BaseException:
                 self._abort()
                 raise
+
+
+def _identity(x) -> tuple:
+    """What names a cell in its study file (a Cell or a record of one), code aside."""
+    get = (lambda k: x[k]) if isinstance(x, dict) else (lambda k: getattr(x, k))
+    return (get("label"), get("env"), get("preset"), get("condition"), get("seed"), tuple(get("overrides")),
+            get("total_env_steps"), get("mode"))
 
 
 def _child_env() -> dict[str, str]:

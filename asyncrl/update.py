@@ -65,7 +65,8 @@ def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, forc
         return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
                                        advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor,
                                        surrogate_rho_bar=cfg.surrogate_rho_bar,
-                                       min_deviation=cfg.tv_filter_min_deviation, force=force)
+                                       min_deviation=cfg.tv_filter_min_deviation, force=force,
+                                       ratio_cap=cfg.tv_filter_ratio_cap)
     if p == "vaco_no_filter":      # vaco's surrogate (same anchor and weight bound) without the TV filter
         if cfg.ratio_anchor == "behavior":
             return losses.ratio_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv)
@@ -173,7 +174,8 @@ def _filter_split(pl, log_prob, flat, idx, adv, cfg, stale) -> dict[str, float]:
         return out
     anchor = flat["target_log_prob"][idx] if cfg.ratio_anchor == "learning" else flat["behavior_log_prob"][idx]
     keep = losses.tv_filter(log_ratio=log_prob.detach() - anchor, advantages=adv.detach(), tv_threshold=math.inf,
-                            min_deviation=cfg.tv_filter_min_deviation, force=pl.filter_fired).keep_mask
+                            min_deviation=cfg.tv_filter_min_deviation, force=pl.filter_fired,
+                            ratio_cap=cfg.tv_filter_ratio_cap).keep_mask
     s = stale[idx]
     nan = float("nan")
     out["filtered_fraction_stale"] = float((~keep[s]).float().mean()) if s.any() else nan

@@ -131,3 +131,17 @@ presets = ["vaco"]'''))
     assert comp["median_ratio"] == pytest.approx(3000.0 / 3750.0)
     # P(X > Y): 3000 beats none, 4000 beats 3500 and ties 4000, 1000 beats none -> 1.5 / 6
     assert comp["probability_of_improvement"]["value"] == pytest.approx(1.5 / 6)
+
+
+def test_report_can_take_records_of_other_training_code(tmp_path):
+    from asyncrl.study import Runner
+    st = load_study(write(tmp_path, GRID))
+    runner = Runner(st, tmp_path / "out", echo=lambda *_: None)
+    cell = st.cells[0]
+    old = {"label": cell.label, "env": cell.env, "preset": cell.preset, "condition": cell.condition, "seed": cell.seed,
+           "overrides": list(cell.overrides), "total_env_steps": cell.total_env_steps, "mode": cell.mode,
+           "status": "ok", "final_return": 1.0, "code_fingerprint": "0123456789abcdef", "started": "2026-12-01T09:00"}
+    (tmp_path / "out" / "cells" / "oldkey").mkdir(parents=True)
+    (tmp_path / "out" / "cells" / "oldkey" / "cell.json").write_text(json.dumps(old))
+    assert runner.finished_records() == [] and len(runner.pending()) == len(st.cells)
+    assert runner.finished_records(any_code=True) == [old]

@@ -76,7 +76,7 @@ def tv_estimate(log_ratio: Tensor) -> Tensor:
 
 
 def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min_deviation: float = 0.0,
-              force: bool | Tensor = False) -> TVFilter:
+              force: bool | Tensor = False, ratio_cap: float = math.inf) -> TVFilter:
     """VACO's TV filter: which samples keep their gradient in this minibatch.
 
     If tv_estimate(log_ratio) <= tv_threshold (and not ``force``) every sample is kept; otherwise
@@ -85,7 +85,9 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
     min_deviation = 0 is the paper's rule; a positive one applies the sign rule only to samples
     that already moved that far (with δ = 0 it is PPO-clip's gradient mask at ε = min_deviation).
     ``force`` (bool or 0-dim bool tensor) applies the rule whatever the estimate (hysteresis: the
-    caller keeps filtering once a minibatch of the iteration was over δ). Computed without gradient.
+    caller keeps filtering once a minibatch of the iteration was over δ). ``ratio_cap`` also applies
+    the sign rule, whatever the estimate, to single samples with |r_i - 1| > ratio_cap: a per-sample
+    bound on top of the minibatch budget (inf: none). Computed without gradient.
 
     Args:
         log_ratio: [N] log π_θ - log anchor (nats); the anchor is β, or π_T for
@@ -94,6 +96,7 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
         tv_threshold: δ >= 0 (inf disables the filter), budget on the minibatch tv_estimate.
         min_deviation: >= 0, finite (unitless, on |r - 1|).
         force: apply the sign rule even at or under δ.
+        ratio_cap: > min_deviation (unitless, on |r - 1|), inf allowed.
 
     Returns:
         :class:`TVFilter` (keep_mask [N] bool, tv_estimate 0-dim, filtered_fraction 0-dim, fired
@@ -101,19 +104,22 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
-            min_deviation < 0 or not finite.
+            min_deviation < 0 or not finite; ratio_cap <= 0 or NaN.
 
     Paper: VACO, arXiv:2603.01365.
     """
     checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio, advantages=advantages)
     tv_threshold = checks.scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
     min_deviation = checks.scalar("min_deviation", min_deviation, low=0.0)
+    ratio_cap = checks.scalar("ratio_cap", ratio_cap, low=0.0, low_open=True, allow_inf=True)
     with torch.no_grad():
         tv = tv_estimate(log_ratio)
         ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         fired = (tv > tv_threshold) | torch.as_tensor(force, device=tv.device)
         # "or" with the 0-dim comparison instead of a Python `if`: stays on device, no host sync.
         keep = (advantages * (ratio - 1.0) <= 0) | ~fired
+        if ratio_cap < math.inf:
+            keep = keep & ((advantages * (ratio - 1.0) <= 0) | ((ratio - 1.0).abs() <= ratio_cap))
         if min_deviation > 0:
             keep = keep | ((ratio - 1.0).abs() <= min_deviation)
         filtered_fraction = 1.0 - keep.to(log_ratio.dtype).mean()
@@ -123,7 +129,7 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
 def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
                      tv_threshold: float, anchor_log_prob: Tensor | None = None,
                      surrogate_rho_bar: float = math.inf, min_deviation: float = 0.0,
-                     force: bool | Tensor = False) -> PolicyLoss:
+                     force: bool | Tensor = False, ratio_cap: float = math.inf) -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
         w_i = min(surrogate_rho_bar, anchor_i/β_i)   (w_i = 1 for the β anchor)
@@ -146,7 +152,8 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             (ratio_anchor = "behavior"); pass log π_T(a_i|s_i) for ratio_anchor = "learning".
         surrogate_rho_bar: bound > 0 on the importance weight anchor/β (inf: none); only
             meaningful with an anchor other than β.
-        min_deviation, force: passed to :func:`tv_filter` (filter granularity and hysteresis).
+        min_deviation, force, ratio_cap: passed to :func:`tv_filter` (filter granularity,
+            hysteresis, per-sample bound).
 
     Returns:
         :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
@@ -169,7 +176,7 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             weight = torch.exp(_log_ratio(anchor, behavior_log_prob)).clamp(max=bar)
         surrogate = weight * torch.exp(_log_ratio(log_prob, anchor)) * advantages.detach()
     filt = tv_filter(log_ratio=log_prob.detach() - anchor.detach(), advantages=advantages.detach(),
-                     tv_threshold=tv_threshold, min_deviation=min_deviation, force=force)
+                     tv_threshold=tv_threshold, min_deviation=min_deviation, force=force, ratio_cap=ratio_cap)
     loss = -torch.where(filt.keep_mask, surrogate, surrogate.detach()).mean()
     return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filt.filtered_fraction, fired=filt.fired)
 

@@ -102,3 +102,15 @@ def test_iteration_trigger_keeps_filtering_once_over_the_budget():
     assert per_minibatch[:first + 1] == seq[:first + 1]       # identical until the first firing
     with pytest.raises(config.ConfigError, match="tv_filter_trigger"):
         config.load(None, ["algo.tv_filter_trigger=sometimes"])
+
+
+def test_ratio_cap_filters_single_outliers_under_the_budget():
+    log_ratio = torch.log(torch.tensor([1.05, 1.9, 0.6, 0.97, 2.5], dtype=F64))   # |r - 1| = .05 .9 .4 .03 1.5
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0], dtype=F64)                      # the last: A (r - 1) < 0
+    out = tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=10.0, ratio_cap=0.5)
+    assert not out.fired and out.keep_mask.tolist() == [True, False, True, True, True]
+    assert tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=10.0).keep_mask.all()
+    with pytest.raises(ValueError, match="ratio_cap"):
+        tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=0.1, ratio_cap=0.0)
+    with pytest.raises(config.ConfigError, match="tv_filter_ratio_cap"):
+        config.load(None, ["algo.tv_filter_ratio_cap=0.1", "algo.tv_filter_min_deviation=0.2"])
