@@ -134,7 +134,9 @@ def _legend_below(fig, entries: list, *, max_cols: int = 4) -> None:
             handles.append(h)
             texts.append(t)
     if handles:
-        fig.legend(handles, texts, loc="outside lower center", ncols=min(max_cols, len(handles)), frameon=False)
+        # as many columns as fit the figure's width (about 9 characters an inch at this font size)
+        fit = max(1, int(fig.get_figwidth() * 9) // (max(len(t) for t in texts) + 6))
+        fig.legend(handles, texts, loc="outside lower center", ncols=min(max_cols, len(handles), fit), frameon=False)
 
 
 def tv_budget(cfg: dict) -> float | None:
