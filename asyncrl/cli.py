@@ -216,7 +216,8 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise,
 @click.option("--env", "env_id", help="Gymnasium env id (must match the learner's).")
 @click.option("--num-envs", type=int, help="Envs in this actor (must match the learner's env.num_envs).")
 @click.option("--actor-id", help="Unique name of this actor (default: host-pid).")
-@click.option("--seed", type=int, help="Env and action seed of this actor.")
+@click.option("--seed", type=int, help="Run seed this actor's env and action streams derive from, with its "
+                                       "actor id and restart count (default: the learner's run.seed).")
 @click.option("--policy-delay", type=int, help="Act with the weights K versions behind the newest (lag experiments).")
 @click.option("--policy-age-buffer", type=int,
               help="Each rollout acts with a version drawn uniformly from the last K received.")
@@ -241,7 +242,7 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
     actor_id = actor_id or f"{host_label or socket.gethostname()}-{os.getpid()}"
     opts = ActorOptions(learner=_endpoint(learner_ep, cfg.transport.learner_bind),
                         broadcaster=_endpoint(broadcaster, cfg.transport.broadcaster_bind),
-                        actor_id=actor_id, seed=seed if seed is not None else os.getpid(),
+                        actor_id=actor_id, seed=seed,
                         run_id=run_id or "", host_label=host_label or "",
                         security=_security(f"actor {actor_id}", keys_dir, insecure))
     from .security import SecurityError

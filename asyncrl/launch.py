@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import Config, actor_seed
+from .config import Config
 from .shm import remove_run
 
 
@@ -77,8 +77,7 @@ class Supervisor:
         for i in range(self.cfg.run.num_actors):
             self.start(f"actor{i}", ["actor", "--config", cfg_file, "--learner", self.learner_ep,
                                      "--broadcaster", self.broadcaster_ep, "--actor-id", f"actor{i}",
-                                     "--seed", str(actor_seed(self.cfg.run.seed, i)),
-                                     *self._straggler(i)])
+                                     *self._straggler(i)])   # seeds: from run.seed, id and restart count
 
     def _straggler(self, i: int) -> list[str]:
         """actor0 is the straggler of run.straggler_slowdown_s (heterogeneous hosts)."""

@@ -9,40 +9,44 @@ from pathlib import Path
 
 import torch
 
-from .config import Config, actor_seed
+from .config import Config
 from .consume import Consumer, SlotData
 from .envs import VecEnv
 from .lag_control import WeightHistory
 from .policy import InferencePolicy
 from .rollout import collect
+from .seeding import actor_seeds
 
 
 def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None = None,
                echo=print) -> dict:
     """Train until ``cfg.run.total_env_steps`` (or ``max_iterations``); returns the summary."""
     torch.set_num_threads(cfg.learner.torch_threads)
-    envs = [VecEnv(cfg.env.id, cfg.env.num_envs, seed=actor_seed(cfg.run.seed, i),
-                   max_episode_steps=cfg.env.max_episode_steps) for i in range(cfg.run.num_actors)]
+    # actor env group i draws from the streams of actor id "actor{i}", as `asyncrl run`'s actor i does
+    names = [f"actor{i}" for i in range(cfg.run.num_actors)]
+    seeds = [actor_seeds(cfg.run.seed, name, 0, cfg.env.num_envs) for name in names]
+    envs = [VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps)
+            for _ in names]
     consumer = Consumer(cfg, envs[0].spec(cfg.env.rollout_length), run_dir)
     state = consumer.state
-    actor_policy = InferencePolicy(state.policy, activation=cfg.policy.activation, seed=cfg.run.seed + 1)
+    policies = [InferencePolicy(state.policy, activation=cfg.policy.activation, seed=s.action) for s in seeds]
     # each actor env group keeps the versions it was sent, as an actor process does (lag controls)
     histories = [WeightHistory(policy_delay=cfg.actor.policy_delay, policy_age_buffer=cfg.actor.policy_age_buffer,
-                               seed=cfg.run.seed + 2 + i) for i in range(len(envs))]
+                               seed=s.lag) for s in seeds]
     for h in histories:
         h.add(0, state.flat_weights())
-    for env in envs:
-        env.reset()
+    for env, s in zip(envs, seeds):
+        env.reset(seeds=s.env)
     host, next_actor = socket.gethostname(), 0
     try:
         while not consumer.done and (max_iterations is None or state.iteration < max_iterations):
             slots = []
             for _ in range(cfg.learner.slots_per_batch):
                 version, flat = histories[next_actor].choose()
-                actor_policy.load(flat)
+                policies[next_actor].load(flat)
                 arrays = consumer.state.spec.allocate()
-                stats = collect(envs[next_actor], actor_policy.act, arrays, version=version)
-                slots.append(SlotData(f"actor{next_actor}", host, arrays, stats.env_steps, stats.episode_returns))
+                stats = collect(envs[next_actor], policies[next_actor].act, arrays, version=version)
+                slots.append(SlotData(names[next_actor], host, arrays, stats.env_steps, stats.episode_returns))
                 next_actor = (next_actor + 1) % len(envs)
             if consumer.consume(slots) is not None:
                 flat = state.flat_weights()              # what the broadcaster sends between processes

@@ -24,7 +24,7 @@ from asyncrl.spec import RolloutSpec
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2   # 2: welcome carries "restart"
 MAX_HEADER_BYTES = 64 * 1024
 WEIGHTS_TOPIC = b"weights"
 DEFAULT_TIMEOUT_MS = 5000
@@ -61,7 +61,8 @@ SCHEMAS: dict[str, dict[str, object]] = {
     "bye": {"actor_id": str},
     # learner -> actor
     "welcome": {"shm_name": str, "num_slots": int, "spec": dict, "token": bytes,
-                "config": str},  # the learner's resolved config, JSON: actors build the same policy
+                "config": str,   # the learner's resolved config, JSON: actors build the same policy
+                "restart": int},  # times this actor id joined the run before: a seed input (seeding.py)
     # actor -> broadcaster: send me the newest weights now (PUB/SUB drops what came before)
     "snapshot": {"actor_id": str},
     "refuse": {"reason": str},

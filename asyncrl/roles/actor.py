@@ -23,6 +23,7 @@ from ..envs import VecEnv
 from ..lag_control import WeightHistory
 from ..policy import InferencePolicy, build_policy, layout_hash
 from ..rollout import collect
+from ..seeding import ActorSeeds, actor_seeds, fingerprint
 from ..security import Security
 from ..shm import ShmError, SlotRing
 from ..spec import RolloutSpec
@@ -39,7 +40,7 @@ class ActorOptions:
     learner: str                # tcp://host:port of the learner's ROUTER
     broadcaster: str            # tcp://host:port of the broadcaster's PUB; its ROUTER is port + 1
     actor_id: str
-    seed: int
+    seed: int | None = None     # run seed the actor's streams derive from (None: the learner's run.seed)
     connect_timeout_s: float = 60.0
     max_rollouts: int = 0       # 0: until the learner says stop
     run_id: str = ""            # refuse to join any other run ("": any)
@@ -51,7 +52,8 @@ class Actor:
     def __init__(self, cfg: Config, opts: ActorOptions):
         self.cfg, self.opts = cfg, opts
         torch.set_num_threads(1)
-        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=opts.seed, max_episode_steps=cfg.env.max_episode_steps)
+        # seeded at the first reset, once the welcome gave the run seed and this id's restart count
+        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps)
         self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
         self.security = opts.security or Security(f"actor {opts.actor_id}")
         sec = self.security.client
@@ -70,9 +72,8 @@ class Actor:
         self.grants: list[tuple[int, int]] = []
         self.policy = None
         self.version = -1                 # the version the policy copy holds now
-        a = cfg.actor
-        self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
-                                     seed=opts.seed)
+        self.history: WeightHistory | None = None   # made at the welcome (its seed is one of the streams)
+        self.seeds: ActorSeeds | None = None
         self.last_heartbeat = 0.0
         self.last_learner_message = time.monotonic()   # the learner answers every heartbeat
         self.rejects = tp.RejectCounter("actor")
@@ -120,7 +121,14 @@ class Actor:
         template = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
                                 discrete=self.spec.discrete)
         self.layout_hash = layout_hash(template)
-        self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.opts.seed)
+        run_seed = self.opts.seed if self.opts.seed is not None else learner_cfg.run.seed
+        self.seeds = actor_seeds(run_seed, self.opts.actor_id, reply["restart"], self.cfg.env.num_envs)
+        self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.seeds.action)
+        a = self.cfg.actor
+        self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
+                                     seed=self.seeds.lag)
+        log.info("actor %s: joined run %s (restart %d); env and action streams %s from run seed %d",
+                 self.opts.actor_id, self.run_id, reply["restart"], fingerprint(self.seeds), run_seed)
         mode = self.cfg.actor.rollout_transport
         if mode == "tcp":
             log.info("actor %s: shipping rollouts over TCP (actor.rollout_transport = tcp)", self.opts.actor_id)
@@ -229,7 +237,7 @@ class Actor:
         """Handshake, then collect until the learner says stop. Returns rollouts sent."""
         self.hello()
         self.first_weights()
-        self.env.reset()
+        self.env.reset(seeds=self.seeds.env)
         for _ in range(2):                      # two credits: fill one slot while the next is granted
             self._send("request")
         sent = 0

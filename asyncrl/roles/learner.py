@@ -167,11 +167,14 @@ class Learner:
             return
         if old is not None:
             self.forget(actor_id, "restarted")
+        restart = self.state.actor_joins.get(actor_id, 0)    # a seed input: a rejoin draws new streams
+        self.state.actor_joins[actor_id] = restart + 1
         self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic())
-        log.info("learner: actor %s joined from %s (pid %d)", actor_id, h["host"], h["pid"])
+        log.info("learner: actor %s joined from %s (pid %d)%s", actor_id, h["host"], h["pid"],
+                 f", restart {restart}" if restart else "")
         self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
                               "spec": self.spec.to_dict(), "token": self.ring.token,
-                              "config": json.dumps(self.cfg.to_dict())})
+                              "config": json.dumps(self.cfg.to_dict()), "restart": restart})
 
     def mismatch(self, h: dict) -> str:
         """'' if the actor's run id (when it names one), env, rollout shape and spaces match this

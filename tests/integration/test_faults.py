@@ -1,0 +1,62 @@
+"""Faults and hostile peers (issue 9): seeds per actor incarnation, how a run ended, bad numbers,
+slot integrity.
+
+Every test starts its processes through the ``procs`` fixture (conftest.py), which stops only
+those pids at the end and asserts that none survives and that no /dev/shm segment of the test's
+run ids is left. Nothing here asserts on timing, on how many log lines appear, or on their order.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import pytest
+
+from mp_helpers import SMALL, new_run_id, wait_for
+from test_multiprocess import CORRIDOR, start_actor, start_roles
+
+pytestmark = pytest.mark.integration
+
+JOINED = re.compile(r"actor (\S+): joined run \S+ \(restart (\d+)\); env and action streams ([0-9a-f]{12}) "
+                    r"from run seed (\d+)")
+
+
+def joined(procs, name: str):
+    """(actor id, restart, streams fingerprint, run seed) from the actor's join line, or None."""
+    m = JOINED.search(procs.err(name))
+    return None if m is None else (m.group(1), int(m.group(2)), m.group(3), int(m.group(4)))
+
+
+# ----------------------------------------------------------------------------- point 8: seeds
+
+@pytest.mark.timeout(150)
+def test_actor_streams_distinct_and_new_after_restart(procs, tmp_path):
+    """The README's two by-hand actors (same run, ids a0 and a1, no --seed) draw from different
+    streams; a0 killed and started again under its own id joins as restart 1 with streams of its
+    own, and both derive from the learner's run seed."""
+    run_id, run_dir = new_run_id(), tmp_path / "run"
+    fast = ["--set", "transport.actor_timeout_s=2", "--set", "run.seed=5"]
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
+                                             total_steps=100_000_000, extra=fast)
+    start_actor(procs, "a0", learner_ep, broadcaster_ep, env_id=CORRIDOR, expect_failure=True)
+    start_actor(procs, "a1", learner_ep, broadcaster_ep, env_id=CORRIDOR)
+    first = {n: wait_for(lambda n=n: joined(procs, n), 90, f"{n} to join", procs=procs) for n in ("a0", "a1")}
+    assert first["a0"][:2] == ("a0", 0) and first["a1"][:2] == ("a1", 0), first
+    assert first["a0"][2] != first["a1"][2], first
+    assert first["a0"][3] == first["a1"][3] == 5, first
+
+    procs.popen["a0"].kill()
+    procs.popen["a0"].wait(10)
+    wait_for(lambda: "actor a0 left (silent" in procs.err("learner"), 60, "the learner to reap a0", procs=procs)
+    procs.start("a0-again", ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep, "--actor-id", "a0",
+                             "--env", CORRIDOR, *SMALL, *fast[:2]])
+    again = wait_for(lambda: joined(procs, "a0-again"), 90, "a0 to join again", procs=procs)
+    assert again[:2] == ("a0", 1), again
+    assert again[2] not in (first["a0"][2], first["a1"][2]), (again, first)
+
+    procs.popen["learner"].send_signal(signal.SIGINT)
+    assert procs.wait("learner", 30) == 0, procs.dump()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["learner_iterations"] >= 1, summary
+    procs.shutdown()
