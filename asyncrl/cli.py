@@ -199,10 +199,14 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise,
     try:
         summary = role.run()
     except LearnerError as exc:
+        role.record_failure(exc)
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        summary = role.finish()
+        summary = role.finish(outcome="interrupted")
         click.echo("learner: interrupted", err=True)
+    except Exception as exc:
+        role.record_failure(exc)
+        raise
     finally:
         role.close()
     click.echo(summary_line(summary))

@@ -16,6 +16,9 @@ from .spec import RolloutSpec
 from .state import LearnerState
 
 
+OUTCOMES = ("finished", "interrupted", "failed")   # how a run ended (summary.json "outcome")
+
+
 class SlotData(NamedTuple):
     actor: str                    # actor id: also the reward-scaling stream key
     host: str
@@ -84,11 +87,23 @@ class Consumer:
                                tv=self.last_stats.get("tv_estimate"),
                                filtered=self.last_stats.get("filtered_fraction")))
 
-    def finish(self, **extra) -> dict:
-        """Final checkpoint and summary.json; returns the summary."""
+    def finish(self, *, outcome: str = "finished", failed_role: str | None = None, reason: str | None = None,
+               **extra) -> dict:
+        """Final checkpoint and summary.json; returns the summary.
+
+        ``outcome``: "finished" (the step budget was reached), "interrupted" (Ctrl-C, SIGTERM) or
+        "failed" (then ``failed_role`` and ``reason`` say which role and why); the summary records
+        it under ``outcome`` and ``failure`` ({"role", "reason"} or None), with ``resumes`` (times
+        this run was resumed from a checkpoint) and ``actor_rejoins`` (actor id -> joins after its
+        first). Raises ValueError for another outcome."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         st = self.state
         st.save(self.run_dir / "checkpoint.pt")
-        summary = {"env_id": self.cfg.env.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
+        failure = {"role": failed_role, "reason": reason} if outcome == "failed" else None
+        summary = {"outcome": outcome, "failure": failure, "resumes": st.resumes,
+                   "actor_rejoins": {a: n - 1 for a, n in sorted(st.actor_joins.items()) if n > 1},
+                   "env_id": self.cfg.env.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
                    "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
                    "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
                    "learner_iterations": st.iteration, "final_average_return": self.episodes.average_return,

@@ -4,6 +4,7 @@ for a given seed. Actors act with the newest weights (policy lag 0) unless the l
 [actor] say otherwise (asyncrl.lag_control), exactly as actor processes would."""
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
@@ -54,7 +55,10 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
                     h.add(state.version, flat)
             consumer.progress(echo)
     except KeyboardInterrupt:
-        consumer.finish(mode="serial", interrupted=True)   # Ctrl-C keeps what was learned
+        consumer.finish(outcome="interrupted", mode="serial")   # Ctrl-C keeps what was learned
+        raise
+    except Exception as exc:
+        _record_failure(consumer, exc)
         raise
     else:
         return consumer.finish(mode="serial")
@@ -62,3 +66,13 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
         consumer.close()
         for env in envs:
             env.close()
+
+
+def _record_failure(consumer: Consumer, exc: Exception) -> None:
+    """summary.json of a serial run that failed: outcome "failed", the learner's reason. A failure
+    to write it (e.g. the cause was the run directory) must not hide the original error."""
+    try:
+        consumer.finish(outcome="failed", failed_role="learner", reason=f"{type(exc).__name__}: {exc}",
+                        mode="serial")
+    except Exception as inner:  # noqa: BLE001 - reported, and the original error is re-raised
+        logging.getLogger("asyncrl.serial").error("serial: could not write the summary of the failed run: %s", inner)

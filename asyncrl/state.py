@@ -67,6 +67,7 @@ class LearnerState:
         self.env_steps = 0
         self.iteration = 0
         self.actor_joins: dict[str, int] = {}   # actor id -> times it joined (its next restart count)
+        self.resumes = 0                        # times this run was resumed from a checkpoint
         self.layout_hash = layout_hash(self.policy)
 
     def flat_weights(self) -> np.ndarray:
@@ -108,7 +109,7 @@ class LearnerState:
                 "obs_rms": self.obs_rms.state_dict(), "reward_scaler": self.reward_scaler.state_dict(),
                 "version": self.version, "env_steps": self.env_steps, "iteration": self.iteration,
                 "generator": self.generator.get_state(), "config": self.cfg.to_dict(),
-                "actor_joins": dict(self.actor_joins),
+                "actor_joins": dict(self.actor_joins), "resumes": self.resumes,
                 "spec": self.spec.to_dict(), "layout_hash": self.layout_hash}
 
     def save(self, path: str | Path) -> None:
@@ -129,4 +130,5 @@ class LearnerState:
         self.generator.set_state(d["generator"])
         self.version, self.env_steps, self.iteration = d["version"], d["env_steps"], d["iteration"]
         self.actor_joins = dict(d.get("actor_joins", {}))
+        self.resumes = int(d.get("resumes", 0))
 

@@ -314,14 +314,30 @@ class Learner:
             self.consumer.progress(self.echo)
         return self.finish()
 
-    def finish(self) -> dict:
+    def finish(self, *, outcome: str = "finished", reason: str | None = None) -> dict:
+        """Stop the actors, write the final checkpoint and summary.json (``outcome`` as in
+        ``Consumer.finish``; a failure is the learner's, for ``reason``); returns the summary."""
+        why = {"finished": "step budget reached", "interrupted": "the learner was interrupted",
+               "failed": "the learner failed"}.get(outcome, outcome)
         for actor_id in list(self.actors):
-            self.reply(actor_id.encode(), {"type": "stop", "reason": "step budget reached"})
+            self.reply(actor_id.encode(), {"type": "stop", "reason": why})
         self.timing["learner_update_s"] = self.consumer.update_s
-        return self.consumer.finish(mode="async", run_id=self.run_id, rejected_messages=self.rejects.by_reason(),
+        return self.consumer.finish(outcome=outcome, failed_role="learner" if outcome == "failed" else None,
+                                    reason=reason, mode="async", run_id=self.run_id,
+                                    rejected_messages=self.rejects.by_reason(),
                                     time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters),
                                     refused_connections=self.security.refused.by_reason(),
                                     rollouts_by_transport=dict(self.rollouts_by_transport))
+
+    def record_failure(self, exc: BaseException) -> None:
+        """summary.json of a run this learner cannot go on with: outcome "failed", role learner,
+        reason ``exc``. Never raises: a failure to write it (e.g. the run directory is the cause)
+        is logged, and the caller reports ``exc`` itself."""
+        reason = str(exc) if isinstance(exc, LearnerError) else f"{type(exc).__name__}: {exc}"
+        try:
+            self.finish(outcome="failed", reason=reason)
+        except Exception as inner:  # noqa: BLE001 - logged; the original error goes on
+            log.error("learner: could not write the summary of the failed run: %s", inner)
 
     def close(self) -> None:
         """Idempotent; always removes the shared-memory segment."""

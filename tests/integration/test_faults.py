@@ -8,13 +8,15 @@ run ids is left. Nothing here asserts on timing, on how many log lines appear, o
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 
-from mp_helpers import SMALL, new_run_id, wait_for
-from test_multiprocess import CORRIDOR, start_actor, start_roles
+from mp_helpers import SMALL, new_run_id, read_jsonl, wait_for
+from test_multiprocess import CORRIDOR, RUN_LINE, start_actor, start_roles
 
 pytestmark = pytest.mark.integration
 
@@ -59,4 +61,41 @@ def test_actor_streams_distinct_and_new_after_restart(procs, tmp_path):
     assert procs.wait("learner", 30) == 0, procs.dump()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_iterations"] >= 1, summary
+    procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- point 9: how a run ended
+
+def role_pid(procs, actor_id: str) -> int | None:
+    """pid of the role started with ``--actor-id actor_id`` among the adopted descendants."""
+    for pid in procs.adopt_descendants():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if b"--actor-id" in argv and argv[argv.index(b"--actor-id") + 1] == actor_id.encode():
+            return pid
+    return None
+
+
+@pytest.mark.timeout(150)
+def test_summary_names_the_failed_role(procs, tmp_path):
+    """`asyncrl run` whose actor0 is SIGKILLed mid-run exits non-zero, and its summary.json says
+    the run failed, in which role and why, with each role's restart count."""
+    run_dir = tmp_path / "run"
+    procs.start("run", ["run", "--env", CORRIDOR, "--num-actors", "2", "--total-steps", "100000000",
+                        "--run-dir", str(run_dir), "--set", "run.log_every_s=1", *SMALL], expect_failure=True)
+    run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
+    procs.run_ids.add(run_id)
+    wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, 60, "2 learner iterations", procs=procs)
+    pid = wait_for(lambda: role_pid(procs, "actor0"), 30, "actor0's pid", procs=procs)
+    os.kill(pid, signal.SIGKILL)
+    assert procs.wait("run", 60) == 1, procs.dump()
+    assert "actor0 exited with status -9" in procs.err("run"), procs.dump()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "failed", summary
+    assert summary["failure"]["role"] == "actor0", summary
+    assert summary["failure"]["reason"].startswith("exited with status -9"), summary
+    assert set(summary["restarts"]) == {"learner", "broadcaster", "actor0", "actor1"}, summary
+    assert summary["learner_iterations"] >= 2, summary
     procs.shutdown()

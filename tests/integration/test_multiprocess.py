@@ -55,6 +55,7 @@ def start_actor(procs, name, learner_ep, broadcaster_ep, *, env_id, extra=(), ex
 def check_run_outputs(run_dir: Path, total_steps: int, *, actors: set[str] | None = None) -> dict:
     """summary.json, metrics.jsonl, lag.jsonl and checkpoint.pt of a finished run."""
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and summary["failure"] is None, summary
     assert summary["env_steps"] >= total_steps, summary
     assert summary["learner_iterations"] > 0, summary
     for key in ("lag_p50", "lag_p95", "lag_seconds_p50", "lag_seconds_p95"):
@@ -352,6 +353,8 @@ def test_sigint_stops_every_process(procs, tmp_path):
     assert "learner: interrupted" in (run_dir / "logs" / "learner.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_iterations"] >= 3, summary
+    assert summary["outcome"] == "interrupted" and summary["failure"] is None, summary
+    assert summary["restarts"] == {"broadcaster": 0, "learner": 0, "actor0": 0, "actor1": 0}, summary
     assert (run_dir / "checkpoint.pt").stat().st_size > 0
     procs.shutdown()
 
