@@ -90,7 +90,11 @@ def run(config_file, overrides, env_id, preset, num_actors, total_steps, run_dir
     try:
         if serial:
             from .serial import run_serial
-            summary = run_serial(cfg, out, echo=click.echo)
+            from .state import NonFiniteError
+            try:
+                summary = run_serial(cfg, out, echo=click.echo)
+            except NonFiniteError as exc:
+                raise click.ClickException(str(exc)) from None
         else:
             from .launch import RoleFailed, launch
             try:
@@ -196,9 +200,10 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, bind, advertise,
                        security=_security("learner", keys_dir, insecure), advertise=advertise)
     except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
         raise UserError(f"learner: {exc}" if isinstance(exc, OSError) else str(exc)) from None
+    from .state import NonFiniteError
     try:
         summary = role.run()
-    except LearnerError as exc:
+    except (LearnerError, NonFiniteError) as exc:
         role.record_failure(exc)
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
@@ -256,7 +261,9 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
         raise UserError(str(exc)) from None
     n = _run_role(role, ActorError)
     if n is not None:
-        click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}")
+        bad = role.bad_numbers.by_reason()
+        click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}"
+                   + (f"; non-finite numbers from its envs: {bad}" if bad else ""))
 
 
 @main.command()

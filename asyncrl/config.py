@@ -94,6 +94,7 @@ class LearnerConfig:
     reward_scaling: bool = True      # divide rewards by running std of discounted return
     reward_clip: float = 10.0
     checkpoint_every: int = 50       # learner iterations; 0: only at the end
+    max_consecutive_skips: int = 20  # optimizer steps skipped in a row (non-finite loss/gradient) before the run fails
     torch_threads: int = 1
 
 
@@ -219,7 +220,8 @@ def validate(cfg: Config) -> None:
                             ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
                             ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0),
                             ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
-                            ("run.seed", cfg.run.seed, 0)):
+                            ("run.seed", cfg.run.seed, 0),
+                            ("learner.max_consecutive_skips", l.max_consecutive_skips, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:

@@ -8,15 +8,19 @@ import logging
 import socket
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .config import Config
-from .consume import Consumer, SlotData
+from .consume import Consumer, SlotData, SlotError, check_slot
 from .envs import VecEnv
 from .lag_control import WeightHistory
 from .policy import InferencePolicy
 from .rollout import collect
 from .seeding import actor_seeds
+
+
+_log = logging.getLogger("asyncrl.serial")
 
 
 def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None = None,
@@ -42,13 +46,24 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
     try:
         while not consumer.done and (max_iterations is None or state.iteration < max_iterations):
             slots = []
-            for _ in range(cfg.learner.slots_per_batch):
+            while len(slots) < cfg.learner.slots_per_batch and not consumer.done:
                 version, flat = histories[next_actor].choose()
                 policies[next_actor].load(flat)
                 arrays = consumer.state.spec.allocate()
                 stats = collect(envs[next_actor], policies[next_actor].act, arrays, version=version)
-                slots.append(SlotData(names[next_actor], host, arrays, stats.env_steps, stats.episode_returns))
-                next_actor = (next_actor + 1) % len(envs)
+                name, next_actor = names[next_actor], (next_actor + 1) % len(envs)
+                try:   # the checks the learner applies to an actor's slot, and the same counting
+                    check_slot(arrays, consumer.state.spec, version=state.version)
+                except SlotError as exc:
+                    consumer.reject_slot(name, exc.reason, env_steps=stats.env_steps)
+                    n = sum(consumer.rejected_slots.values())
+                    if n & (n - 1) == 0:   # 1st, 2nd, 4th, ...: a broken env cannot flood the log
+                        _log.warning("serial: slot of %s not trained on: %s (%d so far)", name, exc, n)
+                    continue
+                returns = [r for r in stats.episode_returns if np.isfinite(r)]
+                slots.append(SlotData(name, host, arrays, stats.env_steps, returns))
+            if len(slots) < cfg.learner.slots_per_batch:   # the budget went on rejected slots
+                break
             if consumer.consume(slots) is not None:
                 flat = state.flat_weights()              # what the broadcaster sends between processes
                 for h in histories:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -77,6 +78,8 @@ class Actor:
         self.last_heartbeat = 0.0
         self.last_learner_message = time.monotonic()   # the learner answers every heartbeat
         self.rejects = tp.RejectCounter("actor")
+        # NaN/inf from this actor's own envs: counted and logged, never fatal
+        self.bad_numbers = tp.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
         self.step_sleep_s = cfg.actor.slowdown_s / cfg.env.rollout_length
         self.stopped = ""
 
@@ -233,6 +236,19 @@ class Actor:
         self.heartbeat()
         return self.policy.act(obs)
 
+    def finite_episodes(self, stats) -> tuple[list[float], list[int]]:
+        """The rollout's (episode returns, lengths) without episodes whose return is NaN or inf
+        (counted and logged): the wire takes finite numbers only, and the learner must not
+        average them into its return."""
+        returns, lengths = [], []
+        for r, n in zip(stats.episode_returns, stats.episode_lengths):
+            if math.isfinite(r):
+                returns.append(float(r))
+                lengths.append(int(n))
+            else:
+                self.bad_numbers.reject("nonfinite_episode_return", "its envs")
+        return returns, lengths
+
     def run(self) -> int:
         """Handshake, then collect until the learner says stop. Returns rollouts sent."""
         self.hello()
@@ -253,9 +269,13 @@ class Actor:
             self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             stats = collect(self.env, self.act, slot, version=self.version)
+            returns, lengths = self.finite_episodes(stats)
+            try:   # a slot with NaN/inf is still reported: the learner refuses it and frees the grant
+                tp.check_finite(slot)
+            except tp.ProtocolError as exc:
+                self.bad_numbers.reject(exc, "its envs")
             report = dict(grant_id=grant_id, env_steps=stats.env_steps,
-                          episode_returns=[float(r) for r in stats.episode_returns],
-                          episode_lengths=[int(n) for n in stats.episode_lengths],
+                          episode_returns=returns, episode_lengths=lengths,
                           timing={"env_s": stats.env_s, "inference_s": stats.inference_s, "wait_s": wait_s})
             if self.ring is not None:
                 del slot

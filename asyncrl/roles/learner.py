@@ -21,7 +21,7 @@ from ..transport import snapshot_endpoint
 from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
 from ..security import Security, advertised, endpoint_host, is_loopback
-from ..consume import Consumer, SlotData
+from ..consume import Consumer, SlotData, SlotError, check_slot
 from ..shm import SlotLedger, SlotRing, cleanup_stale
 
 log = logging.getLogger("asyncrl.learner")
@@ -167,6 +167,7 @@ class Learner:
             return
         if old is not None:
             self.forget(actor_id, "restarted")
+        self.state.reward_scaler.reset(actor_id)   # a new incarnation: its envs start afresh
         restart = self.state.actor_joins.get(actor_id, 0)    # a seed input: a rejoin draws new streams
         self.state.actor_joins[actor_id] = restart + 1
         self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic())
@@ -213,6 +214,7 @@ class Learner:
         except tp.ProtocolError:
             self.ledger.void(actor_id, slot, h["grant_id"])
             self.actors[actor_id].pending += 1     # the grant it held is void: it may ask again
+            self.state.reward_scaler.reset(actor_id)   # the stream has a gap now
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         self.full_meta[slot] = (actor_id, {"host": self.actors[actor_id].host, "env_steps": h["env_steps"],
@@ -223,16 +225,11 @@ class Learner:
                 self.timing["actors_" + key] += float(value)
 
     def validate_slot(self, views: dict) -> None:
-        tp.check_finite(views)
-        v = views["behavior_version"]
-        if v.min() < 0 or v.max() > self.state.version:
-            raise tp.ProtocolError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{self.state.version}")
-        if v.min() != v.max():   # one rollout, one policy version: what makes max_policy_lag exact
-            raise tp.ProtocolError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
-        if self.spec.discrete:
-            a = views["actions"]
-            if a.min() < 0 or a.max() >= self.spec.action_dim:
-                raise tp.ProtocolError("action", f"action indices {a.min()}..{a.max()} outside 0..{self.spec.action_dim - 1}")
+        """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot can be trained on."""
+        try:
+            check_slot(views, self.spec, version=self.state.version)
+        except SlotError as exc:
+            raise tp.ProtocolError(exc.reason, str(exc).split(": ", 1)[1]) from None
 
     def forget(self, actor_id: str, why: str) -> None:
         freed = self.ledger.reclaim(actor_id)

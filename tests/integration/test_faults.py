@@ -99,3 +99,31 @@ def test_summary_names_the_failed_role(procs, tmp_path):
     assert set(summary["restarts"]) == {"learner", "broadcaster", "actor0", "actor1"}, summary
     assert summary["learner_iterations"] >= 2, summary
     procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- point 6: numbers
+
+@pytest.mark.timeout(150)
+def test_nan_rewards_from_an_actor_are_refused_and_counted(procs, tmp_path):
+    """An actor whose env yields NaN rewards (and so NaN episode returns) keeps running; the
+    learner refuses those slots (counted as "nonfinite"), trains on the rest and finishes with
+    finite weights and checkpoint."""
+    import torch
+    nan_env = "asyncrl/NaNCorridor-v0"
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 16_000
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=nan_env,
+                                             total_steps=total)
+    start_actor(procs, "flaky", learner_ep, broadcaster_ep, env_id=nan_env)
+    assert procs.wait("learner", 120) == 0, procs.dump()
+    assert procs.wait("flaky", 20) == 0, procs.dump()
+    assert "non-finite numbers from its envs" in procs.out("flaky"), procs.out("flaky")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and summary["env_steps"] >= total, summary
+    assert summary["rejected_messages"].get("nonfinite", 0) >= 1, summary
+    assert set(summary["rejected_messages"]) == {"nonfinite"}, summary
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["policy"].values())
+    for row in read_jsonl(run_dir / "metrics.jsonl"):
+        assert all(r == r for r in row["episode_returns"]), row
+    procs.popen["broadcaster"].send_signal(signal.SIGINT)
+    procs.shutdown()
