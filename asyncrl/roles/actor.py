@@ -78,6 +78,7 @@ class Actor:
         self.last_heartbeat = 0.0
         self.last_learner_message = time.monotonic()   # the learner answers every heartbeat
         self.rejects = tp.RejectCounter("actor")
+        self.revoked = 0                  # rollouts dropped because their grant was revoked mid-write
         # NaN/inf from this actor's own envs: counted and logged, never fatal
         self.bad_numbers = tp.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
         self.step_sleep_s = cfg.actor.slowdown_s / cfg.env.rollout_length
@@ -268,7 +269,15 @@ class Actor:
             self.receive_weights()
             self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
-            stats = collect(self.env, self.act, slot, version=self.version)
+            guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None
+            stats = collect(self.env, self.act, slot, version=self.version, guard=guard)
+            if stats.revoked:          # the learner reclaimed this grant (we were silent too long)
+                del slot
+                self.revoked += 1
+                log.warning("actor %s: grant %d of slot %d was revoked while this actor held it (it was silent "
+                            "longer than the learner's actor timeout); its rollout is dropped (%d so far)",
+                            self.opts.actor_id, grant_id, slot_index, self.revoked)
+                continue
             returns, lengths = self.finite_episodes(stats)
             try:   # a slot with NaN/inf is still reported: the learner refuses it and frees the grant
                 tp.check_finite(slot)

@@ -81,6 +81,7 @@ class Learner:
         self.ledger = SlotLedger(cfg.learner.num_slots)
         self.actors: dict[str, ActorInfo] = {}
         self.full_meta: dict[int, tuple[str, dict]] = {}
+        self.copied: list[SlotData] = []         # slots copied out of the ring, not yet trained on
         self.rejects = tp.RejectCounter("learner")
         self.timing: Counter[str] = Counter()   # seconds: where the time goes
         self.rollouts_by_transport: Counter[str] = Counter()   # "shm" / "tcp"
@@ -212,13 +213,14 @@ class Learner:
                 self.rollouts_by_transport["shm"] += 1
                 self.validate_slot(self.ring.views(slot))
         except tp.ProtocolError:
-            self.ledger.void(actor_id, slot, h["grant_id"])
+            if self.ledger.void(actor_id, slot, h["grant_id"]):
+                self.ring.disarm(slot)
             self.actors[actor_id].pending += 1     # the grant it held is void: it may ask again
             self.state.reward_scaler.reset(actor_id)   # the stream has a gap now
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         self.full_meta[slot] = (actor_id, {"host": self.actors[actor_id].host, "env_steps": h["env_steps"],
-                                           "episode_returns": h["episode_returns"]})
+                                           "episode_returns": h["episode_returns"], "grant_id": h["grant_id"]})
         for key in ("env_s", "inference_s", "wait_s"):
             value = h["timing"].get(key, 0.0)
             if isinstance(value, (int, float)):
@@ -233,6 +235,8 @@ class Learner:
 
     def forget(self, actor_id: str, why: str) -> None:
         freed = self.ledger.reclaim(actor_id)
+        for s in freed:
+            self.ring.disarm(s)                    # the old writer must stop writing these
         self.actors.pop(actor_id, None)
         log.info("learner: actor %s left (%s); %d granted slots freed", actor_id, why, len(freed))
 
@@ -256,24 +260,46 @@ class Learner:
             info = self.actors.pop(actor_id)
             info.pending -= 1
             self.actors[actor_id] = info
+            self.ring.arm(g.slot, g.grant_id)      # before the actor can know of the grant
             self.reply(actor_id.encode(), {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
 
     # ---- learning ----
-    def consume(self) -> bool:
-        """If B slots are full: copy them out, free them, run one learner iteration, publish."""
-        B = self.cfg.learner.slots_per_batch
-        if self.ledger.num_full < B:
-            return False
-        slots = self.ledger.pop_full(B)
-        batch = []
-        for s in slots:
+    def collect_full(self) -> None:
+        """Copy every full slot out and free it. A copy is kept only if the grant whose report was
+        accepted still held the slot during the copy and no revoked writer touched it (slot
+        integrity, shm.py), and if it passes the report's checks again (the memory could change
+        after the report); else it is dropped and counted, and its stream restarts."""
+        for s in self.ledger.pop_full(self.ledger.num_full):
             actor_id, meta = self.full_meta.pop(s)
             views = self.ring.views(s)
-            batch.append(SlotData(actor_id, meta["host"], {k: v.copy() for k, v in views.items()},
-                                  meta["env_steps"], meta["episode_returns"]))
+            arrays = {k: v.copy() for k, v in views.items()}
             del views
+            intact = self.ring.intact(s, meta["grant_id"])
             self.ledger.release(s)
-        self.grant_pending()                   # actors go on while the learner learns
+            self.ring.disarm(s)
+            try:
+                if not intact:
+                    raise SlotError("revoked_writer", f"slot {s} of grant {meta['grant_id']} was written into by a "
+                                                      f"writer whose grant had been revoked")
+                check_slot(arrays, self.spec, version=self.state.version)
+            except SlotError as exc:
+                self.consumer.reject_slot(actor_id, exc.reason)
+                n = self.consumer.rejected_slots[exc.reason]
+                if n & (n - 1) == 0:
+                    log.warning("learner: dropped a slot of actor %s: %s (%d so far)", actor_id, exc, n)
+                continue
+            self.copied.append(SlotData(actor_id, meta["host"], arrays, meta["env_steps"], meta["episode_returns"]))
+
+    def consume(self) -> bool:
+        """Copy full slots out and free them; once B good copies are there, run one learner
+        iteration on them and publish."""
+        if self.ledger.num_full:
+            self.collect_full()
+            self.grant_pending()               # actors go on while the learner learns
+        B = self.cfg.learner.slots_per_batch
+        if len(self.copied) < B:
+            return False
+        batch, self.copied = self.copied[:B], self.copied[B:]
         if self.consumer.consume(batch) is not None:
             self.publish()
         return True

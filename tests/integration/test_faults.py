@@ -11,11 +11,12 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from mp_helpers import SMALL, new_run_id, read_jsonl, wait_for
+from mp_helpers import SMALL, new_run_id, proc_stat, read_jsonl, wait_for
 from test_multiprocess import CORRIDOR, RUN_LINE, start_actor, start_roles
 
 pytestmark = pytest.mark.integration
@@ -125,5 +126,47 @@ def test_nan_rewards_from_an_actor_are_refused_and_counted(procs, tmp_path):
     assert all(torch.isfinite(v).all() for v in ckpt["policy"].values())
     for row in read_jsonl(run_dir / "metrics.jsonl"):
         assert all(r == r for r in row["episode_returns"]), row
+    procs.popen["broadcaster"].send_signal(signal.SIGINT)
+    procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- point 4: slot integrity
+
+@pytest.mark.timeout(180)
+def test_actor_frozen_mid_write_is_revoked_and_never_trained_on(procs, tmp_path):
+    """An actor SIGSTOPped while it writes a slot, for longer than transport.actor_timeout_s: the
+    learner reclaims its grants; once SIGCONTinued, the actor finds its grant revoked, stops writing
+    and drops that rollout; every slot trained on holds one rollout of one behaviour version."""
+    from test_multiprocess import T_LONG, E
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 80_000
+    long = ["--set", f"env.rollout_length={T_LONG}", "--set", "transport.actor_timeout_s=2"]
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
+                                             total_steps=total, extra=long)
+    lag_path = run_dir / "lag.jsonl"
+    frozen = start_actor(procs, "frozen", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=long,
+                         expect_failure=True)
+    wait_for(lambda: any(r["actor"] == "frozen" for r in read_jsonl(lag_path)), 90, "frozen's slots to be consumed",
+             interval=0.05, procs=procs)
+    start_actor(procs, "good", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=long)
+    # SIGSTOP while it runs (not while it waits for a grant): it is then inside collect()
+    deadline = time.monotonic() + 10
+    while (st := proc_stat(frozen.pid)) is not None and st[0] != "R" and time.monotonic() < deadline:
+        time.sleep(0.002)
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: "actor frozen left (silent" in procs.err("learner"), 60, "the learner to reap it",
+                 procs=procs)
+        wait_for(lambda: any(r["actor"] == "good" for r in read_jsonl(lag_path)), 90, "good's slots", procs=procs)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_for(lambda: "was revoked while this actor held it" in procs.err("frozen"), 60,
+             "the frozen actor to find its grant revoked", procs=procs)
+    assert procs.wait("learner", 150) == 0, procs.dump()
+    assert procs.wait("good", 20) == 0, procs.dump()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "finished", summary
+    for r in read_jsonl(lag_path):
+        assert r["actor"] in ("frozen", "good"), r
+        assert r["samples"] == T_LONG * E, f"a consumed slot mixes behaviour versions: {r}"
     procs.popen["broadcaster"].send_signal(signal.SIGINT)
     procs.shutdown()
