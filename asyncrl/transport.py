@@ -307,6 +307,15 @@ def decode_weights(frames: Sequence, *, run_id: str | None = None,
 
 # ---------------------------------------------------------------------------- rejects
 
+def printable(text, limit: int = 300) -> str:
+    """``text`` (str or bytes from the wire) safe for one log line: control characters, newlines,
+    backslashes and non-ASCII escaped (``\\n``, ``\\x1b``, ``\\u2028``), cut to ``limit`` characters."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8", "backslashreplace")
+    out = str(text).encode("unicode_escape").decode("ascii")
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
 class RejectCounter:
     """Counts rejected messages by (reason, sender) and logs them; never raises.
 
@@ -323,13 +332,11 @@ class RejectCounter:
             reason = getattr(error, "reason", None) or type(error).__name__
         else:
             reason = str(error)
-        if isinstance(sender, bytes):
-            sender = sender.decode("utf-8", "backslashreplace")
-        key = (reason, (sender or "?")[:64])
+        key = (printable(reason, 64), printable(sender or "?", 64))
         self.counts[key] += 1
         n = self.counts[key]
         if n & (n - 1) == 0:
-            self.log.warning("%s: %s from %s: %s (%d so far)", self.role, self.what, key[1], error, n)
+            self.log.warning("%s: %s from %s: %s (%d so far)", self.role, self.what, key[1], printable(error), n)
 
     @property
     def total(self) -> int:

@@ -109,10 +109,11 @@ class Actor:
                 continue
             try:
                 reply, _ = tp.decode(frames)
-            except tp.ProtocolError as exc:
-                raise ActorError(f"actor {self.opts.actor_id}: cannot read the learner's answer: {exc}") from None
+            except tp.ProtocolError as exc:    # counted and logged; a real answer may still come
+                self.rejects.reject(exc, "learner")
+                continue
             if reply["type"] == "refuse":
-                raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {reply['reason']}")
+                raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {tp.printable(reply['reason'], 1000)}")
             if reply["type"] == "welcome":
                 return self._welcome(reply)
         raise ActorError(f"actor {self.opts.actor_id}: no learner answered at {self.opts.learner} "
@@ -132,7 +133,7 @@ class Actor:
         self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
                                      seed=self.seeds.lag)
         log.info("actor %s: joined run %s (restart %d); env and action streams %s from run seed %d",
-                 self.opts.actor_id, self.run_id, reply["restart"], fingerprint(self.seeds), run_seed)
+                 self.opts.actor_id, tp.printable(self.run_id), reply["restart"], fingerprint(self.seeds), run_seed)
         mode = self.cfg.actor.rollout_transport
         if mode == "tcp":
             log.info("actor %s: shipping rollouts over TCP (actor.rollout_transport = tcp)", self.opts.actor_id)
@@ -184,7 +185,12 @@ class Actor:
             self._receive(frames)
 
     def _receive(self, frames) -> None:
-        header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+        """Keep a weights message; one that does not decode is counted and logged, never fatal."""
+        try:
+            header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+        except tp.ProtocolError as exc:
+            self.rejects.reject(exc, "broadcaster")
+            return
         self.history.add(header["version"], flat)
 
     def select_weights(self) -> None:

@@ -147,23 +147,27 @@ class Learner:
             self.rejects.reject(exc, sender)
             raw = tp.peek(frames[1]) if exc.reason == "proto" and len(frames) > 1 else {}
             if raw.get("type") == "hello":    # tell an actor of another version why it gets nothing
-                reason = f"proto: actor has protocol {raw.get('proto')!r}, learner has {tp.PROTOCOL_VERSION}"
-                log.warning("learner: refused actor %s: %s", sender, reason)
+                reason = tp.printable(f"proto: actor has protocol {raw.get('proto')!r}, learner has "
+                                      f"{tp.PROTOCOL_VERSION}", 1000)
+                log.warning("learner: refused actor %s: %s", tp.printable(sender), reason)
                 self.reply(identity, {"type": "refuse", "reason": reason})
 
     def on_hello(self, identity: bytes, h: dict) -> None:
         actor_id = h["actor_id"]
-        mismatch = self.mismatch(h)
+        mismatch = tp.printable(self.mismatch(h), 1000)   # it quotes the actor's values: keep it sendable
         if mismatch:
-            log.warning("learner: refused actor %s from %s: %s", actor_id, h["host"], mismatch)
+            log.warning("learner: refused actor %s from %s: %s", tp.printable(actor_id), tp.printable(h["host"]),
+                        mismatch)
             self.reply(identity, {"type": "refuse", "reason": mismatch})
             return
         old = self.actors.get(actor_id)
         if old is not None and old.pid == h["pid"] and old.host == h["host"]:
             return                             # a repeated hello from the same process
         if old is not None and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
-            reason = f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another --actor-id"
-            log.warning("learner: refused a second actor %s from %s: %s", actor_id, h["host"], reason)
+            reason = tp.printable(f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another "
+                                  f"--actor-id", 1000)
+            log.warning("learner: refused a second actor %s from %s: %s", tp.printable(actor_id),
+                        tp.printable(h["host"]), reason)
             self.reply(identity, {"type": "refuse", "reason": reason})
             return
         if old is not None:
@@ -172,7 +176,7 @@ class Learner:
         restart = self.state.actor_joins.get(actor_id, 0)    # a seed input: a rejoin draws new streams
         self.state.actor_joins[actor_id] = restart + 1
         self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic())
-        log.info("learner: actor %s joined from %s (pid %d)%s", actor_id, h["host"], h["pid"],
+        log.info("learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id), tp.printable(h["host"]), h["pid"],
                  f", restart {restart}" if restart else "")
         self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
                               "spec": self.spec.to_dict(), "token": self.ring.token,
@@ -185,7 +189,14 @@ class Learner:
                                   spaces=self.spaces)
 
     def reply(self, identity: bytes, header: dict) -> None:
-        tp.send(self.router, [identity, *tp.encode({"run_id": self.run_id, **header})], block=False)
+        """Send ``header`` to ``identity``; never raises: a reply that cannot be encoded (e.g. a
+        string over the wire's limits) is counted as "unsendable_reply" and logged instead."""
+        try:
+            frames = tp.encode({"run_id": self.run_id, **header})
+        except (tp.ProtocolError, ValueError, TypeError) as exc:
+            self.rejects.reject(tp.ProtocolError("unsendable_reply", f"{header.get('type')}: {exc}"), identity)
+            return
+        tp.send(self.router, [identity, *frames], block=False)
 
     def on_report(self, actor_id: str, h: dict, arrays) -> None:
         """A slot is full: checked, then queued for the next batch. A rejected report frees
@@ -238,7 +249,7 @@ class Learner:
         for s in freed:
             self.ring.disarm(s)                    # the old writer must stop writing these
         self.actors.pop(actor_id, None)
-        log.info("learner: actor %s left (%s); %d granted slots freed", actor_id, why, len(freed))
+        log.info("learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why, len(freed))
 
     def reap_silent_actors(self) -> None:
         now = time.monotonic()
