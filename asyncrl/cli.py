@@ -127,7 +127,11 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
     try:
         if serial:
             from .serial import run_serial
-            summary = run_serial(cfg, out, echo=click.echo)
+            from .state import NonFiniteError
+            try:
+                summary = run_serial(cfg, out, echo=click.echo)
+            except NonFiniteError as exc:
+                raise click.ClickException(str(exc)) from None
         else:
             from .launch import RoleFailed, launch
             try:
@@ -234,13 +238,18 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
                        security=_security("learner", keys_dir, insecure), advertise=advertise)
     except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
         raise UserError(f"learner: {exc}" if isinstance(exc, OSError) else str(exc)) from None
+    from .state import NonFiniteError
     try:
         summary = role.run()
-    except LearnerError as exc:
+    except (LearnerError, NonFiniteError) as exc:
+        role.record_failure(exc)
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        summary = role.finish()
+        summary = role.finish(outcome="interrupted")
         click.echo("learner: interrupted", err=True)
+    except Exception as exc:
+        role.record_failure(exc)
+        raise
     finally:
         role.close()
     click.echo(summary_line(summary))
@@ -255,7 +264,8 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
 @_env_module
 @click.option("--num-envs", type=int, help="Envs in this actor (must match the learner's env.num_envs).")
 @click.option("--actor-id", help="Unique name of this actor (default: host-pid).")
-@click.option("--seed", type=int, help="Env and action seed of this actor.")
+@click.option("--seed", type=int, help="Run seed this actor's env and action streams derive from, with its "
+                                       "actor id and restart count (default: the learner's run.seed).")
 @click.option("--policy-delay", type=int, help="Act with the weights K versions behind the newest (lag experiments).")
 @click.option("--policy-age-buffer", type=int,
               help="Each rollout acts with a version drawn uniformly from the last K received.")
@@ -281,7 +291,7 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
     actor_id = actor_id or f"{host_label or socket.gethostname()}-{os.getpid()}"
     opts = ActorOptions(learner=_endpoint(learner_ep, cfg.transport.learner_bind),
                         broadcaster=_endpoint(broadcaster, cfg.transport.broadcaster_bind),
-                        actor_id=actor_id, seed=seed if seed is not None else os.getpid(),
+                        actor_id=actor_id, seed=seed,
                         run_id=run_id or "", host_label=host_label or "",
                         security=_security(f"actor {actor_id}", keys_dir, insecure))
     from .security import SecurityError
@@ -291,7 +301,9 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
         raise UserError(str(exc)) from None
     n = _run_role(role, ActorError)
     if n is not None:
-        click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}")
+        bad = role.bad_numbers.by_reason()
+        click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}"
+                   + (f"; non-finite numbers from its envs: {bad}" if bad else ""))
 
 
 @main.command()

@@ -100,6 +100,7 @@ class LearnerConfig:
     reward_scaling: bool = _f(True, "divide rewards by the running std of the discounted return, per env stream")
     reward_clip: float = _f(10.0, "clip scaled rewards to +-this")
     checkpoint_every: int = _f(50, "learner iterations between checkpoints; 0: only at the end")
+    max_consecutive_skips: int = _f(20, "optimizer steps skipped in a row (non-finite loss or gradient) before the run fails")
     torch_threads: int = _f(1, "torch threads of the learner")
 
 
@@ -228,7 +229,9 @@ def validate(cfg: Config) -> None:
     for key, value, low in (("actor.policy_delay", cfg.actor.policy_delay, 0),
                             ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
                             ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0),
-                            ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0)):
+                            ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
+                            ("run.seed", cfg.run.seed, 0),
+                            ("learner.max_consecutive_skips", l.max_consecutive_skips, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:
@@ -245,12 +248,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"learner.num_slots ({l.num_slots}) must be >= learner.slots_per_batch ({l.slots_per_batch})")
     if cfg.batch_size % a.num_minibatches:
         raise ConfigError(f"batch size T*B*E = {cfg.batch_size} is not divisible by algo.num_minibatches={a.num_minibatches}")
-
-
-def actor_seed(seed: int, actor_index: int) -> int:
-    """Env and action seed of one actor of a run: distinct per actor, the same for the same run
-    seed (used by serial mode and by `asyncrl run` alike)."""
-    return seed * 10_007 + actor_index * 101
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

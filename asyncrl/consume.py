@@ -4,6 +4,7 @@ and write metrics, checkpoints, progress and the summary."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,7 +17,10 @@ from .lag import LagTracker
 from .metrics import (Clock, EpisodeTracker, JsonlWriter, progress_line, tensorboard_writer, write_json_atomic,
                       write_scalars)
 from .spec import RolloutSpec
-from .state import LearnerState
+from .state import LearnerState, NonFiniteError
+
+
+OUTCOMES = ("finished", "interrupted", "failed")   # how a run ended (summary.json "outcome")
 
 
 class SlotData(NamedTuple):
@@ -25,6 +29,36 @@ class SlotData(NamedTuple):
     arrays: dict                  # field -> array of one slot (already copied out of shared memory)
     env_steps: int
     episode_returns: list
+
+
+class SlotError(ValueError):
+    """A slot's contents must not be trained on. ``reason``: a short code for counting
+    ("nonfinite", "version", "action", "revoked_writer")."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def check_slot(arrays: dict[str, np.ndarray], spec: RolloutSpec, *, version: int) -> None:
+    """Raise SlotError unless one slot's arrays (fields of ``spec``) can be trained on: every float
+    field finite (obs, rewards, log-probs, final_obs, continuous actions), one behaviour version in
+    0..``version`` for the whole slot, discrete actions within 0..action_dim-1."""
+    for f in spec.fields:
+        if f.dtype.kind == "f":
+            a = arrays[f.name]
+            finite = np.isfinite(a)
+            if not finite.all():
+                raise SlotError("nonfinite", f"{f.name} holds {int(a.size - np.count_nonzero(finite))} NaN/inf values")
+    v = arrays["behavior_version"]
+    if v.min() < 0 or v.max() > version:
+        raise SlotError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{version}")
+    if v.min() != v.max():   # one rollout, one policy version: what makes max_policy_lag exact
+        raise SlotError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
+    if spec.discrete:
+        a = arrays["actions"]
+        if a.min() < 0 or a.max() >= spec.action_dim:
+            raise SlotError("action", f"action indices {a.min()}..{a.max()} outside 0..{spec.action_dim - 1}")
 
 
 class Consumer:
@@ -41,6 +75,7 @@ class Consumer:
         self.clock = Clock(cfg.run.log_every_s)
         self.last_stats: dict = {}
         self.update_s = 0.0
+        self.rejected_slots: Counter[str] = Counter()   # reason -> slots never trained on (reject_slot)
         self.lag.published(0, time.time())
         self.provenance = provenance()       # at the start: the load the run began under
         self.evaluate = PeriodicEval(cfg)    # run.eval_every: evaluation returns in metrics.jsonl
@@ -51,7 +86,8 @@ class Consumer:
         rows carry the number of the iteration that consumed them, as metrics.jsonl does (1-based).
         Returns the iteration's metrics, or None if every slot was dropped."""
         st, now, limit = self.state, time.time(), self.cfg.learner.max_policy_lag
-        kept, ended = [], []
+        kept, gaps, ended = [], [], []
+        dropped_streams: set[str] = set()     # a dropped slot leaves a gap in its stream
         for sd in slots:
             st.env_steps += sd.env_steps
             self.episodes.add(sd.episode_returns)
@@ -60,13 +96,18 @@ class Consumer:
             if 0 <= limit < lag_versions:
                 self.lag.dropped(st.version, now, sd.actor, sd.host, sd.arrays["behavior_version"],
                                  iteration=st.iteration + 1)
+                dropped_streams.add(sd.actor)
             else:
                 kept.append(sd)
+                gaps.append(sd.actor in dropped_streams)
+                dropped_streams.discard(sd.actor)
+        for stream in dropped_streams:        # no later slot of it in this batch: restart it now
+            st.reward_scaler.reset(stream)
         if not kept:
             return None
         batch_lag = self.lag.consumed(st.version, now, [(s.actor, s.host, s.arrays["behavior_version"]) for s in kept],
                                       iteration=st.iteration + 1)
-        batch = st.make_batch([(s.actor, s.arrays) for s in kept])
+        batch = st.make_batch([(s.actor, s.arrays) for s in kept], gaps)
         t0 = time.perf_counter()
         stats = st.iterate(batch)
         self.update_s += time.perf_counter() - t0
@@ -86,6 +127,15 @@ class Consumer:
             st.save(self.run_dir / "checkpoint.pt")
         return stats
 
+    def reject_slot(self, stream: str, reason: str, *, env_steps: int = 0) -> None:
+        """A slot of ``stream`` that will not be trained on (``check_slot`` refused it, or its
+        writer's grant was revoked): counted by reason, and the stream's running return restarts
+        (the gap). ``env_steps``: steps it took, counted toward the budget (serial mode, where the
+        steps were taken on this budget's behalf)."""
+        self.rejected_slots[reason] += 1
+        self.state.reward_scaler.reset(stream)
+        self.state.env_steps += env_steps
+
     @property
     def done(self) -> bool:
         return self.state.env_steps >= self.cfg.run.total_env_steps
@@ -98,15 +148,31 @@ class Consumer:
                                tv=self.last_stats.get("tv_estimate"),
                                filtered=self.last_stats.get("filtered_fraction")))
 
-    def finish(self, **extra) -> dict:
-        """Final checkpoint and summary.json; returns the summary."""
+    def finish(self, *, outcome: str = "finished", failed_role: str | None = None, reason: str | None = None,
+               **extra) -> dict:
+        """Final checkpoint and summary.json; returns the summary.
+
+        ``outcome``: "finished" (the step budget was reached), "interrupted" (Ctrl-C, SIGTERM) or
+        "failed" (then ``failed_role`` and ``reason`` say which role and why); the summary records
+        it under ``outcome`` and ``failure`` ({"role", "reason"} or None), with ``resumes`` (times
+        this run was resumed from a checkpoint) and ``actor_rejoins`` (actor id -> joins after its
+        first). Raises ValueError for another outcome."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         st = self.state
-        st.save(self.run_dir / "checkpoint.pt")
-        summary = {"env_id": self.cfg.env.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
+        try:
+            st.save(self.run_dir / "checkpoint.pt")
+        except NonFiniteError as exc:      # the last good checkpoint stays; the run failed
+            outcome, failed_role, reason = "failed", "learner", reason or str(exc)
+        failure = {"role": failed_role, "reason": reason} if outcome == "failed" else None
+        summary = {"outcome": outcome, "failure": failure, "resumes": st.resumes,
+                   "actor_rejoins": {a: n - 1 for a, n in sorted(st.actor_joins.items()) if n > 1},
+                   "env_id": self.cfg.env.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
                    "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
                    "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
                    "learner_iterations": st.iteration, "final_average_return": self.episodes.average_return,
-                   "dropped_samples": self.lag.dropped_samples, "last_eval": self.last_eval or None,
+                   "dropped_samples": self.lag.dropped_samples, "rejected_slots": dict(self.rejected_slots),
+                   "skipped_optimizer_steps": st.optimizer.skipped, "last_eval": self.last_eval or None,
                    **self.lag.summary(), **extra,
                    "provenance": self.provenance}
         write_json_atomic(self.run_dir / "summary.json", summary)

@@ -173,10 +173,18 @@ class VecEnv:
         return RolloutSpec(obs_dim=self.obs_dim, action_dim=self.action_dim, discrete=self.discrete,
                            rollout_length=rollout_length, num_envs=self.num_envs)
 
-    def reset(self) -> np.ndarray:
-        """Reset every env; env i is seeded with ``seed + i`` (later resets continue its RNG)."""
+    def reset(self, seeds=None) -> np.ndarray:
+        """Reset every env; env i is seeded with ``seeds[i]`` (an int >= 0; actors and serial mode
+        pass :func:`asyncrl.seeding.actor_seeds`), or with ``seed + i`` when ``seeds`` is None.
+        Later resets continue each env's RNG. Returns obs [E, D] float32.
+
+        Raises ValueError unless ``seeds`` has one seed per env."""
+        if seeds is None:
+            seeds = [self._seed + i for i in range(self.num_envs)]
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} envs")
         for i, env in enumerate(self.envs):
-            self.obs[i] = env.reset(seed=self._seed + i)[0]
+            self.obs[i] = env.reset(seed=int(seeds[i]))[0]
         return self.obs
 
     def step(self, actions: np.ndarray) -> tuple[StepResult, list[tuple[float, int]]]:

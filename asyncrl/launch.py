@@ -19,12 +19,18 @@ import sys
 import time
 from pathlib import Path
 
-from .config import Config, actor_seed
+from .config import Config
+from .metrics import write_json_atomic
 from .shm import remove_run
 
 
 class RoleFailed(RuntimeError):
-    """A role exited with an error; the message carries its name and the end of its log."""
+    """A role exited with an error; the message carries its name and the end of its log.
+    ``role``: its name (learner, broadcaster, actor0, ...); ``reason``: one line, why."""
+
+    def __init__(self, role: str, reason: str, tail: str):
+        super().__init__(f"{role} {reason}:\n{tail}")
+        self.role, self.reason = role, reason
 
 
 def free_port_pair(host: str = "127.0.0.1") -> int:
@@ -57,6 +63,7 @@ class Supervisor:
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.restarts: dict[str, int] = {}    # role name -> times it was restarted
         self.learner_ep = f"tcp://127.0.0.1:{free_port()}"
         self.broadcaster_ep = f"tcp://127.0.0.1:{free_port_pair()}"
 
@@ -77,8 +84,7 @@ class Supervisor:
         for i in range(self.cfg.run.num_actors):
             self.start(f"actor{i}", ["actor", "--config", cfg_file, "--learner", self.learner_ep,
                                      "--broadcaster", self.broadcaster_ep, "--actor-id", f"actor{i}",
-                                     "--seed", str(actor_seed(self.cfg.run.seed, i)),
-                                     *self._straggler(i)])
+                                     *self._straggler(i)])   # seeds: from run.seed, id and restart count
 
     def _straggler(self, i: int) -> list[str]:
         """actor0 is the straggler of run.straggler_slowdown_s (heterogeneous hosts)."""
@@ -96,14 +102,38 @@ class Supervisor:
         text = (self.logs / f"{name}.log").read_text(errors="replace").strip().splitlines()
         return "\n".join(text[-lines:])
 
+    def last_line(self, name: str) -> str:
+        lines = [ln for ln in (self.logs / f"{name}.log").read_text(errors="replace").splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else "(its log is empty)"
+
+    def role_failed(self, name: str, rc: int) -> RoleFailed:
+        return RoleFailed(name, f"exited with status {rc}: {self.last_line(name)}", self.tail(name))
+
     def supervise(self) -> None:
         while self.procs["learner"].poll() is None:
             bad = self.failed()
             if bad is not None:
-                raise RoleFailed(f"{bad[0]} exited with status {bad[1]}:\n{self.tail(bad[0])}")
+                raise self.role_failed(*bad)
             time.sleep(0.2)
         if self.procs["learner"].returncode != 0:
-            raise RoleFailed(f"learner exited with status {self.procs['learner'].returncode}:\n{self.tail('learner')}")
+            raise self.role_failed("learner", self.procs["learner"].returncode)
+
+    def record_summary(self, failure: RoleFailed | None) -> None:
+        """Add what only the supervisor knows to the learner's summary.json: a failure of any
+        role (outcome "failed", the role, why), and the restarts of each role. Writes a summary
+        of its own if the learner left none (it was killed)."""
+        path = self.run_dir / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            summary = {"outcome": None, "failure": None, "run_id": self.run_id}
+        if failure is not None and summary.get("outcome") != "failed":   # keep a learner's own reason
+            summary["outcome"], summary["failure"] = "failed", {"role": failure.role, "reason": failure.reason}
+        summary["restarts"] = {name: self.restarts.get(name, 0) for name in self.procs}
+        try:
+            write_json_atomic(path, summary)
+        except OSError as exc:   # must not hide why the run ended
+            self.echo(f"asyncrl run: could not update {path}: {exc}")
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGINT to every child still running; SIGKILL to any left after ``grace_s``."""
@@ -125,6 +155,7 @@ def launch(cfg: Config, run_dir: Path, *, echo=print) -> dict:
     sup = Supervisor(cfg, run_dir, echo)
     echo(f"run {sup.run_id}: learner {sup.learner_ep}, broadcaster {sup.broadcaster_ep}, "
          f"{cfg.run.num_actors} actors; logs in {sup.logs}")
+    failure = None
     try:
         sup.start_all()
         sup.supervise()
@@ -132,6 +163,10 @@ def launch(cfg: Config, run_dir: Path, *, echo=print) -> dict:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(p.poll() is None for n, p in sup.procs.items() if n != "broadcaster"):
             time.sleep(0.1)
+    except RoleFailed as exc:
+        failure = exc
+        raise
     finally:
         sup.stop_all()
+        sup.record_summary(failure)
     return json.loads((run_dir / "summary.json").read_text())

@@ -18,12 +18,13 @@ class RolloutStats(NamedTuple):
     episode_lengths: list[int]
     env_s: float                   # seconds spent in env.step (simulation, clipping, bookkeeping)
     inference_s: float             # seconds spent choosing actions
+    revoked: bool = False          # the guard stopped it: the slot was no longer this writer's
 
 
 ActFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: int) -> RolloutStats:
+def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: int, guard=None) -> RolloutStats:
     """Fill ``slot`` (fields of :class:`asyncrl.spec.RolloutSpec`) with T steps.
 
     Args:
@@ -33,14 +34,22 @@ def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: in
         act: obs [E, D] float32 -> (unclipped actions [E, A] or [E], log-probs [E]).
         slot: views of one slot; T is taken from ``slot["rewards"].shape[0]``.
         version: behaviour policy version recorded for every step.
+        guard: a :class:`asyncrl.shm.WriteGuard` for a shared-memory slot, or None. It is asked
+            before and after each row is written; once it says the slot is no longer this
+            writer's, collection stops at once and the stats say ``revoked`` (the partial slot
+            must not be reported; the envs have moved on by the steps taken).
     """
     T = slot["rewards"].shape[0]
     obs = slot["obs"]
-    obs[0] = env.obs
     returns, lengths = [], []
     env_s = inference_s = 0.0
     clock = time.perf_counter
+    if guard is not None and not guard.may_write():
+        return RolloutStats(0, returns, lengths, env_s, inference_s, revoked=True)
+    obs[0] = env.obs
     for t in range(T):
+        if guard is not None and not (guard.wrote() and guard.may_write()):
+            return RolloutStats(t * env.num_envs, returns, lengths, env_s, inference_s, revoked=True)
         t0 = clock()
         actions, log_prob = act(obs[t])
         t1 = clock()
@@ -59,4 +68,6 @@ def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: in
         for ret, length in finished:
             returns.append(ret)
             lengths.append(length)
+    if guard is not None and not guard.wrote():
+        return RolloutStats(T * env.num_envs, returns, lengths, env_s, inference_s, revoked=True)
     return RolloutStats(T * env.num_envs, returns, lengths, env_s, inference_s)

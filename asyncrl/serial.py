@@ -4,53 +4,76 @@ for a given seed. Actors act with the newest weights (policy lag 0) unless the l
 [actor] say otherwise (asyncrl.lag_control), exactly as actor processes would."""
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from .config import Config, actor_seed
-from .consume import Consumer, SlotData
+from .config import Config
+from .consume import Consumer, SlotData, SlotError, check_slot
 from .envs import VecEnv
 from .lag_control import WeightHistory
 from .policy import InferencePolicy
 from .rollout import collect
+from .seeding import actor_seeds
+
+
+_log = logging.getLogger("asyncrl.serial")
 
 
 def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None = None,
                echo=print) -> dict:
     """Train until ``cfg.run.total_env_steps`` (or ``max_iterations``); returns the summary."""
     torch.set_num_threads(cfg.learner.torch_threads)
-    envs = [VecEnv(cfg.env.id, cfg.env.num_envs, seed=actor_seed(cfg.run.seed, i),
-                   max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module) for i in range(cfg.run.num_actors)]
+    # actor env group i draws from the streams of actor id "actor{i}", as `asyncrl run`'s actor i does
+    names = [f"actor{i}" for i in range(cfg.run.num_actors)]
+    seeds = [actor_seeds(cfg.run.seed, name, 0, cfg.env.num_envs) for name in names]
+    envs = [VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps,
+                   module=cfg.env.module) for _ in names]
     consumer = Consumer(cfg, envs[0].spec(cfg.env.rollout_length), run_dir)
     state = consumer.state
-    actor_policy = InferencePolicy(state.policy, activation=cfg.policy.activation, seed=cfg.run.seed + 1)
+    policies = [InferencePolicy(state.policy, activation=cfg.policy.activation, seed=s.action) for s in seeds]
     # each actor env group keeps the versions it was sent, as an actor process does (lag controls)
     histories = [WeightHistory(policy_delay=cfg.actor.policy_delay, policy_age_buffer=cfg.actor.policy_age_buffer,
-                               seed=cfg.run.seed + 2 + i) for i in range(len(envs))]
+                               seed=s.lag) for s in seeds]
     for h in histories:
         h.add(0, state.flat_weights())
-    for env in envs:
-        env.reset()
+    for env, s in zip(envs, seeds):
+        env.reset(seeds=s.env)
     host, next_actor = socket.gethostname(), 0
     try:
         while not consumer.done and (max_iterations is None or state.iteration < max_iterations):
             slots = []
-            for _ in range(cfg.learner.slots_per_batch):
+            while len(slots) < cfg.learner.slots_per_batch and not consumer.done:
                 version, flat = histories[next_actor].choose()
-                actor_policy.load(flat)
+                policies[next_actor].load(flat)
                 arrays = consumer.state.spec.allocate()
-                stats = collect(envs[next_actor], actor_policy.act, arrays, version=version)
-                slots.append(SlotData(f"actor{next_actor}", host, arrays, stats.env_steps, stats.episode_returns))
-                next_actor = (next_actor + 1) % len(envs)
+                stats = collect(envs[next_actor], policies[next_actor].act, arrays, version=version)
+                name, next_actor = names[next_actor], (next_actor + 1) % len(envs)
+                try:   # the checks the learner applies to an actor's slot, and the same counting
+                    check_slot(arrays, consumer.state.spec, version=state.version)
+                except SlotError as exc:
+                    consumer.reject_slot(name, exc.reason, env_steps=stats.env_steps)
+                    n = sum(consumer.rejected_slots.values())
+                    if n & (n - 1) == 0:   # 1st, 2nd, 4th, ...: a broken env cannot flood the log
+                        _log.warning("serial: slot of %s not trained on: %s (%d so far)", name, exc, n)
+                    continue
+                returns = [r for r in stats.episode_returns if np.isfinite(r)]
+                slots.append(SlotData(name, host, arrays, stats.env_steps, returns))
+            if len(slots) < cfg.learner.slots_per_batch:   # the budget went on rejected slots
+                break
             if consumer.consume(slots) is not None:
                 flat = state.flat_weights()              # what the broadcaster sends between processes
                 for h in histories:
                     h.add(state.version, flat)
             consumer.progress(echo)
     except KeyboardInterrupt:
-        consumer.finish(mode="serial", interrupted=True)   # Ctrl-C keeps what was learned
+        consumer.finish(outcome="interrupted", mode="serial")   # Ctrl-C keeps what was learned
+        raise
+    except Exception as exc:
+        _record_failure(consumer, exc)
         raise
     else:
         return consumer.finish(mode="serial")
@@ -58,3 +81,13 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
         consumer.close()
         for env in envs:
             env.close()
+
+
+def _record_failure(consumer: Consumer, exc: Exception) -> None:
+    """summary.json of a serial run that failed: outcome "failed", the learner's reason. A failure
+    to write it (e.g. the cause was the run directory) must not hide the original error."""
+    try:
+        consumer.finish(outcome="failed", failed_role="learner", reason=f"{type(exc).__name__}: {exc}",
+                        mode="serial")
+    except Exception as inner:  # noqa: BLE001 - reported, and the original error is re-raised
+        logging.getLogger("asyncrl.serial").error("serial: could not write the summary of the failed run: %s", inner)

@@ -2,15 +2,30 @@
 
 ``SlotRing``: S slots of one ``RolloutSpec`` in ONE POSIX shared-memory segment named
 ``asyncrl-<run_id>-<pid of creator>`` (the name alone tells ``cleanup_stale`` whether its creator
-still lives). Byte layout: a 64-byte header, then slot i at ``64 + i * spec.slot_nbytes``::
+still lives). Byte layout: a 64-byte header, a control block of 16 bytes per slot (padded to a
+multiple of 64), then slot i at ``64 + control_nbytes + i * spec.slot_nbytes``::
 
     offset size  header field
-    0      8     magic b"ASYNCRL1"
+    0      8     magic b"ASYNCRL2"
     8      8     num_slots            (uint64, little-endian)
     16     8     spec.slot_nbytes     (uint64)
     24     16    spec.layout_hash     (ASCII)
     40     16    token                (random; proves a client mapped this very segment)
     56     8     reserved, zero
+
+    control block, slot i at 64 + 16 * i:
+    0      8     generation: the grant id that may write the slot now, 0 for none (int64; the
+                 learner writes it: at a grant, and 0 when the grant is reclaimed, voided or consumed)
+    8      8     intruder: 0, or the grant id of a revoked writer that may have written into the
+                 slot since the learner armed it (int64; written by that writer)
+
+Slot integrity (``arm``, ``disarm``, ``intact``, ``WriteGuard``): a writer checks the generation
+before and after writing each row of its rollout; once it is not its grant any more it stops, and
+if it wrote since its last good check it records itself as the intruder. The learner trains on a
+slot only if, after copying it, the generation is still the grant whose report it accepted and no
+intruder is recorded. What it cannot see: a writer frozen between its last row write and its check
+after it, and killed there (one row of one rollout, only after a freeze longer than the actor
+timeout).
 
 The creator owns the name (``unlink``); attached processes only map it.
 
@@ -42,10 +57,20 @@ PREFIX = "asyncrl-"
 SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory; cleanup scans it
 HEADER_NBYTES = 64
 TOKEN_NBYTES = 16
-MAGIC = b"ASYNCRL1"
+MAGIC = b"ASYNCRL2"                 # 2: a control block (slot generations) follows the header
 _HEADER = struct.Struct("<8sQQ16s16s8x")
 assert _HEADER.size == HEADER_NBYTES
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+def control_nbytes(num_slots: int) -> int:
+    """Bytes of the per-slot control block (16 per slot, padded to a multiple of 64)."""
+    return (16 * num_slots + 63) // 64 * 64
+
+
+def segment_nbytes(spec: RolloutSpec, num_slots: int) -> int:
+    """Size of a ring's whole segment: header, control block, slots."""
+    return HEADER_NBYTES + control_nbytes(num_slots) + num_slots * spec.slot_nbytes
 
 
 class ShmError(RuntimeError):
@@ -64,6 +89,8 @@ class SlotRing:
             shm, spec, num_slots, token, owner
         self._views: dict[int, dict[str, np.ndarray]] = {}
         self._closed = self._unlinked = False
+        # [S, 2] int64: (generation, intruder) of each slot; see the module docstring
+        self._control = np.ndarray((num_slots, 2), np.int64, buffer=shm.buf, offset=HEADER_NBYTES)
 
     @classmethod
     def create(cls, *, run_id: str, spec: RolloutSpec, num_slots: int) -> SlotRing:
@@ -79,8 +106,7 @@ class SlotRing:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         name = f"{PREFIX}{run_id}-{os.getpid()}"
         try:
-            shm = SharedMemory(name=name, create=True,
-                               size=HEADER_NBYTES + num_slots * spec.slot_nbytes)
+            shm = SharedMemory(name=name, create=True, size=segment_nbytes(spec, num_slots))
         except FileExistsError:
             raise ShmError(f"shared-memory segment {name!r} already exists") from None
         token = secrets.token_bytes(TOKEN_NBYTES)
@@ -124,9 +150,35 @@ class SlotRing:
         if not 0 <= i < self.num_slots:
             raise IndexError(f"slot {i} out of range [0, {self.num_slots})")
         if i not in self._views:
-            base = HEADER_NBYTES + i * self.spec.slot_nbytes
+            base = HEADER_NBYTES + control_nbytes(self.num_slots) + i * self.spec.slot_nbytes
             self._views[i] = self.spec.views(self._shm.buf, base)
         return dict(self._views[i])
+
+    # ---- slot integrity (module docstring) ----
+    def arm(self, i: int, grant_id: int) -> None:
+        """Learner: ``grant_id`` (> 0) may write slot ``i`` from now on; clears its intruder mark."""
+        if grant_id <= 0:
+            raise ValueError(f"grant ids are > 0, got {grant_id}")
+        self._control[i, 1] = 0
+        self._control[i, 0] = grant_id
+
+    def disarm(self, i: int) -> None:
+        """Learner: nobody may write slot ``i`` (its grant was reclaimed, voided or consumed)."""
+        self._control[i, 0] = 0
+
+    def generation(self, i: int) -> int:
+        """The grant id that may write slot ``i`` now (0: none)."""
+        return int(self._control[i, 0])
+
+    def intact(self, i: int, grant_id: int) -> bool:
+        """Learner, after copying slot ``i`` out: True if ``grant_id`` still holds it and no revoked
+        writer marked itself as an intruder, so the copy is that grant's rollout alone."""
+        _fence()
+        return int(self._control[i, 0]) == grant_id and int(self._control[i, 1]) == 0
+
+    def guard(self, i: int, grant_id: int) -> WriteGuard:
+        """The writer's side for one rollout into slot ``i`` under ``grant_id``."""
+        return WriteGuard(self._control, i, grant_id)
 
     def close(self) -> None:
         """Unmap the segment in this process; idempotent, never raises BufferError.
@@ -139,7 +191,9 @@ class SlotRing:
             return
         self._closed = True
         refs = [weakref.ref(a) for v in self._views.values() for a in v.values()]
+        refs.append(weakref.ref(self._control))
         self._views.clear()
+        self._control = None
         live = [a for r in refs if (a := r()) is not None]
         if not live:
             self._shm.close()
@@ -182,6 +236,41 @@ class SlotRing:
                 f"closed={self._closed})")
 
 
+def _fence() -> None:
+    """A full memory barrier, so that stores to the segment before it are visible to the other
+    process before loads after it (x86 may otherwise let a load pass an earlier store). Taking a
+    lock is an atomic read-modify-write, which orders memory on x86 and ARM alike."""
+    with _FENCE:
+        pass
+
+
+_FENCE = threading.Lock()
+
+
+class WriteGuard:
+    """The writer's half of slot integrity for one rollout (see the module docstring).
+
+    Call ``may_write()`` before writing a row and ``wrote()`` after it; both return False once the
+    grant is no longer the slot's generation, and the writer must then stop writing. ``wrote()``
+    then also records this grant as the slot's intruder, since the row it just wrote may have landed
+    in another grant's rollout. ``revoked``: True once either returned False."""
+
+    def __init__(self, control: np.ndarray, slot: int, grant_id: int):
+        self._control, self.slot, self.grant_id, self.revoked = control, slot, grant_id, False
+
+    def may_write(self) -> bool:
+        if not self.revoked and int(self._control[self.slot, 0]) != self.grant_id:
+            self.revoked = True
+        return not self.revoked
+
+    def wrote(self) -> bool:
+        _fence()
+        if int(self._control[self.slot, 0]) != self.grant_id:
+            self._control[self.slot, 1] = self.grant_id
+            self.revoked = True
+        return not self.revoked
+
+
 class _CloseWhenUnused:
     """Closes a SharedMemory once ``one_gone`` was called ``n`` times (once per dead view)."""
 
@@ -212,8 +301,8 @@ def _check_header(shm: SharedMemory, spec: RolloutSpec, num_slots: int,
     if layout != _hash(spec) or slot_nbytes != spec.slot_nbytes:
         raise ShmError(f"{shm.name}: rollout layout {layout!r} differs from this process's "
                        f"{_hash(spec)!r} (different RolloutSpec)")
-    if shm.size < HEADER_NBYTES + n * slot_nbytes:
-        raise ShmError(f"{shm.name}: {shm.size} bytes, expected {HEADER_NBYTES + n * slot_nbytes}")
+    if shm.size < segment_nbytes(spec, n):
+        raise ShmError(f"{shm.name}: {shm.size} bytes, expected {segment_nbytes(spec, n)}")
     if token is not None and token != found:
         raise ShmError(f"{shm.name}: token differs: another segment of the same name")
     return found

@@ -16,6 +16,53 @@ from .spec import RolloutSpec
 from .update import learner_iteration
 
 
+class NonFiniteError(RuntimeError):
+    """The learner's numbers went non-finite: too many optimizer steps in a row skipped for a
+    non-finite loss or gradient, or weights / statistics that would be published or checkpointed."""
+
+
+class GuardedAdam(torch.optim.Adam):
+    """Adam that skips a step whose gradients are not all finite (a NaN or inf loss, an overflow),
+    leaving parameters and moments untouched; ``skipped`` counts skipped steps, ``consecutive``
+    the current run of them (reset by the next good step)."""
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, **kwargs)
+        self.skipped = self.consecutive = 0
+
+    def step(self, closure=None):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
+            self.skipped += 1
+            self.consecutive += 1
+            return None
+        self.consecutive = 0
+        return super().step(closure)
+
+
+def nonfinite_entries(tree: Any, prefix: str = "") -> list[tuple[str, int]]:
+    """(dotted name, count) of every float tensor or array in a nested dict/list that holds NaN or
+    inf values; [] when all are finite."""
+    out: list[tuple[str, int]] = []
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out += nonfinite_entries(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out += nonfinite_entries(v, f"{prefix}.{i}")
+    elif isinstance(tree, torch.Tensor) and tree.is_floating_point():
+        bad = int((~torch.isfinite(tree)).sum())
+        if bad:
+            out.append((prefix, bad))
+    elif isinstance(tree, np.ndarray) and tree.dtype.kind == "f":
+        bad = int((~np.isfinite(tree)).sum())
+        if bad:
+            out.append((prefix, bad))
+    elif isinstance(tree, float) and not np.isfinite(tree):
+        out.append((prefix, 1))
+    return out
+
+
 class RewardScaler:
     """Scale rewards by the running std of the discounted return, per env stream.
 
@@ -43,6 +90,12 @@ class RewardScaler:
         scaled = rewards / np.sqrt(self.rms.var + 1e-8)
         return np.clip(scaled, -self.clip, self.clip).astype(np.float32)
 
+    def reset(self, stream: str) -> None:
+        """Forget ``stream``'s running returns: its next slot starts them at 0, as after an episode
+        start. For a gap in the stream (a dropped or rejected slot, a restarted actor), whose
+        running return would otherwise carry over steps the scaler never saw."""
+        self.returns.pop(stream, None)
+
     def state_dict(self) -> dict:
         return {"rms": self.rms.state_dict(), "returns": {k: v.tolist() for k, v in self.returns.items()}}
 
@@ -59,24 +112,32 @@ class LearnerState:
         torch.manual_seed(cfg.run.seed)
         self.policy = build_policy(cfg.policy, spec.obs_dim, spec.action_dim, discrete=spec.discrete)
         # fused: one kernel for all parameters; the per-tensor loop cost ~0.6 ms of a ~3 ms optimizer step here
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
+        # GuardedAdam: a step with a non-finite loss or gradient is skipped and counted, never taken
+        self.optimizer = GuardedAdam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.obs_rms = RunningMeanStd((spec.obs_dim,))
         self.reward_scaler = RewardScaler(gamma=cfg.algo.gamma, clip=cfg.learner.reward_clip)
         self.version = 0
         self.env_steps = 0
         self.iteration = 0
+        self.actor_joins: dict[str, int] = {}   # actor id -> times it joined (its next restart count)
+        self.resumes = 0                        # times this run was resumed from a checkpoint
         self.layout_hash = layout_hash(self.policy)
 
     def flat_weights(self) -> np.ndarray:
         return flatten_weights(self.policy)
 
-    def make_batch(self, slots: Sequence[tuple[str, dict[str, np.ndarray]]]) -> dict[str, torch.Tensor]:
+    def make_batch(self, slots: Sequence[tuple[str, dict[str, np.ndarray]]],
+                   gaps: Sequence[bool] | None = None) -> dict[str, torch.Tensor]:
         """Concatenate B slots (stream key, field arrays [T(+1), E, ...]) along the env axis into
         one batch of [T(+1), B*E, ...] tensors. The arrays are copied, so the slots can be freed
-        as soon as this returns. Rewards are scaled per stream here."""
+        as soon as this returns. Rewards are scaled per stream here; ``gaps[i]``: slot i does not
+        follow its stream's previous slot (one in between was dropped), so that stream's running
+        return restarts first."""
         out: dict[str, list[np.ndarray]] = {name: [] for name in self.spec.field_names}
-        for stream, arrays in slots:
+        for i, (stream, arrays) in enumerate(slots):
+            if gaps is not None and gaps[i]:
+                self.reward_scaler.reset(stream)
             for name in self.spec.field_names:
                 a = arrays[name]
                 if name == "rewards" and self.cfg.learner.reward_scaling:
@@ -91,11 +152,22 @@ class LearnerState:
             frac = max(0.0, 1.0 - self.env_steps / self.cfg.run.total_env_steps)
             for g in self.optimizer.param_groups:
                 g["lr"] = a.lr * frac
+        skipped_before = self.optimizer.skipped
         stats = learner_iteration(self.policy, self.optimizer, batch, cfg=a, generator=self.generator,
                                   version=self.version)
+        stats["skipped_steps"] = self.optimizer.skipped - skipped_before
+        limit = self.cfg.learner.max_consecutive_skips
+        if self.optimizer.consecutive > limit:
+            raise NonFiniteError(f"learner: {self.optimizer.consecutive} optimizer steps in a row skipped for a "
+                                 f"non-finite loss or gradient (learner.max_consecutive_skips = {limit}), at "
+                                 f"iteration {self.iteration + 1}")
         if self.cfg.policy.normalize_obs:
             self.obs_rms.update(batch["obs"][:-1].reshape(-1, self.spec.obs_dim).numpy())
             self.policy.set_obs_stats(self.obs_rms)
+        bad = nonfinite_entries({"policy": self.policy.state_dict()})
+        if bad:   # never published nor checkpointed
+            raise NonFiniteError(f"learner: non-finite weights after iteration {self.iteration + 1}: "
+                                 + ", ".join(f"{name} ({n})" for name, n in bad[:3]))
         self.iteration += 1
         self.version += 1
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -107,13 +179,22 @@ class LearnerState:
                 "obs_rms": self.obs_rms.state_dict(), "reward_scaler": self.reward_scaler.state_dict(),
                 "version": self.version, "env_steps": self.env_steps, "iteration": self.iteration,
                 "generator": self.generator.get_state(), "config": self.cfg.to_dict(),
+                "actor_joins": dict(self.actor_joins), "resumes": self.resumes,
                 "spec": self.spec.to_dict(), "layout_hash": self.layout_hash}
 
     def save(self, path: str | Path) -> None:
-        """Atomic: write to a temporary file in the same directory, then rename."""
+        """Atomic: write to a temporary file in the same directory, then rename.
+
+        Raises NonFiniteError, writing nothing, if any weight, optimizer moment, normaliser or
+        reward-scaler statistic is NaN or inf (the previous checkpoint stays)."""
         path = Path(path)
+        state = self.state_dict()
+        bad = nonfinite_entries({k: state[k] for k in ("policy", "optimizer", "obs_rms", "reward_scaler")})
+        if bad:
+            raise NonFiniteError(f"learner: checkpoint not written, non-finite values in "
+                                 + ", ".join(f"{name} ({n})" for name, n in bad[:3]))
         tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(self.state_dict(), tmp)
+        torch.save(state, tmp)
         os.replace(tmp, path)
 
     def load(self, path: str | Path) -> None:
@@ -126,4 +207,6 @@ class LearnerState:
         self.reward_scaler.load_state_dict(d["reward_scaler"])
         self.generator.set_state(d["generator"])
         self.version, self.env_steps, self.iteration = d["version"], d["env_steps"], d["iteration"]
+        self.actor_joins = dict(d.get("actor_joins", {}))
+        self.resumes = int(d.get("resumes", 0))
 

@@ -1,5 +1,6 @@
 """Tiny deterministic gymnasium envs for tests and smoke runs (registered on import of
-:mod:`asyncrl.envs` as ``asyncrl/Constant-v0`` and ``asyncrl/Corridor-v0``)."""
+:mod:`asyncrl.envs` as ``asyncrl/Constant-v0``, ``asyncrl/Corridor-v0`` and
+``asyncrl/NaNCorridor-v0``, a Corridor whose reward is NaN at steps 500 and 1000 of each episode)."""
 from __future__ import annotations
 
 import gymnasium as gym
@@ -27,12 +28,16 @@ class CorridorEnv(gym.Env):
     """Observation [position / length, step]; reward = the action's first component clipped
     to [-1, 1]; terminates once ``terminate_at`` steps are taken (0: never). Deterministic, so
     rollouts can be checked step by step. ``render_mode="rgb_array"``: [64, 128, 3] uint8 frames
-    (a marker moving along the corridor), so video writing is testable without OpenGL."""
+    (a marker moving along the corridor), so video writing is testable without OpenGL.
+    ``nan_reward_every`` k > 0: the reward of every k-th step of an episode is NaN (a broken
+    simulator, for the fault tests)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
 
-    def __init__(self, length: int = 10, terminate_at: int = 0, discrete: bool = False, render_mode=None):
+    def __init__(self, length: int = 10, terminate_at: int = 0, discrete: bool = False, render_mode=None,
+                 nan_reward_every: int = 0):
         self.length, self.terminate_at, self.render_mode = length, terminate_at, render_mode
+        self.nan_reward_every = nan_reward_every
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Discrete(2) if discrete else gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.t = 0
@@ -49,6 +54,8 @@ class CorridorEnv(gym.Env):
         self.t += 1
         reward = float(action) if np.isscalar(action) or np.ndim(action) == 0 else float(np.clip(action[0], -1, 1))
         terminated = self.terminate_at > 0 and self.t >= self.terminate_at
+        if self.nan_reward_every and self.t % self.nan_reward_every == 0:
+            reward = float("nan")
         return self._obs(), reward, terminated, False, {}
 
     def render(self):
@@ -59,6 +66,7 @@ class CorridorEnv(gym.Env):
 
 
 def register() -> None:
-    for env_id, cls in (("asyncrl/Constant-v0", ConstantEnv), ("asyncrl/Corridor-v0", CorridorEnv)):
+    for env_id, cls, kwargs in (("asyncrl/Constant-v0", ConstantEnv, {}), ("asyncrl/Corridor-v0", CorridorEnv, {}),
+                                ("asyncrl/NaNCorridor-v0", CorridorEnv, {"nan_reward_every": 500})):
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=cls, max_episode_steps=1000)
+            gym.register(id=env_id, entry_point=cls, max_episode_steps=1000, kwargs=kwargs)

@@ -24,7 +24,7 @@ from asyncrl.spec import RolloutSpec
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2   # 2: welcome carries "restart"
 MAX_HEADER_BYTES = 64 * 1024
 WEIGHTS_TOPIC = b"weights"
 DEFAULT_TIMEOUT_MS = 5000
@@ -61,7 +61,8 @@ SCHEMAS: dict[str, dict[str, object]] = {
     "bye": {"actor_id": str},
     # learner -> actor
     "welcome": {"shm_name": str, "num_slots": int, "spec": dict, "token": bytes,
-                "config": str},  # the learner's resolved config, JSON: actors build the same policy
+                "config": str,   # the learner's resolved config, JSON: actors build the same policy
+                "restart": int},  # times this actor id joined the run before: a seed input (seeding.py)
     # actor -> broadcaster: send me the newest weights now (PUB/SUB drops what came before)
     "snapshot": {"actor_id": str},
     "refuse": {"reason": str},
@@ -306,6 +307,15 @@ def decode_weights(frames: Sequence, *, run_id: str | None = None,
 
 # ---------------------------------------------------------------------------- rejects
 
+def printable(text, limit: int = 300) -> str:
+    """``text`` (str or bytes from the wire) safe for one log line: control characters, newlines,
+    backslashes and non-ASCII escaped (``\\n``, ``\\x1b``, ``\\u2028``), cut to ``limit`` characters."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8", "backslashreplace")
+    out = str(text).encode("unicode_escape").decode("ascii")
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
 class RejectCounter:
     """Counts rejected messages by (reason, sender) and logs them; never raises.
 
@@ -322,13 +332,11 @@ class RejectCounter:
             reason = getattr(error, "reason", None) or type(error).__name__
         else:
             reason = str(error)
-        if isinstance(sender, bytes):
-            sender = sender.decode("utf-8", "backslashreplace")
-        key = (reason, (sender or "?")[:64])
+        key = (printable(reason, 64), printable(sender or "?", 64))
         self.counts[key] += 1
         n = self.counts[key]
         if n & (n - 1) == 0:
-            self.log.warning("%s: %s from %s: %s (%d so far)", self.role, self.what, key[1], error, n)
+            self.log.warning("%s: %s from %s: %s (%d so far)", self.role, self.what, key[1], printable(error), n)
 
     @property
     def total(self) -> int:

@@ -60,3 +60,42 @@ def test_infinite_horizon_value_needs_truncation_bootstrap(tmp_path):
     for preset in ("vaco", "ppo"):
         v, target = _value_of_start([f"algo.preset={preset}"], tmp_path, preset)
         assert abs(v - target) < 0.8, (preset, v)
+
+
+def _corridor(tmp_path):
+    return config.load(None, SMALL + ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=10"])
+
+
+def test_summary_records_how_the_run_ended(tmp_path, monkeypatch):
+    """summary.json says finished, interrupted (Ctrl-C) or failed (with the role and the reason)."""
+    import pytest
+    from asyncrl import consume
+
+    finished = run_serial(_corridor(tmp_path), tmp_path / "f", max_iterations=1, echo=lambda *_: None)
+    assert finished["outcome"] == "finished" and finished["failure"] is None
+    assert finished["resumes"] == 0 and finished["actor_rejoins"] == {}
+
+    real = consume.Consumer.consume
+    calls = {"n": 0}
+
+    def second_call(raise_what):
+        def fake(self, slots):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise raise_what
+            return real(self, slots)
+        return fake
+
+    monkeypatch.setattr(consume.Consumer, "consume", second_call(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run_serial(_corridor(tmp_path), tmp_path / "i", echo=lambda *_: None)
+    interrupted = json.loads((tmp_path / "i" / "summary.json").read_text())
+    assert interrupted["outcome"] == "interrupted" and interrupted["learner_iterations"] == 1
+
+    calls["n"] = 0
+    monkeypatch.setattr(consume.Consumer, "consume", second_call(RuntimeError("disk on fire")))
+    with pytest.raises(RuntimeError):
+        run_serial(_corridor(tmp_path), tmp_path / "x", echo=lambda *_: None)
+    failed = json.loads((tmp_path / "x" / "summary.json").read_text())
+    assert failed["outcome"] == "failed"
+    assert failed["failure"] == {"role": "learner", "reason": "RuntimeError: disk on fire"}

@@ -295,3 +295,67 @@ def test_ledger_random_operations_never_consume_twice():
         assert ledger.num_free + ledger.num_granted + ledger.num_full + ledger.num_consuming == n
         assert len(set(ledger.full())) == ledger.num_full
     assert ledger.counters["completed"] == len(consumed_grants)
+
+
+# ---------------------------------------------------------------------------------- slot integrity
+
+def test_revoked_writer_stops_and_its_late_row_is_caught(run_id):
+    """The interleavings of slot integrity, played by hand: writer A (grant 5) is revoked while it
+    is frozen; B (grant 9) writes the slot; A's row written late marks it, and the learner's check
+    after its copy refuses it. A clean rollout passes."""
+    with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
+        ring.arm(0, 5)
+        a = ring.guard(0, 5)
+        assert a.may_write() and a.wrote() and ring.intact(0, 5)       # A writes row 0: all fine
+        assert a.may_write()                                            # A passes the check for row 1, freezes
+        ring.disarm(0)                                                  # the learner reclaims grant 5 ...
+        assert ring.generation(0) == 0
+        ring.arm(0, 9)                                                  # ... and grants the slot to B
+        b = ring.guard(0, 9)
+        assert b.may_write() and b.wrote()                              # B writes its whole rollout
+        assert ring.intact(0, 9)
+        ring.views(0)["rewards"][1] = -1.0                              # A wakes up: its row 1 lands in B's slot
+        assert not a.wrote() and a.revoked                              # A notices, marks the slot, stops
+        assert not a.may_write()
+        assert not ring.intact(0, 9)                                    # the learner drops B's (mixed) copy
+        assert b.wrote() is True                                        # B itself is unaffected
+        ring.arm(0, 10)                                                 # the next grant starts clean
+        assert ring.intact(0, 10) and not ring.intact(0, 9)
+        # a writer that notices before writing leaves no mark
+        ring.arm(1, 11)
+        c = ring.guard(1, 11)
+        ring.disarm(1)
+        assert not c.may_write()
+        ring.arm(1, 12)
+        assert ring.intact(1, 12)
+        with pytest.raises(ValueError):
+            ring.arm(1, 0)
+
+
+def test_collect_stops_when_its_grant_is_revoked(run_id):
+    """collect() with a guard stops writing the moment the grant is revoked, and says so."""
+    from asyncrl.envs import VecEnv
+    from asyncrl.rollout import collect
+    env = VecEnv("asyncrl/Corridor-v0", 2, seed=0)
+    spec = env.spec(8)
+    env.reset()
+    with SlotRing.create(run_id=run_id, spec=spec, num_slots=1) as ring:
+        ring.arm(0, 3)
+        views = ring.views(0)
+        calls = {"n": 0}
+
+        def act(obs):
+            calls["n"] += 1
+            if calls["n"] == 4:           # revoked while it chooses the 4th action
+                ring.disarm(0)
+            return np.ones((2, 1), np.float32), np.zeros(2, np.float32)
+
+        stats = collect(env, act, views, version=1, guard=ring.guard(0, 3))
+        # the row in flight (t = 3) is finished, then the check after it stops the rollout
+        assert stats.revoked and stats.env_steps == 4 * 2
+        assert (views["behavior_version"][:4] == 1).all() and (views["behavior_version"][4:] == 0).all()
+        ring.arm(0, 4)
+        stats = collect(env, act, views, version=2, guard=ring.guard(0, 4))
+        assert not stats.revoked and stats.env_steps == 16 and ring.intact(0, 4)
+        del views
+    env.close()

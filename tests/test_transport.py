@@ -26,7 +26,7 @@ HEADERS = {
     "rollout": REPORT,
     "heartbeat": dict(actor_id="a0"),
     "bye": dict(actor_id="a0"),
-    "welcome": dict(shm_name="asyncrl-run-1-42", num_slots=4, spec=SPEC.to_dict(),
+    "welcome": dict(shm_name="asyncrl-run-1-42", num_slots=4, spec=SPEC.to_dict(), restart=0,
                     token=b"t" * 16, config='{"env": {"id": "CartPole-v1"}}'),
     "snapshot": dict(actor_id="a0"),
     "refuse": dict(reason="spec differs"),
@@ -116,7 +116,7 @@ def test_mutated_headers_raise_only_protocol_error():
 
 @pytest.mark.parametrize("reason, header", [
     ("run_id", _header("request", run_id="other")),
-    ("proto", _header("request", proto=2)),
+    ("proto", _header("request", proto=tp.PROTOCOL_VERSION + 1)),
     ("proto", _header("request", proto=True)),
     ("unknown_type", dict(_header("request"), type="shutdown_everything")),
     ("unknown_type", {k: v for k, v in _header("request").items() if k != "type"}),

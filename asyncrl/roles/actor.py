@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -23,6 +24,7 @@ from ..envs import VecEnv
 from ..lag_control import WeightHistory
 from ..policy import InferencePolicy, build_policy, layout_hash
 from ..rollout import collect
+from ..seeding import ActorSeeds, actor_seeds, fingerprint
 from ..security import Security
 from ..shm import ShmError, SlotRing
 from ..spec import RolloutSpec
@@ -39,7 +41,7 @@ class ActorOptions:
     learner: str                # tcp://host:port of the learner's ROUTER
     broadcaster: str            # tcp://host:port of the broadcaster's PUB; its ROUTER is port + 1
     actor_id: str
-    seed: int
+    seed: int | None = None     # run seed the actor's streams derive from (None: the learner's run.seed)
     connect_timeout_s: float = 60.0
     max_rollouts: int = 0       # 0: until the learner says stop
     run_id: str = ""            # refuse to join any other run ("": any)
@@ -51,7 +53,8 @@ class Actor:
     def __init__(self, cfg: Config, opts: ActorOptions):
         self.cfg, self.opts = cfg, opts
         torch.set_num_threads(1)
-        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=opts.seed, max_episode_steps=cfg.env.max_episode_steps,
+        # seeded at the first reset, once the welcome gave the run seed and this id's restart count
+        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps,
                            module=cfg.env.module)
         self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
         self.security = opts.security or Security(f"actor {opts.actor_id}")
@@ -71,12 +74,14 @@ class Actor:
         self.grants: list[tuple[int, int]] = []
         self.policy = None
         self.version = -1                 # the version the policy copy holds now
-        a = cfg.actor
-        self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
-                                     seed=opts.seed)
+        self.history: WeightHistory | None = None   # made at the welcome (its seed is one of the streams)
+        self.seeds: ActorSeeds | None = None
         self.last_heartbeat = 0.0
         self.last_learner_message = time.monotonic()   # the learner answers every heartbeat
         self.rejects = tp.RejectCounter("actor")
+        self.revoked = 0                  # rollouts dropped because their grant was revoked mid-write
+        # NaN/inf from this actor's own envs: counted and logged, never fatal
+        self.bad_numbers = tp.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
         self.step_sleep_s = cfg.actor.slowdown_s / cfg.env.rollout_length
         self.stopped = ""
 
@@ -105,10 +110,11 @@ class Actor:
                 continue
             try:
                 reply, _ = tp.decode(frames)
-            except tp.ProtocolError as exc:
-                raise ActorError(f"actor {self.opts.actor_id}: cannot read the learner's answer: {exc}") from None
+            except tp.ProtocolError as exc:    # counted and logged; a real answer may still come
+                self.rejects.reject(exc, "learner")
+                continue
             if reply["type"] == "refuse":
-                raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {reply['reason']}")
+                raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {tp.printable(reply['reason'], 1000)}")
             if reply["type"] == "welcome":
                 return self._welcome(reply)
         raise ActorError(f"actor {self.opts.actor_id}: no learner answered at {self.opts.learner} "
@@ -121,7 +127,14 @@ class Actor:
         template = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
                                 discrete=self.spec.discrete)
         self.layout_hash = layout_hash(template)
-        self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.opts.seed)
+        run_seed = self.opts.seed if self.opts.seed is not None else learner_cfg.run.seed
+        self.seeds = actor_seeds(run_seed, self.opts.actor_id, reply["restart"], self.cfg.env.num_envs)
+        self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.seeds.action)
+        a = self.cfg.actor
+        self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
+                                     seed=self.seeds.lag)
+        log.info("actor %s: joined run %s (restart %d); env and action streams %s from run seed %d",
+                 self.opts.actor_id, tp.printable(self.run_id), reply["restart"], fingerprint(self.seeds), run_seed)
         mode = self.cfg.actor.rollout_transport
         if mode == "tcp":
             log.info("actor %s: shipping rollouts over TCP (actor.rollout_transport = tcp)", self.opts.actor_id)
@@ -173,7 +186,12 @@ class Actor:
             self._receive(frames)
 
     def _receive(self, frames) -> None:
-        header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+        """Keep a weights message; one that does not decode is counted and logged, never fatal."""
+        try:
+            header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+        except tp.ProtocolError as exc:
+            self.rejects.reject(exc, "broadcaster")
+            return
         self.history.add(header["version"], flat)
 
     def select_weights(self) -> None:
@@ -226,11 +244,24 @@ class Actor:
         self.heartbeat()
         return self.policy.act(obs)
 
+    def finite_episodes(self, stats) -> tuple[list[float], list[int]]:
+        """The rollout's (episode returns, lengths) without episodes whose return is NaN or inf
+        (counted and logged): the wire takes finite numbers only, and the learner must not
+        average them into its return."""
+        returns, lengths = [], []
+        for r, n in zip(stats.episode_returns, stats.episode_lengths):
+            if math.isfinite(r):
+                returns.append(float(r))
+                lengths.append(int(n))
+            else:
+                self.bad_numbers.reject("nonfinite_episode_return", "its envs")
+        return returns, lengths
+
     def run(self) -> int:
         """Handshake, then collect until the learner says stop. Returns rollouts sent."""
         self.hello()
         self.first_weights()
-        self.env.reset()
+        self.env.reset(seeds=self.seeds.env)
         for _ in range(2):                      # two credits: fill one slot while the next is granted
             self._send("request")
         sent = 0
@@ -245,10 +276,22 @@ class Actor:
             self.receive_weights()
             self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
-            stats = collect(self.env, self.act, slot, version=self.version)
+            guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None
+            stats = collect(self.env, self.act, slot, version=self.version, guard=guard)
+            if stats.revoked:          # the learner reclaimed this grant (we were silent too long)
+                del slot
+                self.revoked += 1
+                log.warning("actor %s: grant %d of slot %d was revoked while this actor held it (it was silent "
+                            "longer than the learner's actor timeout); its rollout is dropped (%d so far)",
+                            self.opts.actor_id, grant_id, slot_index, self.revoked)
+                continue
+            returns, lengths = self.finite_episodes(stats)
+            try:   # a slot with NaN/inf is still reported: the learner refuses it and frees the grant
+                tp.check_finite(slot)
+            except tp.ProtocolError as exc:
+                self.bad_numbers.reject(exc, "its envs")
             report = dict(grant_id=grant_id, env_steps=stats.env_steps,
-                          episode_returns=[float(r) for r in stats.episode_returns],
-                          episode_lengths=[int(n) for n in stats.episode_lengths],
+                          episode_returns=returns, episode_lengths=lengths,
                           timing={"env_s": stats.env_s, "inference_s": stats.inference_s, "wait_s": wait_s})
             if self.ring is not None:
                 del slot

@@ -68,7 +68,8 @@ class Broadcaster:
         if header["run_id"] == self.run_id and header["version"] <= self.version:
             return False
         if self.run_id is not None and header["run_id"] != self.run_id:
-            log.info("broadcaster: weights of run %s replace those of run %s", header["run_id"], self.run_id)
+            log.info("broadcaster: weights of run %s replace those of run %s", tp.printable(header["run_id"]),
+                     tp.printable(self.run_id))
         self.latest = [bytes(f) for f in frames]
         self.version, self.run_id = header["version"], header["run_id"]
         tp.send(self.pub, self.latest, block=False)

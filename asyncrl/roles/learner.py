@@ -21,7 +21,7 @@ from ..transport import snapshot_endpoint
 from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
 from ..security import Security, advertised_with_source, endpoint_host, is_loopback
-from ..consume import Consumer, SlotData
+from ..consume import Consumer, SlotData, SlotError, check_slot
 from ..shm import SlotLedger, SlotRing, cleanup_stale
 
 log = logging.getLogger("asyncrl.learner")
@@ -81,6 +81,7 @@ class Learner:
         self.ledger = SlotLedger(cfg.learner.num_slots)
         self.actors: dict[str, ActorInfo] = {}
         self.full_meta: dict[int, tuple[str, dict]] = {}
+        self.copied: list[SlotData] = []         # slots copied out of the ring, not yet trained on
         self.rejects = tp.RejectCounter("learner")
         self.timing: Counter[str] = Counter()   # seconds: where the time goes
         self.rollouts_by_transport: Counter[str] = Counter()   # "shm" / "tcp"
@@ -146,32 +147,40 @@ class Learner:
             self.rejects.reject(exc, sender)
             raw = tp.peek(frames[1]) if exc.reason == "proto" and len(frames) > 1 else {}
             if raw.get("type") == "hello":    # tell an actor of another version why it gets nothing
-                reason = f"proto: actor has protocol {raw.get('proto')!r}, learner has {tp.PROTOCOL_VERSION}"
-                log.warning("learner: refused actor %s: %s", sender, reason)
+                reason = tp.printable(f"proto: actor has protocol {raw.get('proto')!r}, learner has "
+                                      f"{tp.PROTOCOL_VERSION}", 1000)
+                log.warning("learner: refused actor %s: %s", tp.printable(sender), reason)
                 self.reply(identity, {"type": "refuse", "reason": reason})
 
     def on_hello(self, identity: bytes, h: dict) -> None:
         actor_id = h["actor_id"]
-        mismatch = self.mismatch(h)
+        mismatch = tp.printable(self.mismatch(h), 1000)   # it quotes the actor's values: keep it sendable
         if mismatch:
-            log.warning("learner: refused actor %s from %s: %s", actor_id, h["host"], mismatch)
+            log.warning("learner: refused actor %s from %s: %s", tp.printable(actor_id), tp.printable(h["host"]),
+                        mismatch)
             self.reply(identity, {"type": "refuse", "reason": mismatch})
             return
         old = self.actors.get(actor_id)
         if old is not None and old.pid == h["pid"] and old.host == h["host"]:
             return                             # a repeated hello from the same process
         if old is not None and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
-            reason = f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another --actor-id"
-            log.warning("learner: refused a second actor %s from %s: %s", actor_id, h["host"], reason)
+            reason = tp.printable(f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another "
+                                  f"--actor-id", 1000)
+            log.warning("learner: refused a second actor %s from %s: %s", tp.printable(actor_id),
+                        tp.printable(h["host"]), reason)
             self.reply(identity, {"type": "refuse", "reason": reason})
             return
         if old is not None:
             self.forget(actor_id, "restarted")
+        self.state.reward_scaler.reset(actor_id)   # a new incarnation: its envs start afresh
+        restart = self.state.actor_joins.get(actor_id, 0)    # a seed input: a rejoin draws new streams
+        self.state.actor_joins[actor_id] = restart + 1
         self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic())
-        log.info("learner: actor %s joined from %s (pid %d)", actor_id, h["host"], h["pid"])
+        log.info("learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id), tp.printable(h["host"]), h["pid"],
+                 f", restart {restart}" if restart else "")
         self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
                               "spec": self.spec.to_dict(), "token": self.ring.token,
-                              "config": json.dumps(self.cfg.to_dict())})
+                              "config": json.dumps(self.cfg.to_dict()), "restart": restart})
 
     def mismatch(self, h: dict) -> str:
         """'' if the actor's run id (when it names one), env, rollout shape and spaces match this
@@ -180,7 +189,14 @@ class Learner:
                                   spaces=self.spaces)
 
     def reply(self, identity: bytes, header: dict) -> None:
-        tp.send(self.router, [identity, *tp.encode({"run_id": self.run_id, **header})], block=False)
+        """Send ``header`` to ``identity``; never raises: a reply that cannot be encoded (e.g. a
+        string over the wire's limits) is counted as "unsendable_reply" and logged instead."""
+        try:
+            frames = tp.encode({"run_id": self.run_id, **header})
+        except (tp.ProtocolError, ValueError, TypeError) as exc:
+            self.rejects.reject(tp.ProtocolError("unsendable_reply", f"{header.get('type')}: {exc}"), identity)
+            return
+        tp.send(self.router, [identity, *frames], block=False)
 
     def on_report(self, actor_id: str, h: dict, arrays) -> None:
         """A slot is full: checked, then queued for the next batch. A rejected report frees
@@ -208,33 +224,32 @@ class Learner:
                 self.rollouts_by_transport["shm"] += 1
                 self.validate_slot(self.ring.views(slot))
         except tp.ProtocolError:
-            self.ledger.void(actor_id, slot, h["grant_id"])
+            if self.ledger.void(actor_id, slot, h["grant_id"]):
+                self.ring.disarm(slot)
             self.actors[actor_id].pending += 1     # the grant it held is void: it may ask again
+            self.state.reward_scaler.reset(actor_id)   # the stream has a gap now
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         self.full_meta[slot] = (actor_id, {"host": self.actors[actor_id].host, "env_steps": h["env_steps"],
-                                           "episode_returns": h["episode_returns"]})
+                                           "episode_returns": h["episode_returns"], "grant_id": h["grant_id"]})
         for key in ("env_s", "inference_s", "wait_s"):
             value = h["timing"].get(key, 0.0)
             if isinstance(value, (int, float)):
                 self.timing["actors_" + key] += float(value)
 
     def validate_slot(self, views: dict) -> None:
-        tp.check_finite(views)
-        v = views["behavior_version"]
-        if v.min() < 0 or v.max() > self.state.version:
-            raise tp.ProtocolError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{self.state.version}")
-        if v.min() != v.max():   # one rollout, one policy version: what makes max_policy_lag exact
-            raise tp.ProtocolError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
-        if self.spec.discrete:
-            a = views["actions"]
-            if a.min() < 0 or a.max() >= self.spec.action_dim:
-                raise tp.ProtocolError("action", f"action indices {a.min()}..{a.max()} outside 0..{self.spec.action_dim - 1}")
+        """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot can be trained on."""
+        try:
+            check_slot(views, self.spec, version=self.state.version)
+        except SlotError as exc:
+            raise tp.ProtocolError(exc.reason, str(exc).split(": ", 1)[1]) from None
 
     def forget(self, actor_id: str, why: str) -> None:
         freed = self.ledger.reclaim(actor_id)
+        for s in freed:
+            self.ring.disarm(s)                    # the old writer must stop writing these
         self.actors.pop(actor_id, None)
-        log.info("learner: actor %s left (%s); %d granted slots freed", actor_id, why, len(freed))
+        log.info("learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why, len(freed))
 
     def reap_silent_actors(self) -> None:
         now = time.monotonic()
@@ -256,24 +271,46 @@ class Learner:
             info = self.actors.pop(actor_id)
             info.pending -= 1
             self.actors[actor_id] = info
+            self.ring.arm(g.slot, g.grant_id)      # before the actor can know of the grant
             self.reply(actor_id.encode(), {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
 
     # ---- learning ----
-    def consume(self) -> bool:
-        """If B slots are full: copy them out, free them, run one learner iteration, publish."""
-        B = self.cfg.learner.slots_per_batch
-        if self.ledger.num_full < B:
-            return False
-        slots = self.ledger.pop_full(B)
-        batch = []
-        for s in slots:
+    def collect_full(self) -> None:
+        """Copy every full slot out and free it. A copy is kept only if the grant whose report was
+        accepted still held the slot during the copy and no revoked writer touched it (slot
+        integrity, shm.py), and if it passes the report's checks again (the memory could change
+        after the report); else it is dropped and counted, and its stream restarts."""
+        for s in self.ledger.pop_full(self.ledger.num_full):
             actor_id, meta = self.full_meta.pop(s)
             views = self.ring.views(s)
-            batch.append(SlotData(actor_id, meta["host"], {k: v.copy() for k, v in views.items()},
-                                  meta["env_steps"], meta["episode_returns"]))
+            arrays = {k: v.copy() for k, v in views.items()}
             del views
+            intact = self.ring.intact(s, meta["grant_id"])
             self.ledger.release(s)
-        self.grant_pending()                   # actors go on while the learner learns
+            self.ring.disarm(s)
+            try:
+                if not intact:
+                    raise SlotError("revoked_writer", f"slot {s} of grant {meta['grant_id']} was written into by a "
+                                                      f"writer whose grant had been revoked")
+                check_slot(arrays, self.spec, version=self.state.version)
+            except SlotError as exc:
+                self.consumer.reject_slot(actor_id, exc.reason)
+                n = self.consumer.rejected_slots[exc.reason]
+                if n & (n - 1) == 0:
+                    log.warning("learner: dropped a slot of actor %s: %s (%d so far)", actor_id, exc, n)
+                continue
+            self.copied.append(SlotData(actor_id, meta["host"], arrays, meta["env_steps"], meta["episode_returns"]))
+
+    def consume(self) -> bool:
+        """Copy full slots out and free them; once B good copies are there, run one learner
+        iteration on them and publish."""
+        if self.ledger.num_full:
+            self.collect_full()
+            self.grant_pending()               # actors go on while the learner learns
+        B = self.cfg.learner.slots_per_batch
+        if len(self.copied) < B:
+            return False
+        batch, self.copied = self.copied[:B], self.copied[B:]
         if self.consumer.consume(batch) is not None:
             self.publish()
         return True
@@ -312,14 +349,30 @@ class Learner:
             self.consumer.progress(self.echo)
         return self.finish()
 
-    def finish(self) -> dict:
+    def finish(self, *, outcome: str = "finished", reason: str | None = None) -> dict:
+        """Stop the actors, write the final checkpoint and summary.json (``outcome`` as in
+        ``Consumer.finish``; a failure is the learner's, for ``reason``); returns the summary."""
+        why = {"finished": "step budget reached", "interrupted": "the learner was interrupted",
+               "failed": "the learner failed"}.get(outcome, outcome)
         for actor_id in list(self.actors):
-            self.reply(actor_id.encode(), {"type": "stop", "reason": "step budget reached"})
+            self.reply(actor_id.encode(), {"type": "stop", "reason": why})
         self.timing["learner_update_s"] = self.consumer.update_s
-        return self.consumer.finish(mode="async", run_id=self.run_id, rejected_messages=self.rejects.by_reason(),
+        return self.consumer.finish(outcome=outcome, failed_role="learner" if outcome == "failed" else None,
+                                    reason=reason, mode="async", run_id=self.run_id,
+                                    rejected_messages=self.rejects.by_reason(),
                                     time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters),
                                     refused_connections=self.security.refused.by_reason(),
                                     rollouts_by_transport=dict(self.rollouts_by_transport))
+
+    def record_failure(self, exc: BaseException) -> None:
+        """summary.json of a run this learner cannot go on with: outcome "failed", role learner,
+        reason ``exc``. Never raises: a failure to write it (e.g. the run directory is the cause)
+        is logged, and the caller reports ``exc`` itself."""
+        reason = str(exc) if isinstance(exc, LearnerError) else f"{type(exc).__name__}: {exc}"
+        try:
+            self.finish(outcome="failed", reason=reason)
+        except Exception as inner:  # noqa: BLE001 - logged; the original error goes on
+            log.error("learner: could not write the summary of the failed run: %s", inner)
 
     def close(self) -> None:
         """Idempotent; always removes the shared-memory segment."""

@@ -145,6 +145,21 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         g = spy.grant()
         future = {**good, "behavior_version": np.full((SPEC.rollout_length, 2), 10**6, np.int64)}
         hostile(tp.encode(spy.report(g), [future[f.name] for f in SPEC.fields]), "version")
+        # a hello whose refusal would quote 4,090 characters of the actor's own: the learner must
+        # still answer it (a reply over the wire's limits used to raise inside its handler)
+        long = spy.hello(env_id="x" * 4090)
+        assert long["type"] == "refuse" and long["reason"].startswith("env_id: actor has 'xxx"), long
+        # the same through the refusal of another protocol version, sent from the error handler
+        hostile([msgpack.packb({"type": "hello", "proto": "p" * 4090, "run_id": "", "actor_id": "spy"})], "proto")
+        assert spy.next_of("refuse")["reason"].startswith("proto: actor has protocol 'ppp")
+        # a socket identity with a newline must not forge a log line; its junk is still counted
+        evil = Spy(learner_ep, actor_id="evil\nFORGED learner: all actors left")
+        try:
+            evil.send([rng.bytes(50)])
+            expected["malformed"] = expected.get("malformed", 0) + 1
+            assert evil.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"   # barrier for evil's socket
+        finally:
+            evil.close()
         # barrier: a hello it must refuse. One DEALER's messages are handled in order, so once the
         # refusal is back, everything above was handled. (A refused hello is not a rejected message.)
         refusal = spy.hello(env_id="asyncrl/Constant-v0")
@@ -164,6 +179,7 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
     assert {r["actor"] for r in rows} == {"good"}, "something the spy sent was consumed"
     log = procs.err("learner")
     assert "rejected message from spy" in log
+    assert "evil\\nFORGED" in log and not any(ln.startswith("FORGED") for ln in log.splitlines()), log
     assert not shm_segments(run_id)
     procs.popen["broadcaster"].send_signal(signal.SIGINT)
     procs.shutdown()
