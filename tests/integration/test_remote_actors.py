@@ -50,7 +50,9 @@ def generate_keys(tmp_path, clients: int):
 
 
 def one_error_line(procs, name: str) -> str:
-    lines = [ln for ln in procs.err(name).splitlines() if ln.strip() and "WARNING" not in ln]
+    """The one "Error: ..." line of a refused role. Log lines (INFO "waiting for the learner" when the
+    learner is slow under load, WARNINGs) may come before it and do not count."""
+    lines = [ln for ln in procs.err(name).splitlines() if ln.startswith("Error:")]
     assert len(lines) == 1, procs.err(name)
     assert "Traceback" not in procs.err(name)
     return lines[0]
