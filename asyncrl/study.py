@@ -382,9 +382,10 @@ class Runner:
                       f"{text} ({rec['cell_wall_s']:.0f} s)")
 
     def run(self) -> int:
-        """Run every pending cell; returns how many ran. Serial cells ``jobs`` at a time; a
-        multi-process cell waits until nothing else runs and runs alone."""
-        todo = self.pending()
+        """Run every pending cell; returns how many ran. Multi-process cells first, one at a time
+        alone on the machine, in the study's interleaved order; then serial cells ``jobs`` at a
+        time (they are bit-reproducible whatever the load, so their order does not matter)."""
+        todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")   # stable: keeps the order
         total = len(todo)
         self.echo(f"study {self.study.name}: {len(self.study.cells)} cells, {len(self.study.cells) - total} "
                   f"already finished, {total} to run, {self.jobs} at a time; results in {self.out}")

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -72,7 +73,9 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
     for name in ("client.key", "client.key_secret"):
         shutil.copy(other / "client-1" / name, stranger / name)
     shutil.copy(keys / "client-1" / "server.key", stranger / "server.key")
-    run_id, run_dir, total = new_run_id(), tmp_path / "run", 20_000
+    # a budget no loaded machine reaches within the test: the learner must outlive every refusal
+    # (a learner that finished first would fail the bad actors for another reason); stopped below
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 100_000_000
     procs.run_ids.add(run_id)
     learner_ep, broadcaster_ep = f"tcp://{host}:{free_port(host)}", f"tcp://{host}:{free_port_pair(host)}"
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep, "--keys", str(keys / "server")])
@@ -103,7 +106,6 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
         assert procs.wait(name, 60) == 2, procs.dump()
         line = one_error_line(procs, name)
         assert re.search(pattern, line), line
-    assert procs.popen["learner"].poll() is None, "training ended before the bad actors were refused"
 
     # an actor host's key may ask the broadcaster for weights, but not hand it any
     ctx = tp.context()
@@ -118,8 +120,13 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
         tp.close(spy)
         ctx.term()
 
-    assert procs.wait("learner", 120) == 0, procs.dump()
-    assert procs.wait("good", 20) == 0, procs.dump()
+    # training went on through every refusal: still running, and more iterations since
+    done = len(read_jsonl(run_dir / "metrics.jsonl"))
+    wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) > done, 90, "a learner iteration after the refusals",
+             procs=procs)
+    assert procs.popen["learner"].poll() is None, procs.dump()
+    procs.popen["learner"].send_signal(signal.SIGINT)
+    assert procs.wait("learner", 60) in (0, 130), procs.dump()
     log = procs.err("learner") + procs.err("broadcaster")
     stranger_key = (stranger / "client.key").read_text().split('public-key = "')[1][:40]
     assert f"refused connection from {host}: unknown_client_key: CURVE client key {stranger_key}" in log, log
