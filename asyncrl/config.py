@@ -21,6 +21,7 @@ PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     "vaco_paper": {"ratio_anchor": "behavior", "tv_threshold": 0.2, "surrogate_rho_bar": float("inf"),
                    "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "tv_filter_ratio_cap": float("inf"),
+                   "behavior_band": float("inf"),
                    "entropy_coef": 0.0},
 }
 RATIO_ANCHORS = ("behavior", "learning")
@@ -68,6 +69,7 @@ class AlgoConfig:
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")
     tv_filter_trigger: str = _f("minibatch", "when the TV filter acts: minibatch (each minibatch over delta) or iteration (from the first one on)")
     tv_filter_min_deviation: float = _f(0.0, "the TV filter's sign rule applies only to samples with |r - 1| above this")
+    behavior_band: float = _f(float("inf"), "vaco: also detach samples whose pi_theta/beta left [1-band, 1+band] in the direction of their advantage (PPO-clip's mask, per sample); inf: off")
     tv_filter_ratio_cap: float = _f(float("inf"), "the sign rule also applies, whatever the TV estimate, to samples with |r - 1| above this; inf: never")
     clip_eps: float = _f(0.2, "ppo: ratio clip epsilon")
     kl_coef: float = _f(1.0, "ppo_kl: KL penalty coefficient")
@@ -213,6 +215,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.tv_filter_min_deviation must be a finite number >= 0, got {a.tv_filter_min_deviation}")
     if not a.tv_filter_ratio_cap > a.tv_filter_min_deviation:
         raise ConfigError(f"algo.tv_filter_ratio_cap must be > algo.tv_filter_min_deviation, got {a.tv_filter_ratio_cap}")
+    if not a.behavior_band > 0:
+        raise ConfigError(f"algo.behavior_band must be > 0 (inf: off), got {a.behavior_band}")
     if not a.surrogate_rho_bar > 0:
         raise ConfigError(f"algo.surrogate_rho_bar must be > 0 (inf: no bound), got {a.surrogate_rho_bar}")
     if cfg.policy.activation not in ("tanh", "relu", "elu"):

@@ -129,7 +129,8 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
 def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
                      tv_threshold: float, anchor_log_prob: Tensor | None = None,
                      surrogate_rho_bar: float = math.inf, min_deviation: float = 0.0,
-                     force: bool | Tensor = False, ratio_cap: float = math.inf) -> PolicyLoss:
+                     force: bool | Tensor = False, ratio_cap: float = math.inf,
+                     behavior_band: float = math.inf) -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
         w_i = min(surrogate_rho_bar, anchor_i/β_i)   (w_i = 1 for the β anchor)
@@ -154,6 +155,10 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             meaningful with an anchor other than β.
         min_deviation, force, ratio_cap: passed to :func:`tv_filter` (filter granularity,
             hysteresis, per-sample bound).
+        behavior_band: > 0 (inf: off). Also detach, whatever the TV estimate, samples whose full
+            ratio r_i = π_θ/β already left [1 - band, 1 + band] in the direction of sign(A_i):
+            PPO-clip's gradient mask on the full ratio, as a per-sample guard against backward
+            lag next to the minibatch budget on forward lag.
 
     Returns:
         :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
@@ -177,8 +182,15 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         surrogate = weight * torch.exp(_log_ratio(log_prob, anchor)) * advantages.detach()
     filt = tv_filter(log_ratio=log_prob.detach() - anchor.detach(), advantages=advantages.detach(),
                      tv_threshold=tv_threshold, min_deviation=min_deviation, force=force, ratio_cap=ratio_cap)
-    loss = -torch.where(filt.keep_mask, surrogate, surrogate.detach()).mean()
-    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filt.filtered_fraction, fired=filt.fired)
+    keep, filtered = filt.keep_mask, filt.filtered_fraction
+    band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
+    if band < math.inf:
+        with torch.no_grad():
+            r = torch.exp(log_ratio.detach())
+            keep = keep & ((advantages.detach() * (r - 1.0) <= 0) | ((r - 1.0).abs() <= band))
+            filtered = 1.0 - keep.to(log_ratio.dtype).mean()
+    loss = -torch.where(keep, surrogate, surrogate.detach()).mean()
+    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filtered, fired=filt.fired)
 
 
 def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,

@@ -114,3 +114,22 @@ def test_ratio_cap_filters_single_outliers_under_the_budget():
         tv_filter(log_ratio=log_ratio, advantages=adv, tv_threshold=0.1, ratio_cap=0.0)
     with pytest.raises(config.ConfigError, match="tv_filter_ratio_cap"):
         config.load(None, ["algo.tv_filter_ratio_cap=0.1", "algo.tv_filter_min_deviation=0.2"])
+
+
+def test_behavior_band_without_filter_is_ppo_clip_gradient():
+    beh, anchor, log_prob, adv = _data(seed=4)
+    g_vaco, g_ppo = log_prob.clone().requires_grad_(True), log_prob.clone().requires_grad_(True)
+    vaco_policy_loss(log_prob=g_vaco, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                     behavior_band=0.2).loss.backward()
+    ppo_clip_loss(log_prob=g_ppo, behavior_log_prob=beh, advantages=adv, clip_eps=0.2).loss.backward()
+    assert (g_ppo.grad == 0).any()
+    torch.testing.assert_close(g_vaco.grad, g_ppo.grad, rtol=1e-12, atol=1e-15)
+    # with the learning anchor and weight bound, it masks on the full ratio pi_theta/beta
+    lp = log_prob.clone().requires_grad_(True)
+    out = vaco_policy_loss(log_prob=lp, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                           anchor_log_prob=anchor, surrogate_rho_bar=1.0, behavior_band=0.2)
+    out.loss.backward()
+    r = torch.exp(log_prob - beh)
+    masked = (adv * (r - 1) > 0) & ((r - 1).abs() > 0.2)
+    assert torch.all(lp.grad[masked] == 0) and torch.all(lp.grad[~masked] != 0)
+    assert out.filtered_fraction.item() == pytest.approx(masked.double().mean().item())
