@@ -126,6 +126,19 @@ def _finite(x, y) -> tuple[np.ndarray, np.ndarray]:
     return x[keep], y[keep]
 
 
+def _finish(fig, axes, title, entries, out_path, *, dpi: int) -> Path:
+    """Grid, title, the legend below the panels; write the PNG and close the figure."""
+    import matplotlib.pyplot as plt
+    for a in axes:
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    _legend_below(fig, entries)
+    fig.savefig(out_path, dpi=dpi)
+    plt.close(fig)
+    return Path(out_path)
+
+
 def _legend_below(fig, entries: list, *, max_cols: int = 4) -> None:
     seen, handles, texts = set(), [], []
     for h, t in entries:
@@ -193,14 +206,7 @@ def plot_curves(series: list[dict], out_path: str | Path, *, title: str | None =
     _draw(ax[1], series, "wall_time_s", "return", colours)
     ax[0].set(xlabel="env steps", ylabel=return_label, title=f"{return_label} vs env steps")
     ax[1].set(xlabel="wall-clock time (s)", ylabel=return_label, title=f"{return_label} vs wall-clock time")
-    for a in ax:
-        a.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    _legend_below(fig, entries)
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
-    return Path(out_path)
+    return _finish(fig, ax.flat, title, entries, out_path, dpi=110)
 
 
 def read_run(run_dir: str | Path, *, returns: str = "auto") -> dict:
@@ -287,14 +293,7 @@ def plot_runs(series: list[dict], out_path: str | Path, *, title: str | None = N
     ax[2, 0].set(xlabel="env steps", ylabel="policy lag, batch p50 (versions)", title="backward lag in versions")
     _draw(ax[2, 1], [{**s, "y": s["lag_seconds_p50"]} for s in per_iter], "env_steps", "y", colours)
     ax[2, 1].set(xlabel="env steps", ylabel="policy lag, batch p50 (s, learner clock)", title="backward lag in seconds")
-    for a in ax.flat:
-        a.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    _legend_below(fig, entries)
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
-    return Path(out_path)
+    return _finish(fig, ax.flat, title, entries, out_path, dpi=100)
 
 
 # ---------------------------------------------------------------------------- policy lag

@@ -106,8 +106,9 @@ def git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=PACKAGE, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=PACKAGE, capture_output=True,
+                                text=True, timeout=10).stdout.splitlines()
+        dirty = [line for line in status if Path(line[3:]).name not in REPORTING_MODULES]
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha or "unknown") + ("+dirty" if dirty else "")

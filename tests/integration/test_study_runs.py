@@ -1,6 +1,7 @@
 """asyncrl study end to end: serial cells are exactly `asyncrl run --serial`; a study killed
 mid-way continues without redoing finished cells; a cell whose config changed runs again."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,6 +36,16 @@ set = ["algo.tv_threshold={tv}"]
 presets = ["ppo"]
 conditions = ["none"]
 """
+
+
+def _kill(proc, children: dict) -> None:
+    """Teardown of a study started by a test: it and the cells it started (by pid) are gone."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    for pid, start in children.items():
+        if alive(pid, start):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _params(run_dir):
@@ -91,13 +102,7 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
         # its cells die with it (SIGTERM from the kernel on the study's death)
         wait_for(lambda: not any(alive(p, s) for p, s in children.items()), 30, "the cells of the killed study to exit")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid, start in children.items():
-            if alive(pid, start):
-                import os
-                os.kill(pid, signal.SIGKILL)
+        _kill(proc, children)
     st = load_study(path)
     runner = Runner(st, out, jobs=2, echo=lambda *_: None)
     done_before = {p: p.stat().st_mtime_ns for p in out.glob("cells/*/cell.json")}
@@ -170,12 +175,6 @@ def test_sigterm_stops_the_running_cells_and_records_none(tmp_path):
         assert proc.wait(60) != 0
         wait_for(lambda: not any(alive(p, s) for p, s in children.items()), 30, "the cells to exit")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pid, start in children.items():
-            if alive(pid, start):
-                import os
-                os.kill(pid, signal.SIGKILL)
+        _kill(proc, children)
     assert list(out.glob("cells/*/cell.json")) == []
     assert len(Runner(load_study(path), out, echo=lambda *_: None).pending()) == 2
