@@ -21,7 +21,7 @@ from asyncrl import transport as tp
 from asyncrl.security import Security
 from asyncrl.spec import RolloutSpec
 from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, wait_for
-from test_multiprocess import CORRIDOR, check_run_outputs
+from test_multiprocess import CORRIDOR
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +133,9 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
     # under load one of the two mechanism-level refusals may be logged after training ended; each
     # bad actor's own one-line refusal is checked above
     assert "mechanism_mismatch" in log or "cryptographic" in log, log
-    summary = check_run_outputs(run_dir, total, actors={"good"})
+    summary = json.loads((run_dir / "summary.json").read_text())      # stopped by us, so interrupted
+    assert summary["outcome"] == "interrupted" and summary["failure"] is None, summary
+    assert {r["actor"] for r in read_jsonl(run_dir / "lag.jsonl")} == {"good"}   # nothing of a bad actor trained on
     # the learner counts the refusals it saw (a bad actor stops at its first refusal, which may
     # have come from the broadcaster); the logs above hold every kind
     assert set(summary["refused_connections"]) <= {"unknown_client_key", "mechanism_mismatch", "cryptographic",
