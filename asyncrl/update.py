@@ -162,21 +162,17 @@ def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, tar
             step = _finish_step(policy, optimizer, cfg, pl, out, flat["targets"][idx], len(steps))
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
-                step.update(_filter_split(pl, log_prob, flat, idx, a, cfg, stale))
+                step.update(_filter_split(pl, stale, idx))
             steps.append(step)
     return steps
 
 
-def _filter_split(pl, log_prob, flat, idx, adv, cfg, stale) -> dict[str, float]:
+def _filter_split(pl, stale, idx) -> dict[str, float]:
     """How often the filter fired, and what it removed from stale and from fresh samples."""
     out = {"filter_fire_rate": float(pl.filter_fired)}
     if stale is None:
         return out
-    anchor = flat["target_log_prob"][idx] if cfg.ratio_anchor == "learning" else flat["behavior_log_prob"][idx]
-    keep = losses.tv_filter(log_ratio=log_prob.detach() - anchor, advantages=adv.detach(), tv_threshold=math.inf,
-                            min_deviation=cfg.tv_filter_min_deviation, force=pl.filter_fired,
-                            ratio_cap=cfg.tv_filter_ratio_cap).keep_mask
-    s = stale[idx]
+    keep, s = pl.keep_mask, stale[idx]
     nan = float("nan")
     out["filtered_fraction_stale"] = float((~keep[s]).float().mean()) if s.any() else nan
     out["filtered_fraction_fresh"] = float((~keep[~s]).float().mean()) if (~s).any() else nan

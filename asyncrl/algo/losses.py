@@ -53,6 +53,7 @@ class PolicyLoss(NamedTuple):
     clip_fraction: Tensor
     approx_kl: Tensor
     filter_fired: Tensor | None = None   # 0-dim bool (VACO only): the sign rule was applied
+    keep_mask: Tensor | None = None      # [N] bool (VACO only): samples that kept their gradient
 
 
 def tv_estimate(log_ratio: Tensor) -> Tensor:
@@ -190,7 +191,7 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             keep = keep & ((advantages.detach() * (r - 1.0) <= 0) | ((r - 1.0).abs() <= band))
             filtered = 1.0 - keep.to(log_ratio.dtype).mean()
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()
-    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filtered, fired=filt.fired)
+    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filtered, fired=filt.fired)._replace(keep_mask=keep)
 
 
 def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
