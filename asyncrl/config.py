@@ -21,11 +21,12 @@ PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     "vaco_paper": {"ratio_anchor": "behavior", "tv_threshold": 0.2, "surrogate_rho_bar": float("inf"),
                    "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "tv_filter_ratio_cap": float("inf"),
-                   "behavior_band": float("inf"),
+                   "behavior_band": float("inf"), "behavior_band_ratio": "full",
                    "entropy_coef": 0.0},
 }
 RATIO_ANCHORS = ("behavior", "learning")
 FILTER_TRIGGERS = ("minibatch", "iteration")
+BAND_RATIOS = ("full", "backward")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
 
 
@@ -69,7 +70,8 @@ class AlgoConfig:
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")
     tv_filter_trigger: str = _f("minibatch", "when the TV filter acts: minibatch (each minibatch over delta) or iteration (from the first one on)")
     tv_filter_min_deviation: float = _f(0.0, "the TV filter's sign rule applies only to samples with |r - 1| above this")
-    behavior_band: float = _f(float("inf"), "vaco: also detach samples whose pi_theta/beta left [1-band, 1+band] in the direction of their advantage (PPO-clip's mask, per sample); inf: off")
+    behavior_band: float = _f(0.2, "vaco: also detach samples whose pi_theta/beta left [1-band, 1+band] in the direction of their advantage (PPO-clip's mask, per sample); inf: off")
+    behavior_band_ratio: str = _f("full", "which ratio behavior_band bounds: full (pi_theta/beta) or backward (pi_T/beta, fixed per iteration; learning anchor only)")
     tv_filter_ratio_cap: float = _f(float("inf"), "the sign rule also applies, whatever the TV estimate, to samples with |r - 1| above this; inf: never")
     clip_eps: float = _f(0.2, "ppo: ratio clip epsilon")
     kl_coef: float = _f(1.0, "ppo_kl: KL penalty coefficient")
@@ -217,6 +219,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.tv_filter_ratio_cap must be > algo.tv_filter_min_deviation, got {a.tv_filter_ratio_cap}")
     if not a.behavior_band > 0:
         raise ConfigError(f"algo.behavior_band must be > 0 (inf: off), got {a.behavior_band}")
+    if a.behavior_band_ratio not in BAND_RATIOS:
+        raise ConfigError(f"algo.behavior_band_ratio must be one of {BAND_RATIOS}, got {a.behavior_band_ratio!r}")
+    if a.behavior_band_ratio == "backward" and a.ratio_anchor != "learning":
+        raise ConfigError("algo.behavior_band_ratio = backward bounds pi_T/beta and needs algo.ratio_anchor = learning")
     if not a.surrogate_rho_bar > 0:
         raise ConfigError(f"algo.surrogate_rho_bar must be > 0 (inf: no bound), got {a.surrogate_rho_bar}")
     if cfg.policy.activation not in ("tanh", "relu", "elu"):

@@ -66,13 +66,14 @@ def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, forc
                                        advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor,
                                        surrogate_rho_bar=cfg.surrogate_rho_bar,
                                        min_deviation=cfg.tv_filter_min_deviation, force=force,
-                                       ratio_cap=cfg.tv_filter_ratio_cap, behavior_band=cfg.behavior_band)
-    if p == "vaco_no_filter":      # vaco's surrogate (same anchor and weight bound) without the TV filter
-        if cfg.ratio_anchor == "behavior":
-            return losses.ratio_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv)
+                                       ratio_cap=cfg.tv_filter_ratio_cap, behavior_band=cfg.behavior_band,
+                                       band_ratio=cfg.behavior_band_ratio)
+    if p == "vaco_no_filter":      # vaco's surrogate (same anchor, weight bound and band) without the TV filter
+        anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
         return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv,
-                                       tv_threshold=math.inf, anchor_log_prob=target_log_prob,
-                                       surrogate_rho_bar=cfg.surrogate_rho_bar)
+                                       tv_threshold=math.inf, anchor_log_prob=anchor,
+                                       surrogate_rho_bar=cfg.surrogate_rho_bar, behavior_band=cfg.behavior_band,
+                                       band_ratio=cfg.behavior_band_ratio)
     if p == "ppo":
         return losses.ppo_clip_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
                                     advantages=adv, clip_eps=cfg.clip_eps)

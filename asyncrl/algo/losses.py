@@ -20,6 +20,7 @@ from torch import Tensor
 from . import checks
 
 LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp: e^20 ~ 4.9e8, far beyond any useful ratio
+BAND_RATIOS = ("full", "backward")  # the ratio vaco_policy_loss's behavior_band bounds
 
 
 class TVFilter(NamedTuple):
@@ -131,7 +132,7 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
                      tv_threshold: float, anchor_log_prob: Tensor | None = None,
                      surrogate_rho_bar: float = math.inf, min_deviation: float = 0.0,
                      force: bool | Tensor = False, ratio_cap: float = math.inf,
-                     behavior_band: float = math.inf) -> PolicyLoss:
+                     behavior_band: float = math.inf, band_ratio: str = "full") -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
         w_i = min(surrogate_rho_bar, anchor_i/β_i)   (w_i = 1 for the β anchor)
@@ -160,16 +161,25 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             ratio r_i = π_θ/β already left [1 - band, 1 + band] in the direction of sign(A_i):
             PPO-clip's gradient mask on the full ratio, as a per-sample guard against backward
             lag next to the minibatch budget on forward lag.
+        band_ratio: which ratio the band bounds: "full" (π_θ/β, PPO-clip's mask) or "backward"
+            (the anchor ratio π_T/β, fixed for the iteration: a sample whose behaviour policy is
+            already more than ``band`` from π_T in its advantage's direction is left out of the
+            iteration, and the forward part π_θ/π_T is left to the TV filter alone). "backward"
+            needs anchor_log_prob.
 
     Returns:
         :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
-            surrogate_rho_bar <= 0 or NaN.
+            surrogate_rho_bar <= 0 or NaN; band_ratio unknown, or "backward" without an anchor.
 
     Paper: VACO, arXiv:2603.01365.
     """
+    if band_ratio not in BAND_RATIOS:
+        raise ValueError(f"band_ratio must be one of {BAND_RATIOS}, got {band_ratio!r}")
+    if band_ratio == "backward" and anchor_log_prob is None:
+        raise ValueError("band_ratio='backward' bounds π_T/β and needs anchor_log_prob (the learning anchor)")
     checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
              **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}))
     bar = checks.scalar("surrogate_rho_bar", surrogate_rho_bar, low=0.0, low_open=True, allow_inf=True)
@@ -187,7 +197,7 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
     band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
     if band < math.inf:
         with torch.no_grad():
-            r = torch.exp(log_ratio.detach())
+            r = torch.exp(log_ratio.detach() if band_ratio == "full" else _log_ratio(anchor, behavior_log_prob))
             keep = keep & ((advantages.detach() * (r - 1.0) <= 0) | ((r - 1.0).abs() <= band))
             filtered = 1.0 - keep.to(log_ratio.dtype).mean()
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()

@@ -133,3 +133,32 @@ def test_behavior_band_without_filter_is_ppo_clip_gradient():
     masked = (adv * (r - 1) > 0) & ((r - 1).abs() > 0.2)
     assert torch.all(lp.grad[masked] == 0) and torch.all(lp.grad[~masked] != 0)
     assert out.filtered_fraction.item() == pytest.approx(masked.double().mean().item())
+
+
+def test_backward_band_masks_on_pi_T_over_beta_by_hand():
+    beh, anchor, log_prob, adv = _data(seed=5)
+    lp = log_prob.clone().requires_grad_(True)
+    out = vaco_policy_loss(log_prob=lp, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                           anchor_log_prob=anchor, surrogate_rho_bar=1.0, behavior_band=0.2,
+                           band_ratio="backward")
+    out.loss.backward()
+    rb = torch.exp(anchor - beh)                      # backward-lag ratio pi_T/beta, fixed per iteration
+    masked = (adv * (rb - 1) > 0) & ((rb - 1).abs() > 0.2)
+    w = rb.clamp(max=1.0)
+    expected = -(w * torch.exp(log_prob - anchor) * adv) / len(adv)   # d loss / d log_prob of a kept sample
+    torch.testing.assert_close(lp.grad[~masked], expected[~masked], rtol=1e-12, atol=1e-15)
+    assert masked.any() and torch.all(lp.grad[masked] == 0)
+    # it differs from the full-ratio band: the forward part pi_theta/pi_T is not in the mask
+    full = vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                            anchor_log_prob=anchor, surrogate_rho_bar=1.0, behavior_band=0.2)
+    assert not torch.equal(full.keep_mask, out.keep_mask)
+    with pytest.raises(ValueError, match="anchor_log_prob"):
+        vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=0.2,
+                         behavior_band=0.2, band_ratio="backward")
+    with pytest.raises(ValueError, match="band_ratio"):
+        vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=0.2,
+                         anchor_log_prob=anchor, band_ratio="forward")
+    with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
+        config.load(None, ["algo.behavior_band_ratio=backward", "algo.ratio_anchor=behavior"])
+    with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
+        config.load(None, ["algo.behavior_band_ratio=both"])
