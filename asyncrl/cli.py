@@ -96,7 +96,10 @@ def main(verbose: bool) -> None:
     """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
     # A fatal signal (SIGBUS on a shared-memory page that cannot be backed, SIGSEGV) prints the
     # Python stack to stderr (the role's log) before the process dies of it.
-    faulthandler.enable()
+    try:
+        faulthandler.enable()
+    except (OSError, ValueError, AttributeError):   # stderr without a file descriptor (tests' CliRunner)
+        pass
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     if not verbose:   # libraries' start-up notes (font cache built, no OpenGL_accelerate) are not ours to print

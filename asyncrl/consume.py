@@ -14,8 +14,8 @@ from .config import Config
 from .evaluate import PeriodicEval
 from .provenance import provenance
 from .lag import LagTracker
-from .metrics import (Clock, EpisodeTracker, JsonlWriter, RunDirError, progress_line, tensorboard_writer, write_json_atomic,
-                      write_scalars)
+from .metrics import (Clock, EpisodeTracker, JsonlWriter, RunDirError, progress_line, tensorboard_writer,
+                      write_json_atomic, write_scalars)
 from .spec import RolloutSpec
 from .state import LearnerState, NonFiniteError
 
