@@ -22,7 +22,7 @@ from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
 from ..security import Security, advertised_with_source, endpoint_host, is_loopback
 from ..consume import Consumer, SlotData, SlotError, check_slot
-from ..shm import SlotLedger, SlotRing, cleanup_stale
+from ..shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
 
 log = logging.getLogger("asyncrl.learner")
 
@@ -76,6 +76,8 @@ class Learner:
                                  max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module)
         self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
         self.wire_limits = tp.report_limits(cfg.env.num_envs, cfg.env.rollout_length)   # reports of E*T episodes
+        # /dev/shm too small: one line before any file of the run exists (it can be rerun in the same directory)
+        check_space(segment_nbytes(self.spec, cfg.learner.num_slots), self.spec, cfg.learner.num_slots)
         self.consumer = Consumer(cfg, self.spec, self.run_dir)
         self.state = self.consumer.state
         for name in cleanup_stale():

@@ -64,6 +64,7 @@ def test_dev_shm_too_small_is_one_clear_line(procs, tmp_path):
     assert "free space there" in err, procs.dump()
     assert "SIGBUS" not in err and "status -7" not in err and "Traceback" not in err, procs.dump()
     assert listing.exists() and listing.read_text().strip() == "", listing.read_text() if listing.exists() else ""
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()   # nothing of a run: the same directory can be reused
 
 
 @pytest.mark.timeout(150)
