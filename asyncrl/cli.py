@@ -4,6 +4,7 @@ Shell completion (click): ``eval "$(_ASYNCRL_COMPLETE=bash_source asyncrl)"`` in
 (``zsh_source`` / ``fish_source`` for zsh and fish)."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import signal
@@ -53,8 +54,12 @@ def fresh_run_dir(run_dir, cfg: Config) -> Path:
 
 def write_config_json(out: Path, cfg: Config) -> None:
     """The run's resolved config, with where it ran (code commit, package versions, machine load)."""
+    from .metrics import RunDirError, write_json_atomic
     from .provenance import provenance
-    (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "provenance": provenance()}, indent=2) + "\n")
+    try:
+        write_json_atomic(out / "config.json", {**cfg.to_dict(), "provenance": provenance()})
+    except RunDirError as exc:
+        raise UserError(f"asyncrl: {exc}") from None
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -89,6 +94,12 @@ class _Group(click.Group, _Command):
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
+    # A fatal signal (SIGBUS on a shared-memory page that cannot be backed, SIGSEGV) prints the
+    # Python stack to stderr (the role's log) before the process dies of it.
+    try:
+        faulthandler.enable()
+    except (OSError, ValueError, AttributeError):   # stderr without a file descriptor (tests' CliRunner)
+        pass
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     if not verbose:   # libraries' start-up notes (font cache built, no OpenGL_accelerate) are not ours to print
@@ -126,12 +137,15 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
     click.echo(f"run directory: {out}")
     try:
         if serial:
+            from .metrics import RunDirError
             from .serial import run_serial
             from .state import NonFiniteError
             try:
                 summary = run_serial(cfg, out, echo=click.echo)
             except NonFiniteError as exc:
                 raise click.ClickException(str(exc)) from None
+            except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
+                raise click.ClickException(f"asyncrl: {exc}") from None
         else:
             from .launch import RoleFailed, launch
             try:
@@ -226,6 +240,7 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
 
     from .roles.learner import Learner, LearnerError
     from .security import SecurityError
+    from .shm import ShmError
     _on_sigterm()
     cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps, env_module))
     run_id = run_id or f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
@@ -236,14 +251,18 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
     try:
         role = Learner(cfg, out, run_id=run_id, bind=bind, broadcaster=broadcaster, echo=click.echo,
                        security=_security("learner", keys_dir, insecure), advertise=advertise)
-    except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
-        raise UserError(f"learner: {exc}" if isinstance(exc, OSError) else str(exc)) from None
+    except (SecurityError, ValueError, OSError, ShmError) as exc:   # OSError: transport.AddressError
+        raise UserError(f"learner: {exc}" if isinstance(exc, (OSError, ShmError)) else str(exc)) from None
+    from .metrics import RunDirError
     from .state import NonFiniteError
     try:
         summary = role.run()
     except (LearnerError, NonFiniteError) as exc:
         role.record_failure(exc)
         raise UserError(str(exc)) from None
+    except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
+        role.record_failure(exc)
+        raise UserError(f"learner: {exc}") from None
     except KeyboardInterrupt:
         summary = role.finish(outcome="interrupted")
         click.echo("learner: interrupted", err=True)

@@ -258,6 +258,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"learner.num_slots ({l.num_slots}) must be >= learner.slots_per_batch ({l.slots_per_batch})")
     if cfg.batch_size % a.num_minibatches:
         raise ConfigError(f"batch size T*B*E = {cfg.batch_size} is not divisible by algo.num_minibatches={a.num_minibatches}")
+    from .transport import MAX_STR_BYTES   # the learner's welcome carries this config to every actor
+    n = len(json.dumps(cfg.to_dict()).encode())
+    if n > MAX_STR_BYTES:
+        raise ConfigError(f"the config is {n:,} bytes as JSON, over the {MAX_STR_BYTES:,} a welcome message carries "
+                          f"to actors; shorten its strings (run.run_dir, env.id, env.module)")
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -14,8 +14,8 @@ from .config import Config
 from .evaluate import PeriodicEval
 from .provenance import provenance
 from .lag import LagTracker
-from .metrics import (Clock, EpisodeTracker, JsonlWriter, progress_line, tensorboard_writer, write_json_atomic,
-                      write_scalars)
+from .metrics import (Clock, EpisodeTracker, JsonlWriter, RunDirError, progress_line, tensorboard_writer,
+                      write_json_atomic, write_scalars)
 from .spec import RolloutSpec
 from .state import LearnerState, NonFiniteError
 
@@ -84,7 +84,16 @@ class Consumer:
     def consume(self, slots: list[SlotData]) -> dict | None:
         """One learner iteration on ``slots`` (those over max_policy_lag are dropped first); lag
         rows carry the number of the iteration that consumed them, as metrics.jsonl does (1-based).
-        Returns the iteration's metrics, or None if every slot was dropped."""
+        Returns the iteration's metrics, or None if every slot was dropped. Raises RunDirError when
+        an output cannot be written (the files keep whole lines, the last good checkpoint stays)."""
+        try:
+            return self._consume(slots)
+        except RunDirError:
+            raise
+        except OSError as exc:   # TensorBoard's writer raises a bare OSError
+            raise RunDirError(exc.filename or self.run_dir / "tb", exc) from None
+
+    def _consume(self, slots: list[SlotData]) -> dict | None:
         st, now, limit = self.state, time.time(), self.cfg.learner.max_policy_lag
         kept, gaps, ended = [], [], []
         dropped_streams: set[str] = set()     # a dropped slot leaves a gap in its stream
@@ -164,6 +173,9 @@ class Consumer:
             st.save(self.run_dir / "checkpoint.pt")
         except NonFiniteError as exc:      # the last good checkpoint stays; the run failed
             outcome, failed_role, reason = "failed", "learner", reason or str(exc)
+        except RunDirError as exc:         # disk full: the last good checkpoint stays; still try the summary
+            if outcome != "failed":
+                outcome, failed_role, reason = "failed", "learner", str(exc)
         failure = {"role": failed_role, "reason": reason} if outcome == "failed" else None
         summary = {"outcome": outcome, "failure": failure, "resumes": st.resumes,
                    "actor_rejoins": {a: n - 1 for a, n in sorted(st.actor_joins.items()) if n > 1},
@@ -179,8 +191,15 @@ class Consumer:
         return summary
 
     def close(self) -> None:
-        self.evaluate.close()
-        self.metrics.close()
-        self.lag.close()
-        if self.tb is not None:
-            self.tb.close()
+        """Close every writer. One that cannot write its last rows (disk full) does not stop the
+        others; the first such error is raised after all are closed (RunDirError)."""
+        first = None
+        for close in (self.evaluate.close, self.metrics.close, self.lag.close,
+                      self.tb.close if self.tb is not None else None):
+            try:
+                if close is not None:
+                    close()
+            except OSError as exc:
+                first = first or (exc if isinstance(exc, RunDirError) else RunDirError(exc.filename or self.run_dir, exc))
+        if first is not None:
+            raise first

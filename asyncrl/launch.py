@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .config import Config
 from .metrics import write_json_atomic
-from .shm import remove_run
+from .shm import SHM_DIR, remove_run
 
 
 class RoleFailed(RuntimeError):
@@ -107,6 +107,10 @@ class Supervisor:
         return lines[-1].strip() if lines else "(its log is empty)"
 
     def role_failed(self, name: str, rc: int) -> RoleFailed:
+        if rc == -signal.SIGBUS:   # a page of the shared-memory ring could not be backed
+            why = (f"exited with status {rc}: shared-memory failure (SIGBUS): {SHM_DIR} full, or the segment "
+                   f"removed or truncated under it (see `df {SHM_DIR}`)")
+            return RoleFailed(name, why, self.tail(name))
         return RoleFailed(name, f"exited with status {rc}: {self.last_line(name)}", self.tail(name))
 
     def supervise(self) -> None:
@@ -133,7 +137,7 @@ class Supervisor:
         try:
             write_json_atomic(path, summary)
         except OSError as exc:   # must not hide why the run ended
-            self.echo(f"asyncrl run: could not update {path}: {exc}")
+            self.echo(f"asyncrl run: {exc}" if str(path) in str(exc) else f"asyncrl run: could not update {path}: {exc}")
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGINT to every child still running; SIGKILL to any left after ``grace_s``."""

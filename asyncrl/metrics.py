@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -11,19 +12,50 @@ from typing import Any
 import numpy as np
 
 
+class RunDirError(OSError):
+    """A run-directory file could not be written (disk full, read-only, removed); the message is
+    one line, ``cannot write PATH: REASON``. Whatever was written before stays readable."""
+
+    def __init__(self, path: str | Path, exc: OSError):
+        super().__init__(exc.errno, exc.strerror or str(exc), str(path))
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
 class JsonlWriter:
-    """Append one JSON object per line, flushed on every write (a crash loses nothing)."""
+    """Append one JSON object per line, each with one write to the file (a crash loses nothing).
+    A write that fails (disk full) is undone, so the file never ends in half a line."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", buffering=1)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunDirError(self.path, exc) from None
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, default=_jsonable) + "\n")
+        """Append ``record`` as one line. Raises RunDirError, leaving the file as it was."""
+        data = (json.dumps(record, default=_jsonable) + "\n").encode()
+        start = None
+        try:
+            start = os.fstat(self._fd).st_size
+            done = os.write(self._fd, data)
+            while done < len(data):            # a short write: the disk filled up mid-line
+                done += os.write(self._fd, data[done:])
+        except OSError as exc:
+            if start is not None:
+                try:
+                    os.ftruncate(self._fd, start)
+                except OSError:
+                    pass
+            raise RunDirError(self.path, exc) from None
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _jsonable(x):
@@ -51,10 +83,32 @@ def read_jsonl(path: str | Path) -> list:
 
 
 def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (see write_atomic). Raises RunDirError."""
+    write_atomic(path, (json.dumps(data, indent=2, default=_jsonable) + "\n").encode())
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``:
+    ``path`` is always either the old file or the whole new one. Raises RunDirError (the
+    temporary file removed, ``path`` untouched)."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise RunDirError(exc.filename if exc.filename and exc.filename != str(tmp) else path, exc) from None
 
 
 class EpisodeTracker:
@@ -120,12 +174,30 @@ MINIBATCH_COLUMNS = ("step", "tv_estimate", "filtered_fraction", "clip_fraction"
 
 
 def tensorboard_writer(logdir: str | Path):
-    """A TensorBoard SummaryWriter on ``logdir`` when tensorboard is installed, else None."""
+    """A TensorBoard SummaryWriter on ``logdir`` when tensorboard is installed, else None.
+
+    A write error in its background thread (disk full) is not printed there: the writer raises it
+    again at its next call in the caller's thread, which reports it as one line."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
+    _quiet_tensorboard_thread()
     return SummaryWriter(str(logdir), flush_secs=10)
+
+
+def _quiet_tensorboard_thread() -> None:
+    previous = threading.excepthook
+    if getattr(previous, "asyncrl_quiet_tb", False):
+        return
+
+    def hook(args):
+        if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+            return
+        previous(args)
+
+    hook.asyncrl_quiet_tb = True
+    threading.excepthook = hook
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:

@@ -34,6 +34,7 @@ consumed (monobeast's free/full queues, with grant ids so late or foreign report
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -77,6 +78,32 @@ class ShmError(RuntimeError):
     """A shared-memory segment is missing, of another layout, or not the one expected."""
 
 
+class ShmSpaceError(ShmError):
+    """/dev/shm has too little free space for a ring; the message gives both sizes and the fix."""
+
+
+def free_bytes(directory: str = SHM_DIR) -> int:
+    """Bytes an unprivileged process may still allocate in ``directory``'s filesystem."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def _space_message(nbytes: int, free: int, spec: RolloutSpec, num_slots: int) -> str:
+    return (f"shared memory: the slot ring needs {nbytes:,} bytes ({num_slots} slots of {spec.slot_nbytes:,}) "
+            f"but {SHM_DIR} has {free:,} free; free space there (`asyncrl clean`; in Docker: --shm-size), "
+            f"or lower learner.num_slots, env.num_envs or env.rollout_length")
+
+
+def check_space(nbytes: int, spec: RolloutSpec, num_slots: int) -> None:
+    """Raise ShmSpaceError unless ``SHM_DIR`` has ``nbytes`` free (the ring's segment_nbytes)."""
+    try:
+        free = free_bytes()
+    except OSError:   # no /dev/shm to ask: creating the segment says what is wrong
+        return
+    if nbytes > free:
+        raise ShmSpaceError(_space_message(nbytes, free, spec, num_slots))
+
+
 class SlotRing:
     """S rollout slots in one shared-memory segment. Build with ``create`` or ``attach``.
 
@@ -98,17 +125,31 @@ class SlotRing:
 
         Raises ValueError for a run_id outside ``[A-Za-z0-9_.-]{1,200}`` or num_slots < 1;
         ShmError if that name exists (a second ring of this run in this process, or a stale
-        segment from a dead process with a recycled pid: run ``asyncrl clean``).
+        segment from a dead process with a recycled pid: run ``asyncrl clean``); ShmSpaceError
+        if /dev/shm has less free space than the segment (checked with statvfs, then reserved
+        with posix_fallocate, so writing into the ring never SIGBUSes for want of space).
         """
         if not _RUN_ID.fullmatch(run_id):
             raise ValueError(f"run_id must match [A-Za-z0-9_.-]{{1,200}}, got {run_id!r}")
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         name = f"{PREFIX}{run_id}-{os.getpid()}"
+        nbytes = segment_nbytes(spec, num_slots)
+        check_space(nbytes, spec, num_slots)
         try:
-            shm = SharedMemory(name=name, create=True, size=segment_nbytes(spec, num_slots))
+            shm = SharedMemory(name=name, create=True, size=nbytes)
         except FileExistsError:
             raise ShmError(f"shared-memory segment {name!r} already exists") from None
+        try:   # commit the pages now: a later write can then never SIGBUS for want of space
+            os.posix_fallocate(shm._fd, 0, nbytes)
+        except OSError as exc:
+            shm.close()
+            shm.unlink()
+            if exc.errno in (errno.ENOSPC, errno.EFBIG):
+                raise ShmSpaceError(_space_message(nbytes, free_bytes(), spec, num_slots)) from None
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):   # no fallocate here: unreserved
+                raise ShmError(f"cannot reserve {nbytes:,} bytes for {name!r}: {exc.strerror}") from None
+            shm = SharedMemory(name=name, create=True, size=nbytes)
         token = secrets.token_bytes(TOKEN_NBYTES)
         _HEADER.pack_into(shm.buf, 0, MAGIC, num_slots, spec.slot_nbytes, _hash(spec), token)
         return cls(shm, spec, num_slots, token, owner=True)

@@ -3,7 +3,7 @@ from slots, the learner iteration around :func:`asyncrl.update.learner_iteration
 checkpoints. Used by the learner role and by serial mode alike."""
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .config import Config
+from .metrics import write_atomic
 from .policy import RunningMeanStd, build_policy, flatten_weights, layout_hash
 from .spec import RolloutSpec
 from .update import learner_iteration
@@ -186,16 +187,17 @@ class LearnerState:
         """Atomic: write to a temporary file in the same directory, then rename.
 
         Raises NonFiniteError, writing nothing, if any weight, optimizer moment, normaliser or
-        reward-scaler statistic is NaN or inf (the previous checkpoint stays)."""
+        reward-scaler statistic is NaN or inf, and metrics.RunDirError if the file cannot be
+        written (disk full, read-only); in both cases the previous checkpoint stays."""
         path = Path(path)
         state = self.state_dict()
         bad = nonfinite_entries({k: state[k] for k in ("policy", "optimizer", "obs_rms", "reward_scaler")})
         if bad:
             raise NonFiniteError(f"learner: checkpoint not written, non-finite values in "
                                  + ", ".join(f"{name} ({n})" for name, n in bad[:3]))
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        write_atomic(path, buf.getbuffer())   # RunDirError: the previous checkpoint stays
 
     def load(self, path: str | Path) -> None:
         d = torch.load(path, weights_only=True)

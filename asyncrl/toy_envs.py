@@ -1,6 +1,8 @@
 """Tiny deterministic gymnasium envs for tests and smoke runs (registered on import of
 :mod:`asyncrl.envs` as ``asyncrl/Constant-v0``, ``asyncrl/Corridor-v0`` and
-``asyncrl/NaNCorridor-v0``, a Corridor whose reward is NaN at steps 500 and 1000 of each episode)."""
+``asyncrl/NaNCorridor-v0``, a Corridor whose reward is NaN at steps 500 and 1000 of each episode,
+and ``asyncrl/OneStep-v0``, a Corridor whose episodes end after one step: every env ends an episode
+every step, the most episodes a rollout can report)."""
 from __future__ import annotations
 
 import gymnasium as gym
@@ -67,6 +69,7 @@ class CorridorEnv(gym.Env):
 
 def register() -> None:
     for env_id, cls, kwargs in (("asyncrl/Constant-v0", ConstantEnv, {}), ("asyncrl/Corridor-v0", CorridorEnv, {}),
-                                ("asyncrl/NaNCorridor-v0", CorridorEnv, {"nan_reward_every": 500})):
+                                ("asyncrl/NaNCorridor-v0", CorridorEnv, {"nan_reward_every": 500}),
+                                ("asyncrl/OneStep-v0", CorridorEnv, {"terminate_at": 1})):
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=cls, max_episode_steps=1000, kwargs=kwargs)

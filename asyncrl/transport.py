@@ -1,6 +1,7 @@
 """Wire format and sockets: the only module that imports zmq.
 
-A message is multipart: frame 0 a msgpack header (a map with str keys, at most 64 KiB), then raw
+A message is multipart: frame 0 a msgpack header (a map with str keys, at most 64 KiB; an actor's
+reports more, by ``report_limits``), then raw
 array frames (rollouts only). Weights travel as ``[b"weights", header, payload]`` on PUB/SUB.
 Everything received is validated here; nothing is ever unpickled. Bad input raises
 ``ProtocolError`` whose ``reason`` is a short stable code for counting (see ``RejectCounter``).
@@ -76,8 +77,28 @@ SCHEMAS: dict[str, dict[str, object]] = {
 OPTIONAL: dict[str, dict[str, object]] = {
     "hello": {"spaces": dict},   # {"observation": ..., "action": ...}: envs.describe_spaces
 }
-_UNPACK_LIMITS = dict(max_str_len=4096, max_bin_len=4096, max_array_len=16384, max_map_len=64,
-                      max_ext_len=0)
+MAX_STR_BYTES = 4096    # of any one string in a header (config.validate keeps the welcome's config JSON under it)
+_UNPACK_LIMITS = dict(max_str_len=MAX_STR_BYTES, max_bin_len=4096, max_map_len=64, max_ext_len=0)
+
+
+class HeaderLimits(NamedTuple):
+    """How large a header one channel takes: bytes of its frame, items of any one list."""
+    max_bytes: int = MAX_HEADER_BYTES
+    max_array_len: int = 16384
+
+
+DEFAULT_LIMITS = HeaderLimits()
+_BYTES_PER_EPISODE = 18   # a report's msgpack float64 return (9 bytes) and int length (<= 9 bytes)
+
+
+def report_limits(num_envs: int, rollout_length: int) -> HeaderLimits:
+    """Limits of the actor -> learner channel for rollouts of E = ``num_envs`` envs x T =
+    ``rollout_length`` steps. A rollout ends at most E * T episodes, each a return and a length in
+    its report, so the 64 KiB of the other headers grow by 18 bytes per possible episode: no legal
+    config can make a report the learner refuses (e.g. 64 envs of 1-step episodes)."""
+    episodes = num_envs * rollout_length
+    return HeaderLimits(MAX_HEADER_BYTES + _BYTES_PER_EPISODE * episodes,
+                        max(DEFAULT_LIMITS.max_array_len, episodes))
 
 
 def _valid(value, kind) -> bool:
@@ -131,12 +152,13 @@ def _np_scalar(obj):
     raise TypeError(f"cannot encode {type(obj).__name__} in a header")
 
 
-def _unpack_header(frame, run_id: str | None) -> dict:
+def _unpack_header(frame, run_id: str | None, limits: HeaderLimits = DEFAULT_LIMITS) -> dict:
     buf = _bytes(frame)
-    if buf.nbytes > MAX_HEADER_BYTES:
-        raise ProtocolError("oversized", f"header frame of {buf.nbytes} bytes > {MAX_HEADER_BYTES}")
+    if buf.nbytes > limits.max_bytes:
+        raise ProtocolError("oversized", f"header frame of {buf.nbytes} bytes > {limits.max_bytes}")
     try:
-        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, max_array_len=limits.max_array_len,
+                                 **_UNPACK_LIMITS)
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ProtocolError("malformed", f"header is not valid msgpack ({e})") from None
     return validate_header(header, run_id=run_id)
@@ -149,18 +171,19 @@ def peek(frame) -> dict:
         buf = _bytes(frame)
         if buf.nbytes > MAX_HEADER_BYTES:
             return {}
-        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, max_array_len=DEFAULT_LIMITS.max_array_len,
+                                 **_UNPACK_LIMITS)
     except (ValueError, TypeError, msgpack.UnpackException):   # ProtocolError is a ValueError
         return {}
     return header if isinstance(header, dict) else {}
 
 
-def _pack_header(header: dict) -> bytes:
+def _pack_header(header: dict, limits: HeaderLimits = DEFAULT_LIMITS) -> bytes:
     """msgpack a header; numpy scalars become Python numbers. Refuses (ProtocolError) whatever
-    the receiving side would refuse, so bugs show up at the sender."""
+    the receiving side (taking ``limits``) would refuse, so bugs show up at the sender."""
     packed = msgpack.packb({"proto": PROTOCOL_VERSION, **header}, use_bin_type=True,
                            default=_np_scalar)
-    _unpack_header(packed, None)
+    _unpack_header(packed, None, limits)
     return packed
 
 
@@ -178,14 +201,16 @@ def _frame(array: np.ndarray) -> memoryview:
 
 # ---------------------------------------------------------------------------- messages
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> list[bytes | memoryview]:
-    """Frames ``[msgpack header, *array buffers]``. ``proto`` is filled in unless given.
+def encode(header: dict, arrays: Sequence[np.ndarray] = (), *,
+           limits: HeaderLimits = DEFAULT_LIMITS) -> list[bytes | memoryview]:
+    """Frames ``[msgpack header, *array buffers]``. ``proto`` is filled in unless given;
+    ``limits``: the receiver's (``report_limits`` for an actor's reports).
 
     Array frames are zero-copy views of the arrays (see ``send`` for when ZeroMQ copies them).
     Raises ProtocolError for a header that ``decode`` would reject, or arrays on a type other
     than ``rollout``.
     """
-    packed = _pack_header(header)
+    packed = _pack_header(header, limits)
     if arrays and header.get("type") != "rollout":
         raise ProtocolError("frame_count", f"{header.get('type')} carries no array frames")
     return [packed, *(_frame(a) for a in arrays)]
@@ -201,20 +226,23 @@ def encode_rollout(header: dict, arrays: Mapping[str, np.ndarray], spec: Rollout
         a = arrays[f.name]
         if a.shape != f.shape or a.dtype != f.dtype:
             raise ValueError(f"{f.name}: {a.shape} {a.dtype}, spec says {f.shape} {f.dtype}")
-    return encode({**header, "type": "rollout"}, [arrays[f.name] for f in spec.fields])
+    return encode({**header, "type": "rollout"}, [arrays[f.name] for f in spec.fields],
+                  limits=report_limits(spec.num_envs, spec.rollout_length))
 
 
-def decode(frames: Sequence, *, run_id: str | None = None) -> tuple[dict, list]:
+def decode(frames: Sequence, *, run_id: str | None = None,
+           limits: HeaderLimits = DEFAULT_LIMITS) -> tuple[dict, list]:
     """Validate a message (ROUTER: strip the identity frame first); returns (header, frames[1:]).
 
-    Raises ProtocolError on an empty message, an oversized (> 64 KiB) or non-msgpack header,
+    Raises ProtocolError on an empty message, an oversized (> ``limits``: 64 KiB, lists of at most
+    16384 items by default; the learner takes ``report_limits``) or non-msgpack header,
     an unknown ``type``, another protocol version or run id (when ``run_id`` is given), missing,
     unexpected or ill-typed keys, or array frames on any type but ``rollout`` (whose frames
     ``decode_rollout_frames`` checks).
     """
     if not frames:
         raise ProtocolError("frame_count", "empty message")
-    header = _unpack_header(frames[0], run_id)
+    header = _unpack_header(frames[0], run_id, limits)
     rest = list(frames[1:])
     if rest and header["type"] != "rollout":
         raise ProtocolError("frame_count", f"{header['type']} with {len(rest)} extra frames")

@@ -163,7 +163,8 @@ class Actor:
 
     def _send(self, kind: str, **fields) -> None:
         tp.send(self.learner, tp.encode({"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
-                                         "actor_id": self.opts.actor_id, **fields}))
+                                         "actor_id": self.opts.actor_id, **fields},
+                                        limits=tp.report_limits(self.spec.num_envs, self.spec.rollout_length)))
 
     # ---- weights ----
     def first_weights(self) -> None:

@@ -22,7 +22,7 @@ from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
 from ..security import Security, advertised_with_source, endpoint_host, is_loopback
 from ..consume import Consumer, SlotData, SlotError, check_slot
-from ..shm import SlotLedger, SlotRing, cleanup_stale
+from ..shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
 
 log = logging.getLogger("asyncrl.learner")
 
@@ -45,6 +45,8 @@ class ActorInfo:
 
 
 class Learner:
+    write_error: OSError | None = None     # the run-directory failure that ended the run, if one did
+
     def __init__(self, cfg: Config, run_dir: str | Path, *, run_id: str, bind: str, broadcaster: str,
                  echo=print, security: Security | None = None, advertise: str | None = None):
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
@@ -73,6 +75,9 @@ class Learner:
         self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
                                  max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module)
         self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
+        self.wire_limits = tp.report_limits(cfg.env.num_envs, cfg.env.rollout_length)   # reports of E*T episodes
+        # /dev/shm too small: one line before any file of the run exists (it can be rerun in the same directory)
+        check_space(segment_nbytes(self.spec, cfg.learner.num_slots), self.spec, cfg.learner.num_slots)
         self.consumer = Consumer(cfg, self.spec, self.run_dir)
         self.state = self.consumer.state
         for name in cleanup_stale():
@@ -122,7 +127,7 @@ class Learner:
         identity = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
         sender = identity.decode(errors="replace")
         try:
-            header, arrays = tp.decode(frames[1:])
+            header, arrays = tp.decode(frames[1:], limits=self.wire_limits)
             if header["type"] == "hello":
                 return self.on_hello(identity, header)
             if header["run_id"] != self.run_id:
@@ -369,15 +374,24 @@ class Learner:
         reason ``exc``. Never raises: a failure to write it (e.g. the run directory is the cause)
         is logged, and the caller reports ``exc`` itself."""
         reason = str(exc) if isinstance(exc, LearnerError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, OSError):
+            self.write_error = exc
         try:
             self.finish(outcome="failed", reason=reason)
         except Exception as inner:  # noqa: BLE001 - logged; the original error goes on
-            log.error("learner: could not write the summary of the failed run: %s", inner)
+            same = isinstance(exc, OSError) and isinstance(inner, OSError) and inner.errno == exc.errno
+            # the run directory's own failure (disk full): the caller's one line says it all
+            log.log(logging.DEBUG if same else logging.ERROR,
+                    "learner: could not write the summary of the failed run: %s", inner)
 
     def close(self) -> None:
         """Idempotent; always removes the shared-memory segment."""
         try:
-            self.consumer.close()
+            try:
+                self.consumer.close()
+            except OSError as exc:   # disk full at its last rows: what was written stays readable
+                if self.write_error is None:
+                    log.warning("learner: %s", exc)
             tp.close(self.router, self.weights_out)
             self.security.close()
             self.ctx.term()

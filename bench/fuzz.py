@@ -1,0 +1,354 @@
+"""Bounded fuzz benchmark of each port a peer can reach (issue 9): N messages of each kind that
+reach the application after ZeroMQ's framing, on loopback and through CURVE with an allowed
+client key; prints what became of them and fails (exit 1) if a role ended, stopped answering, or
+a message went uncounted.
+
+    nice -n 19 .venv/bin/python bench/fuzz.py --messages 10000
+
+Ports: the learner's ROUTER (actors' hello, request, ready, rollout, heartbeat, bye) and the
+broadcaster's request ROUTER (snapshot requests, and the learner's weights). The broadcaster's PUB
+port takes only subscriptions, which ZeroMQ consumes itself: nothing a peer sends there reaches
+the application, so it gets random subscription frames and the liveness check only.
+
+Kinds: random bytes (1 to 4 frames of 0 to 2,000 random bytes), and well-formed messages (real
+msgpack headers of every message type, and weights messages) with hostile values: negative, huge
+and non-finite numbers, control characters, wrong types, missing and extra keys, other run ids,
+frames of wrong sizes; now and then a hello that matches the run, so reports and requests from a
+known actor id are exercised too.
+
+Each role runs in this process (its own ZeroMQ context, the same sockets, keys and serve loop as
+``asyncrl learner`` and ``asyncrl broadcaster``); a sender thread sends while the main thread serves.
+Every message that reaches ``handle`` is counted as rejected (the role's RejectCounter, by
+reason), refused (a hello answered with ``refuse``) or accepted; their sum must equal the number
+sent. Afterwards a fresh client must still get an answer (a welcome or refusal from the learner, a
+snapshot answer from the broadcaster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from asyncrl import transport as tp  # noqa: E402
+from asyncrl.config import load as load_config  # noqa: E402
+from asyncrl.launch import free_port, free_port_pair  # noqa: E402
+from asyncrl.security import Security, generate  # noqa: E402
+
+ENV = "asyncrl/Corridor-v0"
+
+INTS = [0, 1, 2, 7, -1, -2 ** 63, 2 ** 63, 2 ** 64 - 1, True]
+FLOATS = [0.0, 1.5, -1e308, 1e308, math.inf, -math.inf, math.nan, 5e-324]
+TEXTS = ["", "a0", "fuzz", "\x1b[2J\x1b[H", "a\nb\r\n", "\u2028\u202e", "x" * 4000, "é" * 100, "%s%n{}"]
+
+
+class Hostile:
+    """Well-formed messages with hostile values, for a role of run ``run_id`` (seeded)."""
+
+    def __init__(self, rng: random.Random, run_id: str, spec, identity: str):
+        self.rng, self.run_id, self.spec, self.identity = rng, run_id, spec, identity
+
+    def value(self, kind):
+        r = self.rng
+        if r.random() < 0.08:                        # another type altogether
+            return r.choice([None, [1, "a"], {"k": [1]}, b"\x00" * 8, r.choice(TEXTS), r.choice(FLOATS)])
+        if kind is int:
+            return r.choice(INTS) if r.random() < 0.6 else r.randrange(0, 64)
+        if kind is float:
+            return r.choice(FLOATS)
+        if kind is str:
+            return r.choice(TEXTS + [self.run_id, self.identity])
+        if kind is bytes:
+            return r.randbytes(r.choice([0, 16, 40, 4096]))
+        if kind == list[float]:
+            return [r.choice(FLOATS) for _ in range(r.choice([0, 1, 5, 3000]))]
+        if kind == list[int]:
+            return [r.choice(INTS) for _ in range(r.choice([0, 1, 5, 3000]))]
+        if kind is dict:
+            return {r.choice(TEXTS): r.choice(INTS + FLOATS + TEXTS) for _ in range(r.choice([0, 2, 70]))}
+        return r.choice([None, r.randbytes(16)])    # bytes | None
+
+    def header(self, kind: str) -> dict:
+        r = self.rng
+        schema = {**tp._COMMON, **tp.SCHEMAS[kind], **tp.OPTIONAL.get(kind, {})}
+        h = {"type": kind, "proto": tp.PROTOCOL_VERSION if r.random() < 0.9 else r.choice(INTS),
+             "run_id": self.run_id if r.random() < 0.7 else r.choice(TEXTS)}
+        for key, expected in schema.items():
+            if key in h:
+                continue
+            if key == "actor_id" and r.random() < 0.7:
+                h[key] = self.identity
+            elif r.random() > 0.03:                  # else: missing
+                h[key] = self.value(expected)
+        if r.random() < 0.05:
+            h[r.choice(TEXTS)] = self.value(int)     # an extra key
+        return h
+
+    def good_hello(self) -> dict:
+        return {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": "", "actor_id": self.identity,
+                "host": "fuzz", "pid": self.rng.randrange(1, 5), "env_id": ENV, "spec": self.spec.to_dict(),
+                "shm_token": None}
+
+    def frames(self) -> list[bytes]:
+        r = self.rng
+        if r.random() < 0.03:
+            h = self.good_hello()
+        else:
+            h = self.header(r.choice(sorted(tp.SCHEMAS)))
+        try:
+            packed = _pack(h)
+        except (OverflowError, ValueError, TypeError):
+            packed = _pack({**h, **{k: 0 for k, v in h.items() if isinstance(v, int) and not 0 <= v < 2 ** 64}})
+        if h["type"] == "weights" or r.random() < 0.05:   # [topic, header, payload]
+            body = r.randbytes(r.choice([0, 4, 16, 1001]))
+            return [r.choice([tp.WEIGHTS_TOPIC, b"weights\x00", b""]), packed, body]
+        if h["type"] == "rollout" or r.random() < 0.02:
+            sizes = [int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields]
+            n = len(sizes) + r.choice([0, 0, 0, -1, 1])
+            return [packed, *(r.randbytes(max(0, sizes[i % len(sizes)] + r.choice([0, 0, 0, 1, -1])))
+                              for i in range(max(0, n)))]
+        return [packed]
+
+
+def _pack(h: dict) -> bytes:
+    import msgpack
+    return msgpack.packb(h, use_bin_type=True)
+
+
+def random_frames(rng: random.Random) -> list[bytes]:
+    return [rng.randbytes(rng.choice([0, 1, 7, 64, 2000, rng.randrange(0, 2000)])) for _ in range(rng.randint(1, 4))]
+
+
+def client(ctx: zmq.Context, endpoint: str, identity: str, curve) -> zmq.Socket:
+    """A hostile DEALER; ``curve``: (public, secret, server_key) of an allowed client, or None."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.identity = identity.encode()
+    sock.sndtimeo = 30_000
+    sock.rcvhwm = 10
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
+    sock.connect(endpoint)
+    return sock
+
+
+def send_all(sock: zmq.Socket, messages: list[list[bytes]], sent: list[int]) -> None:
+    for frames in messages:
+        sock.send_multipart(frames)
+        sent[0] += 1
+
+
+class Counted:
+    """Wraps a role's ``handle`` (and the learner's ``reply``) to count what reaches it and what
+    became of each message: "rejected" (its RejectCounter went up), "refused" (a hello answered
+    with refuse), "accepted", or "raised" (an exception left handle: the role would end)."""
+
+    def __init__(self, role):
+        self.role, self.handled, self.refused = role, 0, 0
+        self.outcomes: Counter[str] = Counter()
+        self.raised: list[str] = []
+        handle = role.handle
+
+        def counted(frames):
+            self.handled += 1
+            rejects, refused = role.rejects.total, self.refused
+            try:
+                handle(frames)
+            except Exception as exc:  # noqa: BLE001 - what the benchmark looks for
+                self.outcomes["raised"] += 1
+                self.raised.append(f"{type(exc).__name__}: {exc}"[:300])
+                return
+            self.outcomes["rejected" if role.rejects.total > rejects else
+                          "refused" if self.refused > refused else "accepted"] += 1
+        role.handle = counted
+        if hasattr(role, "reply"):
+            reply = role.reply
+
+            def counting_reply(identity, header):
+                if header.get("type") == "refuse":
+                    self.refused += 1
+                reply(identity, header)
+            role.reply = counting_reply
+
+
+def fuzz_port(name, role, endpoint, curve, n, seed, spec, run_id) -> dict:
+    counted = Counted(role)
+    ctx = zmq.Context()
+    rng = random.Random(seed)
+    results = {}
+    try:
+        for kind in ("random bytes", "hostile values"):
+            make = Hostile(rng, run_id, spec, "fuzz")
+            messages = [random_frames(rng) if kind == "random bytes" else make.frames() for _ in range(n)]
+            sock = client(ctx, endpoint, f"fuzz-{kind[0]}", curve)
+            if kind == "hostile values":
+                sock.close()
+                sock = client(ctx, endpoint, "fuzz", curve)
+            before, outcomes_before = counted.handled, Counter(counted.outcomes)
+            sent = [0]
+            t0 = time.perf_counter()
+            sender = threading.Thread(target=send_all, args=(sock, messages, sent), daemon=True)
+            sender.start()
+            last, idle_since = -1, time.monotonic()
+            while counted.handled - before < n:
+                role.serve(20)
+                if counted.handled != last:
+                    last, idle_since = counted.handled, time.monotonic()
+                elif time.monotonic() - idle_since > 60:
+                    break
+            wall = time.perf_counter() - t0
+            sender.join(30)
+            sock.close()
+            handled = counted.handled - before
+            out = counted.outcomes - outcomes_before
+            results[kind] = {"sent": sent[0], "reached_role": handled, "rejected": out["rejected"],
+                             "refused_hello": out["refused"], "accepted": out["accepted"], "raised": out["raised"],
+                             "wall_s": round(wall, 2), "msgs_per_s": round(handled / max(wall, 1e-9))}
+    finally:
+        ctx.destroy(linger=0)
+    results["rejects_by_reason"] = role.rejects.by_reason()
+    results["raised_examples"] = counted.raised[:5]
+    return results
+
+
+def alive_learner(role, endpoint, curve, spec) -> bool:
+    ctx = zmq.Context()
+    try:
+        sock = client(ctx, endpoint, "probe", curve)
+        h = Hostile(random.Random(0), role.run_id, spec, "probe").good_hello()
+        sock.send_multipart(tp.encode(h))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            role.serve(20)
+            if sock.poll(0):
+                header, _ = tp.decode(sock.recv_multipart())
+                return header["type"] in ("welcome", "refuse")
+        return False
+    finally:
+        ctx.destroy(linger=0)
+
+
+def alive_broadcaster(role, endpoint, curve) -> bool:
+    ctx = zmq.Context()
+    try:
+        sock = client(ctx, endpoint, "probe", curve)
+        sock.send_multipart(tp.encode({"type": "snapshot", "run_id": "", "actor_id": "probe"}))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            role.serve(20)
+            if sock.poll(0):
+                return bool(sock.recv_multipart())
+        return False
+    finally:
+        ctx.destroy(linger=0)
+
+
+def fuzz_pub(role, endpoint, curve, n, seed) -> dict:
+    """Random subscription frames from an XSUB: ZeroMQ consumes them; the role must go on."""
+    rng = random.Random(seed)
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.XSUB)
+        sock.linger = 0
+        if curve is not None:
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
+        sock.connect(endpoint)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sock.send(bytes([rng.choice([0, 1, 2, 255])]) + rng.randbytes(rng.randrange(0, 200)))
+            if rng.random() < 0.01:
+                role.serve(0)
+        for _ in range(20):
+            role.serve(10)
+        return {"sent": n, "reached_role": 0, "wall_s": round(time.perf_counter() - t0, 2)}
+    finally:
+        ctx.destroy(linger=0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, default=10_000, help="messages of each kind, per port and transport")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)   # the roles' rate-limited reject lines are not the point here
+    from asyncrl.roles.broadcaster import Broadcaster
+    from asyncrl.roles.learner import Learner
+
+    tmp = Path(tempfile.mkdtemp(prefix="asyncrl-fuzz-"))
+    generate(tmp / "keys", 1)
+    from asyncrl.security import _load
+    cpub, csec = _load(tmp / "keys" / "client-1" / "client.key_secret", secret=True, why="fuzz")
+    spub, _ = _load(tmp / "keys" / "client-1" / "server.key", secret=False, why="fuzz")
+    cfg = load_config(None, ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2",
+                             "learner.num_slots=6", "algo.num_minibatches=4", "algo.num_epochs=1",
+                             f"env.id={ENV}", "run.total_env_steps=1000000000", "run.log_every_s=1000"])
+    report, ok = {}, True
+    for transport in ("loopback", "curve"):
+        host = "127.0.0.1" if transport == "loopback" else "0.0.0.0"
+        curve = None if transport == "loopback" else (cpub, csec, spub)
+        sec = (lambda role: Security(role)) if transport == "loopback" else \
+            (lambda role: Security(role, tmp / "keys" / "server"))
+        lport, bport = free_port(), free_port_pair()
+        run_id = f"fuzz-{transport}-{random.Random(args.seed).randrange(10 ** 6)}"
+        bc = Broadcaster(f"tcp://{host}:{bport}", security=sec("broadcaster"), echo=lambda *a: None)
+        learner = Learner(cfg, tmp / f"run-{transport}", run_id=run_id, bind=f"tcp://{host}:{lport}",
+                          broadcaster=f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *a: None,
+                          security=sec("learner"))
+        try:
+            connect = "127.0.0.1"
+            t = {"learner ROUTER": fuzz_port("learner", learner, f"tcp://{connect}:{lport}", curve, args.messages,
+                                             args.seed, learner.spec, run_id),
+                 "broadcaster ROUTER": fuzz_port("broadcaster", bc, f"tcp://{connect}:{bport + 1}", curve,
+                                                 args.messages, args.seed + 1, learner.spec, run_id),
+                 "broadcaster PUB": fuzz_pub(bc, f"tcp://{connect}:{bport}", curve, args.messages, args.seed + 2)}
+            t["learner ROUTER"]["alive_after"] = alive_learner(learner, f"tcp://{connect}:{lport}", curve, learner.spec)
+            t["broadcaster ROUTER"]["alive_after"] = alive_broadcaster(bc, f"tcp://{connect}:{bport + 1}", curve)
+            t["broadcaster PUB"]["alive_after"] = t["broadcaster ROUTER"]["alive_after"]
+        finally:
+            learner.close()
+            bc.close()
+        report[transport] = t
+        for port, r in t.items():
+            ok &= r["alive_after"]
+            for kind in ("random bytes", "hostile values"):
+                if kind in r:
+                    k = r[kind]
+                    counted = k["rejected"] + k["refused_hello"] + k["accepted"]
+                    ok &= k["sent"] == k["reached_role"] == counted == args.messages and k["raised"] == 0
+    for transport, t in report.items():
+        for port, r in t.items():
+            print(f"{transport:8} {port:19} alive after: {r['alive_after']}")
+            for kind in ("random bytes", "hostile values"):
+                if kind in r:
+                    k = r[kind]
+                    print(f"    {kind:14} sent {k['sent']:>6}  reached {k['reached_role']:>6}  rejected {k['rejected']:>6}"
+                          f"  refused hello {k['refused_hello']:>5}  accepted {k['accepted']:>5}  raised {k['raised']}"
+                          f"  {k['wall_s']:6.1f} s ({k['msgs_per_s']:,}/s)")
+            if "rejects_by_reason" in r:
+                print(f"    rejects by reason: {dict(sorted(r['rejects_by_reason'].items()))}")
+                for line in r["raised_examples"]:
+                    print(f"    RAISED: {line}")
+            if "random bytes" not in r:
+                print(f"    subscription frames sent {r['sent']}, reached the role {r['reached_role']}")
+    print("PASS: no role ended, every message that reached a role was counted" if ok else "FAIL")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

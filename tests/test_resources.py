@@ -1,0 +1,141 @@
+"""Resources (issue 9, point 7), in one process: the /dev/shm space check, SIGBUS in the
+supervisor's report, run-directory writes that fail, and header limits no legal config overflows.
+The multi-process versions are in tests/integration/test_resource_faults.py."""
+import errno
+import json
+import os
+import uuid
+
+import pytest
+import torch
+
+from asyncrl import config
+from asyncrl import metrics
+from asyncrl import shm
+from asyncrl import transport as tp
+from asyncrl.config import ConfigError
+from asyncrl.metrics import JsonlWriter, RunDirError, write_atomic
+from asyncrl.spec import RolloutSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+SPEC = RolloutSpec(obs_dim=3, action_dim=2, discrete=False, rollout_length=4, num_envs=2)
+
+
+# ----------------------------------------------------------------------------- /dev/shm
+
+def test_ring_that_does_not_fit_is_refused_before_any_segment(monkeypatch):
+    run_id = f"test-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setattr(shm, "free_bytes", lambda directory=shm.SHM_DIR: 1000)
+    with pytest.raises(shm.ShmSpaceError) as info:
+        shm.SlotRing.create(run_id=run_id, spec=SPEC, num_slots=3)
+    text = str(info.value)
+    need = shm.segment_nbytes(SPEC, 3)
+    assert f"needs {need:,} bytes" in text and "has 1,000 free" in text, text
+    assert "learner.num_slots" in text and "\n" not in text, text
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"asyncrl-{run_id}-")]
+
+
+def test_created_ring_has_its_pages_reserved():
+    run_id = f"test-{uuid.uuid4().hex[:12]}"
+    with shm.SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
+        st = os.stat(os.path.join("/dev/shm", ring.name))
+        assert st.st_blocks * 512 >= shm.segment_nbytes(SPEC, 2)   # allocated, not a sparse file
+
+
+def test_supervisor_names_sigbus_a_shared_memory_failure(tmp_path):
+    from asyncrl.launch import Supervisor
+    sup = Supervisor(config.Config(), tmp_path, print)
+    (sup.logs / "actor0.log").write_text("Fatal Python error: Bus error\n")
+    failure = sup.role_failed("actor0", -7)
+    assert "shared-memory failure (SIGBUS)" in failure.reason and "/dev/shm" in failure.reason
+    assert "status -7" in failure.reason
+
+
+# ----------------------------------------------------------------------------- run directory
+
+def _enospc_after(n_bytes: int):
+    """An os.write that writes at most ``n_bytes`` in all, then fails as a full disk does."""
+    left = [n_bytes]
+    real = os.write
+
+    def write(fd, data):
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done = real(fd, bytes(data)[:left[0]])
+        left[0] -= done
+        return done
+    return write
+
+
+def test_jsonl_line_cut_by_a_full_disk_is_undone(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    w = JsonlWriter(path)
+    w.write({"iteration": 1})
+    monkeypatch.setattr(metrics.os, "write", _enospc_after(5))   # 5 bytes of the next line get through
+    with pytest.raises(RunDirError) as info:
+        w.write({"iteration": 2, "pad": "x" * 100})
+    w.close()
+    assert str(info.value) == f"cannot write {path}: No space left on device"
+    assert path.read_text() == '{"iteration": 1}\n'
+
+
+def test_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    write_atomic(path, b'{"old": 1}\n')
+    monkeypatch.setattr(metrics.os, "write", _enospc_after(3))
+    with pytest.raises(RunDirError, match="No space left on device"):
+        write_atomic(path, b'{"new": 2}\n' * 100)
+    assert json.loads(path.read_text()) == {"old": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]   # no temporary left
+
+
+def test_checkpoint_that_cannot_be_written_keeps_the_last_good_one(tmp_path, monkeypatch):
+    from asyncrl.state import LearnerState
+    cfg = config.Config()
+    state = LearnerState(cfg, RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=4, num_envs=2))
+    path = tmp_path / "checkpoint.pt"
+    state.save(path)
+    state.iteration = 99
+    monkeypatch.setattr(metrics.os, "write", _enospc_after(1000))
+    with pytest.raises(RunDirError, match="checkpoint.pt: No space left on device"):
+        state.save(path)
+    assert torch.load(path, weights_only=True)["iteration"] == 0
+
+
+def test_writing_to_a_full_device_is_one_line(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    w = JsonlWriter("/dev/full")
+    with pytest.raises(RunDirError) as info:
+        w.write({"a": 1})
+    w.close()
+    assert str(info.value) == "cannot write /dev/full: No space left on device"
+
+
+# ----------------------------------------------------------------------------- message limits
+
+def _report(episodes: int) -> dict:
+    return {"type": "ready", "run_id": "r", "actor_id": "a0", "grant_id": 1, "env_steps": episodes, "slot": 0,
+            "episode_returns": [-1.2345678901234e300] * episodes, "episode_lengths": [2 ** 63] * episodes,
+            "timing": {"env_s": 0.1}}
+
+
+@pytest.mark.parametrize("num_envs, rollout_length", [(64, 64), (1, 1), (256, 512)])
+def test_a_report_of_every_env_ending_every_step_fits(num_envs, rollout_length):
+    """E*T episodes (the most a rollout can end), each with the longest msgpack number: encoded
+    and decoded under report_limits(E, T)."""
+    episodes = num_envs * rollout_length
+    limits = tp.report_limits(num_envs, rollout_length)
+    frames = tp.encode(_report(episodes), limits=limits)
+    header, _ = tp.decode(frames, limits=limits)
+    assert len(header["episode_returns"]) == episodes
+    if len(frames[0]) > tp.MAX_HEADER_BYTES:   # what overflowed before: the default limits refuse it
+        with pytest.raises(tp.ProtocolError, match="oversized"):
+            tp.decode(frames)
+
+
+def test_config_too_long_for_the_welcome_is_refused():
+    with pytest.raises(ConfigError, match="bytes as JSON, over the 4,096"):
+        config.load(None, ["run.run_dir=" + "d" * 5000])
+    config.load(None, ["run.run_dir=" + "d" * 1000])   # long, but fits
