@@ -3,7 +3,6 @@ drop samples over ``max_policy_lag``, account lag, assemble the batch, run the l
 and write metrics, checkpoints, progress and the summary."""
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections import Counter
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from .config import Config
 from .evaluate import PeriodicEval
@@ -184,7 +184,7 @@ class Consumer:
         own = {"lag": self.lag.state_dict(), "episodes": self.episodes.state_dict(), "update_s": self.update_s,
                "rejected_slots": dict(self.rejected_slots), "eval_next_at": self.evaluate.next_at,
                "last_eval": dict(self.last_eval), "elapsed_s": self.clock.elapsed, "time": time.time()}
-        return {**copy.deepcopy(self.state.state_dict()), "consumer": own, "extra": copy.deepcopy(extra)}
+        return {**_copied(self.state.state_dict()), "consumer": own, "extra": _copied(extra)}
 
     def end_iteration(self, extra: dict | None = None) -> None:
         """Call between iterations (after the weights went out): keeps a snapshot, the state an
@@ -262,3 +262,17 @@ class Consumer:
         self.lag.close()
         if self.tb is not None:
             self.tb.close()
+
+
+def _copied(tree):
+    """A copy of a nested dict / list / tuple of tensors, arrays and immutable values (tensors
+    cloned): what a snapshot keeps past the next iteration. copy.deepcopy does the same 50x slower."""
+    if isinstance(tree, dict):
+        return {k: _copied(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(v) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, np.ndarray):
+        return tree.copy()
+    return tree
