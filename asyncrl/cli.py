@@ -42,14 +42,66 @@ def load_config(config_file, overrides, flags: dict | None = None, *, env: bool 
     return cfg
 
 
-def fresh_run_dir(run_dir, cfg: Config) -> Path:
-    """The run directory (created); refuses one that already holds a run, whose metrics and lag
-    records the new run would otherwise be appended to. Raises UserError."""
+RUN_OUTPUTS = ("metrics.jsonl", "lag.jsonl", "lag_histograms.jsonl", "summary.json", "checkpoint.pt")
+
+
+def holds_run(out: Path) -> bool:
+    """True if ``out`` holds the outputs of a run (metrics, lag records, a summary, checkpoints)."""
+    return any((out / name).exists() for name in RUN_OUTPUTS) or any(out.glob("checkpoint.*.pt"))
+
+
+def prepare_run_dir(run_dir, cfg: Config, restart: str = "resume") -> tuple[Path, bool]:
+    """The run directory (created) and whether the run in it is to be resumed. For a directory
+    that already holds a run, ``restart`` says what to do: "resume" goes on with it if it did not
+    finish and was started with the same config; "overwrite" removes its outputs and starts
+    afresh; "refuse" stops. Raises UserError (nothing is changed) for a run that cannot be
+    resumed: it finished, its config differs, or it has no config.json."""
     out = Path(run_dir) if run_dir else default_run_dir(cfg)
-    if (out / "metrics.jsonl").exists() or (out / "lag.jsonl").exists():
-        raise UserError(f"run directory {out} already holds a run; choose another --run-dir")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    if not holds_run(out):
+        out.mkdir(parents=True, exist_ok=True)
+        return out, False
+    if restart == "refuse":
+        raise UserError(f"run directory {out} already holds a run; choose another --run-dir (or --restart resume / "
+                        f"overwrite)")
+    if restart == "overwrite":
+        import shutil
+        for name in (*RUN_OUTPUTS, "config.json"):
+            (out / name).unlink(missing_ok=True)
+        for p in out.glob("checkpoint.*.pt"):
+            p.unlink()
+        for name in ("tb", "logs"):
+            shutil.rmtree(out / name, ignore_errors=True)
+        return out, False
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if summary.get("outcome") == "finished":
+        raise UserError(f"run directory {out} holds a run that finished ({summary.get('env_steps', 0):,} env steps); "
+                        f"--restart overwrite to train again there, or choose another --run-dir")
+    if not (out / "config.json").exists():
+        raise UserError(f"run directory {out} holds a run without config.json, which cannot be resumed; "
+                        f"--restart overwrite, or choose another --run-dir")
+    try:
+        saved = config_mod.load(out / "config.json").to_dict()
+    except (ConfigError, ValueError) as exc:
+        raise UserError(f"run directory {out}: its config.json does not load, so the run cannot be resumed: "
+                        f"{exc}") from None
+    ours = cfg.to_dict()
+    diff = [f"{section}.{key} ({saved[section][key]!r} there, {value!r} now)" for section, keys in ours.items()
+            for key, value in keys.items() if (section, key) != ("run", "run_dir") and saved[section][key] != value]
+    if diff:
+        raise UserError(f"run directory {out} holds a run with another config, which cannot be resumed: "
+                        f"{', '.join(diff[:3])}{' ...' if len(diff) > 3 else ''}; run the same command, or "
+                        f"--restart overwrite")
+    return out, True
+
+
+def _restart_option(f):
+    return click.option("--restart", type=click.Choice(["resume", "overwrite", "refuse"]), default="resume",
+                        show_default=True,
+                        help="When --run-dir already holds a run: resume it from its checkpoint (if it did not "
+                             "finish and its config is the same), overwrite it, or refuse.")(f)
 
 
 def write_config_json(out: Path, cfg: Config) -> None:
@@ -124,7 +176,8 @@ def _env_module(f):
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
 @click.option("--seed", type=int, help="Run seed.")
 @click.option("--serial", is_flag=True, help="Everything in one process (debugging; bit-reproducible).")
-def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial):
+@_restart_option
+def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial, restart):
     """Train: learner, broadcaster and actors as local processes (or --serial)."""
     _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
     cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
@@ -132,16 +185,17 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
                                                   ("run", "num_actors"): num_actors,
                                                   ("run", "total_env_steps"): total_steps,
                                                   ("run", "seed"): seed})
-    out = fresh_run_dir(run_dir, cfg)
-    write_config_json(out, cfg)
-    click.echo(f"run directory: {out}")
+    out, resume = prepare_run_dir(run_dir, cfg, restart)
+    if not resume:
+        write_config_json(out, cfg)
+    click.echo(f"run directory: {out}" + (" (resuming the run there)" if resume else ""))
     try:
         if serial:
             from .metrics import RunDirError
             from .serial import run_serial
             from .state import NonFiniteError
             try:
-                summary = run_serial(cfg, out, echo=click.echo)
+                summary = run_serial(cfg, out, echo=click.echo, resume=resume)
             except NonFiniteError as exc:
                 raise click.ClickException(str(exc)) from None
             except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
@@ -149,7 +203,7 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
         else:
             from .launch import RoleFailed, launch
             try:
-                summary = launch(cfg, out, echo=click.echo)
+                summary = launch(cfg, out, echo=click.echo, resume=resume)
             except RoleFailed as exc:
                 raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:
@@ -233,8 +287,9 @@ def _role_flags(env_id, num_envs, seed, total_steps=None, env_module=None):
 @click.option("--run-id", help="Run id (default: made up from the time).")
 @click.option("--total-steps", type=int, help="Env-step budget.")
 @click.option("--seed", type=int)
+@_restart_option
 def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind, advertise, broadcaster, run_dir,
-            run_id, total_steps, seed):
+            run_id, total_steps, seed, restart):
     """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
     import secrets
 
@@ -244,13 +299,14 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
     _on_sigterm()
     cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps, env_module))
     run_id = run_id or f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
-    out = fresh_run_dir(run_dir, cfg)
-    write_config_json(out, cfg)
+    out, resume = prepare_run_dir(run_dir, cfg, restart)
+    if not resume:
+        write_config_json(out, cfg)
     bind = _endpoint(bind, cfg.transport.learner_bind)
     broadcaster = _endpoint(broadcaster, cfg.transport.broadcaster_bind)
     try:
         role = Learner(cfg, out, run_id=run_id, bind=bind, broadcaster=broadcaster, echo=click.echo,
-                       security=_security("learner", keys_dir, insecure), advertise=advertise)
+                       security=_security("learner", keys_dir, insecure), advertise=advertise, resume=resume)
     except (SecurityError, ValueError, OSError, ShmError) as exc:   # OSError: transport.AddressError
         raise UserError(f"learner: {exc}" if isinstance(exc, (OSError, ShmError)) else str(exc)) from None
     from .metrics import RunDirError

@@ -104,6 +104,7 @@ class LearnerConfig:
     reward_scaling: bool = _f(True, "divide rewards by the running std of the discounted return, per env stream")
     reward_clip: float = _f(10.0, "clip scaled rewards to +-this")
     checkpoint_every: int = _f(50, "learner iterations between checkpoints; 0: only at the end")
+    keep_checkpoints: int = _f(3, "checkpoints kept (checkpoint.pt, checkpoint.1.pt, ...); a corrupt newest one falls back to the next")
     max_consecutive_skips: int = _f(20, "optimizer steps skipped in a row (non-finite loss or gradient) before the run fails")
     torch_threads: int = _f(1, "torch threads of the learner")
 
@@ -126,6 +127,8 @@ class RunConfig:
     log_every_s: float = _f(5.0, "seconds between progress lines and lag-histogram windows")
     eval_every: int = _f(0, "env steps between evaluations (mean action, separate env and seed) in metrics.jsonl; 0: none")
     eval_episodes: int = _f(5, "episodes per periodic evaluation")
+    max_restarts: int = _f(3, "asyncrl run: restarts of each role (actor, broadcaster, learner) before the run fails")
+    restart_backoff_s: float = _f(1.0, "asyncrl run: seconds before a role's first restart, doubled for each next one")
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,10 @@ def validate(cfg: Config) -> None:
                             ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0),
                             ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
                             ("run.seed", cfg.run.seed, 0),
-                            ("learner.max_consecutive_skips", l.max_consecutive_skips, 0)):
+                            ("learner.max_consecutive_skips", l.max_consecutive_skips, 0),
+                            ("learner.keep_checkpoints", l.keep_checkpoints, 1),
+                            ("run.max_restarts", cfg.run.max_restarts, 0),
+                            ("run.restart_backoff_s", cfg.run.restart_backoff_s, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:

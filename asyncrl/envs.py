@@ -216,9 +216,92 @@ class VecEnv:
         self.obs = obs
         return StepResult(obs, rewards, terminated, truncated, final_obs), finished
 
+    def get_state(self) -> dict:
+        """This VecEnv's state between steps, as plain values and tensors: the current
+        observations, the running episode returns and lengths, and each env's own state
+        (:func:`env_state`; None for an env whose state cannot be saved)."""
+        return {"obs": torch_tensor(self.obs), "episode_return": torch_tensor(self.episode_return),
+                "episode_length": torch_tensor(self.episode_length), "envs": [env_state(e) for e in self.envs]}
+
+    def set_state(self, d: dict) -> bool:
+        """Put back a :meth:`get_state`. Returns False, changing nothing, when an env's state was
+        not saved (then the caller resets the envs: fresh episodes)."""
+        if len(d["envs"]) != self.num_envs or any(e is None for e in d["envs"]):
+            return False
+        for env, state in zip(self.envs, d["envs"]):
+            set_env_state(env, state)
+        self.obs = d["obs"].numpy().astype(np.float32)
+        self.episode_return = d["episode_return"].numpy().astype(np.float64)
+        self.episode_length = d["episode_length"].numpy().astype(np.int64)
+        return True
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def torch_tensor(a: np.ndarray):
+    """A copy of ``a`` as a torch tensor (what a checkpoint read with weights_only=True holds)."""
+    import torch
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+# Wrappers gym.make puts around an env, and the attributes that are their whole state.
+_WRAPPER_STATE = {"TimeLimit": ("_elapsed_steps",), "OrderEnforcing": ("_has_reset",),
+                  "PassiveEnvChecker": ("checked_reset", "checked_step", "checked_render")}
+
+
+def env_state(env: gym.Env) -> dict | None:
+    """One env's state between steps, as plain values and tensors, or None when asyncrl cannot
+    save it. Saved: the wrappers of ``gym.make`` (the time limit's step count), the env's
+    ``np_random`` generator, and either a MuJoCo env's whole integration state
+    (``mj_getState(mjSTATE_INTEGRATION)``: positions, velocities, time, controls, warm start) or
+    what an env's own ``asyncrl_state()`` method returns (paired with ``asyncrl_set_state(d)``;
+    the toy envs have them). Any other env, or another wrapper, gives None."""
+    wrappers, layer = [], env
+    while isinstance(layer, gym.Wrapper):
+        attrs = _WRAPPER_STATE.get(type(layer).__name__)
+        if attrs is None:
+            return None
+        wrappers.append({a: getattr(layer, a) for a in attrs})
+        layer = layer.env
+    u = env.unwrapped
+    rng = u._np_random.bit_generator.state if getattr(u, "_np_random", None) is not None else None
+    out = {"wrappers": wrappers, "np_random": rng}
+    if is_mujoco(env):
+        import mujoco
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        sim = np.empty(mujoco.mj_stateSize(u.model, spec), np.float64)
+        mujoco.mj_getState(u.model, u.data, sim, spec)
+        out["mujoco"] = torch_tensor(sim)
+    elif callable(getattr(u, "asyncrl_state", None)):
+        out["own"] = u.asyncrl_state()
+    else:
+        return None
+    return out
+
+
+def set_env_state(env: gym.Env, d: dict) -> None:
+    """Inverse of :func:`env_state` on an env made the same way."""
+    layer = env
+    for attrs in d["wrappers"]:
+        for k, v in attrs.items():
+            setattr(layer, k, v)
+        if hasattr(layer, "checked_data_reuse"):   # the env checker's data-reuse check needs the last step's data
+            layer.checked_data_reuse = True
+        layer = layer.env
+    u = env.unwrapped
+    if d["np_random"] is not None:
+        rng = np.random.default_rng()
+        rng.bit_generator.state = d["np_random"]
+        u._np_random = rng
+    if "mujoco" in d:
+        import mujoco
+        mujoco.mj_setState(u.model, u.data, d["mujoco"].numpy().astype(np.float64),
+                           mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(u.model, u.data)
+    else:
+        u.asyncrl_set_state(d["own"])
 
 
 def describe_space(space: gym.Space) -> str:

@@ -112,6 +112,24 @@ class LagTracker:
         self.windows += 1
         self.window_start, self.window_versions, self.window_seconds = now, Counter(), []
 
+    def state_dict(self) -> dict:
+        """The whole-run accounting (histograms, seconds, dropped samples, window count, recent
+        publish times) as plain values, for a checkpoint; the current window is not kept."""
+        recent = sorted(self.publish_time)[-256:]
+        return {"version_counts": {int(k): int(v) for k, v in self.version_counts.items()},
+                "seconds_values": list(self.seconds_values), "seconds_weights": list(self.seconds_weights),
+                "recent_versions": list(self.recent_versions), "recent_seconds": list(self.recent_seconds),
+                "dropped_samples": self.dropped_samples, "windows": self.windows,
+                "publish_time": {v: self.publish_time[v] for v in recent}}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.version_counts = Counter({int(k): int(v) for k, v in d["version_counts"].items()})
+        self.seconds_values, self.seconds_weights = list(d["seconds_values"]), list(d["seconds_weights"])
+        self.recent_versions.extend(d["recent_versions"])
+        self.recent_seconds.extend(d["recent_seconds"])
+        self.dropped_samples, self.windows = int(d["dropped_samples"]), int(d["windows"])
+        self.publish_time.update({int(k): float(v) for k, v in d["publish_time"].items()})
+
     def recent_percentiles(self) -> tuple:
         """(versions p50, p95, seconds p50, p95) over the recent window."""
         return (*percentiles(self.recent_versions), *percentiles(self.recent_seconds))

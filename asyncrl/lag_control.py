@@ -43,6 +43,16 @@ class WeightHistory:
         while len(self.versions) > self.keep:
             self.versions.popitem(last=False)
 
+    def state_dict(self) -> dict:
+        """The versions kept (as tensors) and the generator's state, for a checkpoint."""
+        import torch
+        return {"versions": [[v, torch.from_numpy(w.copy())] for v, w in self.versions.items()],
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.versions = OrderedDict((int(v), w.numpy().astype(np.float32)) for v, w in d["versions"])
+        self.rng.bit_generator.state = d["rng"]
+
     @property
     def newest(self) -> int:
         return next(reversed(self.versions)) if self.versions else -1

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .lag import weighted_percentiles
-from .metrics import read_jsonl
+from .metrics import is_event, read_jsonl
 
 QS = (50, 90, 99)
 
@@ -39,7 +39,7 @@ def build_report(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"no run directory {run_dir}")
-    rows = _read_jsonl(run_dir / "lag.jsonl")
+    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl") if not is_event(r)]   # resume records
     if not rows:
         raise ReportError(f"{run_dir}: no lag records (lag.jsonl missing, empty or unreadable)")
     fields = ("actor", "host", "samples", "lag_versions", "lag_seconds", "iteration")
@@ -108,7 +108,8 @@ def plot_report(run_dir: str | Path, path: str | Path) -> None:
     install advice when matplotlib is missing, OSError when ``path`` cannot be written."""
     from .plots import plot_lag, tv_budget
     run_dir = Path(run_dir)
-    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl") if isinstance(r, dict) and not r.get("dropped")]
+    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl")
+            if isinstance(r, dict) and not r.get("dropped") and not is_event(r)]
     metrics = [m for m in _read_jsonl(run_dir / "metrics.jsonl") if isinstance(m, dict) and "iteration" in m]
     delta = None
     try:

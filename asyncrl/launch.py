@@ -1,6 +1,7 @@
 """``asyncrl run``: start learner, broadcaster and N actors as separate OS processes on this host,
-wire their endpoints, supervise them, and stop them all at the step budget, on Ctrl-C, or when a
-role fails (then exit non-zero with that role's error).
+wire their endpoints, supervise them (a dead role is restarted, a dead learner resumes from its
+checkpoint), and stop them all at the step budget, on Ctrl-C, or when a role died more often than
+``run.max_restarts`` (then exit non-zero with that role's error).
 
 Each role is started as its own command (``python -m asyncrl.cli learner ...``), exactly as a
 user starts it by hand, so the processes share nothing but the endpoints, the run directory and
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from .config import Config
 from .metrics import write_json_atomic
+from .pdeathsig import die_with_parent
 from .shm import SHM_DIR, remove_run
 
 
@@ -57,34 +59,50 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, run_dir: Path, echo):
-        self.cfg, self.run_dir, self.echo = cfg, run_dir, echo
+    """Starts the roles, restarts the ones that die (``run.max_restarts`` times each, after
+    ``run.restart_backoff_s`` doubled per restart), and stops them all. A dead actor or
+    broadcaster is restarted alone; a dead learner is restarted with ``--restart resume`` (it
+    goes on from its newest checkpoint), and the broadcaster and actors are restarted with it
+    (their weights and grants belong to the learner that died; these restarts are not counted).
+    Every role gets SIGTERM if the supervisor dies (PR_SET_PDEATHSIG)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, echo, *, resume: bool = False):
+        self.cfg, self.run_dir, self.echo, self.resume = cfg, run_dir, echo, resume
         self.run_id = f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}    # role name -> times it was restarted
+        self.due: dict[str, float] = {}       # role name -> monotonic time of its pending restart
         self.learner_ep = f"tcp://127.0.0.1:{free_port()}"
         self.broadcaster_ep = f"tcp://127.0.0.1:{free_port_pair()}"
 
-    def start(self, name: str, args: list[str], *, stdout=None) -> None:
-        cmd = [sys.executable, "-m", "asyncrl.cli", *args]
-        log = open(self.logs / f"{name}.log", "w")
+    def role_args(self, name: str) -> list[str]:
+        cfg_file = str(self.run_dir / "config.json")
+        if name == "broadcaster":
+            return ["broadcaster", "--bind", self.broadcaster_ep]
+        if name == "learner":   # a restarted learner, or the first of a resumed run, resumes
+            restart = "resume" if self.resume or self.restarts.get("learner") else "refuse"
+            return ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id", self.run_id,
+                    "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep, "--restart", restart]
+        i = int(name[len("actor"):])
+        return ["actor", "--config", cfg_file, "--learner", self.learner_ep, "--broadcaster", self.broadcaster_ep,
+                "--actor-id", name, *self._straggler(i)]   # seeds: from run.seed, id and restart count
+
+    def start(self, name: str) -> None:
+        cmd = [sys.executable, "-m", "asyncrl.cli", *self.role_args(name)]
+        log = open(self.logs / f"{name}.log", "a" if name in self.procs else "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.procs[name] = subprocess.Popen(cmd, stdout=stdout or log, stderr=log, env=env,
-                                            stdin=subprocess.DEVNULL)
+        self.procs[name] = subprocess.Popen(cmd, stdout=sys.stdout if name == "learner" else log, stderr=log, env=env,
+                                            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
         log.close()
 
+    def names(self) -> list[str]:
+        return ["broadcaster", "learner", *(f"actor{i}" for i in range(self.cfg.run.num_actors))]
+
     def start_all(self) -> None:
-        cfg_file = str(self.run_dir / "config.json")
-        self.start("broadcaster", ["broadcaster", "--bind", self.broadcaster_ep])
-        self.start("learner", ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id",
-                               self.run_id, "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep],
-                   stdout=sys.stdout)
-        for i in range(self.cfg.run.num_actors):
-            self.start(f"actor{i}", ["actor", "--config", cfg_file, "--learner", self.learner_ep,
-                                     "--broadcaster", self.broadcaster_ep, "--actor-id", f"actor{i}",
-                                     *self._straggler(i)])   # seeds: from run.seed, id and restart count
+        for name in self.names():
+            self.start(name)
 
     def _straggler(self, i: int) -> list[str]:
         """actor0 is the straggler of run.straggler_slowdown_s (heterogeneous hosts)."""
@@ -92,10 +110,14 @@ class Supervisor:
         return ["--slowdown", str(self.cfg.actor.slowdown_s + s)] if i == 0 and s > 0 else []
 
     def failed(self) -> tuple[str, int] | None:
+        """A role that died: (name, exit status). An actor that exits 0 was told to stop."""
         for name, p in self.procs.items():
             rc = p.poll()
-            if rc not in (None, 0):
-                return name, rc
+            if name in self.due or rc is None or (rc == 0 and name.startswith("actor")):
+                continue
+            if name == "learner" and rc == 0:
+                continue
+            return name, rc
         return None
 
     def tail(self, name: str, lines: int = 15) -> str:
@@ -107,20 +129,43 @@ class Supervisor:
         return lines[-1].strip() if lines else "(its log is empty)"
 
     def role_failed(self, name: str, rc: int) -> RoleFailed:
+        n, limit = self.restarts.get(name, 0), self.cfg.run.max_restarts
+        budget = f" (restarted {n} times, run.max_restarts = {limit})" if n or limit else ""
         if rc == -signal.SIGBUS:   # a page of the shared-memory ring could not be backed
-            why = (f"exited with status {rc}: shared-memory failure (SIGBUS): {SHM_DIR} full, or the segment "
-                   f"removed or truncated under it (see `df {SHM_DIR}`)")
+            why = (f"exited with status {rc}{budget}: shared-memory failure (SIGBUS): {SHM_DIR} full, or the "
+                   f"segment removed or truncated under it (see `df {SHM_DIR}`)")
             return RoleFailed(name, why, self.tail(name))
-        return RoleFailed(name, f"exited with status {rc}: {self.last_line(name)}", self.tail(name))
+        return RoleFailed(name, f"exited with status {rc}{budget}: {self.last_line(name)}", self.tail(name))
+
+    def schedule_restart(self, name: str, rc: int) -> None:
+        """Restart ``name`` after its backoff; raise RoleFailed once its restarts are spent."""
+        n = self.restarts.get(name, 0)
+        if n >= self.cfg.run.max_restarts:
+            raise self.role_failed(name, rc)
+        delay = self.cfg.run.restart_backoff_s * 2 ** n
+        self.restarts[name] = n + 1
+        self.echo(f"asyncrl run: {name} exited with status {rc} ({self.last_line(name)}); restart {n + 1} of "
+                  f"{self.cfg.run.max_restarts} in {delay:.1f} s")
+        if name == "learner":   # the others worked for the learner that died: they start again with it
+            others = [other for other in self.procs if other != "learner"]
+            self.stop(others)
+            self.due.update({other: time.monotonic() + delay for other in others})
+        self.due[name] = time.monotonic() + delay
+
+    def start_due(self) -> None:
+        now = time.monotonic()
+        for name in [n for n in self.names() if n in self.due and self.due[n] <= now]:
+            del self.due[name]
+            self.start(name)
 
     def supervise(self) -> None:
-        while self.procs["learner"].poll() is None:
+        """Until the learner exits 0: restart dead roles. Raises RoleFailed past a role's budget."""
+        while self.procs["learner"].poll() != 0 or "learner" in self.due:
             bad = self.failed()
             if bad is not None:
-                raise self.role_failed(*bad)
+                self.schedule_restart(*bad)
+            self.start_due()
             time.sleep(0.2)
-        if self.procs["learner"].returncode != 0:
-            raise self.role_failed("learner", self.procs["learner"].returncode)
 
     def record_summary(self, failure: RoleFailed | None) -> None:
         """Add what only the supervisor knows to the learner's summary.json: a failure of any
@@ -133,30 +178,37 @@ class Supervisor:
             summary = {"outcome": None, "failure": None, "run_id": self.run_id}
         if failure is not None and summary.get("outcome") != "failed":   # keep a learner's own reason
             summary["outcome"], summary["failure"] = "failed", {"role": failure.role, "reason": failure.reason}
-        summary["restarts"] = {name: self.restarts.get(name, 0) for name in self.procs}
+        summary["restarts"] = {name: self.restarts.get(name, 0) for name in self.names()}
         try:
             write_json_atomic(path, summary)
         except OSError as exc:   # must not hide why the run ended
             self.echo(f"asyncrl run: {exc}" if str(path) in str(exc) else f"asyncrl run: could not update {path}: {exc}")
 
-    def stop_all(self, grace_s: float = 5.0) -> None:
-        """SIGINT to every child still running; SIGKILL to any left after ``grace_s``."""
-        for p in self.procs.values():
+    def stop(self, names=None, grace_s: float = 5.0) -> None:
+        """SIGINT to the roles ``names`` (default: all) still running; SIGKILL to any left after ``grace_s``."""
+        procs = [self.procs[n] for n in (self.procs if names is None else list(names))]
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
         deadline = time.monotonic() + grace_s
-        for p in self.procs.values():
+        for p in procs:
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        """Stop every role (as :meth:`stop`), then remove the run's shared memory."""
+        self.stop(grace_s=grace_s)
         remove_run(self.run_id)   # a segment of a learner that had to be killed
 
 
-def launch(cfg: Config, run_dir: Path, *, echo=print) -> dict:
-    """Run a whole training job locally; returns the learner's summary. Raises RoleFailed."""
-    sup = Supervisor(cfg, run_dir, echo)
+def launch(cfg: Config, run_dir: Path, *, echo=print, resume: bool = False) -> dict:
+    """Run a whole training job locally; returns the learner's summary. ``resume``: the learner
+    goes on from the run directory's checkpoint. Raises RoleFailed (a role died more often than
+    run.max_restarts)."""
+    sup = Supervisor(cfg, run_dir, echo, resume=resume)
     echo(f"run {sup.run_id}: learner {sup.learner_ep}, broadcaster {sup.broadcaster_ep}, "
          f"{cfg.run.num_actors} actors; logs in {sup.logs}")
     failure = None

@@ -82,6 +82,26 @@ def read_jsonl(path: str | Path) -> list:
     return rows
 
 
+def rewrite_jsonl(path: str | Path, keep) -> int:
+    """Rewrite a JSONL file atomically with only the values ``keep(value)`` is true of (lines that
+    do not parse are dropped); returns how many were left out. A missing file stays missing."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    rows = read_jsonl(path)
+    kept = [r for r in rows if keep(r)]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r, default=_jsonable) + "\n" for r in kept))
+    os.replace(tmp, path)
+    return len(rows) - len(kept)
+
+
+def is_event(record) -> bool:
+    """True for a JSONL record that marks an event of the run (``{"event": "resume", ...}``)
+    rather than an iteration, a lag row or a window: readers of the curves skip them."""
+    return isinstance(record, dict) and "event" in record
+
+
 def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
     """Write ``data`` as JSON to ``path`` atomically (see write_atomic). Raises RunDirError."""
     write_atomic(path, (json.dumps(data, indent=2, default=_jsonable) + "\n").encode())
@@ -128,6 +148,13 @@ class EpisodeTracker:
     def average_return(self) -> float | None:
         return float(np.mean(self.recent)) if self.recent else None
 
+    def state_dict(self) -> dict:
+        return {"recent": list(self.recent), "count": self.count}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.recent.extend(float(r) for r in d["recent"])
+        self.count = int(d["count"])
+
 
 def percentiles(values, qs=(50, 95)) -> list[float | None]:
     if len(values) == 0:
@@ -153,8 +180,9 @@ def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return:
 class Clock:
     """Wall-clock since start, and a rate limiter for console lines."""
 
-    def __init__(self, every_s: float):
-        self.start = time.monotonic()
+    def __init__(self, every_s: float, elapsed_s: float = 0.0):
+        """``elapsed_s``: seconds already run (a resumed run's clock goes on from there)."""
+        self.start = time.monotonic() - elapsed_s
         self.every_s, self._last = every_s, 0.0
 
     @property

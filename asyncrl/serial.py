@@ -24,25 +24,49 @@ _log = logging.getLogger("asyncrl.serial")
 
 
 def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None = None,
-               echo=print) -> dict:
-    """Train until ``cfg.run.total_env_steps`` (or ``max_iterations``); returns the summary."""
+               echo=print, resume: bool = False) -> dict:
+    """Train until ``cfg.run.total_env_steps`` (or ``max_iterations``); returns the summary.
+
+    ``resume``: go on from the run directory's newest checkpoint (Consumer). Checkpoints are
+    taken between iterations and hold the envs, the action and lag-control generators and the
+    weight histories, so a run stopped at any moment (even by SIGKILL) and resumed ends
+    bit-identical to one that was not stopped, for envs whose state can be saved
+    (:func:`asyncrl.envs.env_state`: MuJoCo and the toy envs); other envs start fresh episodes
+    (from streams of restart number ``resumes``) and the run goes on from there."""
     torch.set_num_threads(cfg.learner.torch_threads)
     # actor env group i draws from the streams of actor id "actor{i}", as `asyncrl run`'s actor i does
     names = [f"actor{i}" for i in range(cfg.run.num_actors)]
-    seeds = [actor_seeds(cfg.run.seed, name, 0, cfg.env.num_envs) for name in names]
     envs = [VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps,
                    module=cfg.env.module) for _ in names]
-    consumer = Consumer(cfg, envs[0].spec(cfg.env.rollout_length), run_dir)
+    consumer = Consumer(cfg, envs[0].spec(cfg.env.rollout_length), run_dir, resume=resume)
     state = consumer.state
+    saved = consumer.resumed_extra
+    restored = saved is not None and all(env.set_state(e) for env, e in zip(envs, saved["envs"]))
+    # a resume without saved envs draws fresh streams, as a restarted actor does
+    restart = 0 if restored or state.iteration == 0 and state.env_steps == 0 else state.resumes
+    seeds = [actor_seeds(cfg.run.seed, name, restart, cfg.env.num_envs) for name in names]
     policies = [InferencePolicy(state.policy, activation=cfg.policy.activation, seed=s.action) for s in seeds]
     # each actor env group keeps the versions it was sent, as an actor process does (lag controls)
     histories = [WeightHistory(policy_delay=cfg.actor.policy_delay, policy_age_buffer=cfg.actor.policy_age_buffer,
                                seed=s.lag) for s in seeds]
     for h in histories:
-        h.add(0, state.flat_weights())
-    for env, s in zip(envs, seeds):
-        env.reset(seeds=s.env)
+        h.add(state.version, state.flat_weights())
     host, next_actor = socket.gethostname(), 0
+    if restored:
+        for p, h, rng, hist in zip(policies, histories, saved["policy_rng"], saved["histories"]):
+            p.rng.bit_generator.state = rng
+            h.load_state_dict(hist)
+        next_actor = int(saved["next_actor"])
+    else:
+        if resume and state.iteration:
+            _log.warning("serial: the envs of %s cannot be saved; the resumed run starts fresh episodes", cfg.env.id)
+        for env, s in zip(envs, seeds):
+            env.reset(seeds=s.env)
+
+    def own_state() -> dict:   # what a checkpoint between iterations needs to go on bit-identically
+        return {"envs": [env.get_state() for env in envs], "policy_rng": [p.rng.bit_generator.state for p in policies],
+                "histories": [h.state_dict() for h in histories], "next_actor": next_actor}
+
     try:
         while not consumer.done and (max_iterations is None or state.iteration < max_iterations):
             slots = []
@@ -68,6 +92,7 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
                 flat = state.flat_weights()              # what the broadcaster sends between processes
                 for h in histories:
                     h.add(state.version, flat)
+            consumer.end_iteration(own_state())
             consumer.progress(echo)
     except KeyboardInterrupt:
         consumer.finish(outcome="interrupted", mode="serial")   # Ctrl-C keeps what was learned

@@ -4,6 +4,7 @@ checkpoints. Used by the learner role and by serial mode alike."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from .config import Config
-from .metrics import write_atomic
+from .metrics import RunDirError, write_atomic
 from .policy import RunningMeanStd, build_policy, flatten_weights, layout_hash
 from .spec import RolloutSpec
 from .update import learner_iteration
@@ -176,7 +177,11 @@ class LearnerState:
 
     # ---- checkpoints ----
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed learner needs, as tensors and plain Python values (so that
+        ``torch.load(weights_only=True)`` reads it back). The tensors are the live ones: copy
+        the dict (``copy.deepcopy``) to keep it past the next iteration."""
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "optimizer_skipped": self.optimizer.skipped,
                 "obs_rms": self.obs_rms.state_dict(), "reward_scaler": self.reward_scaler.state_dict(),
                 "version": self.version, "env_steps": self.env_steps, "iteration": self.iteration,
                 "generator": self.generator.get_state(), "config": self.cfg.to_dict(),
@@ -189,22 +194,19 @@ class LearnerState:
         Raises NonFiniteError, writing nothing, if any weight, optimizer moment, normaliser or
         reward-scaler statistic is NaN or inf, and metrics.RunDirError if the file cannot be
         written (disk full, read-only); in both cases the previous checkpoint stays."""
-        path = Path(path)
-        state = self.state_dict()
-        bad = nonfinite_entries({k: state[k] for k in ("policy", "optimizer", "obs_rms", "reward_scaler")})
-        if bad:
-            raise NonFiniteError(f"learner: checkpoint not written, non-finite values in "
-                                 + ", ".join(f"{name} ({n})" for name, n in bad[:3]))
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        write_atomic(path, buf.getbuffer())   # RunDirError: the previous checkpoint stays
+        write_checkpoint(path, self.state_dict(), keep=1)
 
     def load(self, path: str | Path) -> None:
-        d = torch.load(path, weights_only=True)
+        """Take the state of the checkpoint file ``path``. Raises ValueError for another policy layout."""
+        self.load_state_dict(torch.load(path, weights_only=True), str(path))
+
+    def load_state_dict(self, d: dict, where: str = "checkpoint") -> None:
+        """Inverse of :meth:`state_dict`. Raises ValueError for another policy layout."""
         if d["layout_hash"] != self.layout_hash:
-            raise ValueError(f"checkpoint {path} has layout {d['layout_hash']}, this policy {self.layout_hash}")
+            raise ValueError(f"{where} has layout {d['layout_hash']}, this policy {self.layout_hash}")
         self.policy.load_state_dict(d["policy"])
         self.optimizer.load_state_dict(d["optimizer"])
+        self.optimizer.skipped = int(d.get("optimizer_skipped", 0))
         self.obs_rms.load_state_dict(d["obs_rms"])
         self.reward_scaler.load_state_dict(d["reward_scaler"])
         self.generator.set_state(d["generator"])
@@ -212,3 +214,64 @@ class LearnerState:
         self.actor_joins = dict(d.get("actor_joins", {}))
         self.resumes = int(d.get("resumes", 0))
 
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def checkpoint_files(run_dir: str | Path) -> list[Path]:
+    """The checkpoints of a run directory, newest first: checkpoint.pt, checkpoint.1.pt, ..."""
+    run_dir = Path(run_dir)
+    older = sorted((p for p in run_dir.glob("checkpoint.*.pt") if p.name.split(".")[1].isdigit()),
+                   key=lambda p: int(p.name.split(".")[1]))
+    return ([run_dir / CHECKPOINT] if (run_dir / CHECKPOINT).exists() else []) + older
+
+
+def write_checkpoint(path: str | Path, state: dict, *, keep: int) -> None:
+    """Write ``state`` (a :meth:`LearnerState.state_dict`, perhaps with more keys) to ``path``
+    atomically (a temporary file, flushed to disk, then renamed), first shifting the ``keep - 1``
+    previous ones to path.1, path.2, ... (``checkpoint.1.pt``); at every moment one complete
+    checkpoint exists.
+
+    Raises NonFiniteError, writing nothing, if any weight, optimizer moment, normaliser or
+    reward-scaler statistic is NaN or inf, and metrics.RunDirError if it cannot be written (the
+    previous checkpoints stay in both cases)."""
+    path = Path(path)
+    bad = nonfinite_entries({k: state[k] for k in ("policy", "optimizer", "obs_rms", "reward_scaler")})
+    if bad:
+        raise NonFiniteError(f"learner: checkpoint not written, non-finite values in "
+                             + ", ".join(f"{name} ({n})" for name, n in bad[:3]))
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    new = path.with_suffix(path.suffix + ".new")
+    try:
+        write_atomic(new, buf.getbuffer())   # disk full, read-only: nothing older touched
+    except RunDirError as exc:
+        raise RunDirError(path, exc) from None
+    stem, suffix = path.name[:-len(path.suffix)] if path.suffix else path.name, path.suffix
+    older = [path.with_name(f"{stem}.{i}{suffix}") for i in range(1, keep)]
+    try:
+        for i in range(len(older) - 1, -1, -1):   # .k-1 -> .k, ..., path -> .1
+            src = older[i - 1] if i else path
+            if src.exists():
+                os.replace(src, older[i])
+        os.replace(new, path)
+    except OSError as exc:
+        raise RunDirError(path, exc) from None
+
+
+def read_checkpoint(run_dir: str | Path) -> tuple[dict, Path, list[str]] | None:
+    """The newest checkpoint of ``run_dir`` that reads back whole (``torch.load`` with
+    ``weights_only=True``: nothing is unpickled), with its path and one line for each newer one
+    skipped (corrupt, cut short, not a learner checkpoint); None if there is none."""
+    skipped = []
+    for p in checkpoint_files(run_dir):
+        try:
+            d = torch.load(p, weights_only=True, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a damaged file
+            skipped.append(f"{p.name}: unreadable ({type(exc).__name__})")
+            continue
+        if not isinstance(d, dict) or not {"policy", "optimizer", "iteration", "layout_hash"} <= set(d):
+            skipped.append(f"{p.name}: not a learner checkpoint")
+            continue
+        return d, p, skipped
+    return None

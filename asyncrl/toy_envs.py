@@ -25,6 +25,13 @@ class ConstantEnv(gym.Env):
     def step(self, action):
         return np.zeros(self.observation_space.shape, np.float32), 1.0, False, False, {}
 
+    def asyncrl_state(self) -> dict:
+        """Its state between steps (none): what asyncrl checkpoints to resume a serial run."""
+        return {}
+
+    def asyncrl_set_state(self, d: dict) -> None:
+        pass
+
 
 class CorridorEnv(gym.Env):
     """Observation [position / length, step]; reward = the action's first component clipped
@@ -59,6 +66,13 @@ class CorridorEnv(gym.Env):
         if self.nan_reward_every and self.t % self.nan_reward_every == 0:
             reward = float("nan")
         return self._obs(), reward, terminated, False, {}
+
+    def asyncrl_state(self) -> dict:
+        """Its state between steps (the step count): what asyncrl checkpoints to resume a serial run."""
+        return {"t": self.t}
+
+    def asyncrl_set_state(self, d: dict) -> None:
+        self.t = int(d["t"])
 
     def render(self):
         frame = np.full((64, 128, 3), 230, np.uint8)

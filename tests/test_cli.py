@@ -25,9 +25,12 @@ def test_bad_config_input_one_line(args, words, tmp_path):
     assert words in lines[0] and "Traceback" not in p.stderr
 
 
-def test_run_dir_holding_a_run_is_refused(tmp_path):
+@pytest.mark.parametrize("restart, words", [("refuse", "already holds a run"),
+                                            ("resume", "holds a run without config.json")])
+def test_run_dir_holding_a_run_is_refused(tmp_path, restart, words):
+    """--restart refuse, or a run that cannot be resumed (no config.json): one line, nothing lost."""
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--run-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "already holds a run" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--run-dir", str(tmp_path),
+                        "--restart", restart], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"          # nothing lost

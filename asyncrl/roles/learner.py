@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,9 +50,11 @@ class Learner:
     write_error: OSError | None = None     # the run-directory failure that ended the run, if one did
 
     def __init__(self, cfg: Config, run_dir: str | Path, *, run_id: str, bind: str, broadcaster: str,
-                 echo=print, security: Security | None = None, advertise: str | None = None):
+                 echo=print, security: Security | None = None, advertise: str | None = None,
+                 resume: bool = False):
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
-        ``advertise``: the address actors on other hosts use, when not the bound one.
+        ``advertise``: the address actors on other hosts use, when not the bound one; ``resume``:
+        go on from the run directory's newest checkpoint (asyncrl.consume.Consumer).
 
         Raises SecurityError (keys missing for a non-loopback address), transport.AddressError
         (address in use, not of this host), ShmError, EnvError."""
@@ -78,7 +82,7 @@ class Learner:
         self.wire_limits = tp.report_limits(cfg.env.num_envs, cfg.env.rollout_length)   # reports of E*T episodes
         # /dev/shm too small: one line before any file of the run exists (it can be rerun in the same directory)
         check_space(segment_nbytes(self.spec, cfg.learner.num_slots), self.spec, cfg.learner.num_slots)
-        self.consumer = Consumer(cfg, self.spec, self.run_dir)
+        self.consumer = Consumer(cfg, self.spec, self.run_dir, resume=resume)
         self.state = self.consumer.state
         for name in cleanup_stale():
             log.warning("learner: removed shared-memory segment %s left by a dead run", name)
@@ -168,6 +172,9 @@ class Learner:
         old = self.actors.get(actor_id)
         if old is not None and old.pid == h["pid"] and old.host == h["host"]:
             return                             # a repeated hello from the same process
+        if old is not None and _gone_here(old):   # it died on this host (e.g. restarted by asyncrl run)
+            self.forget(actor_id, f"its process {old.pid} is gone")
+            old = None
         if old is not None and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
             reason = tp.printable(f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another "
                                   f"--actor-id", 1000)
@@ -318,6 +325,7 @@ class Learner:
         batch, self.copied = self.copied[:B], self.copied[B:]
         if self.consumer.consume(batch) is not None:
             self.publish()
+        self.consumer.end_iteration()
         return True
 
     def announce(self) -> None:
@@ -398,6 +406,19 @@ class Learner:
         finally:
             self.ring.close()
             self.ring.unlink()
+
+
+def _gone_here(actor: ActorInfo) -> bool:
+    """True if ``actor`` said it runs on this host and no process of its pid exists here."""
+    if actor.host != socket.gethostname():
+        return False
+    try:
+        os.kill(actor.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:   # it exists (another user's): not ours to judge
+        return False
+    return False
 
 
 def handshake_mismatch(h: dict, *, run_id: str, env_id: str, spec: dict, spaces: dict) -> str:

@@ -81,11 +81,12 @@ def role_pid(procs, actor_id: str) -> int | None:
 
 @pytest.mark.timeout(150)
 def test_summary_names_the_failed_role(procs, tmp_path):
-    """`asyncrl run` whose actor0 is SIGKILLed mid-run exits non-zero, and its summary.json says
-    the run failed, in which role and why, with each role's restart count."""
+    """`asyncrl run` whose actor0 is SIGKILLed mid-run, with no restarts allowed, exits non-zero,
+    and its summary.json says the run failed, in which role and why, with each role's restart count."""
     run_dir = tmp_path / "run"
     procs.start("run", ["run", "--env", CORRIDOR, "--num-actors", "2", "--total-steps", "100000000",
-                        "--run-dir", str(run_dir), "--set", "run.log_every_s=1", *SMALL], expect_failure=True)
+                        "--run-dir", str(run_dir), "--set", "run.log_every_s=1", "--set", "run.max_restarts=0",
+                        *SMALL], expect_failure=True)
     run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
     procs.run_ids.add(run_id)
     wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, 60, "2 learner iterations", procs=procs)
