@@ -24,6 +24,9 @@ from .metrics import write_json_atomic
 from .shm import remove_run
 
 
+BROADCASTER_SUMMARY = "broadcaster-summary.json"
+
+
 class RoleFailed(RuntimeError):
     """A role exited with an error; the message carries its name and the end of its log.
     ``role``: its name (learner, broadcaster, actor0, ...); ``reason``: one line, why."""
@@ -77,14 +80,17 @@ class Supervisor:
 
     def start_all(self) -> None:
         cfg_file = str(self.run_dir / "config.json")
-        self.start("broadcaster", ["broadcaster", "--bind", self.broadcaster_ep])
+        self.start("broadcaster", ["broadcaster", "--bind", self.broadcaster_ep,
+                                   "--summary", str(self.run_dir / BROADCASTER_SUMMARY)])
+        tokens = self.run_dir / "tokens"      # per-actor tokens: a replacement proves its id at once
+        tokens.mkdir(mode=0o700, exist_ok=True)
         self.start("learner", ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id",
                                self.run_id, "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep],
                    stdout=sys.stdout)
         for i in range(self.cfg.run.num_actors):
             self.start(f"actor{i}", ["actor", "--config", cfg_file, "--learner", self.learner_ep,
                                      "--broadcaster", self.broadcaster_ep, "--actor-id", f"actor{i}",
-                                     *self._straggler(i)])   # seeds: from run.seed, id and restart count
+                                     "--token-file", str(tokens / f"actor{i}"), *self._straggler(i)])   # seeds: from run.seed, id and restart count
 
     def _straggler(self, i: int) -> list[str]:
         """actor0 is the straggler of run.straggler_slowdown_s (heterogeneous hosts)."""
@@ -130,6 +136,15 @@ class Supervisor:
         if failure is not None and summary.get("outcome") != "failed":   # keep a learner's own reason
             summary["outcome"], summary["failure"] = "failed", {"role": failure.role, "reason": failure.reason}
         summary["restarts"] = {name: self.restarts.get(name, 0) for name in self.procs}
+        try:      # the broadcaster's own counts (its summary file; absent if it never started)
+            counts = json.loads((self.run_dir / BROADCASTER_SUMMARY).read_text())
+            summary["broadcaster"] = {k: counts.get(k) for k in ("published", "rejected_messages",
+                                                                 "refused_connections")}
+        except (OSError, ValueError, AttributeError):
+            summary["broadcaster"] = None
+        rejected = (summary["broadcaster"] or {}).get("rejected_messages")
+        if rejected:
+            self.echo(f"asyncrl run: the broadcaster rejected messages: {rejected}")
         try:
             write_json_atomic(path, summary)
         except OSError as exc:   # must not hide why the run ended

@@ -11,7 +11,7 @@ def test_bad_weights_and_escaped_printing_never_raise():
     cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
     actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster="tcp://127.0.0.1:11", actor_id="t"))
     try:
-        actor.run_id, actor.layout_hash, actor.history = "r", "h", WeightHistory()
+        actor.run_id, actor.layout_hash, actor.history, actor.epoch = "r", "h", WeightHistory(), 0
         good = tp.encode_weights(run_id="r", version=3, publish_time=1.0, layout_hash="h",
                                  payload=np.ones(4, np.float32))
         for bad in ([b"weights", b"\xc1junk", b"x"], [b"weights", good[1], b"\0" * 3],
