@@ -474,10 +474,12 @@ def route_identity(name: str) -> str:
 
 
 def dealer(ctx: zmq.Context, connect: str, identity: str | bytes, *, hwm: int = 1000,
-           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
-    """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes."""
+           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None, immediate: bool = False) -> zmq.Socket:
+    """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes.
+    ``immediate``: queue messages only while connected (ZMQ_IMMEDIATE), none for a peer to come."""
     sock = _socket(ctx, zmq.DEALER, hwm, timeout_ms, security)
     sock.identity = identity.encode() if isinstance(identity, str) else identity
+    sock.immediate = int(immediate)
     return _bind_or_connect(sock, None, connect)
 
 

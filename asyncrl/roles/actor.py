@@ -220,6 +220,8 @@ class Actor:
             self.ring = None
         self.local_slot = None
         self.policy, self.history, self.version, self.epoch = None, None, -1, -1
+        tp.drain_all(self.weights_sub)     # a backlog of old versions, and late snapshot replies
+        tp.drain_all(self.snapshot)
 
     # ---- weights ----
     def ask_snapshot(self) -> None:
@@ -227,19 +229,22 @@ class Actor:
                                           "run_id": self.run_id, "actor_id": self.opts.actor_id}), block=False)
 
     def read_snapshots(self, timeout_ms: int) -> bool:
-        """Take the broadcaster's snapshot replies that come within ``timeout_ms``; True once one
-        held weights (an older "no weights yet" refusal may come first)."""
+        """Take the broadcaster's snapshot replies that come within ``timeout_ms`` (and any
+        pending after the first that holds weights); True once one held weights (an older "no
+        weights yet" refusal may come first)."""
+        got = False
         frames = tp.recv_multipart_timeout(self.snapshot, timeout_ms)
         while frames is not None:
             if len(frames) == 3:              # [topic, header, payload]
                 self._receive(frames)
-                return True
-            try:                              # else a refusal: "no weights yet"
-                tp.decode(frames)
-            except tp.ProtocolError as exc:
-                self.rejects.reject(exc, "broadcaster")
-            frames = tp.recv_multipart_timeout(self.snapshot, timeout_ms)
-        return False
+                got = True
+            else:
+                try:                          # else a refusal: "no weights yet"
+                    tp.decode(frames)
+                except tp.ProtocolError as exc:
+                    self.rejects.reject(exc, "broadcaster")
+            frames = tp.recv_multipart_timeout(self.snapshot, 0 if got else timeout_ms)
+        return got
 
     def first_weights(self) -> None:
         """Ask the broadcaster for the newest weights until it has some, heartbeating meanwhile
@@ -252,22 +257,22 @@ class Actor:
                                  f"at {self.opts.broadcaster}")
             self.ask_snapshot()
             self.check_connections()
-            self.read_snapshots(200)
-            self.receive_weights(catch_up=False)
+            # snapshots only: what waits on the SUB socket may be a backlog of old versions (after a
+            # stall); the session's loop drains it once the newest is in, and drops what is older
+            self.read_snapshots(500)
             self.heartbeat()
             self.poll_learner(0)
             self.check_learner_silence()
-            if self.history.newest < 0:
-                time.sleep(0.3)
 
     def receive_weights(self, *, catch_up: bool = True) -> None:
         """Take every weights message pending (older versions matter to the lag controls). With
-        ``catch_up``: if the queue was full (a stall: what waits is a backlog of old versions, and
-        the publisher dropped the newer ones meanwhile), also ask the broadcaster for its newest."""
+        ``catch_up``: if the queue was at least half full (a stall: what waits is a backlog of old
+        versions, more wait in the kernel's buffers, and the publisher drops newer ones while the
+        queue is full; ZeroMQ hands over about HWM - 1), also ask the broadcaster for its newest."""
         pending = tp.drain_all(self.weights_sub)
         for frames in pending:
             self._receive(frames)
-        if catch_up and len(pending) >= self.weights_sub.rcvhwm:
+        if catch_up and len(pending) >= max(2, self.weights_sub.rcvhwm // 2):
             self.ask_snapshot()
             self.read_snapshots(1000)
 

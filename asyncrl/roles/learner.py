@@ -34,6 +34,9 @@ _SPEC_FIELDS = ("obs_dim", "action_dim", "discrete", "rollout_length", "num_envs
 
 # Actor messages that a learner which does not know the sender answers with "rejoin".
 _SESSION_TYPES = ("request", "ready", "rollout", "heartbeat")
+# Seconds without a publish after which the learner publishes its current weights again (cheap):
+# a broadcaster that lost them (restarted) must not wait for an iteration that waits for it.
+REPUBLISH_S = 2.0
 
 
 class LearnerError(RuntimeError):
@@ -80,8 +83,10 @@ class Learner:
             weights_ep = snapshot_endpoint(broadcaster)
             self.router = tp.router(self.ctx, bind, security=self.security.server(self.ctx, bind))
             self.weights_curve = self.security.client(weights_ep)
+            # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
+            # hold any more); it gets the weights when it (re)connects, see check_connections
             self.weights_out = tp.dealer(self.ctx, weights_ep, tp.route_identity(f"learner-{run_id}"),
-                                         security=self.weights_curve)
+                                         security=self.weights_curve, immediate=True)
         except BaseException:
             self.security.close()
             self.ctx.destroy(linger=0)
@@ -90,6 +95,7 @@ class Learner:
         self.actor_watch, self.broadcaster_watch = tp.handshakes(self.router), tp.handshakes(self.weights_out)
         self.next_check = 0.0
         self.broadcaster_handshakes = 0          # seen so far: a new one means a (re)connected broadcaster
+        self.last_publish = 0.0
         self.warned_unsigned = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.learner.torch_threads)
@@ -119,11 +125,14 @@ class Learner:
         frames = tp.encode_weights(run_id=self.run_id, epoch=self.epoch, version=self.state.version,
                                    publish_time=now, layout_hash=self.state.layout_hash,
                                    payload=self.state.flat_weights())
+        self.last_publish = time.monotonic()
         secret = read_weights_secret(self.broadcaster)
-        if secret is None and self.weights_curve is None and not self.warned_unsigned:
-            self.warned_unsigned = True     # the broadcaster will refuse them (or is not started yet)
-            log.warning("learner: no weights secret of the broadcaster at %s on this host (not started yet, or "
-                        "run by another user); its weights go unsigned until there is one", self.broadcaster)
+        if secret is None and self.weights_curve is None:    # it would refuse them
+            if not self.warned_unsigned:
+                self.warned_unsigned = True
+                log.warning("learner: no weights secret of the broadcaster at %s on this host (not started yet, or "
+                            "run by another user); weights are held back until there is one", self.broadcaster)
+            return
         tp.send(self.weights_out, tp.sign_weights(frames, secret), block=False)
 
     # ---- messages ----
@@ -148,9 +157,10 @@ class Learner:
         if bad is not None:
             raise LearnerError(f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} refused the "
                                f"connection: {bad.detail}")
-        if self.broadcaster_watch.succeeded != self.broadcaster_handshakes:
-            # a broadcaster (re)connected: it may hold no weights (restarted), and actors waiting
-            # for their first weights would wait for ever, since the next publish needs their rollouts
+        if self.broadcaster_watch.succeeded != self.broadcaster_handshakes or now - self.last_publish > REPUBLISH_S:
+            # a broadcaster (re)connected, or no publish for a while: it may hold no weights
+            # (restarted), and actors waiting for their first weights would wait for ever, since the
+            # next publish needs their rollouts. It ignores a version it holds.
             self.broadcaster_handshakes = self.broadcaster_watch.succeeded
             self.publish()
 
@@ -414,7 +424,7 @@ class Learner:
                                     reason=reason, mode="async", run_id=self.run_id,
                                     rejected_messages=self.rejects.by_reason(),
                                     time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters),
-                                    refused_connections=self.security.refused.by_reason(),
+                                    refused_connections=self.security.refused.by_reason(), learner_epoch=self.epoch,
                                     rollouts_by_transport=dict(self.rollouts_by_transport))
 
     def record_failure(self, exc: BaseException) -> None:
