@@ -351,9 +351,12 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
 @click.option("--run-id", help="Join only the learner of this run (refused otherwise).")
 @click.option("--host-label", help="The host name this actor reports, e.g. for the lag report per host "
                                    "(default: this host's name).")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="Keep the learner's token for this actor id here (mode 0600): an actor restarted with the same "
+                   "--actor-id and file takes its id back at once instead of waiting transport.actor_timeout_s.")
 def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, env_id, env_module, num_envs, actor_id,
           seed,
-          policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label):
+          policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label, token_file):
     """An actor: steps envs with the newest weights it has and fills slots for the learner."""
     import os
     import socket
@@ -367,7 +370,7 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
     opts = ActorOptions(learner=_endpoint(learner_ep, cfg.transport.learner_bind),
                         broadcaster=_endpoint(broadcaster, cfg.transport.broadcaster_bind),
                         actor_id=actor_id, seed=seed,
-                        run_id=run_id or "", host_label=host_label or "",
+                        run_id=run_id or "", host_label=host_label or "", token_file=token_file,
                         security=_security(f"actor {actor_id}", keys_dir, insecure))
     from .security import SecurityError
     try:
@@ -388,9 +391,12 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
 @click.option("--advertise", help="The address actors on other hosts use (HOST or HOST:PORT), if not the bound one.")
 @click.option("--upstream", help="Relay: take the weights from the broadcaster at this PUB address (another host) "
                                  "and republish them here, so weights cross the network once per host.")
+@click.option("--summary", "summary_file", type=click.Path(dir_okay=False),
+              help="JSON file of this role's counts: rejected messages and refused connections by reason, weights "
+                   "published (rewritten every 2 s and at exit).")
 @_network
 @_common
-def broadcaster(bind, advertise, upstream, keys_dir, insecure, config_file, overrides):
+def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, config_file, overrides):
     """The weight broadcaster: republishes the learner's newest weights to all actors."""
     from .roles.broadcaster import Broadcaster, BroadcasterError
     from .security import SecurityError
@@ -400,7 +406,7 @@ def broadcaster(bind, advertise, upstream, keys_dir, insecure, config_file, over
     try:
         role = Broadcaster(bind, upstream=_endpoint(upstream, "") if upstream else None,
                            security=_security("broadcaster", keys_dir, insecure), advertise=advertise,
-                           echo=click.echo)
+                           echo=click.echo, summary=summary_file)
     except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
         raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None
     _run_role(role, BroadcasterError)

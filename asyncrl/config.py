@@ -115,6 +115,8 @@ class TransportConfig:
     broadcaster_bind: str = _f("tcp://127.0.0.1:5556", "broadcaster PUB address; its snapshot ROUTER takes the next port")
     heartbeat_s: float = _f(1.0, "seconds between actor heartbeats")
     actor_timeout_s: float = _f(10.0, "seconds of silence after which learner and actor give each other up")
+    rejoin_timeout_s: float = _f(60.0, "seconds an actor whose learner ended its session (restarted, or dropped it) "
+                                       "keeps saying hello before it gives up")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ from .pdeathsig import die_with_parent
 from .shm import SHM_DIR, remove_run
 
 
+BROADCASTER_SUMMARY = "broadcaster-summary.json"
+
+
 class RoleFailed(RuntimeError):
     """A role exited with an error; the message carries its name and the end of its log.
     ``role``: its name (learner, broadcaster, actor0, ...); ``reason``: one line, why."""
@@ -80,14 +83,14 @@ class Supervisor:
     def role_args(self, name: str) -> list[str]:
         cfg_file = str(self.run_dir / "config.json")
         if name == "broadcaster":
-            return ["broadcaster", "--bind", self.broadcaster_ep]
+            return ["broadcaster", "--bind", self.broadcaster_ep, "--summary", str(self.run_dir / BROADCASTER_SUMMARY)]
         if name == "learner":   # a restarted learner, or the first of a resumed run, resumes
             restart = "resume" if self.resume or self.restarts.get("learner") else "refuse"
             return ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id", self.run_id,
                     "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep, "--restart", restart]
         i = int(name[len("actor"):])
         return ["actor", "--config", cfg_file, "--learner", self.learner_ep, "--broadcaster", self.broadcaster_ep,
-                "--actor-id", name, *self._straggler(i)]   # seeds: from run.seed, id and restart count
+                "--actor-id", name, "--token-file", str(self.run_dir / "tokens" / name), *self._straggler(i)]   # seeds: from run.seed, id and restart count
 
     def start(self, name: str) -> None:
         cmd = [sys.executable, "-m", "asyncrl.cli", *self.role_args(name)]
@@ -101,6 +104,8 @@ class Supervisor:
         return ["broadcaster", "learner", *(f"actor{i}" for i in range(self.cfg.run.num_actors))]
 
     def start_all(self) -> None:
+        tokens = self.run_dir / "tokens"      # per-actor tokens: a replacement proves its id at once
+        tokens.mkdir(mode=0o700, exist_ok=True)
         for name in self.names():
             self.start(name)
 
@@ -179,6 +184,15 @@ class Supervisor:
         if failure is not None and summary.get("outcome") != "failed":   # keep a learner's own reason
             summary["outcome"], summary["failure"] = "failed", {"role": failure.role, "reason": failure.reason}
         summary["restarts"] = {name: self.restarts.get(name, 0) for name in self.names()}
+        try:      # the broadcaster's own counts (its summary file; absent if it never started)
+            counts = json.loads((self.run_dir / BROADCASTER_SUMMARY).read_text())
+            summary["broadcaster"] = {k: counts.get(k) for k in ("published", "rejected_messages",
+                                                                 "refused_connections")}
+        except (OSError, ValueError, AttributeError):
+            summary["broadcaster"] = None
+        rejected = (summary["broadcaster"] or {}).get("rejected_messages")
+        if rejected:
+            self.echo(f"asyncrl run: the broadcaster rejected messages: {rejected}")
         try:
             write_json_atomic(path, summary)
         except OSError as exc:   # must not hide why the run ended

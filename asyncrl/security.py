@@ -26,8 +26,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import secrets
 import shutil
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,6 +229,55 @@ def load_allowed(directory: Path, *, why: str) -> frozenset[bytes]:
     if not keys:
         raise SecurityError(f"{why}: no client public keys (*.key) in {directory}")
     return keys
+
+
+# ---------------------------------------------------------------------------------- weights secret
+# On loopback no CURVE key tells the learner from any other local process, so a broadcaster writes
+# a random secret into a file only its user can read, named by its PUB port; the learner of this
+# host reads it and signs every weights message with it (transport.sign_weights). Another user's
+# process cannot read it; a process of the same user can (as it could ptrace either role).
+
+def weights_secret_path(endpoint: str) -> Path:
+    """Where the broadcaster whose PUB socket is at ``endpoint`` keeps its weights secret:
+    ``$TMPDIR/asyncrl-<uid>/broadcaster-<port>.secret``."""
+    port = endpoint.rsplit(":", 1)[1]
+    return Path(tempfile.gettempdir()) / f"asyncrl-{os.getuid()}" / f"broadcaster-{port}.secret"
+
+
+def create_weights_secret(endpoint: str) -> tuple[Path, bytes]:
+    """A new random secret for the broadcaster at ``endpoint``, written (mode 0600, in a 0700
+    directory of this user) where ``read_weights_secret`` finds it. Raises SecurityError if the
+    directory belongs to another user or others can enter it, OSError if it cannot be written."""
+    path = weights_secret_path(endpoint)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    st = path.parent.lstat()
+    if not path.parent.is_dir() or path.parent.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise SecurityError(f"broadcaster: {path.parent} must be a directory of this user that no one else can "
+                            f"enter (mode 0700)")
+    secret = secrets.token_hex(32).encode()
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+    os.replace(tmp, path)
+    return path, secret
+
+
+def read_weights_secret(endpoint: str) -> bytes | None:
+    """The secret of the broadcaster at ``endpoint`` on this host, or None (none there, unreadable)."""
+    try:
+        return weights_secret_path(endpoint).read_bytes().strip() or None
+    except OSError:
+        return None
+
+
+def remove_weights_secret(path: Path, secret: bytes) -> None:
+    """Remove ``path`` if it still holds ``secret`` (not a newer broadcaster's); never raises."""
+    try:
+        if path.read_bytes().strip() == secret:
+            path.unlink()
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------------------------- policy

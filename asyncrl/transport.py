@@ -1,15 +1,19 @@
 """Wire format and sockets: the only module that imports zmq.
 
 A message is multipart: frame 0 a msgpack header (a map with str keys, at most 64 KiB; an actor's
-reports more, by ``report_limits``), then raw
-array frames (rollouts only). Weights travel as ``[b"weights", header, payload]`` on PUB/SUB.
+reports more, by ``report_limits``), then raw array frames (rollouts only). Weights travel as
+``[b"weights", header, payload]`` on PUB/SUB; the learner adds a fourth frame, an HMAC the
+broadcaster checks (``sign_weights``).
 Everything received is validated here; nothing is ever unpickled. Bad input raises
 ``ProtocolError`` whose ``reason`` is a short stable code for counting (see ``RejectCounter``).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import math
+import secrets
 import weakref
 import zlib
 from collections import Counter
@@ -25,7 +29,7 @@ from asyncrl.spec import RolloutSpec
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 2   # 2: welcome carries "restart"
+PROTOCOL_VERSION = 3   # 2: welcome carries "restart"; 3: learner epoch, per-actor tokens, "rejoin", signed weights
 MAX_HEADER_BYTES = 64 * 1024
 WEIGHTS_TOPIC = b"weights"
 DEFAULT_TIMEOUT_MS = 5000
@@ -51,27 +55,38 @@ _REPORT = {"actor_id": str, "grant_id": int, "env_steps": int,
            "episode_returns": list[float], "episode_lengths": list[int],
            "timing": dict}  # actor seconds since its last report: env_s, inference_s, wait_s
 
+# Every actor message after the hello carries "token", the per-actor token of its welcome: an
+# actor id is bound to it (a peer that merely knows the id can neither speak nor say bye for it).
+_ACTOR = {"actor_id": str, "token": bytes}
+_REPORT = {**_ACTOR, **{k: v for k, v in _REPORT.items() if k != "actor_id"}}
+
 SCHEMAS: dict[str, dict[str, object]] = {
     # actor -> learner
     "hello": {"actor_id": str, "host": str, "pid": int, "env_id": str, "spec": dict,
-              "shm_token": bytes | None},
-    "request": {"actor_id": str},  # ask for one slot grant
+              "shm_token": bytes | None,
+              "token": bytes | None},   # the token of an earlier welcome: proves a restart is that actor
+    "request": _ACTOR,  # ask for one slot grant
     "ready": {**_REPORT, "slot": int},  # the granted slot was written through shared memory
     "rollout": _REPORT,  # followed by one raw frame per spec field, in spec order
-    "heartbeat": {"actor_id": str},
-    "bye": {"actor_id": str},
+    "heartbeat": _ACTOR,   # (also the learner's answer, echoing the token)
+    "bye": _ACTOR,
     # learner -> actor
     "welcome": {"shm_name": str, "num_slots": int, "spec": dict, "token": bytes,
                 "config": str,   # the learner's resolved config, JSON: actors build the same policy
-                "restart": int},  # times this actor id joined the run before: a seed input (seeding.py)
+                "restart": int,  # times this actor id joined the run before: a seed input (seeding.py)
+                "epoch": int,    # the learner's epoch (weights of other epochs are not this learner's)
+                "actor_token": bytes},   # this actor's token: sent with every message, kept for a restart
+    # learner -> actor: "I do not know you (any more)": a restarted learner, or one that dropped
+    # this actor; the actor drops the work of its old session and says hello again
+    "rejoin": {"reason": str},
     # actor -> broadcaster: send me the newest weights now (PUB/SUB drops what came before)
     "snapshot": {"actor_id": str},
     "refuse": {"reason": str},
     "grant": {"slot": int, "grant_id": int},
     "stop": {"reason": str},
     # learner -> broadcaster -> actors (frame 1 of a weights message)
-    "weights": {"version": int, "publish_time": float, "nbytes": int, "checksum": int,
-                "layout_hash": str},
+    "weights": {"epoch": int, "version": int, "publish_time": float, "nbytes": int, "checksum": int,
+                "layout_hash": str},   # newer = higher (epoch, version): see roles/learner.learner_epoch
 }
 # Keys a sender may leave out (older or hand-made clients); checked like the others when present.
 OPTIONAL: dict[str, dict[str, object]] = {
@@ -288,15 +303,16 @@ def decode_rollout_frames(frames: Sequence, spec: RolloutSpec) -> dict[str, np.n
 
 
 def encode_weights(*, run_id: str, version: int, publish_time: float, layout_hash: str,
-                   payload: np.ndarray) -> list[bytes | memoryview]:
+                   payload: np.ndarray, epoch: int = 0) -> list[bytes | memoryview]:
     """``[b"weights", header, payload]``; payload is the flat float32 [P] parameter vector,
-    sent zero-copy; publish_time in seconds on the learner's clock. Raises ValueError for
-    a payload that is not 1-D float32."""
+    sent zero-copy; publish_time in seconds on the learner's clock; epoch: the learner's
+    (an int >= 0 that rises at every learner start). Raises ValueError for a payload that is
+    not 1-D float32."""
     if payload.dtype != np.float32 or payload.ndim != 1:
         raise ValueError(f"weights payload must be 1-D float32, got {payload.dtype} "
                          f"{payload.shape}")
     body = _frame(payload)
-    header = {"type": "weights", "run_id": run_id, "version": int(version),
+    header = {"type": "weights", "run_id": run_id, "epoch": int(epoch), "version": int(version),
               "publish_time": float(publish_time), "nbytes": body.nbytes,
               "checksum": zlib.crc32(body), "layout_hash": layout_hash}
     return [WEIGHTS_TOPIC, _pack_header(header), body]
@@ -331,6 +347,33 @@ def decode_weights(frames: Sequence, *, run_id: str | None = None,
     weights.flags.writeable = False
     check_finite({"weights": weights})
     return header, weights
+
+
+def sign_weights(frames: Sequence, secret: bytes | None) -> list:
+    """The learner's weights message for the broadcaster: ``frames`` of ``encode_weights`` plus a
+    fourth frame, HMAC-SHA256 of header and payload under ``secret`` (b"" without a secret)."""
+    mac = b"" if not secret else _weights_mac(frames, secret)
+    return [*frames, mac]
+
+
+def verify_weights(frames: Sequence, secret: bytes | None) -> list:
+    """The three frames of a signed weights message (``sign_weights``) whose HMAC holds under
+    ``secret``. Raises ProtocolError("not_learner") for a missing or wrong HMAC (or no secret)."""
+    if len(frames) != 4:
+        raise ProtocolError("not_learner", f"weights message of {len(frames)} frames carries no learner signature")
+    if not secret or not hmac.compare_digest(bytes(_bytes(frames[3])), _weights_mac(frames, secret)):
+        raise ProtocolError("not_learner", "weights whose signature is not the learner's (secret of the "
+                                           "broadcaster's weights-secret file)")
+    return list(frames[:3])
+
+
+def _weights_mac(frames: Sequence, secret: bytes) -> bytes:
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    header = _bytes(frames[1])
+    mac.update(len(header).to_bytes(8, "little"))
+    mac.update(header)
+    mac.update(_bytes(frames[2]))
+    return mac.digest()
 
 
 # ---------------------------------------------------------------------------- rejects
@@ -441,21 +484,30 @@ def _bind_or_connect(sock: zmq.Socket, bind_to: str | None, connect: str | None)
 def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000,
            timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """Learner side of the actor channel. Received frames: [identity, header, *arrays].
-    ROUTER_HANDOVER lets a restarted actor reuse its identity at once.
+    No ROUTER_HANDOVER: a second connection under an identity in use is refused by ZeroMQ, so no
+    peer can take over a live actor's route (each actor process picks a random identity).
 
     ``security`` (every factory here): a ``security.Curve`` (CURVE server or client keys) or None
     for no encryption. Raises AddressError if the address cannot be bound (in use, not an
     address of this host) or is malformed."""
     sock = _socket(ctx, zmq.ROUTER, hwm, timeout_ms, security)
-    sock.router_handover = 1
+    sock.router_handover = 0
     return _bind_or_connect(sock, bind, None)
 
 
+def route_identity(name: str) -> str:
+    """A DEALER identity for one process: ``name`` (cut to 200 characters) plus a random suffix,
+    so no other peer can guess it, and a restarted process never collides with its old route."""
+    return f"{name[:200]}#{secrets.token_hex(4)}"
+
+
 def dealer(ctx: zmq.Context, connect: str, identity: str | bytes, *, hwm: int = 1000,
-           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
-    """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes."""
+           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None, immediate: bool = False) -> zmq.Socket:
+    """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes.
+    ``immediate``: queue messages only while connected (ZMQ_IMMEDIATE), none for a peer to come."""
     sock = _socket(ctx, zmq.DEALER, hwm, timeout_ms, security)
     sock.identity = identity.encode() if isinstance(identity, str) else identity
+    sock.immediate = int(immediate)
     return _bind_or_connect(sock, None, connect)
 
 

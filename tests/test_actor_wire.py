@@ -1,27 +1,92 @@
-"""An actor survives undecodable messages from the learner's and the broadcaster's sockets."""
+"""An actor survives undecodable messages from the learner's and the broadcaster's sockets, and
+catches up with the newest weights after a stall."""
+import threading
+import time
+
 import numpy as np
+import pytest
 
 from asyncrl import config
 from asyncrl import transport as tp
 from asyncrl.lag_control import WeightHistory
+from asyncrl.launch import free_port_pair
 from asyncrl.roles.actor import Actor, ActorOptions
+from asyncrl.roles.broadcaster import Broadcaster
+from asyncrl.security import read_weights_secret
 
 
 def test_bad_weights_and_escaped_printing_never_raise():
     cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
     actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster="tcp://127.0.0.1:11", actor_id="t"))
     try:
-        actor.run_id, actor.layout_hash, actor.history = "r", "h", WeightHistory()
+        actor.run_id, actor.layout_hash, actor.history, actor.epoch = "r", "h", WeightHistory(), 0
+        actor.num_params = 4
         good = tp.encode_weights(run_id="r", version=3, publish_time=1.0, layout_hash="h",
                                  payload=np.ones(4, np.float32))
         for bad in ([b"weights", b"\xc1junk", b"x"], [b"weights", good[1], b"\0" * 3],
                     tp.encode_weights(run_id="other", version=9, publish_time=1.0, layout_hash="h",
-                                      payload=np.ones(4, np.float32))):
+                                      payload=np.ones(4, np.float32)),
+                    # the right layout hash but another size: policy.load would raise on it
+                    tp.encode_weights(run_id="r", version=9, publish_time=1.0, layout_hash="h",
+                                      payload=np.ones(5, np.float32))):
             actor._receive(bad)
-        assert actor.rejects.by_reason() == {"malformed": 1, "frame_size": 1, "run_id": 1}
+        assert actor.rejects.by_reason() == {"malformed": 1, "frame_size": 2, "run_id": 1}
+        # weights of another learner epoch (an old or a newer learner) are not this session's
+        actor._receive(tp.encode_weights(run_id="r", epoch=7, version=5, publish_time=1.0, layout_hash="h",
+                                         payload=np.ones(4, np.float32)))
+        assert actor.history.newest == -1
         actor._receive([bytes(f) for f in good])
         assert actor.history.newest == 3
     finally:
         actor.close()
     assert tp.printable("a\nb\x1b[31m\u2028") == "a\\nb\\x1b[31m\\u2028"
     assert tp.printable(b"\xff\n") == "\\\\xff\\n" and tp.printable("x" * 500, 10) == "x" * 10 + "..."
+
+
+@pytest.mark.timeout(60)
+def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
+    """Versions published while an actor did not read pile up in its queue (and the publisher
+    drops newer ones once it is full): the next drain finds the queue full and fetches the
+    broadcaster's newest instead."""
+    port = free_port_pair()
+    b = Broadcaster(f"tcp://127.0.0.1:{port}", echo=lambda *_: None)
+    stop = threading.Event()
+    serving = threading.Thread(target=lambda: [b.serve(20) for _ in iter(stop.is_set, True)])
+    cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
+    actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster=b.endpoint, actor_id="t"))
+    ctx = tp.context()
+    learner = tp.dealer(ctx, tp.snapshot_endpoint(b.endpoint), tp.route_identity("learner"))
+    secret = read_weights_secret(b.endpoint)
+
+    def publish(version):
+        tp.send(learner, tp.sign_weights(tp.encode_weights(run_id="r", epoch=10, version=version, publish_time=1.0,
+                                                           layout_hash="h", payload=np.full(8, version, np.float32)),
+                                         secret))
+    try:
+        serving.start()
+        actor.run_id, actor.layout_hash, actor.epoch, actor.num_params = "r", "h", 10, 8
+        actor.history = WeightHistory()
+        version, deadline = 0, time.monotonic() + 30
+        while actor.history.newest < 0:          # until the actor's SUB socket is subscribed
+            assert time.monotonic() < deadline, "the actor never got weights"
+            publish(version)
+            version += 1
+            time.sleep(0.05)
+            actor.receive_weights(catch_up=False)
+        first = actor.history.newest
+        for v in range(version, version + 300):   # the actor "stalls": it reads nothing meanwhile
+            publish(v)
+        newest = version + 299
+        while b.newest != (10, newest):
+            assert time.monotonic() < deadline, "the broadcaster never got the last version"
+            time.sleep(0.05)
+        time.sleep(1.0)     # let the backlog reach the actor's queue
+        actor.receive_weights()
+        assert first < actor.history.newest == newest
+    finally:
+        stop.set()
+        serving.join(10)
+        tp.close(learner)
+        ctx.term()
+        actor.close()
+        b.close()

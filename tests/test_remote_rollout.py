@@ -44,10 +44,10 @@ def _slot_arrays(seed: int) -> dict[str, np.ndarray]:
 class Client:
     def __init__(self, ctx, endpoint: str, actor_id: str):
         self.sock, self.actor_id = tp.dealer(ctx, endpoint, actor_id), actor_id
-        self.run_id = ""
+        self.run_id, self.token = "", None
 
     def send(self, kind: str, arrays=None, **fields) -> None:
-        header = {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, **fields}
+        header = {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, "token": self.token, **fields}
         frames = tp.encode_rollout(header, arrays, SPEC) if arrays is not None else tp.encode(header)
         assert tp.send(self.sock, frames)
 
@@ -78,7 +78,7 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
         for name, c in clients.items():
             c.send("hello", **hello)
             welcome = c.wait(learner, "welcome")
-            c.run_id = welcome["run_id"]
+            c.run_id, c.token = welcome["run_id"], welcome["actor_token"]
             c.send("request")
             grants[name] = c.wait(learner, "grant")
         ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],

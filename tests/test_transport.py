@@ -16,18 +16,19 @@ pytestmark = pytest.mark.timeout(30)
 
 RUN = "run-1"
 SPEC = RolloutSpec(obs_dim=3, action_dim=1, discrete=True, rollout_length=4, num_envs=2)
-REPORT = dict(actor_id="a0", grant_id=7, env_steps=8, episode_returns=[1.5, -2.0],
+REPORT = dict(actor_id="a0", token=b"k" * 16, grant_id=7, env_steps=8, episode_returns=[1.5, -2.0],
               episode_lengths=[3, 5], timing={"env_s": 0.5, "inference_s": 0.1, "wait_s": 0.0})
 HEADERS = {
     "hello": dict(actor_id="a0", host="h", pid=123, env_id="CartPole-v1", spec=SPEC.to_dict(),
-                  shm_token=None),
-    "request": dict(actor_id="a0"),
+                  shm_token=None, token=None),
+    "request": dict(actor_id="a0", token=b"k" * 16),
     "ready": dict(REPORT, slot=2),
     "rollout": REPORT,
-    "heartbeat": dict(actor_id="a0"),
-    "bye": dict(actor_id="a0"),
+    "heartbeat": dict(actor_id="a0", token=b"k" * 16),
+    "bye": dict(actor_id="a0", token=b"k" * 16),
     "welcome": dict(shm_name="asyncrl-run-1-42", num_slots=4, spec=SPEC.to_dict(), restart=0,
-                    token=b"t" * 16, config='{"env": {"id": "CartPole-v1"}}'),
+                    token=b"t" * 16, config='{"env": {"id": "CartPole-v1"}}', epoch=2**63, actor_token=b"k" * 16),
+    "rejoin": dict(reason="learner restarted"),
     "snapshot": dict(actor_id="a0"),
     "refuse": dict(reason="spec differs"),
     "grant": dict(slot=1, grant_id=9),

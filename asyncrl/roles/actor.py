@@ -4,6 +4,11 @@ to it, and ships rollouts over TCP when it cannot.
 
 Top to bottom: handshake -> first weights -> loop(newest weights, wait for a grant, collect,
 report). Every step records the policy version that chose its action.
+
+A session lasts from a welcome to the learner's stop. It ends early when the learner says it does
+not know this actor (``rejoin``: the learner was restarted, or dropped this actor after a stall) or
+is silent for ``transport.actor_timeout_s``: the actor drops the session's grants, slots and
+weights, and says hello again (with its token) for up to ``transport.rejoin_timeout_s``.
 """
 from __future__ import annotations
 
@@ -47,6 +52,12 @@ class ActorOptions:
     run_id: str = ""            # refuse to join any other run ("": any)
     host_label: str = ""        # the host this actor reports (lag report per host); "": hostname
     security: Security | None = None   # keys for non-loopback addresses (default: none)
+    token_file: str | None = None   # keeps the learner's token for this id, so a restart proves it at once
+
+
+class Rejoin(Exception):
+    """The session with the learner is over (it does not know this actor, or fell silent): say
+    hello again. Internal to the actor loop."""
 
 
 class Actor:
@@ -62,13 +73,18 @@ class Actor:
         snapshot_ep = snapshot_endpoint(opts.broadcaster)
         keys = sec(opts.learner), sec(opts.broadcaster), sec(snapshot_ep)   # SecurityError before any socket
         self.ctx = tp.context()
-        self.learner = tp.dealer(self.ctx, opts.learner, opts.actor_id, security=keys[0])
+        # random identities: no other peer can take over this actor's routes
+        self.learner = tp.dealer(self.ctx, opts.learner, tp.route_identity(opts.actor_id), security=keys[0])
         self.weights_sub = tp.sub(self.ctx, opts.broadcaster, security=keys[1])
-        self.snapshot = tp.dealer(self.ctx, snapshot_ep, opts.actor_id, security=keys[2])
+        self.snapshot = tp.dealer(self.ctx, snapshot_ep, tp.route_identity(opts.actor_id), security=keys[2])
         self.watches = [("learner", opts.learner, tp.handshakes(self.learner)),
                         ("broadcaster", opts.broadcaster, tp.handshakes(self.weights_sub)),
                         ("broadcaster", snapshot_ep, tp.handshakes(self.snapshot))]
         self.run_id = ""
+        self.epoch = -1                   # the learner epoch of this session (from its welcome)
+        self.token = self.read_token()    # this id's token of an earlier welcome, if kept
+        self.sessions = 0                 # welcomes so far
+        self.sent = 0                     # rollouts sent, all sessions
         self.ring: SlotRing | None = None
         self.local_slot = None            # TCP mode: one slot in ordinary memory
         self.grants: list[tuple[int, int]] = []
@@ -84,23 +100,48 @@ class Actor:
         self.bad_numbers = tp.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
         self.step_sleep_s = cfg.actor.slowdown_s / cfg.env.rollout_length
         self.stopped = ""
+        self.num_params = 0
+
+    # ---- token ----
+    def read_token(self) -> bytes | None:
+        """The token kept in ``token_file`` (hex), or None (no file, unreadable, not a token)."""
+        if not self.opts.token_file:
+            return None
+        try:
+            return bytes.fromhex(open(self.opts.token_file).read().strip()) or None
+        except (OSError, ValueError):
+            return None
+
+    def keep_token(self, token: bytes) -> None:
+        """Write the learner's token for this id to ``token_file`` (mode 0600); logged, never raised."""
+        self.token = token
+        if not self.opts.token_file:
+            return
+        try:
+            fd = os.open(self.opts.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token.hex() + "\n")
+        except OSError as exc:
+            log.warning("actor %s: could not keep its token in %s: %s", self.opts.actor_id, self.opts.token_file, exc)
 
     # ---- handshake ----
-    def hello(self) -> None:
-        """Say hello until the learner answers (it may start later). Raises ActorError when the
-        learner refuses (another run id, env, rollout shape, spaces or protocol version), refuses
-        the connection (keys), or does not answer within connect_timeout_s."""
-        deadline = time.monotonic() + self.opts.connect_timeout_s
+    def hello(self, timeout_s: float | None = None) -> None:
+        """Say hello until the learner answers (it may start later), for up to ``timeout_s``
+        (default connect_timeout_s). Raises ActorError when the learner refuses (another run id,
+        env, rollout shape, spaces or protocol version, an id in use), refuses the connection
+        (keys), or does not answer in time."""
+        timeout_s = self.opts.connect_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         header = {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": self.opts.run_id,
                   "actor_id": self.opts.actor_id, "host": self.opts.host_label or socket.gethostname(),
                   "pid": os.getpid(), "env_id": self.cfg.env.id, "spec": self.spec.to_dict(),
-                  "shm_token": None, "spaces": self.env.spaces}
+                  "shm_token": None, "token": self.token, "spaces": self.env.spaces}
         next_hello, said_waiting = 0.0, False
         while time.monotonic() < deadline:
-            if not said_waiting and deadline - time.monotonic() < self.opts.connect_timeout_s - 3:
+            if not said_waiting and deadline - time.monotonic() < timeout_s - 3:
                 said_waiting = True    # only once the learner is clearly not there yet
                 log.info("actor %s: waiting for the learner at %s (up to %.0f s)", self.opts.actor_id,
-                         self.opts.learner, self.opts.connect_timeout_s)
+                         self.opts.learner, timeout_s)
             if time.monotonic() >= next_hello:
                 tp.send(self.learner, tp.encode(header), block=False)
                 next_hello = time.monotonic() + 1.0
@@ -117,24 +158,29 @@ class Actor:
                 raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {tp.printable(reply['reason'], 1000)}")
             if reply["type"] == "welcome":
                 return self._welcome(reply)
+            # anything else (a "rejoin" or heartbeat answer of the session before): not for this hello
         raise ActorError(f"actor {self.opts.actor_id}: no learner answered at {self.opts.learner} "
-                         f"within {self.opts.connect_timeout_s:.0f} s")
+                         f"within {timeout_s:.0f} s")
 
     def _welcome(self, reply: dict) -> None:
-        self.run_id = reply["run_id"]
+        self.run_id, self.epoch = reply["run_id"], reply["epoch"]
+        self.sessions += 1
+        self.keep_token(reply["actor_token"])
         self.last_learner_message = time.monotonic()
         learner_cfg = from_dict(json.loads(reply["config"]))
         template = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
                                 discrete=self.spec.discrete)
         self.layout_hash = layout_hash(template)
+        self.num_params = sum(p.numel() for p in template.state_dict().values())
         run_seed = self.opts.seed if self.opts.seed is not None else learner_cfg.run.seed
         self.seeds = actor_seeds(run_seed, self.opts.actor_id, reply["restart"], self.cfg.env.num_envs)
         self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.seeds.action)
         a = self.cfg.actor
         self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
                                      seed=self.seeds.lag)
-        log.info("actor %s: joined run %s (restart %d); env and action streams %s from run seed %d",
-                 self.opts.actor_id, tp.printable(self.run_id), reply["restart"], fingerprint(self.seeds), run_seed)
+        log.info("actor %s: joined run %s (restart %d); env and action streams %s from run seed %d; learner epoch %d",
+                 self.opts.actor_id, tp.printable(self.run_id), reply["restart"], fingerprint(self.seeds), run_seed,
+                 self.epoch)
         mode = self.cfg.actor.rollout_transport
         if mode == "tcp":
             log.info("actor %s: shipping rollouts over TCP (actor.rollout_transport = tcp)", self.opts.actor_id)
@@ -163,37 +209,87 @@ class Actor:
 
     def _send(self, kind: str, **fields) -> None:
         tp.send(self.learner, tp.encode({"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
-                                         "actor_id": self.opts.actor_id, **fields},
+                                         "actor_id": self.opts.actor_id, "token": self.token or b"", **fields},
                                         limits=tp.report_limits(self.spec.num_envs, self.spec.rollout_length)))
 
+    def end_session(self) -> None:
+        """Drop everything of the session with the learner: grants, its shared memory, the weights
+        of its epoch and the policy copy (the next welcome makes them again)."""
+        self.grants.clear()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        self.local_slot = None
+        self.policy, self.history, self.version, self.epoch = None, None, -1, -1
+        tp.drain_all(self.weights_sub)     # a backlog of old versions, and late snapshot replies
+        tp.drain_all(self.snapshot)
+
     # ---- weights ----
+    def ask_snapshot(self) -> None:
+        tp.send(self.snapshot, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION,
+                                          "run_id": self.run_id, "actor_id": self.opts.actor_id}), block=False)
+
+    def read_snapshots(self, timeout_ms: int) -> bool:
+        """Take the broadcaster's snapshot replies that come within ``timeout_ms`` (and any
+        pending after the first that holds weights); True once one held weights (an older "no
+        weights yet" refusal may come first)."""
+        got = False
+        frames = tp.recv_multipart_timeout(self.snapshot, timeout_ms)
+        while frames is not None:
+            if len(frames) == 3:              # [topic, header, payload]
+                self._receive(frames)
+                got = True
+            else:
+                try:                          # else a refusal: "no weights yet"
+                    tp.decode(frames)
+                except tp.ProtocolError as exc:
+                    self.rejects.reject(exc, "broadcaster")
+            frames = tp.recv_multipart_timeout(self.snapshot, 0 if got else timeout_ms)
+        return got
+
     def first_weights(self) -> None:
+        """Ask the broadcaster for the newest weights until it has some, heartbeating meanwhile
+        (the learner must not drop an actor that waits). Raises ActorError after connect_timeout_s,
+        Rejoin if the learner ends the session."""
         deadline = time.monotonic() + self.opts.connect_timeout_s
-        while self.history.newest < 0:
+        while self.history.newest < 0 and not self.stopped:
             if time.monotonic() > deadline:
                 raise ActorError(f"actor {self.opts.actor_id}: no weights from the broadcaster "
                                  f"at {self.opts.broadcaster}")
-            tp.send(self.snapshot, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION,
-                                              "run_id": self.run_id, "actor_id": self.opts.actor_id}), block=False)
+            self.ask_snapshot()
             self.check_connections()
-            frames = tp.recv_multipart_timeout(self.snapshot, 1000)
-            if frames is not None and len(frames) == 3:   # [topic, header, payload]; else "no weights yet"
-                self._receive(frames)
-            self.receive_weights()
+            # snapshots only: what waits on the SUB socket may be a backlog of old versions (after a
+            # stall); the session's loop drains it once the newest is in, and drops what is older
+            self.read_snapshots(500)
+            self.heartbeat()
+            self.poll_learner(0)
+            self.check_learner_silence()
 
-    def receive_weights(self) -> None:
-        """Take every weights message pending (older versions matter to the lag controls)."""
-        for frames in tp.drain_all(self.weights_sub):
+    def receive_weights(self, *, catch_up: bool = True) -> None:
+        """Take every weights message pending (older versions matter to the lag controls). With
+        ``catch_up``: if the queue was at least half full (a stall: what waits is a backlog of old
+        versions, more wait in the kernel's buffers, and the publisher drops newer ones while the
+        queue is full; ZeroMQ hands over about HWM - 1), also ask the broadcaster for its newest."""
+        pending = tp.drain_all(self.weights_sub)
+        for frames in pending:
             self._receive(frames)
+        if catch_up and len(pending) >= max(2, self.weights_sub.rcvhwm // 2):
+            self.ask_snapshot()
+            self.read_snapshots(1000)
 
     def _receive(self, frames) -> None:
-        """Keep a weights message; one that does not decode is counted and logged, never fatal."""
+        """Keep a weights message of this session's learner (its run id and epoch); one that does
+        not decode is counted and logged, never fatal; another epoch's is dropped."""
         try:
             header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+            if self.num_params and flat.size != self.num_params:
+                raise tp.ProtocolError("frame_size", f"weights of {flat.size} parameters, the policy has "
+                                                     f"{self.num_params}")
         except tp.ProtocolError as exc:
             self.rejects.reject(exc, "broadcaster")
             return
-        self.history.add(header["version"], flat)
+        if header["epoch"] == self.epoch:       # another epoch: an old learner's, or a newer one's
+            self.history.add(header["version"], flat)
 
     def select_weights(self) -> None:
         """Load the version the lag controls pick (the newest, by default) into the policy copy."""
@@ -216,7 +312,16 @@ class Actor:
                     self.grants.append((header["slot"], header["grant_id"]))
                 elif header["type"] == "stop":
                     self.stopped = header["reason"]
+                elif header["type"] == "rejoin":
+                    raise Rejoin(f"the learner says: {tp.printable(header['reason'])}")
             frames = tp.recv_multipart_timeout(self.learner, 0)
+
+    def check_learner_silence(self) -> None:
+        """Raise Rejoin once the learner has said nothing for actor_timeout_s (it answers every
+        heartbeat: it is gone, restarting, or this actor was stalled)."""
+        silent = time.monotonic() - self.last_learner_message
+        if silent > self.cfg.transport.actor_timeout_s:
+            raise Rejoin(f"no word from the learner at {self.opts.learner} for {silent:.0f} s")
 
     def heartbeat(self) -> None:
         now = time.monotonic()
@@ -226,13 +331,11 @@ class Actor:
             self.check_connections()
 
     def wait_for_grant(self) -> tuple[int, int] | None:
+        """The next grant, or None once the learner said stop. Raises Rejoin."""
         while not self.grants and not self.stopped:
             self.heartbeat()
             self.poll_learner(100)
-            silent = time.monotonic() - self.last_learner_message
-            if silent > self.cfg.transport.actor_timeout_s:
-                raise ActorError(f"actor {self.opts.actor_id}: no word from the learner at {self.opts.learner} "
-                                 f"for {silent:.0f} s (it stopped, or dropped this actor)")
+            self.check_learner_silence()
         return self.grants.pop(0) if self.grants else None
 
     def act(self, obs):
@@ -259,14 +362,27 @@ class Actor:
         return returns, lengths
 
     def run(self) -> int:
-        """Handshake, then collect until the learner says stop. Returns rollouts sent."""
+        """Handshake, then collect until the learner says stop; a session the learner ends
+        (``Rejoin``) is followed by a new hello, for up to transport.rejoin_timeout_s. Returns
+        rollouts sent. Raises ActorError (refused, no learner or broadcaster in time)."""
         self.hello()
+        while True:
+            try:
+                self.session()
+                return self.sent
+            except Rejoin as why:
+                log.warning("actor %s: %s; dropping the work of that session and saying hello again (up to %.0f s)",
+                            self.opts.actor_id, why, self.cfg.transport.rejoin_timeout_s)
+                self.end_session()
+                self.hello(self.cfg.transport.rejoin_timeout_s)
+
+    def session(self) -> None:
+        """One session: first weights, then collect until stop or max_rollouts. Raises Rejoin."""
         self.first_weights()
         self.env.reset(seeds=self.seeds.env)
         for _ in range(2):                      # two credits: fill one slot while the next is granted
             self._send("request")
-        sent = 0
-        while not self.stopped and (self.opts.max_rollouts == 0 or sent < self.opts.max_rollouts):
+        while not self.stopped and (self.opts.max_rollouts == 0 or self.sent < self.opts.max_rollouts):
             self.poll_learner(0)
             t_wait = time.perf_counter()
             grant = self.wait_for_grant()
@@ -301,15 +417,15 @@ class Actor:
                 header = {"type": "rollout", "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
                           "actor_id": self.opts.actor_id, **report}
                 tp.send(self.learner, tp.encode_rollout(header, slot, self.spec))
-            sent += 1
+            self.sent += 1
             self.heartbeat()
-        return sent
 
     def close(self) -> None:
         try:
             if self.run_id and not self.stopped:
                 tp.send(self.learner, tp.encode({"type": "bye", "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
-                                                 "actor_id": self.opts.actor_id}), block=False)
+                                                 "actor_id": self.opts.actor_id, "token": self.token or b""}),
+                        block=False)
         finally:
             tp.close(self.learner, self.weights_sub, self.snapshot)
             self.security.close()

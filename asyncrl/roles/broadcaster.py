@@ -7,6 +7,11 @@ PUB/SUB drops whatever was published before a subscriber connected.
 A relay (``upstream``: another broadcaster's PUB address) takes its weights from that broadcaster
 instead (SUB, plus a snapshot request until it has a first version) and republishes every newer
 version on its own sockets, so weights cross the network once per host, not once per actor.
+
+Only the learner's weights are taken: with CURVE, from the learner's client key; else signed with
+the secret this broadcaster writes at start (security.create_weights_secret). Newer means a higher
+(learner epoch, version), so a restarted learner (a higher epoch) replaces the old one's weights.
+Rejects are counted by reason in ``--summary FILE`` (JSON, rewritten every 2 s and at exit).
 """
 from __future__ import annotations
 
@@ -14,10 +19,13 @@ import logging
 import os
 import socket
 import time
+from pathlib import Path
 
 from .. import transport as tp
+from ..metrics import write_json_atomic
 from ..transport import snapshot_endpoint
-from ..security import Security, advertised_with_source, is_loopback
+from ..security import (Security, advertised_with_source, create_weights_secret, is_loopback,
+                        remove_weights_secret)
 
 log = logging.getLogger("asyncrl.broadcaster")
 
@@ -28,15 +36,20 @@ class BroadcasterError(RuntimeError):
 
 class Broadcaster:
     def __init__(self, bind: str, *, upstream: str | None = None, security: Security | None = None,
-                 advertise: str | None = None, echo=print):
-        """Raises SecurityError (keys missing for a non-loopback address), transport.AddressError
-        (address in use, not of this host)."""
+                 advertise: str | None = None, echo=print, summary: str | Path | None = None):
+        """``summary``: a JSON file for this role's counts (rejects by reason, refused connections,
+        weights published). Raises SecurityError (keys missing for a non-loopback address, an
+        unsafe secret directory), transport.AddressError (address in use, not of this host)."""
         self.security, self.upstream, self.advertise, self.echo = \
             security or Security("broadcaster"), upstream, advertise, echo
+        self.summary_path = Path(summary) if summary else None
+        self.secret_file, self.secret = None, None
         self.ctx = tp.context()
         try:
             self.pub = tp.pub(self.ctx, bind, security=self.security.server(self.ctx, bind))
             self.endpoint = tp.endpoint_of(self.pub)
+            if not upstream:   # before the socket that takes weights exists
+                self.secret_file, self.secret = create_weights_secret(self.endpoint)
             request_ep = snapshot_endpoint(self.endpoint)
             self.router = tp.router(self.ctx, request_ep, security=self.security.server(self.ctx, request_ep))
             self.watches = [tp.handshakes(self.pub), tp.handshakes(self.router)]
@@ -44,34 +57,44 @@ class Broadcaster:
             if upstream:
                 up_request = snapshot_endpoint(upstream)
                 self.up_sub = tp.sub(self.ctx, upstream, security=self.security.client(upstream))
-                self.up_req = tp.dealer(self.ctx, up_request, f"relay-{socket.gethostname()}-{os.getpid()}",
+                self.up_req = tp.dealer(self.ctx, up_request, tp.route_identity(f"relay-{socket.gethostname()}-{os.getpid()}"),
                                         security=self.security.client(up_request))
                 self.up_watches = [(upstream, tp.handshakes(self.up_sub)),
                                    (up_request, tp.handshakes(self.up_req))]
         except BaseException:
+            if self.secret_file is not None:
+                remove_weights_secret(self.secret_file, self.secret)
             self.security.close()
             self.ctx.destroy(linger=0)
             raise
         self.latest = None                   # frames [topic, header, payload] of the newest weights
-        self.version, self.run_id = -1, None
+        self.newest, self.run_id = (-1, -1), None   # (learner epoch, version) of self.latest
         # With CURVE, weights come from the learner's key only: an actor host's key must not be
         # able to hand every actor weights of its own.
         self.learner_key = self.security.learner_key
         self.rejects = tp.RejectCounter("broadcaster")
         self.published = 0
         self.next_check = self.next_ask = 0.0
+        self.next_summary, self.summary_written = 0.0, None
+
+    @property
+    def version(self) -> int:
+        return self.newest[1]
 
     def take(self, frames) -> bool:
-        """Publish a weights message if it is newer than the last one, or of another run (a new
-        learner restarts at version 0). Raises ProtocolError for an invalid message."""
+        """Publish a weights message if its (learner epoch, version) is newer than the last one's
+        (a restarted learner has a higher epoch and starts again at version 0, whatever its run
+        id). Only for weights known to come from the learner. Raises ProtocolError for an invalid
+        message."""
         header, _ = tp.decode_weights(frames)
-        if header["run_id"] == self.run_id and header["version"] <= self.version:
+        key = (header["epoch"], header["version"])
+        if key <= self.newest:
             return False
-        if self.run_id is not None and header["run_id"] != self.run_id:
-            log.info("broadcaster: weights of run %s replace those of run %s", tp.printable(header["run_id"]),
-                     tp.printable(self.run_id))
+        if key[0] != self.newest[0] and self.run_id is not None:
+            log.info("broadcaster: weights of learner epoch %d (run %s) replace those of epoch %d (run %s)", key[0],
+                     tp.printable(header["run_id"]), self.newest[0], tp.printable(self.run_id))
         self.latest = [bytes(f) for f in frames]
-        self.version, self.run_id = header["version"], header["run_id"]
+        self.newest, self.run_id = key, header["run_id"]
         tp.send(self.pub, self.latest, block=False)
         self.published += 1
         return True
@@ -80,14 +103,17 @@ class Broadcaster:
         identity, body = frames[0], frames[1:]
         sender = bytes(identity).decode(errors="replace")
         try:
-            if len(body) == 3 and bytes(body[0]) == tp.WEIGHTS_TOPIC:
+            if len(body) in (3, 4) and bytes(body[0]) == tp.WEIGHTS_TOPIC:
                 if self.upstream:
                     raise tp.ProtocolError("unexpected_type", "weights sent to a relay (it takes them from "
                                                               f"{self.upstream} only)")
-                if self.learner_key is not None and tp.user_id(body[0]) != self.learner_key:
-                    raise tp.ProtocolError("not_learner", f"weights from client key {tp.user_id(body[0])}, "
-                                                          "not the learner's (allowed/learner.key)")
-                self.take(body)
+                if self.learner_key is not None:    # CURVE: the authenticator vouches for the key
+                    if tp.user_id(body[0]) != self.learner_key:
+                        raise tp.ProtocolError("not_learner", f"weights from client key {tp.user_id(body[0])}, "
+                                                              "not the learner's (allowed/learner.key)")
+                    self.take(body[:3])
+                else:
+                    self.take(tp.verify_weights(body, self.secret))
                 return
             header, _ = tp.decode(body)
             if header["type"] != "snapshot":
@@ -110,11 +136,45 @@ class Broadcaster:
         if self.upstream:
             self.relay()
         self.check_connections()
+        self.write_summary()
+
+    def counts(self) -> dict:
+        """What ``--summary`` holds: role, address, weights taken, newest (epoch, version),
+        ``rejected_messages`` and ``refused_connections`` by reason."""
+        return {"role": "relay" if self.upstream else "broadcaster", "endpoint": self.endpoint,
+                "upstream": self.upstream, "published": self.published, "run_id": self.run_id,
+                "epoch": self.newest[0], "version": self.newest[1],
+                "rejected_messages": self.rejects.by_reason(),
+                "refused_connections": self.security.refused.by_reason()}
+
+    def write_summary(self, *, force: bool = False) -> None:
+        """Rewrite the summary file when its counts changed, at most every 2 s (or now, with
+        ``force``); a failed write is logged, never raised."""
+        now = time.monotonic()
+        if self.summary_path is None or (not force and now < self.next_summary):
+            return
+        self.next_summary = now + 2.0
+        counts = self.counts()
+        if counts == self.summary_written:
+            return
+        try:
+            write_json_atomic(self.summary_path, counts)
+            self.summary_written = counts
+        except OSError as exc:
+            log.warning("broadcaster: could not write %s: %s", self.summary_path, exc)
 
     def relay(self) -> None:
         """Take every version pending from upstream, in order (the actors' lag controls may want
         older ones); ask upstream for a snapshot every second until there is a first version."""
-        replies = [f for f in tp.drain_all(self.up_req) if len(f) == 3]   # others: "no weights yet"
+        replies = []
+        for frames in tp.drain_all(self.up_req):
+            if len(frames) == 3:
+                replies.append(frames)
+                continue
+            try:                               # else a "no weights yet" refusal
+                tp.decode(frames)
+            except tp.ProtocolError as exc:
+                self.rejects.reject(exc, self.upstream)
         for frames in replies + tp.drain_all(self.up_sub):
             try:
                 self.take(frames)
@@ -162,6 +222,9 @@ class Broadcaster:
             self.serve()
 
     def close(self) -> None:
+        self.write_summary(force=True)
+        if self.secret_file is not None:
+            remove_weights_secret(self.secret_file, self.secret)
         tp.close(self.pub, self.router, *((self.up_sub, self.up_req) if self.upstream else ()))
         self.security.close()
         self.ctx.term()

@@ -7,9 +7,11 @@ until the env-step budget; then stop the actors, checkpoint, summarise, remove t
 """
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from collections import Counter
@@ -22,7 +24,7 @@ from .. import transport as tp
 from ..transport import snapshot_endpoint
 from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
-from ..security import Security, advertised_with_source, endpoint_host, is_loopback
+from ..security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
 from ..consume import Consumer, SlotData, SlotError, check_slot
 from ..shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
 
@@ -32,8 +34,24 @@ log = logging.getLogger("asyncrl.learner")
 _SPEC_FIELDS = ("obs_dim", "action_dim", "discrete", "rollout_length", "num_envs")
 
 
+# Actor messages that a learner which does not know the sender answers with "rejoin".
+_SESSION_TYPES = ("request", "ready", "rollout", "heartbeat")
+# Seconds without a publish after which the learner publishes its current weights again (cheap):
+# a broadcaster that lost them (restarted) must not wait for an iteration that waits for it.
+REPUBLISH_S = 2.0
+
+
 class LearnerError(RuntimeError):
     """The learner cannot go on (e.g. the broadcaster refuses its connection)."""
+
+
+def learner_epoch(previous: int = 0) -> int:
+    """The epoch of a learner starting now: wall-clock nanoseconds (``time.time_ns``), or
+    ``previous + 1`` if the clock reads no later than ``previous`` (e.g. the epoch saved in the
+    checkpoint a resumed learner continues). So every start is newer than the last one, without
+    a checkpoint, as long as the clock does not go back by more than the time between starts.
+    Weights carry it; a broadcaster takes only a higher (epoch, version) than it holds."""
+    return max(time.time_ns(), int(previous) + 1)
 
 
 @dataclass
@@ -41,6 +59,8 @@ class ActorInfo:
     host: str
     pid: int
     last_seen: float
+    route: bytes = b""                     # its DEALER identity: where replies go
+    token: bytes = b""                     # its per-actor token: every message must carry it
     pending: int = 0                       # grants asked for and not yet given
     mode: str = "shm"
     meta: dict = field(default_factory=dict)
@@ -51,22 +71,27 @@ class Learner:
 
     def __init__(self, cfg: Config, run_dir: str | Path, *, run_id: str, bind: str, broadcaster: str,
                  echo=print, security: Security | None = None, advertise: str | None = None,
-                 resume: bool = False):
+                 resume: bool = False, epoch: int | None = None):
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
         ``advertise``: the address actors on other hosts use, when not the bound one; ``resume``:
-        go on from the run directory's newest checkpoint (asyncrl.consume.Consumer).
+        go on from the run directory's newest checkpoint (asyncrl.consume.Consumer); ``epoch``:
+        this learner's epoch (default: ``learner_epoch()``, newer at every start, resumed or not).
 
         Raises SecurityError (keys missing for a non-loopback address), transport.AddressError
         (address in use, not of this host), ShmError, EnvError."""
         self.cfg, self.run_dir, self.run_id, self.echo = cfg, Path(run_dir), run_id, echo
         self.security, self.advertise, self.broadcaster = security or Security("learner"), advertise, broadcaster
+        self.epoch = learner_epoch() if epoch is None else int(epoch)
         # Sockets first: a refused key or a busy port must not leave a shared-memory segment behind.
         self.ctx = tp.context()
         try:
             weights_ep = snapshot_endpoint(broadcaster)
             self.router = tp.router(self.ctx, bind, security=self.security.server(self.ctx, bind))
-            self.weights_out = tp.dealer(self.ctx, weights_ep, f"learner-{run_id}",
-                                         security=self.security.client(weights_ep))
+            self.weights_curve = self.security.client(weights_ep)
+            # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
+            # hold any more); it gets the weights when it (re)connects, see check_connections
+            self.weights_out = tp.dealer(self.ctx, weights_ep, tp.route_identity(f"learner-{run_id}"),
+                                         security=self.weights_curve, immediate=True)
         except BaseException:
             self.security.close()
             self.ctx.destroy(linger=0)
@@ -74,6 +99,9 @@ class Learner:
         self.endpoint = tp.endpoint_of(self.router)
         self.actor_watch, self.broadcaster_watch = tp.handshakes(self.router), tp.handshakes(self.weights_out)
         self.next_check = 0.0
+        self.broadcaster_handshakes = 0          # seen so far: a new one means a (re)connected broadcaster
+        self.last_publish = 0.0
+        self.warned_unsigned = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.learner.torch_threads)
         self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
@@ -98,11 +126,22 @@ class Learner:
 
     # ---- weights ----
     def publish(self) -> None:
-        """Send the current weights to the broadcaster (publish time: the Consumer's record)."""
+        """Send the current weights to the broadcaster (publish time: the Consumer's record),
+        signed with the secret the broadcaster wrote on this host (security.read_weights_secret;
+        read at each publish, so a restarted broadcaster's new secret is used at once)."""
         now = self.consumer.lag.publish_time[self.state.version]
-        frames = tp.encode_weights(run_id=self.run_id, version=self.state.version, publish_time=now,
-                                   layout_hash=self.state.layout_hash, payload=self.state.flat_weights())
-        tp.send(self.weights_out, frames, block=False)
+        frames = tp.encode_weights(run_id=self.run_id, epoch=self.epoch, version=self.state.version,
+                                   publish_time=now, layout_hash=self.state.layout_hash,
+                                   payload=self.state.flat_weights())
+        self.last_publish = time.monotonic()
+        secret = read_weights_secret(self.broadcaster)
+        if secret is None and self.weights_curve is None:    # it would refuse them
+            if not self.warned_unsigned:
+                self.warned_unsigned = True
+                log.warning("learner: no weights secret of the broadcaster at %s on this host (not started yet, or "
+                            "run by another user); weights are held back until there is one", self.broadcaster)
+            return
+        tp.send(self.weights_out, tp.sign_weights(frames, secret), block=False)
 
     # ---- messages ----
     def serve(self, timeout_ms: int) -> None:
@@ -126,30 +165,41 @@ class Learner:
         if bad is not None:
             raise LearnerError(f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} refused the "
                                f"connection: {bad.detail}")
+        if self.broadcaster_watch.succeeded != self.broadcaster_handshakes or now - self.last_publish > REPUBLISH_S:
+            # a broadcaster (re)connected, or no publish for a while: it may hold no weights
+            # (restarted), and actors waiting for their first weights would wait for ever, since the
+            # next publish needs their rollouts. It ignores a version it holds.
+            self.broadcaster_handshakes = self.broadcaster_watch.succeeded
+            self.publish()
 
     def handle(self, frames) -> None:
         identity = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
         sender = identity.decode(errors="replace")
         try:
             header, arrays = tp.decode(frames[1:], limits=self.wire_limits)
-            if header["type"] == "hello":
+            kind = header["type"]
+            if kind == "hello":
                 return self.on_hello(identity, header)
             if header["run_id"] != self.run_id:
-                raise tp.ProtocolError("run_id", f"{header['type']}: run {header['run_id']!r}, this run is {self.run_id!r}")
+                self.ask_rejoin(identity, kind, f"this learner runs {self.run_id}")
+                raise tp.ProtocolError("run_id", f"{kind}: run {header['run_id']!r}, this run is {self.run_id!r}")
             actor = self.actors.get(header.get("actor_id", ""))
-            if actor is None or header["actor_id"] != sender:
-                raise tp.ProtocolError("unknown_actor", f"{header['type']} from an actor that did not say hello")
+            if actor is None:
+                self.ask_rejoin(identity, kind, "this learner does not know this actor (restarted, or it dropped it)")
+                raise tp.ProtocolError("unknown_actor", f"{kind} from an actor that did not say hello")
+            if identity != actor.route or not hmac.compare_digest(header.get("token", b""), actor.token):
+                raise tp.ProtocolError("bad_token", f"{kind} for actor {header['actor_id']!r} from another "
+                                                    f"connection or without its token")
             actor.last_seen = time.monotonic()
-            kind = header["type"]
             if kind == "request":
                 actor.pending += 1
             elif kind in ("ready", "rollout"):
-                self.on_report(sender, header, arrays)
+                self.on_report(header["actor_id"], header, arrays)
                 actor.pending += 1            # every report of a slot it held asks for the next one
             elif kind == "bye":
-                self.forget(sender, "said bye")
+                self.forget(header["actor_id"], "said bye")
             elif kind == "heartbeat":             # answered, so an actor can tell a dead learner
-                self.reply(identity, {"type": "heartbeat", "actor_id": sender})
+                self.reply(identity, {"type": "heartbeat", "actor_id": header["actor_id"], "token": actor.token})
             else:
                 raise tp.ProtocolError("unexpected_type", kind)
         except tp.ProtocolError as exc:
@@ -161,7 +211,16 @@ class Learner:
                 log.warning("learner: refused actor %s: %s", tp.printable(sender), reason)
                 self.reply(identity, {"type": "refuse", "reason": reason})
 
+    def ask_rejoin(self, identity: bytes, kind: str, why: str) -> None:
+        """Tell the sender of a session message this learner cannot place (an actor of a learner
+        that was restarted, or one it dropped) to say hello again."""
+        if kind in _SESSION_TYPES:
+            self.reply(identity, {"type": "rejoin", "reason": why})
+
     def on_hello(self, identity: bytes, h: dict) -> None:
+        """Welcome an actor whose hello fits this run. Its id is free, or held by an actor silent
+        for ``actor_timeout_s``, or the hello carries that id's token (a restarted actor proving
+        it is that actor: it takes over at once); any other claim on a live id is refused."""
         actor_id = h["actor_id"]
         mismatch = tp.printable(self.mismatch(h), 1000)   # it quotes the actor's values: keep it sendable
         if mismatch:
@@ -170,12 +229,13 @@ class Learner:
             self.reply(identity, {"type": "refuse", "reason": mismatch})
             return
         old = self.actors.get(actor_id)
-        if old is not None and old.pid == h["pid"] and old.host == h["host"]:
-            return                             # a repeated hello from the same process
-        if old is not None and _gone_here(old):   # it died on this host (e.g. restarted by asyncrl run)
+        if old is not None and old.route == identity:
+            return                             # a repeated hello from the same connection
+        proved = old is not None and h["token"] is not None and hmac.compare_digest(h["token"], old.token)
+        if old is not None and not proved and _gone_here(old):   # it died on this host (e.g. restarted by asyncrl run)
             self.forget(actor_id, f"its process {old.pid} is gone")
             old = None
-        if old is not None and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
+        if old is not None and not proved and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
             reason = tp.printable(f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another "
                                   f"--actor-id", 1000)
             log.warning("learner: refused a second actor %s from %s: %s", tp.printable(actor_id),
@@ -183,16 +243,18 @@ class Learner:
             self.reply(identity, {"type": "refuse", "reason": reason})
             return
         if old is not None:
-            self.forget(actor_id, "restarted")
+            self.forget(actor_id, "came back with its token" if proved else "restarted")
         self.state.reward_scaler.reset(actor_id)   # a new incarnation: its envs start afresh
         restart = self.state.actor_joins.get(actor_id, 0)    # a seed input: a rejoin draws new streams
         self.state.actor_joins[actor_id] = restart + 1
-        self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic())
+        token = old.token if proved else secrets.token_bytes(16)
+        self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic(), route=identity, token=token)
         log.info("learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id), tp.printable(h["host"]), h["pid"],
                  f", restart {restart}" if restart else "")
         self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
                               "spec": self.spec.to_dict(), "token": self.ring.token,
-                              "config": json.dumps(self.cfg.to_dict()), "restart": restart})
+                              "config": json.dumps(self.cfg.to_dict()), "restart": restart,
+                              "epoch": self.epoch, "actor_token": token})
 
     def mismatch(self, h: dict) -> str:
         """'' if the actor's run id (when it names one), env, rollout shape and spaces match this
@@ -284,7 +346,7 @@ class Learner:
             info.pending -= 1
             self.actors[actor_id] = info
             self.ring.arm(g.slot, g.grant_id)      # before the actor can know of the grant
-            self.reply(actor_id.encode(), {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
+            self.reply(info.route, {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
 
     # ---- learning ----
     def collect_full(self) -> None:
@@ -367,14 +429,14 @@ class Learner:
         ``Consumer.finish``; a failure is the learner's, for ``reason``); returns the summary."""
         why = {"finished": "step budget reached", "interrupted": "the learner was interrupted",
                "failed": "the learner failed"}.get(outcome, outcome)
-        for actor_id in list(self.actors):
-            self.reply(actor_id.encode(), {"type": "stop", "reason": why})
+        for info in list(self.actors.values()):
+            self.reply(info.route, {"type": "stop", "reason": why})
         self.timing["learner_update_s"] = self.consumer.update_s
         return self.consumer.finish(outcome=outcome, failed_role="learner" if outcome == "failed" else None,
                                     reason=reason, mode="async", run_id=self.run_id,
                                     rejected_messages=self.rejects.by_reason(),
                                     time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters),
-                                    refused_connections=self.security.refused.by_reason(),
+                                    refused_connections=self.security.refused.by_reason(), learner_epoch=self.epoch,
                                     rollouts_by_transport=dict(self.rollouts_by_transport))
 
     def record_failure(self, exc: BaseException) -> None:

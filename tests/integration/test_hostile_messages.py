@@ -32,7 +32,7 @@ class Spy:
         self.sock.linger = 0
         self.sock.identity = actor_id.encode()
         self.sock.connect(endpoint)
-        self.actor_id, self.run_id = actor_id, ""
+        self.actor_id, self.run_id, self.token = actor_id, "", b""
 
     def send(self, frames) -> None:
         self.sock.send_multipart(frames)
@@ -43,22 +43,25 @@ class Spy:
         header, _ = tp.decode(self.sock.recv_multipart())
         return header
 
-    def hello(self, env_id: str = CORRIDOR) -> dict:
+    def hello(self, env_id: str = CORRIDOR, token: bytes | None = None) -> dict:
         self.send(tp.encode({"type": "hello", "run_id": "", "actor_id": self.actor_id, "host": "spyhost",
                              "pid": os.getpid(), "env_id": env_id, "spec": SPEC.to_dict(),
-                             "shm_token": None}))
-        return self.next_of("welcome", "refuse")
+                             "shm_token": None, "token": token}))
+        reply = self.next_of("welcome", "refuse")
+        if reply["type"] == "welcome":
+            self.run_id, self.token = reply["run_id"], reply["actor_token"]
+        return reply
 
     def next_of(self, *kinds: str) -> dict:
-        """The next reply of one of ``kinds``, skipping grants."""
+        """The next reply of one of ``kinds``, skipping grants and requests to rejoin."""
         while True:
             reply = self.recv()
             if reply["type"] in kinds:
                 return reply
-            assert reply["type"] == "grant", reply
+            assert reply["type"] in ("grant", "rejoin"), reply
 
     def header(self, kind: str, **fields) -> dict:
-        return {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, **fields}
+        return {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, "token": self.token, **fields}
 
     def report(self, grant_id: int, **extra) -> dict:
         return self.header("rollout", grant_id=grant_id, env_steps=SPEC.rollout_length * SPEC.num_envs,
@@ -70,6 +73,7 @@ class Spy:
             reply = self.recv()
             if reply["type"] == "grant":
                 return reply["grant_id"]
+            # ("rejoin" answers the heartbeat of another run id above)
             assert reply["type"] != "stop", "training ended while the spy was still at work"
 
     def close(self) -> None:

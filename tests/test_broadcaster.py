@@ -1,0 +1,81 @@
+"""The broadcaster in one process: weights only from its learner (signed with its secret), newer
+only by (learner epoch, version), rejects counted by reason in its summary file."""
+import json
+import os
+import stat
+import time
+
+import numpy as np
+import pytest
+
+from asyncrl import transport as tp
+from asyncrl.launch import free_port_pair
+from asyncrl.roles.broadcaster import Broadcaster
+from asyncrl.security import read_weights_secret, weights_secret_path
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _weights(epoch: int, version: int, run_id: str = "r1") -> list:
+    return tp.encode_weights(run_id=run_id, epoch=epoch, version=version, publish_time=1.0, layout_hash="h",
+                             payload=np.full(8, version, np.float32))
+
+
+def test_sign_and_verify_weights():
+    frames = _weights(5, 3)
+    signed = tp.sign_weights(frames, b"s" * 64)
+    assert [bytes(f) for f in tp.verify_weights(signed, b"s" * 64)] == [bytes(f) for f in frames]
+    tampered = [signed[0], signed[1], np.full(8, 99, np.float32).tobytes(), signed[3]]
+    for bad, secret in ((frames, b"s" * 64), (signed, b"other"), (signed, None), (tampered, b"s" * 64),
+                        (tp.sign_weights(frames, None), b"s" * 64)):
+        with pytest.raises(tp.ProtocolError) as info:
+            tp.verify_weights(bad, secret)
+        assert info.value.reason == "not_learner"
+    header, _ = tp.decode_weights(frames)
+    assert header["epoch"] == 5 and header["version"] == 3
+
+
+def test_broadcaster_takes_only_its_learners_newer_weights(tmp_path):
+    port = free_port_pair()
+    summary = tmp_path / "bcast.json"
+    b = Broadcaster(f"tcp://127.0.0.1:{port}", summary=summary, echo=lambda *_: None)
+    ctx = tp.context()
+    learner = spy = None
+    try:
+        secret = read_weights_secret(b.endpoint)
+        path = weights_secret_path(b.endpoint)
+        assert secret and stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and path.stat().st_uid == os.getuid()
+        request_ep = tp.snapshot_endpoint(b.endpoint)
+        learner = tp.dealer(ctx, request_ep, tp.route_identity("learner"))
+        spy = tp.dealer(ctx, request_ep, tp.route_identity("spy"))
+
+        def serve_until(pred):
+            deadline = time.monotonic() + 10
+            while not pred() and time.monotonic() < deadline:
+                b.serve(20)
+            assert pred()
+
+        tp.send(learner, tp.sign_weights(_weights(10, 2), secret))
+        serve_until(lambda: b.newest == (10, 2))
+        # a forger: unsigned, signed with a wrong secret, a huge version, a later epoch
+        tp.send(spy, _weights(10, 10**12))
+        tp.send(spy, tp.sign_weights(_weights(2**62, 0), b"guess"))
+        serve_until(lambda: b.rejects.total == 2)
+        assert b.newest == (10, 2)
+        tp.send(learner, tp.sign_weights(_weights(10, 1), secret))     # older: ignored
+        tp.send(learner, tp.sign_weights(_weights(10, 3), secret))
+        serve_until(lambda: b.newest == (10, 3))
+        # a restarted learner: higher epoch, version 0, another run id: it replaces the old weights
+        tp.send(learner, tp.sign_weights(_weights(11, 0, run_id="r2"), secret))
+        serve_until(lambda: b.newest == (11, 0))
+        assert b.run_id == "r2" and b.published == 3
+        assert b.rejects.by_reason() == {"not_learner": 2}
+    finally:
+        tp.close(*(s for s in (learner, spy) if s is not None))
+        ctx.term()
+        b.close()
+    counts = json.loads(summary.read_text())
+    assert counts["rejected_messages"] == {"not_learner": 2} and counts["published"] == 3, counts
+    assert counts["epoch"] == 11 and counts["version"] == 0
+    assert not path.exists(), "the broadcaster left its secret file behind"
