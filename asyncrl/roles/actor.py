@@ -415,7 +415,7 @@ class Actor:
                 self._send("ready", slot=slot_index, **report)
             else:
                 header = {"type": "rollout", "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
-                          "actor_id": self.opts.actor_id, **report}
+                          "actor_id": self.opts.actor_id, "token": self.token or b"", **report}
                 tp.send(self.learner, tp.encode_rollout(header, slot, self.spec))
             self.sent += 1
             self.heartbeat()
