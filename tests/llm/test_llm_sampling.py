@@ -103,3 +103,13 @@ def test_warmup_smoke_lowers_loss_and_is_deterministic(micro_dir):
     assert torch.equal(params, params2) and res.final_loss == res2.final_loss
     with pytest.raises(ValueError, match="steps >= 1"):
         warmup.warmup(lm, tok, PROBLEMS.train, steps=0, seed=0)
+
+
+def test_epoch_order_uses_each_example_once_in_length_groups():
+    lengths = [5, 50, 6, 51, 7, 52, 8, 53, 9, 54]
+    order = warmup._epoch_order(lengths, 2, torch.Generator().manual_seed(0), pool=5)
+    assert len(order) == len(set(order)) == 10
+    assert order == warmup._epoch_order(lengths, 2, torch.Generator().manual_seed(0), pool=5)
+    # within a window of 5 batches sorted by length, each batch pairs neighbours
+    spans = [abs(lengths[order[i]] - lengths[order[i + 1]]) for i in range(0, 10, 2)]
+    assert sorted(spans)[:4] == [1, 1, 1, 1]

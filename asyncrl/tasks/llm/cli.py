@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the warmed-up model (default <model>-warm-s<seed>-n<steps>); reused if made with the same settings.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Problem generation and batch order.")
-@click.option("--steps", type=int, default=600, show_default=True, help="Optimizer steps.")
+@click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps.")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Problems per step.")
 @click.option("--lr", type=float, default=3e-3, show_default=True, help="Peak AdamW learning rate.")
 @click.option("--train", "n_train", type=int, default=20000, show_default=True, help="Generated train problems.")
@@ -102,6 +103,7 @@ def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, 
              "train_wall_s": round(train_wall, 2), "train_cpu_s": round(train_cpu, 2), "eval_wall_s": round(eval_wall, 2),
              "load_average": list(os.getloadavg())}
     tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)   # a leftover of an interrupted warmup
     m.save(loaded.model, loaded.tokenizer, tmp)
     (tmp / WARMUP_STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
     os.replace(tmp, out)
@@ -129,3 +131,7 @@ def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, threads) -> None:
     problems = problems[:limit]
     acc = sampling.evaluate(loaded.model, loaded.tokenizer, problems, greedy=True, max_new_tokens=max_new_tokens)
     click.echo(f"accuracy {acc:.3f} on {len(problems)} problems")
+
+
+if __name__ == "__main__":   # python -m asyncrl.tasks.llm.cli ... until the main CLI wires the group in
+    llm()

@@ -83,7 +83,7 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
     next_pos = mask.sum(-1, keepdim=True)   # [B, 1] position of the next token
     done = torch.zeros(b, dtype=torch.bool)
     tokens, lps, keep = [], [], []
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         logp = torch.log_softmax(logits if greedy else logits / temperature, dim=-1)
         if greedy:
             tok = logp.argmax(-1)
@@ -95,7 +95,7 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
         lps.append(torch.where(live, lp, torch.zeros_like(lp)))
         keep.append(live)
         done = done | (tok == eos_id)
-        if bool(done.all()):
+        if bool(done.all()) or step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype)], dim=1)
         out = model(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
