@@ -1,0 +1,224 @@
+"""Generation with behaviour log-probs, the learner's recomputation of them, and exact-match evaluation.
+
+Layout of every batch (B rows): ``[left-padded prompt, S_p tokens | completion, L tokens]``. The
+completion of a row ends with its EOS token (kept, mask 1: the policy learns when to stop); positions
+after it hold the pad token with mask 0. Position ids are ``cumsum(attention_mask) - 1`` so a row's
+first real token has position 0 whatever its left padding, in the sampler and in
+:func:`completion_log_probs` alike.
+
+The sampler is a plain loop over the model's forward with its KV cache (not ``model.generate``) so that
+it draws from an explicit ``torch.Generator`` (bit-reproducible on CPU for a given seed and thread
+count) and returns the log-probability of each drawn token under the distribution it was drawn from.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+from . import gsm
+
+
+class Samples(NamedTuple):
+    """Output of :func:`sample` / :func:`generate_group`.
+
+    input_ids: [B, S_p + L] int64, prompt then completion tokens (pad after EOS).
+    attention_mask: [B, S_p + L] int64, 1 on prompt tokens and completion tokens up to and including EOS.
+    completion_mask: [B, L] bool, True on completion tokens up to and including EOS.
+    behavior_log_prob: [B, L] float32, log β(token) under the sampling distribution (nats; 0 where the
+        mask is False). For greedy decoding: log-softmax of the argmax token at temperature 1.
+    prompt_len: S_p (int), so completions are input_ids[:, S_p:].
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+    behavior_log_prob: Tensor
+    prompt_len: int
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """[B, S] positions counting only attended tokens: cumsum(mask) - 1, clamped at 0 (left padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_id: int, max_new_tokens: int,
+           temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Samples:
+    """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` or greedily.
+
+    Args:
+        model: a transformers causal LM (put in eval mode here).
+        prompt_ids: [B, S_p] int64 left-padded prompts.
+        prompt_mask: [B, S_p] 0/1 attention mask of the prompts.
+        eos_id, pad_id: token ids; a row stops after it emits EOS.
+        max_new_tokens: >= 1, completion budget L_max (a row that never emits EOS is cut there and
+            simply has no EOS).
+        temperature: > 0; logits are divided by it (ignored for greedy).
+        greedy: argmax decoding (evaluation).
+        generator: CPU torch.Generator for the draws (None: the global RNG).
+
+    Returns:
+        :class:`Samples` with L = the number of decoding steps taken (<= max_new_tokens; the loop
+        stops once every row emitted EOS).
+
+    Raises:
+        ValueError: max_new_tokens < 1, temperature <= 0 when sampling, or mismatched shapes.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not greedy and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
+        raise ValueError(f"prompt_ids and prompt_mask must be [B, S_p] alike, got {tuple(prompt_ids.shape)} "
+                         f"and {tuple(prompt_mask.shape)}")
+    model.eval()
+    b, s_p = prompt_ids.shape
+    mask = prompt_mask.long()
+    cache = _cache_kwargs(model)   # the KV cache, updated in place by every forward
+    out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True, **cache)
+    logits = out.logits[:, -1, :].float()
+    next_pos = mask.sum(-1, keepdim=True)   # [B, 1] position of the next token
+    done = torch.zeros(b, dtype=torch.bool)
+    tokens, lps, keep = [], [], []
+    for step in range(max_new_tokens):
+        logp = torch.log_softmax(logits if greedy else logits / temperature, dim=-1)
+        if greedy:
+            tok = logp.argmax(-1)
+        else:
+            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        lp = logp.gather(-1, tok[:, None]).squeeze(-1)
+        live = ~done
+        tokens.append(torch.where(live, tok, torch.full_like(tok, pad_id)))
+        lps.append(torch.where(live, lp, torch.zeros_like(lp)))
+        keep.append(live)
+        done = done | (tok == eos_id)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype)], dim=1)
+        out = model(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
+        logits = out.logits[:, -1, :].float()
+        next_pos = next_pos + 1
+    completion = torch.stack(tokens, 1)
+    completion_mask = torch.stack(keep, 1)
+    return Samples(input_ids=torch.cat([prompt_ids, completion], 1),
+                   attention_mask=torch.cat([prompt_mask.long(), completion_mask.long()], 1),
+                   completion_mask=completion_mask, behavior_log_prob=torch.stack(lps, 1), prompt_len=s_p)
+
+
+def _cache_kwargs(model) -> dict:
+    """A fresh DynamicCache under the keyword this transformers version takes (``cache`` from 5.x,
+    ``past_key_values`` before; the old name is deprecated in 5.x)."""
+    from transformers import DynamicCache
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:   # transformers 4.x: no config argument
+        cache = DynamicCache()
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
+def completion_log_probs(model, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, *,
+                         temperature: float = 1.0) -> Tensor:
+    """Per-token log-probs of the completion tokens under ``model`` (the learner's π_θ; carries gradient).
+
+    Args:
+        model: a transformers causal LM.
+        input_ids: [B, S] int64, left-padded prompt then completion (the last L positions).
+        attention_mask: [B, S] 0/1 (as :class:`Samples` gives it).
+        completion_mask: [B, L] bool, which of the last L positions are completion tokens.
+        temperature: > 0, logits are divided by it: pass the sampler's temperature so that zero lag
+            means equal log-probs.
+
+    Returns:
+        [B, L] float32 log π(token_t | tokens_<t) (nats), 0 where completion_mask is False.
+
+    Raises:
+        ValueError: shapes that do not fit (L >= S, batch sizes differ) or temperature <= 0.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    b, s = input_ids.shape
+    bl, l = completion_mask.shape
+    if attention_mask.shape != input_ids.shape or bl != b or not 0 < l < s:
+        raise ValueError(f"need input_ids/attention_mask [B, S] and completion_mask [B, L] with 0 < L < S, got "
+                         f"{tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, {tuple(completion_mask.shape)}")
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids(attention_mask)).logits
+    logits = logits[:, s - l - 1:s - 1, :].float() / temperature   # position j predicts token j + 1
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, s - l:, None]).squeeze(-1)
+    return torch.where(completion_mask, logp, torch.zeros_like(logp))
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt ids and mask, both [B, S_p] int64 (the tokenizer's padding_side is forced left)."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def generate_group(model, tokenizer, prompts: Sequence[str], G: int, *, temperature: float, max_new_tokens: int,
+                   generator: torch.Generator | None) -> Samples:
+    """G sampled completions of each prompt (GRPO's group), rows prompt-major: row p * G + g.
+
+    Args:
+        model, tokenizer: from :func:`asyncrl.tasks.llm.model.load`.
+        prompts: P prompt strings.
+        G: >= 1 completions per prompt.
+        temperature, max_new_tokens: as :func:`sample`.
+        generator: seeded CPU torch.Generator (same seed, same model, same thread count: same tokens).
+
+    Returns:
+        :class:`Samples` with B = P * G.
+
+    Raises:
+        ValueError: G < 1, no prompts, or as :func:`sample`.
+    """
+    if G < 1 or not prompts:
+        raise ValueError(f"need G >= 1 and at least one prompt, got G={G}, {len(prompts)} prompts")
+    ids, mask = encode_prompts(tokenizer, [p for p in prompts for _ in range(G)])
+    return sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                  max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
+
+
+def decode_completions(tokenizer, samples: Samples) -> list[str]:
+    """The completion text of each row (EOS and padding dropped)."""
+    comp = samples.input_ids[:, samples.prompt_len:]
+    return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
+            for row, m in zip(comp, samples.completion_mask)]
+
+
+def evaluate(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool = True, max_new_tokens: int = 160,
+             batch_size: int = 64, temperature: float = 1.0, generator: torch.Generator | None = None) -> float:
+    """Exact-match accuracy: the mean :func:`asyncrl.tasks.llm.gsm.reward` of one completion per problem.
+
+    Batched generation with left padding (``batch_size`` prompts at a time) on the
+    :func:`asyncrl.tasks.llm.gsm.format_prompt` prompts; greedy by default (the held-out metric).
+
+    Args:
+        model, tokenizer: a causal LM and its tokenizer.
+        problems: the problems (e.g. the held-out split).
+        greedy: argmax decoding; False samples at ``temperature`` with ``generator``.
+        max_new_tokens: completion budget per problem.
+        batch_size: >= 1 prompts per generation batch.
+
+    Returns:
+        Accuracy in [0, 1] (0.0 for no problems).
+
+    Raises:
+        ValueError: batch_size < 1, or as :func:`sample`.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not problems:
+        return 0.0
+    total = 0.0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        ids, mask = encode_prompts(tokenizer, [gsm.format_prompt(p) for p in chunk])
+        out = sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                     max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, generator=generator)
+        total += sum(gsm.reward(text, p.target) for text, p in zip(decode_completions(tokenizer, out), chunk))
+    return total / len(problems)

@@ -1,0 +1,126 @@
+"""GSM8k-format task data: final-answer parser and reward, generator, split, JSONL loader."""
+import json
+import re
+from decimal import Decimal
+
+import pytest
+
+from asyncrl.tasks.llm import gsm
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72", Decimal(72)),
+    ("#### -5", Decimal(-5)),
+    ("#### −5", Decimal(-5)),                  # Unicode minus
+    ("#### +7", Decimal(7)),
+    ("#### 1,234", Decimal(1234)),
+    ("#### 12,345,678", Decimal(12345678)),
+    ("#### $1,234.50 in total", Decimal("1234.50")),
+    ("#### 3.75", Decimal("3.75")),
+    ("#### 72.", Decimal(72)),                  # a trailing period is not a decimal point
+    ("#### 72 clips, 3 bags", Decimal(72)),     # extra numbers after the first are ignored
+    ("#### 1,23", Decimal(1)),                  # not a thousands group: reads as 1
+    ("steps 5 and 6\n#### 11\n#### 12", Decimal(11)),   # the first marker wins; numbers before it ignored
+    ("####72", Decimal(72)),
+    ("the answer is 72", None),                 # no marker
+    ("#### ", None),
+    ("#### seventy-two", None),
+    ("####\n72", None),                          # the number must be on the marker's line
+    ("", None),
+    ("#### - 5", Decimal(5)),                    # a sign must touch the digits
+])
+def test_parse_final_answer(text, expected):
+    assert gsm.parse_final_answer(text) == expected
+
+
+def test_reward_exact_numeric_match():
+    assert gsm.reward(" blah\n#### 72", 72) == 1.0
+    assert gsm.reward("#### 72.0", Decimal(72)) == 1.0
+    assert gsm.reward("#### 72.5", 72) == 0.0
+    assert gsm.reward("#### -72", 72) == 0.0
+    assert gsm.reward("72", 72) == 0.0           # malformed: no marker, reward 0
+    assert gsm.reward("#### 1,234", 1234) == 1.0
+
+
+_ANNOT = re.compile(r"(\d+)([-+*/])(\d+) = <<\1\2\3=(\d+)>>(\d+)")
+
+
+def test_generated_problems_have_gsm8k_shape_and_correct_arithmetic():
+    splits = gsm.make_splits(seed=3, n_train=300, n_heldout=50)
+    for p in splits.train + splits.heldout:
+        lines = p.answer.split("\n")
+        assert 2 <= len(lines) - 1 <= 4 and lines[-1] == f"#### {p.target}"
+        value = None
+        for line in lines[:-1]:
+            m = _ANNOT.search(line)
+            assert m, line
+            a, op, b, r, r2 = m.groups()
+            assert r == r2
+            a, b, r = int(a), int(b), int(r)
+            assert {"+": a + b, "-": a - b, "*": a * b, "/": a / b}[op] == r
+            assert value is None or value == a
+            value = r
+            assert all(1 <= x <= 999 for x in (a, b, r))
+        assert Decimal(value) == p.target == gsm.parse_final_answer(p.answer)
+        assert all(int(n) < 1000 for n in re.findall(r"\d+", p.question))
+
+
+def test_split_is_deterministic_disjoint_and_keyed_by_question():
+    a = gsm.make_splits(seed=7, n_train=400, n_heldout=500)
+    b = gsm.make_splits(seed=7, n_train=400, n_heldout=500)
+    assert a == b and len(a.train) == 400 and len(a.heldout) == 500
+    assert not {p.question for p in a.train} & {p.question for p in a.heldout}
+    assert all(gsm.is_heldout(p.question) for p in a.heldout)
+    assert not any(gsm.is_heldout(p.question) for p in a.train)
+    assert gsm.make_splits(seed=8, n_train=50, n_heldout=0).train != a.train[:50]
+    with pytest.raises(ValueError, match="must be >= 0"):
+        gsm.make_splits(seed=0, n_train=-1)
+
+
+def _fixture(path, lines):
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+# Lines in GSM8k's own format: calculator annotations, several steps, a comma-grouped final answer,
+# a dollar amount, extra keys, a blank line.
+GSM_LINES = [
+    json.dumps({"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+                            "clips in May. How many clips did Natalia sell altogether in April and May?",
+                "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 "
+                          "clips altogether in April and May.\n#### 72"}) + "\n",
+    json.dumps({"question": "A shop sells 4 bikes at $400 each. How much money does it make?",
+                "answer": "4 bikes cost 4*400 = $<<4*400=1600>>1,600.\n#### 1,600", "id": 2}) + "\n",
+    "\n",
+    json.dumps({"question": "The temperature was 3 degrees and fell by 8. What is it now? ",
+                "answer": "3-8 = <<3-8=-5>>-5\n#### -5"}) + "\n",
+]
+
+
+def test_load_jsonl_reads_gsm8k_format(tmp_path):
+    problems = gsm.load_jsonl(_fixture(tmp_path / "test.jsonl", GSM_LINES))
+    assert [p.target for p in problems] == [Decimal(72), Decimal(1600), Decimal(-5)]
+    assert problems[0].answer.startswith("Natalia sold 48/2 = <<48/2=24>>24 clips in May.")
+    assert problems[2].question.endswith("now?")
+    out = tmp_path / "back.jsonl"
+    gsm.dump_jsonl(problems, out)
+    assert gsm.load_jsonl(out) == problems
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("{not json\n", r"bad\.jsonl:2: not valid JSON"),
+    ("[1, 2]\n", r"bad\.jsonl:2: expected a JSON object, got list"),
+    (json.dumps({"question": "q"}) + "\n", r"bad\.jsonl:2: missing string field 'answer'"),
+    (json.dumps({"question": "q", "answer": 5}) + "\n", r"bad\.jsonl:2: missing string field 'answer'"),
+    (json.dumps({"question": "q", "answer": "no marker"}) + "\n", r"bad\.jsonl:2: answer has no final"),
+])
+def test_load_jsonl_bad_line_one_line_error_with_line_number(tmp_path, bad, message):
+    path = _fixture(tmp_path / "bad.jsonl", [GSM_LINES[0], bad])
+    with pytest.raises(gsm.GSMFormatError, match=message) as e:
+        gsm.load_jsonl(path)
+    assert "\n" not in str(e.value)
+
+
+def test_load_jsonl_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="GSM8k file not found: .*nope.jsonl$"):
+        gsm.load_jsonl(tmp_path / "nope.jsonl")
