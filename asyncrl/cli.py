@@ -681,5 +681,9 @@ def _num(x) -> str:
     return "n/a" if x is None else f"{x:g}"
 
 
+from .tasks.llm.cli import llm as _llm_group   # noqa: E402 - imports transformers only when a command runs
+
+main.add_command(_llm_group)
+
 if __name__ == "__main__":  # pragma: no cover
     main()
