@@ -22,6 +22,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,11 @@ def sample_factory_run(args, seed: int, seconds: float, out: Path) -> dict:
                             start_new_session=True)
     curve, frames = [], 0
     log = open(out / f"sf-s{seed}.log", "w")
+    # --train_for_seconds does not stop Sample Factory 2.1.1 here (seen: still training after 6 min of
+    # a 100 s budget), so this script ends it at the same wall time as asyncrl's run, startup included
+    stop = threading.Timer(seconds, lambda: _signal_group(proc, signal.SIGINT))
+    kill = threading.Timer(seconds + 15, lambda: _signal_group(proc, signal.SIGKILL))
+    stop.start(), kill.start()
     try:
         for line in proc.stdout:            # type: ignore[union-attr]
             log.write(line)
@@ -64,14 +70,19 @@ def sample_factory_run(args, seed: int, seconds: float, out: Path) -> dict:
                 curve.append([time.time() - t0, frames, float(m.group(1))])
         proc.wait()
     finally:
+        stop.cancel(), kill.cancel()
         log.close()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _signal_group(proc, signal.SIGKILL)
     if not curve:
         raise RuntimeError(f"Sample Factory printed no reward line (exit {proc.returncode}); see {log.name}")
     return {"seed": seed, "curve": curve, "wall_s": time.time() - t0}
+
+
+def _signal_group(proc, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def first_time(curve, target):
@@ -91,6 +102,7 @@ def main() -> None:
     p.add_argument("--target", type=float, default=3000.0)
     p.add_argument("--out", default="bench/results/vs-sample-factory")
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the finally blocks: no orphaned workers
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -107,6 +119,7 @@ def main() -> None:
               f"(reached {args.target:,.0f}: {fmt(row['asyncrl_time_to_target_s'])}); Sample Factory "
               f"{row['sf_return_at_asyncrl_end'] or float('nan'):,.0f} at the same wall time "
               f"(reached {args.target:,.0f}: {fmt(row['sf_time_to_target_s'])})", flush=True)
+        (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
     finals = [r["asyncrl"]["final_return"] for r in rows]
     sf_same = [r["sf_return_at_asyncrl_end"] for r in rows if r["sf_return_at_asyncrl_end"] is not None]
     print(f"median: asyncrl {statistics.median(finals):,.0f}; Sample Factory at the same wall time "

@@ -73,7 +73,8 @@ def test_sigbus_in_a_role_is_reported_as_a_shared_memory_failure(procs, tmp_path
     a page does): the role that touches it dies of SIGBUS, and the run's error says shared memory."""
     run_dir = tmp_path / "run"
     procs.start("run", ["run", "--env", CORRIDOR, "--num-actors", "1", "--total-steps", "100000000",
-                        "--run-dir", str(run_dir), *SMALL], expect_failure=True)
+                        "--run-dir", str(run_dir), *SMALL, "--set", "run.max_restarts=0"],   # no restart: report at once
+               expect_failure=True)
     run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
     procs.run_ids.add(run_id)
     wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 1, 90, "a learner iteration", procs=procs)
