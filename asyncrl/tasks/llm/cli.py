@@ -22,7 +22,7 @@ class LLMUserError(click.ClickException):
     exit_code = 2
 
 
-@click.group("llm")
+@click.group("llm", short_help="Language-model tasks: tiny models for verifiable math (GSM8k format).")
 def llm() -> None:
     """Language-model tasks: tiny models for verifiable math (GSM8k format)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,7 +36,7 @@ def _threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-@llm.command()
+@llm.command(short_help="Train a tokenizer on the generated task and initialise a tiny causal LM.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory to write (default runs/llm/tiny-qwen2-s<seed>); reused if prepared with the same settings.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Tokenizer data and initial weights.")
@@ -58,7 +58,7 @@ def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
     click.echo(f"{'reused' if reused else 'prepared'} {path} ({stamp['num_parameters']:,} parameters)")
 
 
-@llm.command()
+@llm.command(short_help="Supervised warm-up on generated problems, then held-out greedy accuracy.")
 @click.option("--model", "model_dir", type=click.Path(), required=True, help="Hugging Face causal-LM directory (e.g. from llm prepare).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the warmed-up model (default <model>-warm-s<seed>-n<steps>); reused if made with the same settings.")
@@ -111,7 +111,7 @@ def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, 
                f"train {train_wall:.0f} s wall ({train_cpu:.0f} s CPU), eval {eval_wall:.0f} s")
 
 
-@llm.command("eval")
+@llm.command("eval", short_help="Greedy exact-match accuracy of a model on GSM8k-format problems.")
 @click.option("--model", "model_dir", type=click.Path(), required=True, help="Hugging Face causal-LM directory.")
 @click.option("--file", "jsonl", type=click.Path(), default=None,
               help="GSM8k JSONL file to evaluate on (default: the generated held-out split of --seed).")
