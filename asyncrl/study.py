@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import config as config_mod
+from .pdeathsig import die_with_parent
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules that only read or report results: changing them does not change a cell's outcome.
@@ -344,7 +345,7 @@ class Runner:
             # cwd = the cell's directory: `python -m asyncrl.cli` puts its cwd first on sys.path, so
             # a checkout in the study's cwd would otherwise shadow the code the study was started with
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=cell_dir, env=_child_env(), preexec_fn=_die_with_parent)
+                                    cwd=cell_dir, env=_child_env(), preexec_fn=die_with_parent())   # no cell outlives a killed study
             with self._lock:
                 self._procs.add(proc)
             rc = proc.wait()
@@ -438,14 +439,3 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), *filter(None, [env.get("PYTHONPATH")])])
     return env
-
-
-def _die_with_parent() -> None:
-    """In a cell's child: get SIGTERM when the study process dies (even by SIGKILL), so no cell
-    outlives a killed study (Linux prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
