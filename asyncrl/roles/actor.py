@@ -68,6 +68,7 @@ class Actor:
         self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps,
                            module=cfg.env.module)
         self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
+        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
         self.security = opts.security or Security(f"actor {opts.actor_id}")
         sec = self.security.client
         snapshot_ep = snapshot_endpoint(opts.broadcaster)
@@ -210,7 +211,7 @@ class Actor:
     def _send(self, kind: str, **fields) -> None:
         tp.send(self.learner, tp.encode({"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
                                          "actor_id": self.opts.actor_id, "token": self.token or b"", **fields},
-                                        limits=tp.report_limits(self.spec.num_envs, self.spec.rollout_length)))
+                                        limits=self.wire_limits))
 
     def end_session(self) -> None:
         """Drop everything of the session with the learner: grants, its shared memory, the weights
