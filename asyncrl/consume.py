@@ -38,17 +38,19 @@ class SlotData(NamedTuple):
 
 class SlotError(ValueError):
     """A slot's contents must not be trained on. ``reason``: a short code for counting
-    ("nonfinite", "version", "action", "revoked_writer")."""
+    ("nonfinite", "version", "action", "revoked_writer", "foreign_rows")."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
 
 
-def check_slot(arrays: dict[str, np.ndarray], spec: RolloutSpec, *, version: int) -> None:
+def check_slot(arrays: dict[str, np.ndarray], spec: RolloutSpec, *, version: int,
+               grant_id: int | None = None) -> None:
     """Raise SlotError unless one slot's arrays (fields of ``spec``) can be trained on: every float
     field finite (obs, rewards, log-probs, final_obs, continuous actions), one behaviour version in
-    0..``version`` for the whole slot, discrete actions within 0..action_dim-1."""
+    0..``version`` for the whole slot, discrete actions within 0..action_dim-1, and (when
+    ``grant_id`` is given) every row tagged with that grant (``foreign_rows``; spec.py)."""
     for f in spec.fields:
         if f.dtype.kind == "f":
             a = arrays[f.name]
@@ -64,6 +66,14 @@ def check_slot(arrays: dict[str, np.ndarray], spec: RolloutSpec, *, version: int
         a = arrays["actions"]
         if a.min() < 0 or a.max() >= spec.action_dim:
             raise SlotError("action", f"action indices {a.min()}..{a.max()} outside 0..{spec.action_dim - 1}")
+    if grant_id is not None and not own_rows(arrays, grant_id):
+        n = int(np.count_nonzero(arrays["grant_id"] != grant_id))
+        raise SlotError("foreign_rows", f"{n} entries of the rollout are tagged with another grant than {grant_id}")
+
+
+def own_rows(arrays: dict[str, np.ndarray], grant_id: int) -> bool:
+    """True if every row of the slot is tagged with ``grant_id`` (``arrays["grant_id"]`` [T, E])."""
+    return bool((arrays["grant_id"] == grant_id).all())
 
 
 class Consumer:
@@ -92,6 +102,8 @@ class Consumer:
         self.last_stats: dict = {}
         self.update_s = 0.0
         self.rejected_slots: Counter[str] = Counter()   # reason -> slots never trained on (reject_slot)
+        # the row-tag audit of slot integrity (Learner.collect_full), kept apart from rejected_slots
+        self.slot_audit: Counter[str] = Counter()
         self.provenance = provenance()       # at the start: the load the run began under
         self.evaluate = PeriodicEval(cfg)    # run.eval_every: evaluation returns in metrics.jsonl
         self.last_eval: dict = {}
@@ -100,6 +112,7 @@ class Consumer:
             self.episodes.load_state_dict(own["episodes"])
             self.update_s = float(own["update_s"])
             self.rejected_slots.update(own["rejected_slots"])
+            self.slot_audit.update(own.get("slot_audit", {}))
             self.evaluate.next_at = int(own["eval_next_at"])
             self.last_eval = dict(own["last_eval"])
         if resume:
@@ -192,7 +205,8 @@ class Consumer:
         this object's counters, and ``extra`` (the caller's own state, e.g. serial mode's envs;
         plain values and tensors only)."""
         own = {"lag": self.lag.state_dict(), "episodes": self.episodes.state_dict(), "update_s": self.update_s,
-               "rejected_slots": dict(self.rejected_slots), "eval_next_at": self.evaluate.next_at,
+               "rejected_slots": dict(self.rejected_slots), "slot_audit": dict(self.slot_audit),
+               "eval_next_at": self.evaluate.next_at,
                "last_eval": dict(self.last_eval), "elapsed_s": self.clock.elapsed, "time": time.time()}
         return {**_copied(self.state.state_dict()), "consumer": own, "extra": _copied(extra)}
 
@@ -263,7 +277,7 @@ class Consumer:
                    "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
                    "learner_iterations": st.iteration, "final_average_return": self.episodes.average_return,
                    "dropped_samples": self.lag.dropped_samples, "rejected_slots": dict(self.rejected_slots),
-                   "skipped_optimizer_steps": st.optimizer.skipped, "last_eval": self.last_eval or None,
+                   "slot_audit": dict(self.slot_audit), "skipped_optimizer_steps": st.optimizer.skipped, "last_eval": self.last_eval or None,
                    **self.lag.summary(), **extra,
                    "provenance": self.provenance}
         write_json_atomic(self.run_dir / "summary.json", summary)

@@ -24,7 +24,8 @@ class RolloutStats(NamedTuple):
 ActFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: int, guard=None) -> RolloutStats:
+def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: int, guard=None,
+            grant_id: int = 0) -> RolloutStats:
     """Fill ``slot`` (fields of :class:`asyncrl.spec.RolloutSpec`) with T steps.
 
     Args:
@@ -38,7 +39,12 @@ def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: in
             before and after each row is written; once it says the slot is no longer this
             writer's, collection stops at once and the stats say ``revoked`` (the partial slot
             must not be reported; the envs have moved on by the steps taken).
+        grant_id: the grant this rollout is written under (the guard's, when there is one),
+            written into ``slot["grant_id"][t]`` as the last write of each row t (the learner's
+            independent audit of slot integrity).
     """
+    if guard is not None:
+        grant_id = guard.grant_id
     T = slot["rewards"].shape[0]
     obs = slot["obs"]
     returns, lengths = [], []
@@ -65,6 +71,7 @@ def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: in
         slot["truncated"][t] = step.truncated
         slot["final_obs"][t] = step.final_obs
         obs[t + 1] = step.obs
+        slot["grant_id"][t] = grant_id
         for ret, length in finished:
             returns.append(ret)
             lengths.append(length)

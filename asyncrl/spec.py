@@ -4,7 +4,10 @@ A *slot* holds one actor's E parallel rollouts of T steps, time-major. Index con
 ``rewards[t]`` follows ``actions[t]`` taken in ``obs[t]``; ``obs`` has T+1 rows so the learner can
 bootstrap from ``obs[T]``. ``final_obs[t]`` is meaningful only where ``truncated[t]`` (the
 observation the episode ended in, before the automatic reset wrote the next episode's first
-observation into ``obs[t+1]``).
+observation into ``obs[t+1]``). ``grant_id[t]`` is written last in row t: the grant the writer of
+that row held. It is an audit of slot integrity independent of the generation check in shm.py
+(the learner compares every row's tag with the grant whose report it accepted); it is not
+training data (``batch_field_names`` leaves it out).
 """
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+
+AUDIT_FIELDS = ("grant_id",)
 
 
 class Field(NamedTuple):
@@ -58,11 +64,17 @@ class RolloutSpec:
             Field("terminated", (T, E), np.dtype(np.bool_)),
             Field("truncated", (T, E), np.dtype(np.bool_)),
             Field("final_obs", (T, E, D), np.dtype(np.float32)),
+            Field("grant_id", (T, E), np.dtype(np.int64)),
         )
 
     @property
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
+
+    @property
+    def batch_field_names(self) -> tuple[str, ...]:
+        """The fields a learner iteration trains on (all but the audit tags)."""
+        return tuple(n for n in self.field_names if n not in AUDIT_FIELDS)
 
     def field(self, name: str) -> Field:
         for f in self.fields:

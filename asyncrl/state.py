@@ -136,11 +136,11 @@ class LearnerState:
         as soon as this returns. Rewards are scaled per stream here; ``gaps[i]``: slot i does not
         follow its stream's previous slot (one in between was dropped), so that stream's running
         return restarts first."""
-        out: dict[str, list[np.ndarray]] = {name: [] for name in self.spec.field_names}
+        out: dict[str, list[np.ndarray]] = {name: [] for name in self.spec.batch_field_names}
         for i, (stream, arrays) in enumerate(slots):
             if gaps is not None and gaps[i]:
                 self.reward_scaler.reset(stream)
-            for name in self.spec.field_names:
+            for name in self.spec.batch_field_names:
                 a = arrays[name]
                 if name == "rewards" and self.cfg.learner.reward_scaling:
                     a = self.reward_scaler(stream, a, arrays["terminated"] | arrays["truncated"])

@@ -84,6 +84,14 @@ def test_check_slot_reasons():
     mixed["behavior_version"][0] = 1
     with pytest.raises(SlotError, match="mixes"):
         check_slot(mixed, SPEC, version=1)
+    tagged = SPEC.allocate()
+    tagged["grant_id"][...] = 7
+    check_slot(tagged, SPEC, version=0, grant_id=7)
+    tagged["grant_id"][2, 1] = 8                      # one entry written under another grant
+    check_slot(tagged, SPEC, version=0)               # no grant given: the tags are not read
+    with pytest.raises(SlotError) as info:
+        check_slot(tagged, SPEC, version=0, grant_id=7)
+    assert info.value.reason == "foreign_rows" and "1 entries" in str(info.value)
 
 
 def test_reward_scaler_gap_restarts_the_stream():

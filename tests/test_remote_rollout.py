@@ -84,10 +84,12 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
         ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
                                token=welcome["token"])
         arrays = _slot_arrays(seed=4)
+        tagged = {name: {**arrays, "grant_id": np.full_like(arrays["grant_id"], g["grant_id"])}
+                  for name, g in grants.items()}         # each writer tags its rows with its grant
         report = dict(env_steps=32, episode_returns=[], episode_lengths=[], timing={})
 
         views = ring.views(grants["local"]["slot"])          # the local actor writes in place
-        for k, a in arrays.items():
+        for k, a in tagged["local"].items():
             views[k][...] = a
         del views
         clients["local"].send("ready", slot=grants["local"]["slot"], grant_id=grants["local"]["grant_id"], **report)
@@ -95,7 +97,7 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
         for a in stale.values():
             a[...] = 7
         del stale
-        clients["remote"].send("rollout", arrays=arrays, grant_id=grants["remote"]["grant_id"], **report)
+        clients["remote"].send("rollout", arrays=tagged["remote"], grant_id=grants["remote"]["grant_id"], **report)
 
         deadline = time.monotonic() + 10
         while learner.ledger.num_full < 2 and time.monotonic() < deadline:
@@ -105,16 +107,80 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
         assert dict(learner.rollouts_by_transport) == {"shm": 1, "tcp": 1}
         for name, g in grants.items():
             views = ring.views(g["slot"])
-            for k, a in arrays.items():
+            for k, a in tagged[name].items():
                 np.testing.assert_array_equal(views[k], a, err_msg=f"{name} {k}")
             del views
         # and the learner consumes both as one batch
         assert learner.consume()
         assert learner.state.iteration == 1
+        assert dict(learner.consumer.slot_audit) == {"copied": 2, "passed_generation_own_rows": 2}
     finally:
         if ring is not None:
             ring.close()
         tp.close(*(c.sock for c in clients.values()))
+        ctx.term()
+        learner.close()
+
+
+@pytest.mark.timeout(60)
+def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
+    """The row-tag audit is independent of the generation check: a row tagged with another grant
+    (what a revoked writer killed between its row and its check after it would leave) in a slot
+    whose generation is intact is counted as passed_generation_foreign_rows and not trained on.
+    A tag mismatch at report time is refused as foreign_rows."""
+    cfg = config.load(None, SMALL)
+    learner = Learner(cfg, tmp_path / "run", run_id="utest-audit", bind="tcp://127.0.0.1:0",
+                      broadcaster=f"tcp://127.0.0.1:{_free_port()}", echo=lambda *_: None)
+    ctx = tp.context()
+    c = Client(ctx, learner.endpoint, "local")
+    ring = None
+    try:
+        c.send("hello", host="h", pid=os.getpid(), env_id=CORRIDOR, spec=SPEC.to_dict(), shm_token=None,
+               spaces=env_spaces(CORRIDOR))
+        welcome = c.wait(learner, "welcome")
+        c.run_id, c.token = welcome["run_id"], welcome["actor_token"]
+        ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
+                               token=welcome["token"])
+        report = dict(env_steps=32, episode_returns=[], episode_lengths=[], timing={})
+        arrays = _slot_arrays(seed=5)
+
+        def write_and_report(foreign_row: int | None, tamper_after_report: bool) -> None:
+            c.send("request")
+            g = c.wait(learner, "grant")
+            views = ring.views(g["slot"])
+            for k, a in arrays.items():
+                views[k][...] = a
+            views["grant_id"][...] = g["grant_id"]
+            if foreign_row is not None and not tamper_after_report:
+                views["grant_id"][foreign_row] = g["grant_id"] + 1000
+            del views
+            rejected = learner.rejects.total
+            c.send("ready", slot=g["slot"], grant_id=g["grant_id"], **report)
+            deadline = time.monotonic() + 10
+            while learner.ledger.num_full == 0 and learner.rejects.total == rejected and time.monotonic() < deadline:
+                learner.serve(20)
+            if tamper_after_report:
+                views = ring.views(g["slot"])
+                views["grant_id"][foreign_row] = g["grant_id"] + 1000
+                del views
+
+        write_and_report(3, tamper_after_report=False)         # refused when it reports
+        assert learner.rejects.by_reason().get("foreign_rows") == 1, learner.rejects.by_reason()
+        assert learner.ledger.num_full == 0
+        write_and_report(3, tamper_after_report=True)          # accepted, then a late foreign row
+        assert learner.ledger.num_full == 1
+        learner.collect_full()
+        assert learner.copied == []
+        assert learner.consumer.rejected_slots["foreign_rows"] == 1
+        assert dict(learner.consumer.slot_audit) == {"copied": 1, "passed_generation_foreign_rows": 1}
+        write_and_report(None, tamper_after_report=False)      # a clean slot passes both
+        learner.collect_full()
+        assert len(learner.copied) == 1
+        assert learner.consumer.slot_audit["passed_generation_own_rows"] == 1
+    finally:
+        if ring is not None:
+            ring.close()
+        tp.close(c.sock)
         ctx.term()
         learner.close()
 

@@ -354,8 +354,10 @@ def test_collect_stops_when_its_grant_is_revoked(run_id):
         # the row in flight (t = 3) is finished, then the check after it stops the rollout
         assert stats.revoked and stats.env_steps == 4 * 2
         assert (views["behavior_version"][:4] == 1).all() and (views["behavior_version"][4:] == 0).all()
+        assert (views["grant_id"][:4] == 3).all() and (views["grant_id"][4:] == 0).all()   # the row audit's tags
         ring.arm(0, 4)
         stats = collect(env, act, views, version=2, guard=ring.guard(0, 4))
         assert not stats.revoked and stats.env_steps == 16 and ring.intact(0, 4)
+        assert (views["grant_id"] == 4).all()
         del views
     env.close()

@@ -25,7 +25,7 @@ from ..transport import snapshot_endpoint
 from ..config import Config, EnvConfig
 from ..envs import env_spaces, rollout_spec
 from ..security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
-from ..consume import Consumer, SlotData, SlotError, check_slot
+from ..consume import Consumer, SlotData, SlotError, check_slot, own_rows
 from ..shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
 
 log = logging.getLogger("asyncrl.learner")
@@ -287,7 +287,7 @@ class Learner:
         try:
             if h["type"] == "rollout":
                 received = tp.decode_rollout_frames(arrays, self.spec)
-                self.validate_slot(received)
+                self.validate_slot(received, h["grant_id"])
                 views = self.ring.views(slot)
                 for name, a in received.items():
                     views[name][...] = a
@@ -296,7 +296,7 @@ class Learner:
                 self.rollouts_by_transport["tcp"] += 1
             else:
                 self.rollouts_by_transport["shm"] += 1
-                self.validate_slot(self.ring.views(slot))
+                self.validate_slot(self.ring.views(slot), h["grant_id"])
         except tp.ProtocolError:
             if self.ledger.void(actor_id, slot, h["grant_id"]):
                 self.ring.disarm(slot)
@@ -311,10 +311,11 @@ class Learner:
             if isinstance(value, (int, float)):
                 self.timing["actors_" + key] += float(value)
 
-    def validate_slot(self, views: dict) -> None:
-        """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot can be trained on."""
+    def validate_slot(self, views: dict, grant_id: int) -> None:
+        """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot, written under
+        ``grant_id``, can be trained on."""
         try:
-            check_slot(views, self.spec, version=self.state.version)
+            check_slot(views, self.spec, version=self.state.version, grant_id=grant_id)
         except SlotError as exc:
             raise tp.ProtocolError(exc.reason, str(exc).split(": ", 1)[1]) from None
 
@@ -362,11 +363,12 @@ class Learner:
             intact = self.ring.intact(s, meta["grant_id"])
             self.ledger.release(s)
             self.ring.disarm(s)
+            self.audit(intact, own_rows(arrays, meta["grant_id"]))
             try:
                 if not intact:
                     raise SlotError("revoked_writer", f"slot {s} of grant {meta['grant_id']} was written into by a "
                                                       f"writer whose grant had been revoked")
-                check_slot(arrays, self.spec, version=self.state.version)
+                check_slot(arrays, self.spec, version=self.state.version, grant_id=meta["grant_id"])
             except SlotError as exc:
                 self.consumer.reject_slot(actor_id, exc.reason)
                 n = self.consumer.rejected_slots[exc.reason]
@@ -374,6 +376,14 @@ class Learner:
                     log.warning("learner: dropped a slot of actor %s: %s (%d so far)", actor_id, exc, n)
                 continue
             self.copied.append(SlotData(actor_id, meta["host"], arrays, meta["env_steps"], meta["episode_returns"]))
+
+    def audit(self, intact: bool, own: bool) -> None:
+        """Count one copied slot in the row-tag audit (summary.json ``slot_audit``), independent of
+        the generation check: ``passed_generation_foreign_rows`` counts slots that check passed
+        although a row is tagged with another grant (they are dropped too, as ``foreign_rows``)."""
+        self.consumer.slot_audit["copied"] += 1
+        key = ("passed_generation" if intact else "revoked_writer") + ("_own_rows" if own else "_foreign_rows")
+        self.consumer.slot_audit[key] += 1
 
     def consume(self) -> bool:
         """Copy full slots out and free them; once B good copies are there, run one learner

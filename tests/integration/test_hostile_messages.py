@@ -149,6 +149,8 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         g = spy.grant()
         future = {**good, "behavior_version": np.full((SPEC.rollout_length, 2), 10**6, np.int64)}
         hostile(tp.encode(spy.report(g), [future[f.name] for f in SPEC.fields]), "version")
+        g = spy.grant()
+        hostile(tp.encode(spy.report(g), [good[f.name] for f in SPEC.fields]), "foreign_rows")  # rows not tagged g
         # a hello whose refusal would quote 4,090 characters of the actor's own: the learner must
         # still answer it (a reply over the wire's limits used to raise inside its handler)
         long = spy.hello(env_id="x" * 4090)
