@@ -129,8 +129,12 @@ class RunConfig:
     log_every_s: float = _f(5.0, "seconds between progress lines and lag-histogram windows")
     eval_every: int = _f(0, "env steps between evaluations (mean action, separate env and seed) in metrics.jsonl; 0: none")
     eval_episodes: int = _f(5, "episodes per periodic evaluation")
-    max_restarts: int = _f(3, "asyncrl run: restarts of each role (actor, broadcaster, learner) before the run fails")
-    restart_backoff_s: float = _f(1.0, "asyncrl run: seconds before a role's first restart, doubled for each next one")
+    max_restarts: int = _f(3, "asyncrl run: restarts of each role (actor, broadcaster, learner) within "
+                              "run.restart_window_s before the next death fails the run")
+    restart_backoff_s: float = _f(1.0, "asyncrl run: seconds before a role's first restart, doubled for each next one "
+                                       "within run.restart_window_s")
+    restart_window_s: float = _f(60.0, "asyncrl run: only restarts this recent count against run.max_restarts "
+                                       "and the backoff (a role that stays up this long is healthy again); 0: all count")
 
 
 @dataclass(frozen=True)
@@ -249,7 +253,8 @@ def validate(cfg: Config) -> None:
                             ("learner.max_consecutive_skips", l.max_consecutive_skips, 0),
                             ("learner.keep_checkpoints", l.keep_checkpoints, 1),
                             ("run.max_restarts", cfg.run.max_restarts, 0),
-                            ("run.restart_backoff_s", cfg.run.restart_backoff_s, 0)):
+                            ("run.restart_backoff_s", cfg.run.restart_backoff_s, 0),
+                            ("run.restart_window_s", cfg.run.restart_window_s, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:

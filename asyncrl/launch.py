@@ -62,8 +62,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Supervisor:
-    """Starts the roles, restarts the ones that die (``run.max_restarts`` times each, after
-    ``run.restart_backoff_s`` doubled per restart), and stops them all. A dead actor or
+    """Starts the roles, restarts the ones that die (after ``run.restart_backoff_s`` doubled per
+    restart of that role in the last ``run.restart_window_s``; a death after ``run.max_restarts``
+    restarts within that window fails the run), and stops them all. A dead actor or
     broadcaster is restarted alone; a dead learner is restarted with ``--restart resume`` (it
     goes on from its newest checkpoint), and the broadcaster and actors are restarted with it
     (their weights and grants belong to the learner that died; these restarts are not counted).
@@ -75,7 +76,8 @@ class Supervisor:
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.restarts: dict[str, int] = {}    # role name -> times it was restarted
+        self.restarts: dict[str, int] = {}    # role name -> times it was restarted (the whole run)
+        self.restarted_at: dict[str, list[float]] = {}   # role name -> monotonic times of its restarts
         self.due: dict[str, float] = {}       # role name -> monotonic time of its pending restart
         self.learner_ep = f"tcp://127.0.0.1:{free_port()}"
         self.broadcaster_ep = f"tcp://127.0.0.1:{free_port_pair()}"
@@ -133,9 +135,19 @@ class Supervisor:
         lines = [ln for ln in (self.logs / f"{name}.log").read_text(errors="replace").splitlines() if ln.strip()]
         return lines[-1].strip() if lines else "(its log is empty)"
 
+    def recent_restarts(self, name: str) -> int:
+        """Restarts of ``name`` that count against its budget: those of the last run.restart_window_s
+        (all of them when it is 0)."""
+        window, now = self.cfg.run.restart_window_s, time.monotonic()
+        times = self.restarted_at.get(name, [])
+        if window > 0:
+            times = self.restarted_at[name] = [t for t in times if now - t < window]
+        return len(times)
+
     def role_failed(self, name: str, rc: int) -> RoleFailed:
-        n, limit = self.restarts.get(name, 0), self.cfg.run.max_restarts
-        budget = f" (restarted {n} times, run.max_restarts = {limit})" if n or limit else ""
+        n, limit, window = self.recent_restarts(name), self.cfg.run.max_restarts, self.cfg.run.restart_window_s
+        within = f" in the last {window:g} s" if window > 0 else ""
+        budget = f" (restarted {n} times{within}, run.max_restarts = {limit})" if n or limit else ""
         if rc == -signal.SIGBUS:   # a page of the shared-memory ring could not be backed
             why = (f"exited with status {rc}{budget}: shared-memory failure (SIGBUS): {SHM_DIR} full, or the "
                    f"segment removed or truncated under it (see `df {SHM_DIR}`)")
@@ -144,13 +156,16 @@ class Supervisor:
 
     def schedule_restart(self, name: str, rc: int) -> None:
         """Restart ``name`` after its backoff; raise RoleFailed once its restarts are spent."""
-        n = self.restarts.get(name, 0)
+        n = self.recent_restarts(name)
         if n >= self.cfg.run.max_restarts:
             raise self.role_failed(name, rc)
         delay = self.cfg.run.restart_backoff_s * 2 ** n
-        self.restarts[name] = n + 1
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        self.restarted_at.setdefault(name, []).append(time.monotonic())
+        window = self.cfg.run.restart_window_s
+        within = f" within {window:g} s," if window > 0 else ""
         self.echo(f"asyncrl run: {name} exited with status {rc} ({self.last_line(name)}); restart {n + 1} of "
-                  f"{self.cfg.run.max_restarts} in {delay:.1f} s")
+                  f"{self.cfg.run.max_restarts}{within} in {delay:.1f} s")
         if name == "learner":   # the others worked for the learner that died: they start again with it
             others = [other for other in self.procs if other != "learner"]
             self.stop(others)

@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,17 +150,41 @@ def learner_pid(procs) -> int | None:
 def test_role_killed_past_its_budget_fails_the_run(procs, tmp_path):
     """run.max_restarts = 1: actor0 killed twice ends the run, exit 1, naming actor0 and its budget."""
     run_dir = tmp_path / "run"
-    start_run(procs, "run", run_dir, 100_000_000, extra=["--set", "run.max_restarts=1"], expect_failure=True)
+    start_run(procs, "run", run_dir, 100_000_000, extra=["--set", "run.max_restarts=1", "--set",
+                                                         "run.restart_window_s=600"], expect_failure=True)
     wait_for(lambda: len(iterations(run_dir)) >= 2, 120, "2 learner iterations", procs=procs)
     first = wait_for(lambda: role_pid(procs, "actor0"), 30, "actor0's pid", procs=procs)
     os.kill(first, signal.SIGKILL)
     second = wait_for(lambda: (p := role_pid(procs, "actor0")) != first and p, 60, "actor0 restarted", procs=procs)
     os.kill(second, signal.SIGKILL)
     assert procs.wait("run", 60) == 1, procs.dump()
-    assert "actor0 exited with status -9 (restarted 1 times, run.max_restarts = 1)" in procs.err("run"), procs.dump()
+    assert ("actor0 exited with status -9 (restarted 1 times in the last 600 s, run.max_restarts = 1)"
+            in procs.err("run")), procs.dump()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "failed" and summary["failure"]["role"] == "actor0", summary
     assert summary["restarts"]["actor0"] == 1, summary
+
+
+@pytest.mark.timeout(200)
+def test_restarts_older_than_the_window_do_not_count(procs, tmp_path):
+    """run.max_restarts = 1, run.restart_window_s = 2: actor0 killed, restarted, and killed again
+    more than 2 s after its restart is restarted again (its first restart no longer counts)."""
+    run_dir = tmp_path / "run"
+    start_run(procs, "run", run_dir, 100_000_000, extra=["--set", "run.max_restarts=1", "--set",
+                                                         "run.restart_window_s=2"], expect_failure=True)
+    wait_for(lambda: len(iterations(run_dir)) >= 2, 120, "2 learner iterations", procs=procs)
+    first = wait_for(lambda: role_pid(procs, "actor0"), 30, "actor0's pid", procs=procs)
+    os.kill(first, signal.SIGKILL)
+    second = wait_for(lambda: (p := role_pid(procs, "actor0")) != first and p, 60, "actor0 restarted", procs=procs)
+    time.sleep(3.0)                       # longer than the window since the restart
+    os.kill(second, signal.SIGKILL)
+    wait_for(lambda: (p := role_pid(procs, "actor0")) not in (first, second) and p, 60, "actor0 restarted again",
+             procs=procs)
+    assert procs.popen["run"].poll() is None, procs.dump()
+    procs.popen["run"].send_signal(signal.SIGINT)
+    procs.wait("run", 60)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"]["actor0"] == 2 and summary["outcome"] == "interrupted", summary
 
 
 # ----------------------------------------------------------------------------- (d) supervisor killed
