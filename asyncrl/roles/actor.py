@@ -337,7 +337,7 @@ class Actor:
             self.heartbeat()
             self.poll_learner(100)
             self.check_learner_silence()
-        return self.grants.pop(0) if self.grants else None
+        return self.grants.pop(0) if self.grants and not self.stopped else None
 
     def act(self, obs):
         """The policy copy's actions; a straggler (actor.slowdown_s > 0) also sleeps slowdown_s / T
@@ -395,7 +395,7 @@ class Actor:
             self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None
-            stats = collect(self.env, self.act, slot, version=self.version, guard=guard)
+            stats = collect(self.env, self.act, slot, version=self.version, guard=guard, grant_id=grant_id)
             if stats.revoked:          # the learner reclaimed this grant (we were silent too long)
                 del slot
                 self.revoked += 1
