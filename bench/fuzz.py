@@ -58,8 +58,10 @@ TEXTS = ["", "a0", "fuzz", "\x1b[2J\x1b[H", "a\nb\r\n", "\u2028\u202e", "x" * 40
 class Hostile:
     """Well-formed messages with hostile values, for a role of run ``run_id`` (seeded)."""
 
-    def __init__(self, rng: random.Random, run_id: str, spec, identity: str):
-        self.rng, self.run_id, self.spec, self.identity = rng, run_id, spec, identity
+    def __init__(self, rng: random.Random, run_id: str, spec, identity: str, token: bytes | None = None):
+        """``token``: the actor token a welcome gave ``identity`` (protocol 3), used in most
+        messages so that the paths of a known actor are reached too; None: none known."""
+        self.rng, self.run_id, self.spec, self.identity, self.token = rng, run_id, spec, identity, token
 
     def value(self, kind):
         r = self.rng
@@ -91,6 +93,8 @@ class Hostile:
                 continue
             if key == "actor_id" and r.random() < 0.7:
                 h[key] = self.identity
+            elif key == "token" and self.token is not None and r.random() < 0.7:
+                h[key] = self.token
             elif r.random() > 0.03:                  # else: missing
                 h[key] = self.value(expected)
         if r.random() < 0.05:
@@ -100,7 +104,7 @@ class Hostile:
     def good_hello(self) -> dict:
         return {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": "", "actor_id": self.identity,
                 "host": "fuzz", "pid": self.rng.randrange(1, 5), "env_id": ENV, "spec": self.spec.to_dict(),
-                "shm_token": None}
+                "shm_token": None, "token": self.token}
 
     def frames(self) -> list[bytes]:
         r = self.rng
@@ -191,12 +195,10 @@ def fuzz_port(name, role, endpoint, curve, n, seed, spec, run_id) -> dict:
     results = {}
     try:
         for kind in ("random bytes", "hostile values"):
-            make = Hostile(rng, run_id, spec, "fuzz")
+            sock = client(ctx, endpoint, "fuzz" if kind == "hostile values" else f"fuzz-{kind[0]}", curve)
+            token = welcome_token(role, sock, run_id, spec) if kind == "hostile values" and spec is not None else None
+            make = Hostile(rng, run_id, spec, "fuzz", token)
             messages = [random_frames(rng) if kind == "random bytes" else make.frames() for _ in range(n)]
-            sock = client(ctx, endpoint, f"fuzz-{kind[0]}", curve)
-            if kind == "hostile values":
-                sock.close()
-                sock = client(ctx, endpoint, "fuzz", curve)
             before, outcomes_before = counted.handled, Counter(counted.outcomes)
             sent = [0]
             t0 = time.perf_counter()
@@ -222,6 +224,22 @@ def fuzz_port(name, role, endpoint, curve, n, seed, spec, run_id) -> dict:
     results["rejects_by_reason"] = role.rejects.by_reason()
     results["raised_examples"] = counted.raised[:5]
     return results
+
+
+def welcome_token(role, sock, run_id, spec) -> bytes | None:
+    """Say hello as "fuzz" on ``sock`` to a learner ``role`` (served here) and return the actor
+    token of its welcome, or None (not a learner, or no welcome)."""
+    if not hasattr(role, "on_hello"):
+        return None
+    sock.send_multipart(tp.encode(Hostile(random.Random(1), run_id, spec, "fuzz").good_hello()))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        role.serve(20)
+        if sock.poll(0):
+            header, _ = tp.decode(sock.recv_multipart())
+            if header["type"] == "welcome":
+                return header["actor_token"]
+    return None
 
 
 def alive_learner(role, endpoint, curve, spec) -> bool:
