@@ -98,6 +98,28 @@ def segments(run_id: str | None) -> list[str]:
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith("asyncrl-") and (run_id is None or run_id in n))
 
 
+def end_run(sup: subprocess.Popen, log, seen_pids) -> list[int]:
+    """After a run: SIGKILL the supervisor's process group if it still lives, close its log, and
+    SIGKILL any role process seen during the run that outlived it (ours: seen as the supervisor's
+    children); returns those pids, which the checks report."""
+    if sup.poll() is None:
+        os.killpg(sup.pid, signal.SIGKILL)
+        sup.wait()
+    log.close()
+    time.sleep(1.0)
+    left = [p for p in seen_pids if state(p) not in (None, "Z")]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    return left
+
+
+def read_summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def one_run(run_dir: Path, total_steps: int, args, *, chaos: bool, rng: random.Random) -> dict:
     """One `asyncrl run`; with ``chaos``, faults every args.interval_s. Returns what happened."""
     cmd = run_cmd(run_dir, total_steps, args.env, args.seed)
@@ -146,19 +168,9 @@ def one_run(run_dir: Path, total_steps: int, args, *, chaos: bool, rng: random.R
             os.killpg(sup.pid, signal.SIGKILL)
         rc = sup.wait()
     finally:
-        if sup.poll() is None:
-            os.killpg(sup.pid, signal.SIGKILL)
-            sup.wait()
-        log.close()
-    wall = time.monotonic() - t0
-    time.sleep(1.0)
-    left = [p for p in seen_pids if state(p) not in (None, "Z")]
-    for p in left:   # ours (seen as the supervisor's children): end them, and report it
-        os.kill(p, signal.SIGKILL)
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        summary = {}
+        wall = time.monotonic() - t0
+        left = end_run(sup, log, seen_pids)
+    summary = read_summary(run_dir)
     run_id = summary.get("run_id")
     leaked = segments(run_id) if run_id else ["(no run id: summary.json missing)"]
     return {"rc": rc, "timed_out": timed_out, "wall_s": round(wall, 1), "events": events, "leftover_pids": left,

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chaos import ASYNCRL, REPO, roles, segments, state  # noqa: E402
+from chaos import ASYNCRL, REPO, end_run, read_summary, roles, segments  # noqa: E402
 
 
 def rss_kib(pid: int) -> int | None:
@@ -82,18 +82,8 @@ def main() -> int:
             os.killpg(sup.pid, signal.SIGKILL)
             rc = sup.wait()
     finally:
-        if sup.poll() is None:
-            os.killpg(sup.pid, signal.SIGKILL)
-            sup.wait()
-        log.close()
-    time.sleep(1.0)
-    left = [p for p in seen if state(p) not in (None, "Z")]
-    for p in left:
-        os.kill(p, signal.SIGKILL)
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        summary = {}
+        left = end_run(sup, log, seen)
+    summary = read_summary(run_dir)
     start = next((s for s in samples if s["t_s"] >= args.from_minute * 60), None)
     growth = {}
     if start is not None and samples:
