@@ -363,12 +363,14 @@ class Learner:
             intact = self.ring.intact(s, meta["grant_id"])
             self.ledger.release(s)
             self.ring.disarm(s)
-            self.audit(intact, own_rows(arrays, meta["grant_id"]))
+            own = own_rows(arrays, meta["grant_id"])
+            self.audit(intact, own)
             try:
                 if not intact:
                     raise SlotError("revoked_writer", f"slot {s} of grant {meta['grant_id']} was written into by a "
                                                       f"writer whose grant had been revoked")
-                check_slot(arrays, self.spec, version=self.state.version, grant_id=meta["grant_id"])
+                # the tags were read once above: check_slot's own tag check only where they are foreign
+                check_slot(arrays, self.spec, version=self.state.version, grant_id=None if own else meta["grant_id"])
             except SlotError as exc:
                 self.consumer.reject_slot(actor_id, exc.reason)
                 n = self.consumer.rejected_slots[exc.reason]
