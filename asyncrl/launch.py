@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -38,27 +39,60 @@ class RoleFailed(RuntimeError):
         self.role, self.reason = role, reason
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS = range(20000, 32768)    # below Linux's default ephemeral range (32768-60999)
+
+
+def listen_port_candidates(count: int = 200, span: int = 1) -> list[int]:
+    """Random ports (P, P+span-1 all inside it) of a range that the kernel never hands out as a
+    connect()'s local port. A port from bind(('', 0)) is an ephemeral one: an actor's ZeroMQ
+    socket, reconnecting every 100 ms to a learner not yet listening there, can be given that same
+    port as its own source port and so connect to itself (TCP simultaneous open), holding the
+    port the learner then cannot bind ("Address already in use", on every restart). Falls back to
+    the ports above the ephemeral range when the one below is empty.
+    ``count``: how many candidates; ``span``: consecutive ports each needs."""
+    lo, hi = 32768, 60999
+    try:
+        lo, hi = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        pass
+    ports = ([p for p in LISTEN_PORTS if p + span - 1 < lo] or list(range(hi + 1, 65536 - span + 1))
+             or list(range(1024, 65536 - span + 1)))   # no room outside it: any unprivileged port
+    rng = random.SystemRandom()
+    return [rng.choice(ports) for _ in range(count)]
+
+
+def _bindable(host: str, ports) -> bool:
+    socks = []
+    try:
+        for port in ports:
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A port P such that P and P+1 were both free a moment ago (the broadcaster uses both)."""
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind((host, 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind((host, port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports found")
+    """A port P such that P and P+1 were both free a moment ago (the broadcaster uses both), outside
+    the ephemeral range (see listen_port_candidates). Raises RuntimeError when none is found."""
+    for port in listen_port_candidates(span=2):
+        if _bindable(host, (port, port + 1)):
+            return port
+    raise RuntimeError("no two consecutive free ports found outside the ephemeral range")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free a moment ago, outside the ephemeral range (see listen_port_candidates).
+    Raises RuntimeError when none is found."""
+    for port in listen_port_candidates():
+        if _bindable(host, (port,)):
+            return port
+    raise RuntimeError("no free port found outside the ephemeral range")
 
 
 class Supervisor:

@@ -3,7 +3,6 @@ one written through shared memory, and the handshake names the first field that 
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from asyncrl import config
 from asyncrl import transport as tp
 from asyncrl.envs import env_spaces
+from asyncrl.launch import free_port
 from asyncrl.roles.learner import Learner, handshake_mismatch
 from asyncrl.shm import SlotRing
 from asyncrl.spec import RolloutSpec
@@ -20,12 +20,6 @@ CORRIDOR = "asyncrl/Corridor-v0"
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
          "algo.num_minibatches=4", "algo.num_epochs=2", f"env.id={CORRIDOR}"]
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _slot_arrays(seed: int) -> dict[str, np.ndarray]:
@@ -67,7 +61,7 @@ class Client:
 def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
     cfg = config.load(None, SMALL)
     learner = Learner(cfg, tmp_path / "run", run_id="utest-remote", bind="tcp://127.0.0.1:0",
-                      broadcaster=f"tcp://127.0.0.1:{_free_port()}", echo=lambda *_: None)
+                      broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
     ctx = tp.context()
     clients = {name: Client(ctx, learner.endpoint, name) for name in ("local", "remote")}
     ring = None
@@ -130,7 +124,7 @@ def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
     A tag mismatch at report time is refused as foreign_rows."""
     cfg = config.load(None, SMALL)
     learner = Learner(cfg, tmp_path / "run", run_id="utest-audit", bind="tcp://127.0.0.1:0",
-                      broadcaster=f"tcp://127.0.0.1:{_free_port()}", echo=lambda *_: None)
+                      broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
     ctx = tp.context()
     c = Client(ctx, learner.endpoint, "local")
     ring = None

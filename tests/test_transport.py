@@ -2,6 +2,7 @@
 import logging
 import time
 import zlib
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -345,3 +346,19 @@ def test_push_pull_and_timeouts(ctx):
         assert tp.poll([sink], 20) == set()
     finally:
         tp.close(source, sink)
+
+
+def test_free_ports_lie_outside_the_ephemeral_range(tmp_path, monkeypatch):
+    """A listening port the supervisor picks is never one the kernel can give a connect() as its
+    source port, so an actor reconnecting to a learner not yet bound cannot connect to itself."""
+    from asyncrl import launch
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(20):
+        p, q = launch.free_port(), launch.free_port_pair()
+        assert not lo <= p <= hi and not lo <= q <= hi and not lo <= q + 1 <= hi
+    rng = tmp_path / "range"
+    rng.write_text("1024\t64000\n")       # nothing free below it: the ports above it are used
+    monkeypatch.setattr(launch, "EPHEMERAL_RANGE_FILE", rng)
+    assert all(64000 < p < 65535 for p in launch.listen_port_candidates(count=50, span=2))
+    rng.write_text("1024\t65535\n")       # no room at all: any unprivileged port
+    assert all(1024 <= p <= 65535 for p in launch.listen_port_candidates(count=50))
