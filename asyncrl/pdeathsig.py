@@ -1,4 +1,5 @@
-"""Children that die with their parent: Linux prctl(PR_SET_PDEATHSIG), set between fork and exec."""
+"""Child-process set-up between fork and exec: children that die with their parent (Linux
+prctl(PR_SET_PDEATHSIG)), and children that take Ctrl-C as in a terminal."""
 from __future__ import annotations
 
 import os
@@ -24,3 +25,11 @@ def die_with_parent(sig: int = signal.SIGTERM):
             os._exit(1)
 
     return preexec
+
+
+def sigint_as_in_a_terminal() -> None:
+    """A ``preexec_fn``: SIGINT back to its default in the child. A process started in the
+    background by a non-interactive shell (``cmd &``, a CI job, an agent's tool) inherits SIGINT as
+    ignored, and `asyncrl run` and every role keep it so (as a shell's background job should), so
+    a SIGINT that a benchmark or test sends them to stop a run would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from asyncrl.pdeathsig import sigint_as_in_a_terminal
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos import ASYNCRL, REPO, end_run, read_summary, roles, segments  # noqa: E402
 
@@ -52,7 +54,8 @@ def main() -> int:
     cmd = [*ASYNCRL, "run", "--env", args.env, "--total-steps", str(10 ** 12), "--run-dir", str(run_dir)]
     log = open(work / "run.out", "w")
     t0 = time.monotonic()
-    sup = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    sup = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                           preexec_fn=sigint_as_in_a_terminal)
     samples: list[dict] = []
     pids: dict[str, int] = {}
     replaced: list[dict] = []

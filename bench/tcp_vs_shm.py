@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from asyncrl.pdeathsig import sigint_as_in_a_terminal
+
 LEARNER_IP, REMOTE_IP = "10.77.0.1", "10.77.0.2"
 EMPTY_SHM = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]
 
@@ -61,7 +63,8 @@ class Namespaces:
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
     with open(log, "w") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
+                                preexec_fn=sigint_as_in_a_terminal)
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

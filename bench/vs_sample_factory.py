@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from asyncrl.pdeathsig import sigint_as_in_a_terminal
+
 REWARD = re.compile(r"Avg episode reward: \[\(0, '([-0-9.eE+]+)'\)\]")
 FRAMES = re.compile(r"Total num frames: (\d+)")
 
@@ -53,7 +55,7 @@ def sample_factory_run(args, seed: int, seconds: float, out: Path) -> dict:
     t0 = time.time()
     # its own session: its spawned workers outlive a killed parent and must die with the group
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     curve, frames = [], 0
     log = open(out / f"sf-s{seed}.log", "w")
     # --train_for_seconds does not stop Sample Factory 2.1.1 here (seen: still training after 6 min of

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.launch import free_port, free_port_pair  # noqa: F401  (used by the tests)
+from asyncrl.pdeathsig import sigint_as_in_a_terminal
 
 REPO = Path(__file__).resolve().parents[2]
 SHM_DIR = "/dev/shm"
@@ -112,12 +113,6 @@ def read_jsonl(path: Path) -> list[dict]:
 
 # ----------------------------------------------------------------------------- the fixture
 
-def _default_sigint() -> None:
-    """In the child: Ctrl-C as in a terminal, even when the test run itself was started in the
-    background (where SIGINT is inherited as ignored, and the roles keep it so)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 class Procs:
     """The processes of one test. ``start`` them; ``shutdown`` (also run at teardown) stops them."""
 
@@ -149,7 +144,7 @@ class Procs:
         try:
             p = subprocess.Popen([*prefix, sys.executable, "-m", "asyncrl.cli", *args], stdout=out, stderr=err,
                                  stdin=subprocess.DEVNULL, cwd=self.workdir, env=self.env(),
-                                 start_new_session=True, preexec_fn=_default_sigint)
+                                 start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
         finally:
             out.close()
             err.close()
