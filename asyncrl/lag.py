@@ -41,8 +41,7 @@ class LagTracker:
         self._own_tb = tb is None
         self.tb = tb if tb is not None else _tensorboard(Path(histogram_path).parent / "tb") if histogram_path else None
         self.version_counts: Counter[int] = Counter()        # whole run: lag in versions -> samples
-        self.seconds_values: list[float] = []                  # whole run, one value per (slot, version)
-        self.seconds_weights: list[int] = []
+        self.seconds_ms_counts: Counter[int] = Counter()     # whole run: lag in whole ms -> samples
         self.recent_versions: deque[int] = deque(maxlen=recent)
         self.recent_seconds: deque[float] = deque(maxlen=recent)
         self.dropped_samples = 0
@@ -82,8 +81,7 @@ class LagTracker:
                 self.version_counts[lag_v] += n
                 self.window_versions[lag_v] += n
                 self.window_seconds.append((lag_s, n))
-                self.seconds_values.append(lag_s)
-                self.seconds_weights.append(n)
+                self.seconds_ms_counts[int(round(lag_s * 1000.0))] += n
         for v, s, n in zip(vals_v, vals_s, weights):         # a bounded, sample-weighted recent window
             k = max(1, n // 64)
             self.recent_versions.extend([v] * k)
@@ -117,14 +115,19 @@ class LagTracker:
         publish times) as plain values, for a checkpoint; the current window is not kept."""
         recent = sorted(self.publish_time)[-256:]
         return {"version_counts": {int(k): int(v) for k, v in self.version_counts.items()},
-                "seconds_values": list(self.seconds_values), "seconds_weights": list(self.seconds_weights),
+                "seconds_ms_counts": {int(k): int(v) for k, v in self.seconds_ms_counts.items()},
                 "recent_versions": list(self.recent_versions), "recent_seconds": list(self.recent_seconds),
                 "dropped_samples": self.dropped_samples, "windows": self.windows,
                 "publish_time": {v: self.publish_time[v] for v in recent}}
 
     def load_state_dict(self, d: dict) -> None:
         self.version_counts = Counter({int(k): int(v) for k, v in d["version_counts"].items()})
-        self.seconds_values, self.seconds_weights = list(d["seconds_values"]), list(d["seconds_weights"])
+        if "seconds_ms_counts" in d:
+            self.seconds_ms_counts = Counter({int(k): int(v) for k, v in d["seconds_ms_counts"].items()})
+        else:   # a checkpoint of before 2026-12-01 kept one value per (slot, version)
+            self.seconds_ms_counts = Counter()
+            for s, n in zip(d["seconds_values"], d["seconds_weights"]):
+                self.seconds_ms_counts[int(round(float(s) * 1000.0))] += int(n)
         self.recent_versions.extend(d["recent_versions"])
         self.recent_seconds.extend(d["recent_seconds"])
         self.dropped_samples, self.windows = int(d["dropped_samples"]), int(d["windows"])
@@ -135,10 +138,15 @@ class LagTracker:
         return (*percentiles(self.recent_versions), *percentiles(self.recent_seconds))
 
     def summary(self) -> dict:
+        """Whole-run lag: p50 / p95 in versions and in seconds (the seconds at 1 ms resolution: they
+        are kept as counts per whole millisecond, so memory and checkpoints do not grow with the run's
+        length), and the histogram in versions {lag: samples}."""
         values = sorted(self.version_counts)
         weights = [self.version_counts[v] for v in values]
         v50, v95 = weighted_percentiles(values, weights, (50, 95))
-        s50, s95 = weighted_percentiles(self.seconds_values, self.seconds_weights, (50, 95))
+        ms = sorted(self.seconds_ms_counts)
+        s50, s95 = (None if v is None else v / 1000.0 for v in
+                    weighted_percentiles(ms, [self.seconds_ms_counts[m] for m in ms], (50, 95)))
         return {"lag_p50": v50, "lag_p95": v95, "lag_seconds_p50": s50, "lag_seconds_p95": s95,
                 "lag_histogram": {str(v): w for v, w in zip(values, weights)}}
 

@@ -97,3 +97,33 @@ def test_lag_plot(tmp_path):
     run_serial(config.load(None, SMALL), tmp_path, max_iterations=3, echo=lambda *_: None)
     plot_report(tmp_path, tmp_path / "lag.png")
     assert (tmp_path / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_whole_run_lag_in_seconds_stays_bounded_and_survives_a_checkpoint():
+    """A long run's whole-run record of lag in seconds is a count per whole millisecond: it does not
+    grow with the number of slots (the soak's learner grew by it), its percentiles are the exact
+    ones to within 1 ms, and a checkpoint of the old format (one value per slot) still loads."""
+    from asyncrl.lag import LagTracker
+    rng = np.random.default_rng(0)
+    t = LagTracker(None)
+    t.published(0, 0.0)
+    exact, weights = [], []
+    for i in range(5000):
+        now = float(rng.uniform(0.05, 0.35))
+        bv = np.zeros((4, 2), np.int64)
+        t.consumed(1, now, [("actor0", "h", bv)], iteration=i)
+        exact.append(now)
+        weights.append(8)
+    assert len(t.seconds_ms_counts) <= 301                   # 50 ms .. 350 ms in whole ms
+    s50, s95 = weighted_percentiles(exact, weights, (50, 95))
+    got = t.summary()
+    assert abs(got["lag_seconds_p50"] - s50) <= 0.0005 + 1e-12 and abs(got["lag_seconds_p95"] - s95) <= 0.0005 + 1e-12
+    again = LagTracker(None)
+    again.load_state_dict(json.loads(json.dumps(t.state_dict())))
+    assert again.summary() == got
+    old = t.state_dict()
+    del old["seconds_ms_counts"]
+    old["seconds_values"], old["seconds_weights"] = exact, weights
+    legacy = LagTracker(None)
+    legacy.load_state_dict(old)
+    assert legacy.summary() == got
