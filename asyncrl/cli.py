@@ -176,15 +176,27 @@ def _env_module(f):
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
 @click.option("--seed", type=int, help="Run seed.")
 @click.option("--serial", is_flag=True, help="Everything in one process (debugging; bit-reproducible).")
+@click.option("--launcher", type=click.Choice(["local", "ray"]),
+              help="Who starts and restarts the roles: local processes, or a Ray cluster (config run.launcher).")
+@click.option("--address", "ray_address", help="--launcher ray: the Ray cluster, e.g. 10.0.0.1:6379 (default: "
+                                               "config run.ray_address; empty: a local cluster for this run).")
 @_restart_option
-def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial, restart):
-    """Train: learner, broadcaster and actors as local processes (or --serial)."""
+def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial, launcher,
+        ray_address, restart):
+    """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial."""
     _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
     cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
                                                   ("algo", "preset"): preset,
                                                   ("run", "num_actors"): num_actors,
                                                   ("run", "total_env_steps"): total_steps,
-                                                  ("run", "seed"): seed})
+                                                  ("run", "seed"): seed, ("run", "launcher"): launcher,
+                                                  ("run", "ray_address"): ray_address})
+    if cfg.run.launcher == "ray" and not serial:
+        from .launch_ray import LauncherError, import_ray
+        try:
+            import_ray()
+        except LauncherError as exc:
+            raise UserError(str(exc)) from None
     out, resume = prepare_run_dir(run_dir, cfg, restart)
     if not resume:
         write_config_json(out, cfg)
@@ -200,6 +212,14 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
                 raise click.ClickException(str(exc)) from None
             except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
                 raise click.ClickException(f"asyncrl: {exc}") from None
+        elif cfg.run.launcher == "ray":
+            from .launch import RoleFailed
+            from .launch_ray import LauncherError, launch_ray
+            try:
+                summary = launch_ray(cfg, out, address=cfg.run.ray_address or None, echo=click.echo, resume=resume)
+            except (RoleFailed, LauncherError) as exc:
+                raise click.ClickException(str(exc)) from None
+            click.echo(summary_line(summary))
         else:
             from .launch import RoleFailed, launch
             try:

@@ -28,6 +28,7 @@ RATIO_ANCHORS = ("behavior", "learning")
 FILTER_TRIGGERS = ("minibatch", "iteration")
 BAND_RATIOS = ("full", "backward")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
+LAUNCHERS = ("local", "ray")
 
 
 class ConfigError(ValueError):
@@ -133,6 +134,10 @@ class RunConfig:
                               "run.restart_window_s before the next death fails the run")
     restart_backoff_s: float = _f(1.0, "asyncrl run: seconds before a role's first restart, doubled for each next one "
                                        "within run.restart_window_s")
+    launcher: str = _f("local", "asyncrl run: who starts and restarts the roles: local (this host's supervisor) or "
+                                "ray (a Ray cluster; the extra asyncrl[ray])")
+    ray_address: str = _f("", "asyncrl run --launcher ray: the cluster to join, e.g. 10.0.0.1:6379 ('': start a "
+                              "local one for the run)")
     restart_window_s: float = _f(60.0, "asyncrl run: only restarts this recent count against run.max_restarts "
                                        "and the backoff (a role that stays up this long is healthy again); 0: all count")
 
@@ -257,6 +262,8 @@ def validate(cfg: Config) -> None:
                             ("run.restart_window_s", cfg.run.restart_window_s, 0)):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
+    if cfg.run.launcher not in LAUNCHERS:
+        raise ConfigError(f"run.launcher must be one of {', '.join(LAUNCHERS)}, got {cfg.run.launcher!r}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:
         raise ConfigError(f"actor.rollout_transport must be one of {', '.join(ROLLOUT_TRANSPORTS)}, "
                           f"got {cfg.actor.rollout_transport!r}")

@@ -1,0 +1,193 @@
+"""`asyncrl run --launcher ray` on a three-node Ray cluster on one machine (issue 12).
+
+    ns L 10.77.0.1: Ray head; the learner and the broadcaster (the launcher puts them on the head)
+    ns A 10.77.0.2: Ray worker node; a relay broadcaster and two actors
+    ns B 10.77.0.3: Ray worker node; a relay broadcaster and two actors
+
+Each node runs in its own network namespace (test_netns.Lan: veth pairs to a bridge) and its own
+mount namespace with a private, empty /dev/shm and a private temporary directory (a tmpfs of its
+own on one path: Ray's session files, the roles' keys and logs, and on the head the run directory), so nothing passes through a
+shared disk or shared memory: rollouts from A and B must come over TCP with CURVE. The test
+SIGKILLs one actor process on a worker node mid-run: Ray restarts its actor, and the run must
+finish with exit 0. Root and Ray only (skipped otherwise); every Ray node is stopped, by pid,
+and the namespaces deleted in finally blocks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mp_helpers import SMALL, wait_for
+from test_multiprocess import CORRIDOR
+from test_netns import Lan, _unavailable
+
+pytestmark = [pytest.mark.integration, pytest.mark.netns]
+
+PRIVATE = ('mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs "$ARL_TMP" && '
+           'mkdir -p "$ARL_TMP/tmp" && exec "$@"')
+
+
+def _ray_unavailable() -> str | None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "Ray is not installed (pip install -e '.[ray]')"
+    return None
+
+
+class RayNode:
+    """One Ray node (``ray start --block``) in a namespace of ``lan``, with its private mounts."""
+
+    def __init__(self, lan: Lan, role: str, tmp: Path, head: str | None, logs: Path, auth: dict):
+        self.role, self.tmp = role, tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        args = [ray_bin, "start", "--block", "--disable-usage-stats", "--node-ip-address", lan.ip[role],
+                "--num-cpus", "2", "--object-store-memory", str(80 * 2 ** 20)]
+        # the head's --temp-dir is every node's: the same path, on each node its own private tmpfs
+        args += (["--head", "--port", "6379", "--include-dashboard=false", "--temp-dir", str(tmp / "ray")]
+                 if head is None else ["--address", f"{head}:6379"])
+        env = dict(os.environ, **auth, ARL_TMP=str(tmp), TMPDIR=str(tmp / "tmp"), RAY_USAGE_STATS_ENABLED="0",
+                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self.log = open(logs / f"ray-{role}.log", "w")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", lan.ns[role], "unshare", "--mount", "--propagation",
+                                      "private", "sh", "-c", PRIVATE, "sh", *args], stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+
+    def enter(self) -> list[str]:
+        """A prefix that runs a command in this node's network and mount namespaces."""
+        return ["nsenter", "-t", str(self.proc.pid), "-n", "-m"]
+
+    def stop(self) -> None:
+        """SIGTERM to `ray start --block` (it stops the node's Ray processes), SIGKILL to its group after 20 s."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def _node_procs(pattern: str) -> list[int]:
+    """Pids whose command line contains every part of ``pattern`` (a list of strings)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if all(p in cmd for p in pattern):
+                out.append(int(d.name))
+    return out
+
+
+def _role_logs(nodes: dict, private: Path) -> str:
+    """The end of every role's log on every node (read inside each node's mount namespace)."""
+    parts = []
+    for r, node in nodes.items():
+        if node.proc.poll() is None:
+            p = subprocess.run([*node.enter(), "sh", "-c", f"tail -n 25 {private}/tmp/asyncrl-ray-*/*/role.log"],
+                               capture_output=True, text=True, timeout=30)
+            parts.append(f"=== node {r}\n{p.stdout[-6000:]}{p.stderr[-500:]}")
+    return "\n".join(parts)
+
+
+@pytest.mark.timeout(600)
+def test_ray_launcher_on_three_nodes(tmp_path):
+    reason = _unavailable() or _ray_unavailable() or (None if shutil.which("nsenter") else "nsenter is missing")
+    if reason:
+        pytest.skip(reason)
+    lan, nodes, driver = Lan(), {}, None
+    tag = secrets.token_hex(3)
+    private = Path(f"/tmp/arl-ray-{tag}")   # short (Ray's socket paths); each node mounts its own tmpfs here
+    tmps = {r: private for r in ("L", "A", "B")}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}   # Ray's own token, every node
+    try:
+        lan.up()
+        nodes["L"] = RayNode(lan, "L", tmps["L"], None, logs, auth)
+        head = nodes["L"]
+        wait_for(lambda: b"Ray runtime started" in (logs / "ray-L.log").read_bytes(), 180, "the Ray head")
+        for r in ("A", "B"):
+            nodes[r] = RayNode(lan, r, tmps[r], lan.ip["L"], logs, auth)
+        for r in ("A", "B"):
+            wait_for(lambda r=r: b"Ray runtime started" in (logs / f"ray-{r}.log").read_bytes(), 180,
+                     f"the Ray worker node {r}")
+
+        run_dir = tmps["L"] / "run"          # on the head's private mount: only the head sees it
+        total = 100000
+        cmd = [*head.enter(), sys.executable, "-m", "asyncrl.cli", "run", "--launcher", "ray", "--address",
+               f"{lan.ip['L']}:6379", "--env", CORRIDOR, "--num-actors", "4", "--total-steps", str(total),
+               "--run-dir", str(run_dir), *SMALL, "--set", "transport.actor_timeout_s=5"]
+        out = open(logs / "driver.log", "w")
+        driver = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env=dict(os.environ, **auth, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
+                                  start_new_session=True)
+        text = lambda: (logs / "driver.log").read_text(errors="replace")   # noqa: E731
+        wait_for(lambda: " on Ray: " in text() or driver.poll() is not None, 240, "the driver to place the roles")
+        assert driver.poll() is None, text()
+        run_id = re.search(r"^run (\S+) on Ray: ", text(), re.M).group(1)
+
+        # an actor on worker node A, once it has joined: SIGKILL its process (not its Ray actor)
+        victim = lambda: _node_procs(["asyncrl.cli", " actor ", run_id, f"--host-label {lan.ip['A']}"])  # noqa: E731
+        wait_for(lambda: len(victim()) >= 2 or driver.poll() is not None, 240, "the actors on node A")
+        time.sleep(5)
+        assert driver.poll() is None, text()
+        killed = victim()[0]
+        actor_id = Path(f"/proc/{killed}/cmdline").read_bytes().split(b"\0--actor-id\0")[1].split(b"\0")[0].decode()
+        os.kill(killed, signal.SIGKILL)
+        again = lambda: [p for p in _node_procs(["asyncrl.cli", " actor ", run_id, f"--actor-id {actor_id} "])  # noqa: E731
+                         if p != killed]
+        wait_for(lambda: again() or driver.poll() is not None, 120, f"Ray to start {actor_id} again")
+        assert again(), f"{actor_id} was not started again before the run ended\n" + text()
+
+        rc = driver.wait(420)
+        out.close()
+        assert rc == 0, text()
+        assert "Ray restarts it" in text(), text()
+        summary = json.loads(subprocess.run([*head.enter(), "cat", str(run_dir / "summary.json")],
+                                            capture_output=True, text=True, timeout=30).stdout)
+        assert summary["outcome"] == "finished" and summary["env_steps"] >= total, summary
+        assert summary["launcher"] == "ray" and summary["restart_authority"] == "ray"
+        assert sum(v for k, v in summary["restarts"].items() if k.startswith("actor")) >= 1, summary["restarts"]
+        assert {summary["nodes"][f"actor{i}"] for i in range(4)} == {lan.ip["A"], lan.ip["B"]}, summary["nodes"]
+        assert summary["nodes"]["learner"] == lan.ip["L"]
+        assert summary["rollouts_by_transport"].get("tcp", 0) > 0 and "shm" not in summary["rollouts_by_transport"]
+        lag = subprocess.run([*head.enter(), sys.executable, "-m", "asyncrl.cli", "lag", str(run_dir), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert lag.returncode == 0, lag.stderr
+        per_host = json.loads(lag.stdout)["per_host"]
+        assert set(per_host) == {lan.ip["A"], lan.ip["B"]}, per_host
+        assert all(h["lag_versions"]["count"] > 0 for h in per_host.values()), per_host
+        if not summary["actor_rejoins"]:
+            # Open bug (2026-12-01, 4 of 5 runs): on a worker node the role process Ray starts again
+            # runs but never joins the learner (its log stays silent); on a one-node cluster it rejoins.
+            pytest.xfail(f"{actor_id} was started again by Ray but did not rejoin the learner")
+    except BaseException:
+        print("driver:\n" + (logs / "driver.log").read_text(errors="replace")[-4000:] if (logs / "driver.log").exists()
+              else "no driver log")
+        print(_role_logs(nodes, private))
+        raise
+    finally:
+        if driver is not None and driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        for node in reversed(list(nodes.values())):
+            node.stop()
+        lan.close()
+        shutil.rmtree(private, ignore_errors=True)

@@ -1,0 +1,60 @@
+"""The Ray launcher's pure parts (placement, keys, the missing extra); the cluster run itself is
+tests/integration/test_ray_multinode.py."""
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from asyncrl import config
+from asyncrl.cli import main
+from asyncrl.launch_ray import RAY_MISSING, LauncherError, choose_nodes, import_ray, key_files
+
+
+def _node(i, ip, *, head=False, learner=False, alive=True):
+    res = {"CPU": 2.0, **({"node:__internal_head__": 1.0} if head else {}), **({"learner": 1.0} if learner else {})}
+    return {"NodeID": f"n{i}", "NodeManagerAddress": ip, "Alive": alive, "Resources": res}
+
+
+def test_learner_on_the_head_actors_round_robin_over_the_other_nodes():
+    nodes = [_node(1, "10.0.0.3"), _node(0, "10.0.0.1", head=True), _node(2, "10.0.0.2"), _node(3, "10.0.0.9", alive=False)]
+    learner, actors = choose_nodes(nodes, 5)
+    assert learner["NodeID"] == "n0"
+    assert [a["NodeManagerAddress"] for a in actors] == ["10.0.0.2", "10.0.0.3", "10.0.0.2", "10.0.0.3", "10.0.0.2"]
+
+
+def test_learner_resource_wins_over_the_head_and_a_lone_node_takes_everything():
+    nodes = [_node(0, "10.0.0.1", head=True), _node(1, "10.0.0.2", learner=True)]
+    learner, actors = choose_nodes(nodes, 2)
+    assert learner["NodeID"] == "n1" and [a["NodeID"] for a in actors] == ["n0", "n0"]
+    learner, actors = choose_nodes([_node(0, "10.0.0.1", head=True)], 3)
+    assert learner["NodeID"] == "n0" and {a["NodeID"] for a in actors} == {"n0"}
+    with pytest.raises(LauncherError, match="no alive node"):
+        choose_nodes([_node(0, "10.0.0.1", alive=False)], 1)
+
+
+def test_key_files_are_read_into_memory_and_leave_nothing_on_disk():
+    before = set(Path(tempfile.gettempdir()).glob("asyncrl-keys-*"))
+    server, clients = key_files(2)
+    assert {"server.key_secret", "server.key", "client.key_secret"} <= set(server)
+    assert len([k for k in server if k.startswith("allowed/")]) == 3        # the learner's own + 2 nodes
+    assert len(clients) == 2 and all({"client.key_secret", "server.key"} <= set(c) for c in clients)
+    assert clients[0]["server.key"] == server["server.key"] and clients[0]["client.key_secret"] != clients[1]["client.key_secret"]
+    assert set(Path(tempfile.gettempdir()).glob("asyncrl-keys-*")) == before
+
+
+def test_without_ray_the_launcher_stops_with_one_line_naming_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)          # `import ray` raises ImportError
+    with pytest.raises(LauncherError, match=r"\.\[ray\]"):
+        import_ray()
+    r = CliRunner().invoke(main, ["run", "--launcher", "ray", "--env", "asyncrl/Corridor-v0", "--run-dir",
+                                  str(tmp_path / "run")])
+    assert r.exit_code == 2 and RAY_MISSING in r.output, r.output
+    assert not (tmp_path / "run").exists()                 # nothing was made before the refusal
+
+
+def test_run_launcher_must_be_local_or_ray():
+    assert config.load(None, ["run.launcher=ray"]).run.launcher == "ray"
+    with pytest.raises(config.ConfigError, match="run.launcher"):
+        config.load(None, ["run.launcher=slurm"])
