@@ -311,14 +311,13 @@ def _role_flags(env_id, num_envs, seed, total_steps=None, env_module=None):
 def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind, advertise, broadcaster, run_dir,
             run_id, total_steps, seed, restart):
     """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
-    import secrets
-
+    from .launch import new_run_id
     from .roles.learner import Learner, LearnerError
     from .security import SecurityError
     from .shm import ShmError
     _on_sigterm()
     cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps, env_module))
-    run_id = run_id or f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
+    run_id = run_id or new_run_id()
     out, resume = prepare_run_dir(run_dir, cfg, restart)
     if not resume:
         write_config_json(out, cfg)

@@ -81,7 +81,7 @@ class LagTracker:
                 self.version_counts[lag_v] += n
                 self.window_versions[lag_v] += n
                 self.window_seconds.append((lag_s, n))
-                self.seconds_ms_counts[int(round(lag_s * 1000.0))] += n
+                self.seconds_ms_counts[_whole_ms(lag_s)] += n
         for v, s, n in zip(vals_v, vals_s, weights):         # a bounded, sample-weighted recent window
             k = max(1, n // 64)
             self.recent_versions.extend([v] * k)
@@ -127,7 +127,7 @@ class LagTracker:
         else:   # a checkpoint of before 2026-12-01 kept one value per (slot, version)
             self.seconds_ms_counts = Counter()
             for s, n in zip(d["seconds_values"], d["seconds_weights"]):
-                self.seconds_ms_counts[int(round(float(s) * 1000.0))] += int(n)
+                self.seconds_ms_counts[_whole_ms(float(s))] += int(n)
         self.recent_versions.extend(d["recent_versions"])
         self.recent_seconds.extend(d["recent_seconds"])
         self.dropped_samples, self.windows = int(d["dropped_samples"]), int(d["windows"])
@@ -157,6 +157,10 @@ class LagTracker:
                 w.close()
         if self.tb is not None and self._own_tb:
             self.tb.close()
+
+
+def _whole_ms(seconds: float) -> int:
+    return int(round(seconds * 1000.0))
 
 
 def weighted_percentiles(values, weights, qs) -> list[float | None]:

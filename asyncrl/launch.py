@@ -77,22 +77,28 @@ def _bindable(host: str, ports) -> bool:
             s.close()
 
 
+def _free_ports(host: str, span: int) -> int:
+    for port in listen_port_candidates(span=span):
+        if _bindable(host, range(port, port + span)):
+            return port
+    raise RuntimeError(f"no {span} consecutive free port(s) found outside the ephemeral range")
+
+
 def free_port_pair(host: str = "127.0.0.1") -> int:
     """A port P such that P and P+1 were both free a moment ago (the broadcaster uses both), outside
     the ephemeral range (see listen_port_candidates). Raises RuntimeError when none is found."""
-    for port in listen_port_candidates(span=2):
-        if _bindable(host, (port, port + 1)):
-            return port
-    raise RuntimeError("no two consecutive free ports found outside the ephemeral range")
+    return _free_ports(host, 2)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free a moment ago, outside the ephemeral range (see listen_port_candidates).
     Raises RuntimeError when none is found."""
-    for port in listen_port_candidates():
-        if _bindable(host, (port,)):
-            return port
-    raise RuntimeError("no free port found outside the ephemeral range")
+    return _free_ports(host, 1)
+
+
+def new_run_id() -> str:
+    """A run id: the start time (MMDDhhmmss) and 6 random hex digits."""
+    return f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
 class Supervisor:
@@ -106,7 +112,7 @@ class Supervisor:
 
     def __init__(self, cfg: Config, run_dir: Path, echo, *, resume: bool = False):
         self.cfg, self.run_dir, self.echo, self.resume = cfg, run_dir, echo, resume
-        self.run_id = f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
+        self.run_id = new_run_id()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}

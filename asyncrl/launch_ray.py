@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from .config import Config
-from .launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair
+from .launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair, new_run_id
 from .metrics import write_json_atomic
 from .pdeathsig import die_with_parent
 
@@ -125,10 +125,6 @@ class RoleHost:
         """How often Ray started this role again (the count lives on this node's disk)."""
         return self.starts - 1
 
-    def where(self) -> dict:
-        import ray
-        return {"node_ip": ray.util.get_node_ip_address(), "pid": self.proc.pid, "dir": str(self.dir)}
-
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGINT to the role (it writes its summary and checkpoint), SIGKILL after ``grace_s``."""
         self.stopping = True
@@ -157,11 +153,11 @@ class RoleHost:
             pass
 
 
-def pick_ports(pair_for_broadcaster: bool) -> dict:
-    """On the node it runs on (a Ray task): its IP and free ports for the roles placed there."""
+def pick_ports() -> dict:
+    """On the node it runs on (a Ray task): its IP, a free port (a learner's) and a free pair (a
+    broadcaster's)."""
     import ray
-    return {"ip": ray.util.get_node_ip_address(), "port": free_port("0.0.0.0"),
-            "pair": free_port_pair("0.0.0.0") if pair_for_broadcaster else None}
+    return {"ip": ray.util.get_node_ip_address(), "port": free_port("0.0.0.0"), "pair": free_port_pair("0.0.0.0")}
 
 
 def choose_nodes(nodes: list[dict], num_actors: int) -> tuple[dict, list[dict]]:
@@ -202,7 +198,7 @@ class RayRun:
 
     def __init__(self, ray, cfg: Config, run_dir: Path, echo, *, resume: bool):
         self.ray, self.cfg, self.run_dir, self.echo, self.resume = ray, cfg, run_dir.resolve(), echo, resume
-        self.run_id = f"{time.strftime('%m%d%H%M%S')}-{os.urandom(3).hex()}"
+        self.run_id = new_run_id()
         self.handles: dict[str, object] = {}
         self.nodes: dict[str, str] = {}      # role name -> node IP
 
@@ -227,7 +223,7 @@ class RayRun:
         remote_nodes = sorted({n["NodeID"]: n for n in actor_nodes if n["NodeID"] != learner_node["NodeID"]}.values(),
                               key=lambda n: n["NodeManagerAddress"])
         server_keys, client_keys = key_files(max(1, len(remote_nodes)))
-        at = self._on(learner_node, pick_ports, True)
+        at = self._on(learner_node, pick_ports)
         learner_ep, bcast_ep = f"tcp://{at['ip']}:{at['port']}", f"tcp://{at['ip']}:{at['pair']}"
         self.echo(f"run {self.run_id} on Ray: learner {learner_ep}, broadcaster {bcast_ep}, "
                   f"{self.cfg.run.num_actors} actors on {len(remote_nodes) or 1} node(s)")
@@ -244,7 +240,7 @@ class RayRun:
         self.wait_listening()
         relays = {}
         for k, node in enumerate(remote_nodes):      # one relay broadcaster per actor node, on its loopback
-            ports = self._on(node, pick_ports, True)
+            ports = self._on(node, pick_ports)
             relay = f"relay{k}"
             self._remote(node, relay, ["broadcaster", "--bind", f"tcp://127.0.0.1:{ports['pair']}", "--upstream",
                                        bcast_ep, "--keys", "{dir}/keys"], _prefixed(client_keys[k], "keys"))
