@@ -163,12 +163,12 @@ def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
         assert learner.ledger.num_full == 0
         write_and_report(3, tamper_after_report=True)          # accepted, then a late foreign row
         assert learner.ledger.num_full == 1
-        learner.collect_full()
+        learner.collect_full(1)
         assert learner.copied == []
         assert learner.consumer.rejected_slots["foreign_rows"] == 1
         assert dict(learner.consumer.slot_audit) == {"copied": 1, "passed_generation_foreign_rows": 1}
         write_and_report(None, tamper_after_report=False)      # a clean slot passes both
-        learner.collect_full()
+        learner.collect_full(1)
         assert len(learner.copied) == 1
         assert learner.consumer.slot_audit["passed_generation_own_rows"] == 1
     finally:
@@ -204,3 +204,50 @@ def _hello(**changes) -> dict:
 def test_handshake_mismatch_names_the_field_and_both_values(hello, words):
     got = handshake_mismatch(hello, **MINE)
     assert (words in got) if words else got == "", got
+
+
+@pytest.mark.timeout(60)
+def test_full_slots_beyond_the_next_batch_stay_in_the_ring(tmp_path):
+    """The ring is the one queue between actors and learner: a learner copies out only what its
+    next batch needs, so full slots beyond it keep their ring slots and actors faster than the
+    learner wait for a free one (bounded lag and memory). Until 2026-12-01 every full slot was
+    copied out and freed, and with fast actors the copies piled up without bound."""
+    cfg = config.load(None, SMALL)       # 2 slots per batch, 6 slots
+    learner = Learner(cfg, tmp_path / "run", run_id="utest-queue", bind="tcp://127.0.0.1:0",
+                      broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
+    ctx = tp.context()
+    c = Client(ctx, learner.endpoint, "local")
+    ring = None
+    try:
+        c.send("hello", host="h", pid=os.getpid(), env_id=CORRIDOR, spec=SPEC.to_dict(), shm_token=None,
+               spaces=env_spaces(CORRIDOR))
+        welcome = c.wait(learner, "welcome")
+        c.run_id, c.token = welcome["run_id"], welcome["actor_token"]
+        ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
+                               token=welcome["token"])
+        arrays = _slot_arrays(seed=7)
+        for _ in range(5):                 # five rollouts ready before the learner trains once
+            c.send("request")
+            g = c.wait(learner, "grant")
+            views = ring.views(g["slot"])
+            for k, a in arrays.items():
+                views[k][...] = a
+            views["grant_id"][...] = g["grant_id"]
+            del views
+            c.send("ready", slot=g["slot"], grant_id=g["grant_id"], env_steps=32, episode_returns=[],
+                   episode_lengths=[], timing={})
+            full = learner.ledger.num_full
+            deadline = time.monotonic() + 10
+            while learner.ledger.num_full == full and time.monotonic() < deadline:
+                learner.serve(20)
+        assert learner.ledger.num_full == 5
+        assert learner.consume() and learner.state.iteration == 1
+        assert learner.copied == [] and learner.ledger.num_full == 3      # 2 trained on, 3 still queued in the ring
+        assert learner.consume() and learner.ledger.num_full == 1
+        assert not learner.consume() and len(learner.copied) == 1 and learner.ledger.num_full == 0
+    finally:
+        if ring is not None:
+            ring.close()
+        tp.close(c.sock)
+        ctx.term()
+        learner.close()

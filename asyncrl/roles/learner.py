@@ -350,12 +350,13 @@ class Learner:
             self.reply(info.route, {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
 
     # ---- learning ----
-    def collect_full(self) -> None:
-        """Copy every full slot out and free it. A copy is kept only if the grant whose report was
-        accepted still held the slot during the copy and no revoked writer touched it (slot
-        integrity, shm.py), and if it passes the report's checks again (the memory could change
-        after the report); else it is dropped and counted, and its stream restarts."""
-        for s in self.ledger.pop_full(self.ledger.num_full):
+    def collect_full(self, limit: int) -> None:
+        """Copy up to ``limit`` of the oldest full slots out and free them. A copy is kept only if
+        the grant whose report was accepted still held the slot during the copy and no revoked
+        writer touched it (slot integrity, shm.py), and if it passes the report's checks again (the
+        memory could change after the report); else it is dropped and counted, and its stream
+        restarts."""
+        for s in self.ledger.pop_full(min(limit, self.ledger.num_full)):
             actor_id, meta = self.full_meta.pop(s)
             views = self.ring.views(s)
             arrays = {k: v.copy() for k, v in views.items()}
@@ -388,12 +389,19 @@ class Learner:
         self.consumer.slot_audit[key] += 1
 
     def consume(self) -> bool:
-        """Copy full slots out and free them; once B good copies are there, run one learner
-        iteration on them and publish."""
-        if self.ledger.num_full:
-            self.collect_full()
-            self.grant_pending()               # actors go on while the learner learns
+        """Copy full slots out (no more than the next batch needs) and free them; once B good
+        copies are there, run one learner iteration on them and publish.
+
+        Only what the next batch needs leaves the ring: the ring of learner.num_slots is the one
+        queue between actors and learner, so actors faster than the learner wait for a free slot
+        and the lag stays bounded (at most num_slots / B iterations of queueing). Copying every
+        full slot out, as this did until 2026-12-01, freed slots as fast as actors filled them:
+        with actors faster than the learner (actor hosts over TCP, toy envs) the copies piled up,
+        memory grew and the lag grew without bound (42 versions after 125 iterations, measured)."""
         B = self.cfg.learner.slots_per_batch
+        if self.ledger.num_full and len(self.copied) < B:
+            self.collect_full(B - len(self.copied))
+            self.grant_pending()               # actors go on while the learner learns
         if len(self.copied) < B:
             return False
         batch, self.copied = self.copied[:B], self.copied[B:]
