@@ -654,8 +654,12 @@ def clean(run_id):
               help="With --report-only: also report cells finished under other training code (marked).")
 @click.option("--dry-run", is_flag=True, help="List the cells and which are finished; run nothing.")
 @click.option("--report-only", is_flag=True, help="Write the results table and report from finished cells only.")
+@click.option("--launcher", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Run the cells on this machine, or as Ray tasks on a cluster (--jobs cells in flight).")
+@click.option("--address", "ray_address", help="--launcher ray: the Ray cluster, e.g. 10.0.0.1:6379 (default: "
+                                               "a local one for this study).")
 def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_conditions, retry_failed, any_code,
-          dry_run, report_only):
+          dry_run, report_only, launcher, ray_address):
     """Run a grid of envs x presets x lag conditions x seeds (resumable) and report it.
 
     Finished cells (same study, resolved config and training code) are skipped, so a killed
@@ -683,7 +687,18 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
         return
     if not report_only:
         _on_sigterm()
-        runner.run()
+        if launcher == "ray":
+            from .launch_ray import LauncherError
+            from .study_ray import RayCells
+            try:
+                runner.executor = RayCells(ray_address, runner.fingerprint, echo=click.echo)
+            except LauncherError as exc:
+                raise UserError(str(exc)) from None
+        try:
+            runner.run()
+        finally:
+            if runner.executor:
+                runner.executor.close()
     results = write_report(st, runner.finished_records(any_code=any_code and report_only), runner.out)
     click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {len(st.cells)} cells finished)")
 

@@ -56,7 +56,9 @@ from .pdeathsig import die_with_parent
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules that only read or report results: changing them does not change a cell's outcome.
-REPORTING_MODULES = {"study.py", "study_report.py", "stats.py", "plots.py", "lag_report.py", "evaluate.py"}
+# (study_ray.py only places cells: each Ray task checks its node's training code against the study's.)
+REPORTING_MODULES = {"study.py", "study_report.py", "stats.py", "plots.py", "lag_report.py", "evaluate.py",
+                     "study_ray.py"}
 CONDITION = re.compile(r"^(none|age-(\d+)|delay-(\d+)|async-(\d+)|straggler(?:-(\d+)-([0-9.]+))?)$")
 STUDY_KEYS = {"name", "total_env_steps", "seeds", "envs", "config", "set", "reference", "modes", "arm",
               "random_episodes", "compare"}
@@ -296,11 +298,14 @@ class Runner:
     """Runs a study's cells into ``out``/cells/<key>/ (run/ = the run directory, cell.json = the record)."""
 
     def __init__(self, study: Study, out: Path, *, jobs: int = 1, echo: Callable[[str], None] = print,
-                 retry_failed: bool = False):
+                 retry_failed: bool = False, executor=None):
         if jobs < 1:
             raise StudyError(f"--jobs must be >= 1, got {jobs}")
         self.study, self.out, self.jobs, self.echo = study, Path(out).resolve(), jobs, echo
         self.retry_failed = retry_failed
+        # None: cells run on this machine; else an object with execute(cell, cell_dir, run_dir) and
+        # abort() (asyncrl.study_ray.RayCells: cells as Ray tasks, placed by Ray)
+        self.executor = executor
         self.fingerprint = training_code_fingerprint()
         self.commit = git_commit()
         self.keys = {c: cell_key(study, c, self.fingerprint) for c in study.cells}
@@ -333,46 +338,55 @@ class Runner:
                 out.append(max(same, key=lambda r: r.get("started", "")))
         return out
 
-    def run_cell(self, cell: Cell) -> dict:
+    def run_cell(self, cell: Cell) -> dict | None:
         cell_dir = self.record_path(cell).parent
         if cell_dir.exists():
             shutil.rmtree(cell_dir)               # what a killed earlier attempt left
         cell_dir.mkdir(parents=True)
         run_dir = cell_dir / "run"
         cmd = cell.command(run_dir)
-        load0, t0, started = os.getloadavg()[0], time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        with open(cell_dir / "log.txt", "w") as log:
-            # cwd = the cell's directory: `python -m asyncrl.cli` puts its cwd first on sys.path, so
-            # a checkout in the study's cwd would otherwise shadow the code the study was started with
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=cell_dir, env=_child_env(), preexec_fn=die_with_parent())   # no cell outlives a killed study
-            with self._lock:
-                self._procs.add(proc)
-            rc = proc.wait()
-            with self._lock:
-                self._procs.discard(proc)
+        t0, started = time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        ran = (self.executor.execute if self.executor else self._execute_local)(cell, cell_dir, run_dir)
         if self._stop.is_set():
             return None                           # interrupted: no record, the cell runs again next time
+        rc = ran["rc"]
         rec: dict[str, Any] = {
             "label": cell.label, "env": cell.env, "preset": cell.preset, "condition": cell.condition,
             "seed": cell.seed, "mode": cell.mode, "overrides": list(cell.overrides),
             "total_env_steps": cell.total_env_steps, "key": self.keys[cell], "study": self.study.name,
             "code_fingerprint": self.fingerprint, "commit": self.commit, "command": cmd[2:],
             "started": started, "cell_wall_s": round(time.time() - t0, 1),
-            "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
-            "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                        "packages": _versions()},
-            "returncode": rc}
+            "load_start": ran["load_start"], "load_end": ran["load_end"], "machine": ran["machine"],
+            "launcher": "ray" if self.executor else "local", "returncode": rc}
         if rc == 0 and (run_dir / "summary.json").exists():
             rec.update(cell_record(cell, run_dir))
             rec["status"] = "diverged" if rec["diverged"] else "ok"
         else:
-            lines = (cell_dir / "log.txt").read_text(errors="replace").strip().splitlines()
+            log = cell_dir / "log.txt"
+            lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
             rec.update(status="failed", final_return=None, auc=None, error="\n".join(lines[-10:]))
         tmp = self.record_path(cell).with_suffix(".tmp")
         tmp.write_text(json.dumps(rec) + "\n")
         os.replace(tmp, self.record_path(cell))
         return rec
+
+    def _execute_local(self, cell: Cell, cell_dir: Path, run_dir: Path) -> dict:
+        """Run the cell's command on this machine; {"rc", "machine", "load_start", "load_end"}."""
+        load0 = os.getloadavg()[0]
+        with open(cell_dir / "log.txt", "w") as log:
+            # cwd = the cell's directory: `python -m asyncrl.cli` puts its cwd first on sys.path, so
+            # a checkout in the study's cwd would otherwise shadow the code the study was started with
+            proc = subprocess.Popen(cell.command(run_dir), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=cell_dir, env=_child_env(),
+                                    preexec_fn=die_with_parent())   # no cell outlives a killed study
+            with self._lock:
+                self._procs.add(proc)
+            rc = proc.wait()
+            with self._lock:
+                self._procs.discard(proc)
+        return {"rc": rc, "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
+                "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                            "packages": _versions()}}
 
     def _announce(self, rec: dict | None, done: int, total: int) -> None:
         if rec is None:
@@ -386,7 +400,9 @@ class Runner:
     def run(self) -> int:
         """Run every pending cell; returns how many ran. Multi-process cells first, one at a time
         alone on the machine, in the study's interleaved order; then serial cells ``jobs`` at a
-        time (they are bit-reproducible whatever the load, so their order does not matter)."""
+        time (they are bit-reproducible whatever the load, so their order does not matter). With a
+        Ray executor ``jobs`` cells are in flight at once and Ray places them (a multi-process cell
+        on a whole node)."""
         todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")   # stable: keeps the order
         total = len(todo)
         self.echo(f"study {self.study.name}: {len(self.study.cells)} cells, {len(self.study.cells) - total} "
@@ -397,6 +413,8 @@ class Runner:
     def _abort(self) -> None:
         """Ctrl-C, SIGTERM: stop the running cells at once and record none of them."""
         self._stop.set()
+        if self.executor:
+            self.executor.abort()
         with self._lock:
             for p in self._procs:
                 p.terminate()
@@ -414,7 +432,7 @@ class Runner:
                         self._announce(f.result(), done, total)
             try:                                  # inside the pool: its exit waits for the running cells
                 for cell in todo:
-                    if cell.mode == "multiprocess":
+                    if cell.mode == "multiprocess" and not self.executor:   # Ray gives it a whole node
                         drain(all_=True)
                         running.add(pool.submit(self.run_cell, cell))
                         drain(all_=True)

@@ -143,7 +143,7 @@ def _side(text: str, cond: str) -> tuple[str, str]:
 
 def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> str:
     ok = _scored(records)
-    loads = [r["load_start"] for r in records if "load_start" in r]
+    loads = [r["load_start"] for r in records if r.get("load_start") is not None]
     lines = [f"# Study `{study.name}`", "",
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} by `asyncrl study {study.path}`. "
              f"{len(records)} of {len(study.cells)} cells finished ({len(ok)} scored, "

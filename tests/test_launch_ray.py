@@ -58,3 +58,28 @@ def test_run_launcher_must_be_local_or_ray():
     assert config.load(None, ["run.launcher=ray"]).run.launcher == "ray"
     with pytest.raises(config.ConfigError, match="run.launcher"):
         config.load(None, ["run.launcher=slurm"])
+
+
+def test_a_study_cell_on_a_node_with_other_training_code_does_not_run(tmp_path):
+    """asyncrl study --launcher ray: a node whose asyncrl differs from the driver's (fingerprint)
+    runs nothing for the cell and says why (the function is what the Ray task runs on the node)."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    from asyncrl.study_ray import run_cell_on_node
+    out = run_cell_on_node(["run", "--serial", "--run-dir", "{run_dir}"], "0000000000000000")
+    assert out["rc"] is None and out["files"] == {}
+    assert b"runs other asyncrl training code" in out["log"] and b"0000000000000000" in out["log"]
+
+
+def test_a_study_cell_on_a_node_sends_back_its_run_directory(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    from asyncrl.study import training_code_fingerprint
+    from asyncrl.study_ray import run_cell_on_node
+    argv = ["run", "--serial", "--env", "asyncrl/Corridor-v0", "--total-steps", "256", "--run-dir", "{run_dir}",
+            "--set", "env.num_envs=2", "--set", "env.rollout_length=16", "--set", "learner.slots_per_batch=2",
+            "--set", "algo.num_minibatches=2", "--set", "algo.num_epochs=1"]
+    before = set(Path(tempfile.gettempdir()).glob("asyncrl-cell-*"))
+    out = run_cell_on_node(argv, training_code_fingerprint())
+    assert out["rc"] == 0, out["log"].decode(errors="replace")[-2000:]
+    assert {"summary.json", "metrics.jsonl", "config.json"} <= set(out["files"])
+    assert out["machine"]["node_ip"] and out["load_start"] is not None
+    assert set(Path(tempfile.gettempdir()).glob("asyncrl-cell-*")) <= before, "the node's cell directory was left"

@@ -178,3 +178,31 @@ def test_sigterm_stops_the_running_cells_and_records_none(tmp_path):
         _kill(proc, children)
     assert list(out.glob("cells/*/cell.json")) == []
     assert len(Runner(load_study(path), out, echo=lambda *_: None).pending()) == 2
+
+
+@pytest.mark.timeout(400)
+def test_a_study_through_ray_gives_the_local_studys_serial_cells_bit_for_bit(tmp_path):
+    """`asyncrl study --launcher ray` (issue 12): the same tiny grid as Ray tasks on a local one-node
+    cluster; every serial cell equals the local study's cell bit for bit (weights and metrics)."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    path = tmp_path / "s.toml"
+    path.write_text(study_text())
+    st = load_study(path)
+    local = Runner(st, tmp_path / "local", jobs=2, echo=lambda *_: None)
+    assert local.run() == 3
+    res = subprocess.run([sys.executable, "-m", "asyncrl.cli", "study", str(path), "--launcher", "ray", "--jobs", "3",
+                          "--out", str(tmp_path / "ray")], cwd=tmp_path, capture_output=True, text=True, timeout=360,
+                         env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "study on Ray: 1 node(s)" in res.stdout, res.stdout
+    ray_runner = Runner(st, tmp_path / "ray", echo=lambda *_: None)
+    assert ray_runner.pending() == []                # same keys: the Ray study's cells are the local study's cells
+    for cell in st.cells:
+        rec = json.loads(ray_runner.record_path(cell).read_text())
+        assert rec["status"] == "ok" and rec["launcher"] == "ray" and rec["machine"]["node_ip"], rec
+        a_dir, b_dir = local.record_path(cell).parent / "run", ray_runner.record_path(cell).parent / "run"
+        a, b = _params(a_dir), _params(b_dir)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert _metric_rows(a_dir) == _metric_rows(b_dir)
+        assert rec["final_return"] == json.loads(local.record_path(cell).read_text())["final_return"]
+    assert (tmp_path / "ray" / "report.md").exists()
