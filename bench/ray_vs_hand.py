@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,32 +31,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 from ray_nodes import RayNode, ray_unavailable  # noqa: E402
+from tcp_vs_shm import start, stop              # noqa: E402  (bench/ is the script's directory)
 from test_netns import Lan, _unavailable       # noqa: E402
-
-from asyncrl.pdeathsig import sigint_as_in_a_terminal  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PRIVATE_SHM = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'
-
-
-def start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    with open(log, "w") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {})),
-                                preexec_fn=sigint_as_in_a_terminal)
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + 15
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def rates(run_dir: Path) -> dict:

@@ -60,10 +60,11 @@ class Namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
+def start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """A role process logging to ``log`` (also bench/ray_vs_hand.py's); ``env`` adds variables."""
     with open(log, "w") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {})),
                                 preexec_fn=sigint_as_in_a_terminal)
 
 

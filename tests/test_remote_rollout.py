@@ -2,6 +2,7 @@
 one written through shared memory, and the handshake names the first field that does not fit."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -116,14 +117,11 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
         learner.close()
 
 
-@pytest.mark.timeout(60)
-def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
-    """The row-tag audit is independent of the generation check: a row tagged with another grant
-    (what a revoked writer killed between its row and its check after it would leave) in a slot
-    whose generation is intact is counted as passed_generation_foreign_rows and not trained on.
-    A tag mismatch at report time is refused as foreign_rows."""
-    cfg = config.load(None, SMALL)
-    learner = Learner(cfg, tmp_path / "run", run_id="utest-audit", bind="tcp://127.0.0.1:0",
+@contextlib.contextmanager
+def _joined_learner(cfg, tmp_path, run_id: str):
+    """(learner, client, ring): a learner on a free loopback port, a Client ("local") that said
+    hello and kept the welcome's run id and token, and the learner's ring attached; all closed after."""
+    learner = Learner(cfg, tmp_path / "run", run_id=run_id, bind="tcp://127.0.0.1:0",
                       broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
     ctx = tp.context()
     c = Client(ctx, learner.endpoint, "local")
@@ -135,19 +133,44 @@ def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
         c.run_id, c.token = welcome["run_id"], welcome["actor_token"]
         ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
                                token=welcome["token"])
+        yield learner, c, ring
+    finally:
+        if ring is not None:
+            ring.close()
+        tp.close(c.sock)
+        ctx.term()
+        learner.close()
+
+
+def _fill_granted_slot(c: "Client", learner: Learner, ring: SlotRing, arrays: dict) -> dict:
+    """Ask for a slot, write ``arrays`` into the granted one with its grant id on every row; the grant."""
+    c.send("request")
+    g = c.wait(learner, "grant")
+    views = ring.views(g["slot"])
+    for k, a in arrays.items():
+        views[k][...] = a
+    views["grant_id"][...] = g["grant_id"]
+    del views
+    return g
+
+
+@pytest.mark.timeout(60)
+def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
+    """The row-tag audit is independent of the generation check: a row tagged with another grant
+    (what a revoked writer killed between its row and its check after it would leave) in a slot
+    whose generation is intact is counted as passed_generation_foreign_rows and not trained on.
+    A tag mismatch at report time is refused as foreign_rows."""
+    cfg = config.load(None, SMALL)
+    with _joined_learner(cfg, tmp_path, "utest-audit") as (learner, c, ring):
         report = dict(env_steps=32, episode_returns=[], episode_lengths=[], timing={})
         arrays = _slot_arrays(seed=5)
 
         def write_and_report(foreign_row: int | None, tamper_after_report: bool) -> None:
-            c.send("request")
-            g = c.wait(learner, "grant")
-            views = ring.views(g["slot"])
-            for k, a in arrays.items():
-                views[k][...] = a
-            views["grant_id"][...] = g["grant_id"]
+            g = _fill_granted_slot(c, learner, ring, arrays)
             if foreign_row is not None and not tamper_after_report:
+                views = ring.views(g["slot"])
                 views["grant_id"][foreign_row] = g["grant_id"] + 1000
-            del views
+                del views
             rejected = learner.rejects.total
             c.send("ready", slot=g["slot"], grant_id=g["grant_id"], **report)
             deadline = time.monotonic() + 10
@@ -171,12 +194,6 @@ def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
         learner.collect_full(1)
         assert len(learner.copied) == 1
         assert learner.consumer.slot_audit["passed_generation_own_rows"] == 1
-    finally:
-        if ring is not None:
-            ring.close()
-        tp.close(c.sock)
-        ctx.term()
-        learner.close()
 
 
 MINE = dict(run_id="run-1", env_id=CORRIDOR, spec=SPEC.to_dict(), spaces=env_spaces(CORRIDOR))
@@ -213,27 +230,10 @@ def test_full_slots_beyond_the_next_batch_stay_in_the_ring(tmp_path):
     learner wait for a free one (bounded lag and memory). Until 2026-12-01 every full slot was
     copied out and freed, and with fast actors the copies piled up without bound."""
     cfg = config.load(None, SMALL)       # 2 slots per batch, 6 slots
-    learner = Learner(cfg, tmp_path / "run", run_id="utest-queue", bind="tcp://127.0.0.1:0",
-                      broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
-    ctx = tp.context()
-    c = Client(ctx, learner.endpoint, "local")
-    ring = None
-    try:
-        c.send("hello", host="h", pid=os.getpid(), env_id=CORRIDOR, spec=SPEC.to_dict(), shm_token=None,
-               spaces=env_spaces(CORRIDOR))
-        welcome = c.wait(learner, "welcome")
-        c.run_id, c.token = welcome["run_id"], welcome["actor_token"]
-        ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
-                               token=welcome["token"])
+    with _joined_learner(cfg, tmp_path, "utest-queue") as (learner, c, ring):
         arrays = _slot_arrays(seed=7)
         for _ in range(5):                 # five rollouts ready before the learner trains once
-            c.send("request")
-            g = c.wait(learner, "grant")
-            views = ring.views(g["slot"])
-            for k, a in arrays.items():
-                views[k][...] = a
-            views["grant_id"][...] = g["grant_id"]
-            del views
+            g = _fill_granted_slot(c, learner, ring, arrays)
             c.send("ready", slot=g["slot"], grant_id=g["grant_id"], env_steps=32, episode_returns=[],
                    episode_lengths=[], timing={})
             full = learner.ledger.num_full
@@ -245,9 +245,3 @@ def test_full_slots_beyond_the_next_batch_stay_in_the_ring(tmp_path):
         assert learner.copied == [] and learner.ledger.num_full == 3      # 2 trained on, 3 still queued in the ring
         assert learner.consume() and learner.ledger.num_full == 1
         assert not learner.consume() and len(learner.copied) == 1 and learner.ledger.num_full == 0
-    finally:
-        if ring is not None:
-            ring.close()
-        tp.close(c.sock)
-        ctx.term()
-        learner.close()
