@@ -173,3 +173,38 @@ def test_ray_launcher_on_three_nodes(tmp_path):
             node.stop()
         lan.close()
         shutil.rmtree(private, ignore_errors=True)
+
+
+@pytest.mark.timeout(400)
+def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_path):
+    """One-node cluster (started by the run): the learner's process is SIGKILLed after its first
+    checkpoint; Ray restarts its actor, the learner resumes (--restart resume) and the run ends
+    with exit 0 and every step of its budget. Ray only."""
+    reason = ray_unavailable()
+    if reason:
+        pytest.skip(reason)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "asyncrl.cli", "run", "--launcher", "ray", "--env", CORRIDOR, "--num-actors", "2",
+           "--total-steps", "30000", "--run-dir", str(run_dir), *SMALL, "--set", "learner.checkpoint_every=10",
+           "--set", "actor.slowdown_s=0.1"]
+    out = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                              env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"))
+    text = lambda: (tmp_path / "driver.log").read_text(errors="replace")   # noqa: E731
+    try:
+        learner = lambda: _node_procs(["asyncrl.cli", " learner ", str(run_dir)])   # noqa: E731
+        wait_for(lambda: (learner() and (run_dir / "checkpoint.pt").exists()) or driver.poll() is not None, 240,
+                 "the learner's first checkpoint")
+        assert driver.poll() is None, text()
+        os.kill(learner()[0], signal.SIGKILL)
+        rc = driver.wait(300)
+        assert rc == 0, text()
+        assert "learner died; Ray restarts it" in text(), text()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["outcome"] == "finished" and summary["env_steps"] >= 30000, summary
+        assert summary["resumes"] == 1 and summary["restarts"]["learner"] == 1, summary
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        out.close()
