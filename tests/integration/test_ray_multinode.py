@@ -51,6 +51,13 @@ def _node_procs(pattern: str) -> list[int]:
     return out
 
 
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _role_logs(nodes: dict, private: Path) -> str:
     """The end of every role's log on every node (read inside each node's mount namespace)."""
     parts = []
@@ -107,6 +114,7 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         wait_for(lambda: len(victim()) >= 2 or driver.poll() is not None, 240, "the actors on node A")
         time.sleep(5)
         assert driver.poll() is None, text()
+        before = {p: _ppid(p) for p in victim()}       # pid -> parent pid, for the rejoin diagnosis below
         killed = victim()[0]
         actor_id = Path(f"/proc/{killed}/cmdline").read_bytes().split(b"\0--actor-id\0")[1].split(b"\0")[0].decode()
         os.kill(killed, signal.SIGKILL)
@@ -158,7 +166,8 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         if not summary["actor_rejoins"]:
             role_logs = subprocess.run([*head.enter(), "sh", "-c", f"grep -h -e {actor_id} {run_dir}/logs/learner.log; "
                                         f"cat {run_dir}/logs/{actor_id}.log"], capture_output=True, text=True, timeout=30)
-            (logs / "rejoin.txt").write_text(role_logs.stdout)
+            (logs / "rejoin.txt").write_text(f"killed pid {killed}; actor processes on node A before the kill "
+                                             f"(pid: parent) {before}\n" + role_logs.stdout)
             pytest.xfail(f"{actor_id} was started again by Ray but did not rejoin the learner")
     except BaseException:
         print("driver:\n" + (logs / "driver.log").read_text(errors="replace")[-4000:] if (logs / "driver.log").exists()
