@@ -63,6 +63,19 @@ def import_ray():
     return ray
 
 
+def connect(address: str | None):
+    """Import Ray and join the cluster at ``address`` (e.g. "10.0.0.1:6379"), or start a local one
+    with a capped object store when it is None or ""; returns the ray module. Raises LauncherError
+    when Ray is not installed. (asyncrl run and asyncrl study --launcher ray.)"""
+    ray = import_ray()
+    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(object_store_memory=OBJECT_STORE_BYTES, **kwargs)
+    return ray
+
+
 def node_workdir(run_id: str, name: str) -> Path:
     """The private directory of role ``name`` of run ``run_id`` on its node (0700): its keys, config
     copy, token file and log. The same path after a restart, so a restarted actor keeps its token."""
@@ -357,12 +370,7 @@ def launch_ray(cfg: Config, run_dir: Path, *, address: str | None = None, echo=p
     """Run a training job on a Ray cluster (``address``: a running cluster, e.g. "10.0.0.1:6379";
     None or "": start a local one for this run); returns the summary. Raises LauncherError (no Ray,
     no node) or RoleFailed (a role died past Ray's restarts, or the learner failed)."""
-    ray = import_ray()
-    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(object_store_memory=OBJECT_STORE_BYTES, **kwargs)
+    ray = connect(address)
     run = RayRun(ray, cfg, run_dir, echo, resume=resume)
     failure = None
     try:

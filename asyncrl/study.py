@@ -283,6 +283,12 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
                                                                        for r in rows)}
 
 
+def machine_info() -> dict:
+    """Where a cell ran: host name, CPU count, Python and the versions of the packages that matter."""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "packages": _versions()}
+
+
 def _versions() -> dict[str, str]:
     from importlib import metadata
     out = {}
@@ -385,8 +391,7 @@ class Runner:
             with self._lock:
                 self._procs.discard(proc)
         return {"rc": rc, "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
-                "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                            "packages": _versions()}}
+                "machine": machine_info()}
 
     def _announce(self, rec: dict | None, done: int, total: int) -> None:
         if rec is None:

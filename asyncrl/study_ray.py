@@ -14,7 +14,6 @@ Ray is the optional extra (``pip install -e '.[ray]'``); usage statistics stay o
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -31,10 +30,9 @@ def run_cell_on_node(argv: list[str], fingerprint: str) -> dict:
     "load_end"}; the directory is removed. rc is None, and nothing runs, when this node's training
     code differs from ``fingerprint``."""
     from .pdeathsig import die_with_parent
-    from .study import _child_env, _versions, training_code_fingerprint
+    from .study import _child_env, machine_info, training_code_fingerprint
     import ray
-    machine = {"host": platform.node(), "node_ip": ray.util.get_node_ip_address(), "cpus": os.cpu_count(),
-               "python": platform.python_version(), "packages": _versions()}
+    machine = {**machine_info(), "node_ip": ray.util.get_node_ip_address()}
     mine = training_code_fingerprint()
     if mine != fingerprint:
         return {"rc": None, "machine": machine, "files": {}, "load_start": None, "load_end": None,
@@ -69,13 +67,8 @@ class RayCells:
     its run directory and log into the cell's directory on this host."""
 
     def __init__(self, address: str | None, fingerprint: str, echo=print):
-        from .launch_ray import OBJECT_STORE_BYTES, ROLE_RUNTIME_ENV, import_ray
-        self.ray, self.fingerprint, self.echo = import_ray(), fingerprint, echo
-        kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
-        if address:
-            self.ray.init(address=address, **kwargs)
-        else:
-            self.ray.init(object_store_memory=OBJECT_STORE_BYTES, **kwargs)
+        from .launch_ray import ROLE_RUNTIME_ENV, connect
+        self.ray, self.fingerprint, self.echo = connect(address), fingerprint, echo
         cpus = [n.get("Resources", {}).get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")]
         self.node_cpus = max(cpus, default=0)
         if self.node_cpus < 1:
