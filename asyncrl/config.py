@@ -22,11 +22,12 @@ PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     "vaco_paper": {"ratio_anchor": "behavior", "tv_threshold": 0.2, "surrogate_rho_bar": float("inf"),
                    "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "tv_filter_ratio_cap": float("inf"),
                    "behavior_band": float("inf"), "behavior_band_ratio": "full",
-                   "entropy_coef": 0.0},
+                   "entropy_coef": 0.0, "traces": "vtrace"},
 }
 RATIO_ANCHORS = ("behavior", "learning")
 FILTER_TRIGGERS = ("minibatch", "iteration")
 BAND_RATIOS = ("full", "backward")
+TRACES = ("vtrace", "uncorrected")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
 LAUNCHERS = ("local", "ray")
 
@@ -66,6 +67,7 @@ class AlgoConfig:
     gae_lambda: float = _f(0.95, "lambda of GAE / V-trace traces")
     rho_bar: float = _f(1.0, "V-trace clip of the importance weight in the value targets")
     c_bar: float = _f(1.0, "V-trace clip of the trace coefficients")
+    traces: str = _f("vtrace", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)")
     tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient")
     ratio_anchor: str = _f("learning", "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading)")
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")
@@ -225,6 +227,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"unknown preset algo.preset={a.preset!r}; presets are {', '.join(PRESETS)}")
     if a.ratio_anchor not in RATIO_ANCHORS:
         raise ConfigError(f"algo.ratio_anchor must be one of {RATIO_ANCHORS}, got {a.ratio_anchor!r}")
+    if a.traces not in TRACES:
+        raise ConfigError(f"algo.traces must be one of {TRACES}, got {a.traces!r}")
     if a.tv_filter_trigger not in FILTER_TRIGGERS:
         raise ConfigError(f"algo.tv_filter_trigger must be one of {FILTER_TRIGGERS}, got {a.tv_filter_trigger!r}")
     if not 0.0 <= a.tv_filter_min_deviation < float("inf"):

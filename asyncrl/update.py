@@ -42,7 +42,8 @@ def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor]):
     return log_prob, values, final_values
 
 
-def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar):
+def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar,
+               traces="vtrace"):
     """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring."""
     terminated, truncated = batch["terminated"], batch["truncated"]
     next_values = next_state_values(values_tp1=values[1:], final_values=final_values,
@@ -51,7 +52,8 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
     if preset in VTRACE_PRESETS:
         r = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target_log_prob,
                    rewards=batch["rewards"], values=values[:-1], next_values=next_values,
-                   episode_end=episode_end, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar)
+                   episode_end=episode_end, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar,
+                   traces=traces)
         return (r.pg_advantages if preset == "impala" else r.advantages), r.vs
     g = gae(rewards=batch["rewards"], values=values[:-1], next_values=next_values,
             episode_end=episode_end, gamma=gamma, lam=lam)
@@ -120,7 +122,7 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
     log_rho = target_log_prob - batch["behavior_log_prob"]
     rho = log_rho.clamp(-20, 20).exp()
     kw = dict(batch=batch, values=values, final_values=final_values, gamma=cfg.gamma,
-              lam=cfg.gae_lambda, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar)
+              lam=cfg.gae_lambda, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, traces=cfg.traces)
     if cfg.preset == "impala":
         steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw)
         adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)

@@ -77,11 +77,13 @@ def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: T
 
 def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tensor,
            values: Tensor, next_values: Tensor, episode_end: Tensor, gamma: float, lam: float,
-           rho_bar: float = 1.0, c_bar: float = 1.0) -> VTraceReturns:
+           rho_bar: float = 1.0, c_bar: float = 1.0, traces: str = "vtrace") -> VTraceReturns:
     """V-trace value targets and VACO's realigned advantages of the learning policy π_T.
 
     With log_rho_t = target_log_prob - behavior_log_prob, rho_t = min(rho_bar, e^log_rho_t),
-    c_t = lam * min(c_bar, e^log_rho_t), delta_t = r_t + γ V'_t - V(s_t), end_t = episode_end:
+    c_t = lam * min(c_bar, e^log_rho_t) (``traces="vtrace"``) or c_t = lam (``traces="uncorrected"``:
+    the trace is not importance-weighted, so its reach does not shrink with the lag; the TD errors
+    keep their weights rho_t), delta_t = r_t + γ V'_t - V(s_t), end_t = episode_end:
 
         vs_t - V(s_t) = rho_t delta_t + γ c_t (1 - end_t) (vs_{t+1} - V(s_{t+1}))
         advantages_t  = delta_t + γ lam (1 - end_t) (vs_{t+1} - V(s_{t+1}))
@@ -100,7 +102,9 @@ def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tenso
         gamma: discount, in [0, 1].
         lam: λ of the trace, in [0, 1].
         rho_bar: ρ̄ > 0 (may be inf), clip of the importance weight in the TD term.
-        c_bar: c̄ > 0 (may be inf), clip of the trace coefficient.
+        c_bar: c̄ > 0 (may be inf), clip of the trace coefficient (``traces="vtrace"`` only).
+        traces: "vtrace" (Espeholt et al.) or "uncorrected" (c_t = λ, as Peng's Q(λ) and GAE;
+            Kozuno et al., arXiv:2103.00107).
 
     Returns:
         :class:`VTraceReturns`, every field [T, B] in the dtype of ``values``.
@@ -121,10 +125,12 @@ def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tenso
     lam = checks.scalar("lam", lam, low=0.0, high=1.0)
     rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
     c_bar = checks.scalar("c_bar", c_bar, low=0.0, low_open=True, allow_inf=True)
+    if traces not in ("vtrace", "uncorrected"):
+        raise ValueError(f"traces must be 'vtrace' or 'uncorrected', got {traces!r}")
 
     rhos = torch.exp(target_log_prob - behavior_log_prob)  # overflow to inf is clipped below
     clipped_rhos = torch.clamp(rhos, max=rho_bar)
-    cs = lam * torch.clamp(rhos, max=c_bar)
+    cs = lam * torch.clamp(rhos, max=c_bar) if traces == "vtrace" else torch.full_like(rhos, lam)
     not_end = (~episode_end).to(values.dtype)
     deltas = rewards + gamma * next_values - values
     diffs = _discounted_backward(clipped_rhos * deltas, gamma * cs * not_end)  # vs - V

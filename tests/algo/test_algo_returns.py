@@ -34,11 +34,11 @@ def next_values_of(ro):
                              terminated=ro["terminated"], truncated=ro["truncated"])
 
 
-def run_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0):
+def run_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0, traces="vtrace"):
     return vtrace(behavior_log_prob=ro["behavior_log_prob"], target_log_prob=ro["target_log_prob"],
                   rewards=ro["rewards"], values=ro["values_all"][:-1], next_values=next_values_of(ro),
                   episode_end=ro["terminated"] | ro["truncated"], gamma=gamma, lam=lam,
-                  rho_bar=rho_bar, c_bar=c_bar)
+                  rho_bar=rho_bar, c_bar=c_bar, traces=traces)
 
 
 def run_gae(ro, *, gamma, lam):
@@ -69,7 +69,7 @@ def episode_horizon(end, s):
     return t
 
 
-def naive_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0):
+def naive_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0, traces="vtrace"):
     """vs_s = V(s_s) + sum_{t=s}^{h(s)} γ^{t-s} (prod_{i=s}^{t-1} c_i) rho_t delta_t (double loop);
     A_s = delta_s + γλ(1-end_s)(vs_{s+1} - V(s_{s+1}));
     pg_A_s = r_s + γ (vs_{s+1} if the episode goes on inside the rollout else V'_s) - V(s_s)."""
@@ -80,7 +80,7 @@ def naive_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0):
     for b in range(B):
         v, r, next_v, end, log_rho = naive_column(ro, b)
         rho = [min(rho_bar, math.exp(x)) for x in log_rho]
-        c = [lam * min(c_bar, math.exp(x)) for x in log_rho]
+        c = [lam * min(c_bar, math.exp(x)) if traces == "vtrace" else lam for x in log_rho]
         delta = [r[t] + gamma * next_v[t] - v[t] for t in range(T)]
         for s in range(T):
             total = 0.0
@@ -97,7 +97,7 @@ def naive_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0):
     return vs, adv, pg
 
 
-def naive_realigned_advantages(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0):
+def naive_realigned_advantages(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0, traces="vtrace"):
     """A_s expanded to a sum: delta_s + γλ sum_{t=s+1}^{h(s)} γ^{t-s-1} (prod_{i=s+1}^{t-1} c_i)
     rho_t delta_t (no rho factor on the first term), zero tail if s ends its episode."""
     T, B = ro["rewards"].shape
@@ -105,7 +105,7 @@ def naive_realigned_advantages(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0):
     for b in range(B):
         v, r, next_v, end, log_rho = naive_column(ro, b)
         rho = [min(rho_bar, math.exp(x)) for x in log_rho]
-        c = [lam * min(c_bar, math.exp(x)) for x in log_rho]
+        c = [lam * min(c_bar, math.exp(x)) if traces == "vtrace" else lam for x in log_rho]
         delta = [r[t] + gamma * next_v[t] - v[t] for t in range(T)]
         for s in range(T):
             tail = 0.0
@@ -156,6 +156,38 @@ def test_vtrace_matches_naive_reference(seed, gamma, lam, rho_bar, c_bar):
     torch.testing.assert_close(out.clipped_rhos, rhos, rtol=0, atol=0)
     expanded = naive_realigned_advantages(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar)
     torch.testing.assert_close(out.advantages, t64(expanded), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("seed,gamma,lam,rho_bar,c_bar", [
+    (4, 0.99, 0.95, 1.0, 1.0),
+    (5, 0.97, 0.8, 2.0, 0.5),     # c_bar has no effect on uncorrected traces
+])
+def test_uncorrected_traces_match_naive_reference(seed, gamma, lam, rho_bar, c_bar):
+    ro = random_rollout(seed)
+    out = run_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar, traces="uncorrected")
+    vs, adv, pg = naive_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar, traces="uncorrected")
+    torch.testing.assert_close(out.vs, t64(vs), rtol=0, atol=1e-10)
+    torch.testing.assert_close(out.advantages, t64(adv), rtol=0, atol=1e-10)
+    expanded = naive_realigned_advantages(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, traces="uncorrected")
+    torch.testing.assert_close(out.advantages, t64(expanded), rtol=0, atol=1e-10)
+    # the traces differ from V-trace's wherever some rho_t < 1 inside an episode
+    assert not torch.allclose(out.advantages, run_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar,
+                                                         c_bar=c_bar).advantages)
+
+
+def test_uncorrected_traces_hand_computed():
+    """T = 3, one env, no episode end, V = 0 everywhere (so delta_t = r_t), gamma 0.5, lam 0.5:
+    rho = (1, 0.5, 1) -> vs - V = (1 + 0.25*0.5*2 + 0.0625*3, 0.5*2 + 0.25*3, 3) with c = lam."""
+    z = torch.zeros(3, 1, dtype=torch.float64)
+    out = vtrace(behavior_log_prob=z, target_log_prob=torch.log(t64([[1.0], [0.5], [1.0]])),
+                 rewards=t64([[1.0], [2.0], [3.0]]), values=z, next_values=z,
+                 episode_end=torch.zeros(3, 1, dtype=torch.bool), gamma=0.5, lam=0.5, traces="uncorrected")
+    torch.testing.assert_close(out.vs, t64([[1.4375], [1.75], [3.0]]), rtol=0, atol=1e-12)
+    # advantages_t = delta_t + gamma lam (vs_{t+1} - V_{t+1}): (1 + 0.25*1.75, 2 + 0.25*3, 3)
+    torch.testing.assert_close(out.advantages, t64([[1.4375], [2.75], [3.0]]), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="traces"):
+        vtrace(behavior_log_prob=z, target_log_prob=z, rewards=z, values=z, next_values=z,
+               episode_end=torch.zeros(3, 1, dtype=torch.bool), gamma=0.5, lam=0.5, traces="retrace")
 
 
 @pytest.mark.parametrize("seed,gamma,lam", [(10, 0.99, 0.95), (11, 0.9, 0.0), (12, 1.0, 1.0)])

@@ -1,0 +1,103 @@
+"""Which gait did a run learn? The torso's pitch over a deterministic episode of each checkpoint.
+
+HalfCheetah's returns at 1M env steps are bimodal (a mode near 1,600, one near 4,500): this
+script tells whether a run's policy runs upright or flipped onto its back. For each run directory
+(or every cell of a study directory) and each checkpoint in it, one deterministic episode
+(`asyncrl eval`'s policy mean, reset seed 0, the env's own time limit) is rolled out and the
+torso's pitch (qpos[2], the root's rotation about y, radians) read at every step; the run is
+*flipped* when cos(pitch) < 0 (torso beyond +-90 degrees) on more than half of the steps.
+
+Planar MuJoCo envs only (HalfCheetah, Hopper, Walker2d: qpos[2] is the torso pitch); any other
+env id is skipped with a line saying so.
+
+    .venv/bin/python bench/gait.py bench/results/studies/main-job-idle [--all-checkpoints] [--json OUT]
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from asyncrl.envs import make_env                        # noqa: E402
+from asyncrl.evaluate import act, load_checkpoint       # noqa: E402
+
+PLANAR = ("HalfCheetah", "Hopper", "Walker2d")
+
+
+def pitch_trace(ckpt, *, seed: int = 0) -> np.ndarray:
+    """[steps] torso pitch (radians) over one deterministic episode of ``ckpt``'s policy."""
+    e = ckpt.cfg.env
+    env = make_env(e.id, module=e.module, max_episode_steps=e.max_episode_steps)
+    obs, _ = env.reset(seed=seed)
+    low, high = env.action_space.low, env.action_space.high
+    out = []
+    while True:
+        a = np.clip(act(ckpt.policy, obs, stochastic=False, generator=None), low, high)
+        obs, _, terminated, truncated, _ = env.step(a)
+        out.append(float(env.unwrapped.data.qpos[2]))
+        if terminated or truncated:
+            env.close()
+            return np.asarray(out)
+
+
+def _checkpoint_index(p: Path) -> int:
+    m = re.fullmatch(r"checkpoint(?:\.(\d+))?\.pt", p.name)
+    return int(m.group(1) or 0) if m else -1
+
+
+def runs_of(path: Path):
+    """(label, run_dir, cell record or None) for a run directory or every cell of a study."""
+    if (path / "cells").is_dir():
+        for cell in sorted((path / "cells").iterdir()):
+            rec = cell / "cell.json"
+            if rec.is_file() and (cell / "run").is_dir():
+                yield cell.name, cell / "run", json.loads(rec.read_text())
+    elif path.is_dir():
+        yield path.name, path, None
+    else:
+        raise click.ClickException(f"{path}: not a run or study directory")
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--all-checkpoints", is_flag=True, help="every checkpoint*.pt, not only the final one")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="write the rows here")
+def main(paths, all_checkpoints, json_out):
+    rows = []
+    for path in paths:
+        for label, run, rec in runs_of(path):
+            files = sorted(run.glob("checkpoint*.pt"), key=_checkpoint_index) if all_checkpoints \
+                else [run / "checkpoint.pt"]
+            files = [f for f in files if f.is_file()][::-1]    # checkpoint.N.pt are older for larger N
+            for f in files:
+                ck = load_checkpoint(f)
+                if not ck.cfg.env.id.startswith(PLANAR):
+                    click.echo(f"{run}: {ck.cfg.env.id} is not a planar env this script reads; skipped")
+                    break
+                pitch = pitch_trace(ck)
+                row = {"study": path.name, "cell": label, "checkpoint": f.name, "env": ck.cfg.env.id,
+                       "env_steps": ck.env_steps, "flipped_fraction": float(np.mean(np.cos(pitch) < 0)),
+                       "mean_cos_pitch": float(np.mean(np.cos(pitch))), "episode_steps": len(pitch)}
+                row["flipped"] = row["flipped_fraction"] > 0.5
+                if rec:
+                    row.update({k: rec.get(k) for k in ("label", "preset", "condition", "mode", "seed",
+                                                        "final_return")})
+                rows.append(row)
+                fr = row.get("final_return")
+                click.echo(f"{row['study']:20s} {str(row.get('label', label))[:32]:32s} "
+                           f"{str(row.get('condition', '')):8s} seed {str(row.get('seed', '')):>4s} "
+                           f"{row['env_steps']:>8d} steps  final {'-' if fr is None else round(fr):>6} "
+                           f" flipped {row['flipped_fraction']:.2f}  mean cos {row['mean_cos_pitch']:+.2f}")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
