@@ -23,6 +23,7 @@ PRESET_SETTINGS: dict[str, dict[str, Any]] = {
                    "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "tv_filter_ratio_cap": float("inf"),
                    "behavior_band": float("inf"), "behavior_band_ratio": "full",
                    "entropy_coef": 0.0, "traces": "vtrace"},
+    "impala": {"traces": "vtrace"},
 }
 RATIO_ANCHORS = ("behavior", "learning")
 FILTER_TRIGGERS = ("minibatch", "iteration")
@@ -67,7 +68,7 @@ class AlgoConfig:
     gae_lambda: float = _f(0.95, "lambda of GAE / V-trace traces")
     rho_bar: float = _f(1.0, "V-trace clip of the importance weight in the value targets")
     c_bar: float = _f(1.0, "V-trace clip of the trace coefficients")
-    traces: str = _f("vtrace", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)")
+    traces: str = _f("uncorrected", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)")
     tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient")
     ratio_anchor: str = _f("learning", "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading)")
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")

@@ -51,3 +51,15 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("[algo\nlr = 1")
     with pytest.raises(ConfigError, match="invalid TOML"):
         config.load(bad)
+
+
+@pytest.mark.parametrize("preset,traces", [("vaco", "uncorrected"), ("vaco_no_filter", "uncorrected"),
+                                           ("vaco_paper", "vtrace"), ("impala", "vtrace")])
+def test_presets_pin_their_traces_unless_the_config_names_them(preset, traces):
+    assert config.load(overrides=[f"algo.preset={preset}"]).algo.traces == traces
+    assert config.load(overrides=[f"algo.preset={preset}", "algo.traces=vtrace"]).algo.traces == "vtrace"
+
+
+def test_unknown_traces_name_the_key():
+    with pytest.raises(ConfigError, match="algo.traces"):
+        config.load(overrides=["algo.traces=retrace"])
