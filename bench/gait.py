@@ -105,16 +105,17 @@ def summary(rows: list[dict]) -> None:
     final = {}
     for r in rows:
         if r["checkpoint"] == "checkpoint.pt":
-            final.setdefault((r["study"], r.get("label", ""), r.get("condition", ""), r.get("mode", "")), []).append(r)
+            final.setdefault((r["study"], r["env"], r.get("label", ""), r.get("condition", ""), r.get("mode", "")),
+                             []).append(r)
     if not final:
         return
     click.echo("\nfinal checkpoints: flipped / at or above 3,000 / runs")
-    for (study, label, cond, mode), rs in final.items():
+    for (study, env, label, cond, mode), rs in final.items():
         rs.sort(key=lambda r: r.get("seed") or 0)
         seeds = " ".join(f"{r.get('seed')}:{round(r['final_return']) if r.get('final_return') is not None else '-'}"
                          f"{'F' if r['flipped'] else ''}" for r in rs)
         high = sum((r.get("final_return") or 0) >= 3000 for r in rs)
-        click.echo(f"{study:22s} {str(label)[:30]:30s} {cond:8s} {mode[:5]:5s} "
+        click.echo(f"{study:22s} {env:15s} {str(label)[:30]:30s} {cond:8s} {mode[:5]:5s} "
                    f"{sum(r['flipped'] for r in rs)} / {high} / {len(rs)}   {seeds}")
 
 
