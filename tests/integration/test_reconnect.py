@@ -51,8 +51,10 @@ def test_actors_reconnect_to_a_restarted_learner(procs, tmp_path):
     procs.popen.pop("learner")
     start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=second, env_id=CORRIDOR,
                   total_steps=100_000_000, extra=FAST)
-    wait_for(lambda: all(rows_of(second, n) for n in actors), 120, "both actors' slots in the new learner",
-             procs=procs)
+    # slots are logged when they leave the ring, before their update ends: wait for a finished
+    # iteration too, or a loaded machine can stop the learner between the two
+    wait_for(lambda: all(rows_of(second, n) for n in actors) and read_jsonl(second / "metrics.jsonl"), 120,
+             "both actors' slots in the new learner, and one finished iteration", procs=procs)
     stop_learner(procs)
     for name, p in actors.items():
         assert procs.wait(name, 30) == 0, procs.dump()       # the same processes, stopped by the new learner
