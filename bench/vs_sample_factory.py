@@ -3,7 +3,7 @@ against Sample Factory 2.1.1 APPO (HalfCheetah-v4: its MuJoCo example pins gymna
 mujoco 2.3), alternated seed by seed in one benchmark run on this machine.
 
 For each seed: asyncrl trains to --total-steps; then Sample Factory trains for the same wall time
-(`--train_for_seconds`, ../shared/BENCHMARKS.md's command: 2 workers x 8 envs, CPU learner). Reported
+(`--train_for_seconds`, docs/benchmarks.md's command: 2 workers x 8 envs, CPU learner). Reported
 per seed: the time each takes to reach --target (or "not reached"), asyncrl's final return, and
 Sample Factory's return at asyncrl's finishing time. Sample Factory's curve is read from its console
 ("Avg episode reward", a mean over its last 100 episodes), timed by this script as lines arrive;
