@@ -42,8 +42,7 @@ def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor]):
     return log_prob, values, final_values
 
 
-def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar,
-               traces="vtrace"):
+def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar, traces):
     """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring."""
     terminated, truncated = batch["terminated"], batch["truncated"]
     next_values = next_state_values(values_tp1=values[1:], final_values=final_values,

@@ -20,30 +20,38 @@ import sys
 from pathlib import Path
 
 import click
+import gymnasium as gym
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.envs import make_env                        # noqa: E402
-from asyncrl.evaluate import act, load_checkpoint       # noqa: E402
+from asyncrl.evaluate import load_checkpoint, run_episodes   # noqa: E402
 
 PLANAR = ("HalfCheetah", "Hopper", "Walker2d")
 
 
+class _PitchLog(gym.Wrapper):
+    """Records the torso pitch (qpos[2], radians) after every step."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.pitch: list[float] = []
+
+    def step(self, action):
+        out = self.env.step(action)
+        self.pitch.append(float(self.env.unwrapped.data.qpos[2]))
+        return out
+
+
 def pitch_trace(ckpt, *, seed: int = 0) -> np.ndarray:
-    """[steps] torso pitch (radians) over one deterministic episode of ``ckpt``'s policy."""
+    """[steps] torso pitch (radians) over one deterministic episode of ``ckpt``'s policy
+    (evaluate.run_episodes: reset seed ``seed``, policy mean, actions clipped as in training)."""
     e = ckpt.cfg.env
-    env = make_env(e.id, module=e.module, max_episode_steps=e.max_episode_steps)
-    obs, _ = env.reset(seed=seed)
-    low, high = env.action_space.low, env.action_space.high
-    out = []
-    while True:
-        a = np.clip(act(ckpt.policy, obs, stochastic=False, generator=None), low, high)
-        obs, _, terminated, truncated, _ = env.step(a)
-        out.append(float(env.unwrapped.data.qpos[2]))
-        if terminated or truncated:
-            env.close()
-            return np.asarray(out)
+    env = _PitchLog(make_env(e.id, module=e.module, max_episode_steps=e.max_episode_steps))
+    run_episodes(ckpt.policy, env, episodes=1, seed=seed)
+    env.close()
+    return np.asarray(env.pitch)
 
 
 def _checkpoint_index(p: Path) -> int:
