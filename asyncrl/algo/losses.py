@@ -20,7 +20,7 @@ from torch import Tensor
 from . import checks
 
 LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp: e^20 ~ 4.9e8, far beyond any useful ratio
-BAND_RATIOS = ("full", "backward")  # the ratio vaco_policy_loss's behavior_band bounds
+BAND_RATIOS = ("full", "backward", "forward")  # the ratio vaco_policy_loss's behavior_band bounds
 
 
 class TVFilter(NamedTuple):
@@ -164,22 +164,25 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         band_ratio: which ratio the band bounds: "full" (π_θ/β, PPO-clip's mask) or "backward"
             (the anchor ratio π_T/β, fixed for the iteration: a sample whose behaviour policy is
             already more than ``band`` from π_T in its advantage's direction is left out of the
-            iteration, and the forward part π_θ/π_T is left to the TV filter alone). "backward"
-            needs anchor_log_prob.
+            iteration, and the forward part π_θ/π_T is left to the TV filter alone), or "forward"
+            (π_θ/π_T: PPO-clip's mask centred on the learning policy, the clip of Hilton et al.'s
+            decoupled PPO, arXiv:2110.00641; with surrogate_rho_bar the weight π_T/β is bounded
+            apart, so lag does not shrink the band a sample has left). "backward" and "forward"
+            need anchor_log_prob.
 
     Returns:
         :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
-            surrogate_rho_bar <= 0 or NaN; band_ratio unknown, or "backward" without an anchor.
+            surrogate_rho_bar <= 0 or NaN; band_ratio unknown, or not "full" without an anchor.
 
     Paper: VACO, arXiv:2603.01365.
     """
     if band_ratio not in BAND_RATIOS:
         raise ValueError(f"band_ratio must be one of {BAND_RATIOS}, got {band_ratio!r}")
-    if band_ratio == "backward" and anchor_log_prob is None:
-        raise ValueError("band_ratio='backward' bounds π_T/β and needs anchor_log_prob (the learning anchor)")
+    if band_ratio != "full" and anchor_log_prob is None:
+        raise ValueError(f"band_ratio={band_ratio!r} bounds a ratio to π_T and needs anchor_log_prob (the learning anchor)")
     checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
              **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}))
     bar = checks.scalar("surrogate_rho_bar", surrogate_rho_bar, low=0.0, low_open=True, allow_inf=True)
@@ -197,7 +200,9 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
     band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
     if band < math.inf:
         with torch.no_grad():
-            r = torch.exp(log_ratio.detach() if band_ratio == "full" else _log_ratio(anchor, behavior_log_prob))
+            reference = {"full": (log_prob, behavior_log_prob), "backward": (anchor, behavior_log_prob),
+                         "forward": (log_prob, anchor)}[band_ratio]
+            r = torch.exp(_log_ratio(reference[0].detach(), reference[1]))
             keep = keep & ((advantages.detach() * (r - 1.0) <= 0) | ((r - 1.0).abs() <= band))
             filtered = 1.0 - keep.to(log_ratio.dtype).mean()
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()

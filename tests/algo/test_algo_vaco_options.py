@@ -157,7 +157,36 @@ def test_backward_band_masks_on_pi_T_over_beta_by_hand():
                          behavior_band=0.2, band_ratio="backward")
     with pytest.raises(ValueError, match="band_ratio"):
         vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=0.2,
-                         anchor_log_prob=anchor, band_ratio="forward")
+                         anchor_log_prob=anchor, band_ratio="sideways")
+
+
+def test_forward_band_is_decoupled_ppo_clip_by_hand():
+    """band_ratio="forward": PPO's clip on pi_theta/pi_T with the weight min(1, pi_T/beta) in front
+    (Hilton et al., arXiv:2110.00641), written out with torch.clamp and compared gradient for gradient."""
+    beh, anchor, log_prob, adv = _data(seed=6)
+    lp, ref = log_prob.clone().requires_grad_(True), log_prob.clone().requires_grad_(True)
+    out = vaco_policy_loss(log_prob=lp, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                           anchor_log_prob=anchor, surrogate_rho_bar=1.0, behavior_band=0.2,
+                           band_ratio="forward")
+    out.loss.backward()
+    w = torch.exp(anchor - beh).clamp(max=1.0)
+    r = torch.exp(ref - anchor)
+    (-(w * torch.minimum(r * adv, torch.clamp(r, 0.8, 1.2) * adv)).mean()).backward()
+    torch.testing.assert_close(lp.grad, ref.grad, rtol=1e-12, atol=1e-15)
+    rf = torch.exp(log_prob - anchor)
+    masked = (adv * (rf - 1) > 0) & ((rf - 1).abs() > 0.2)
+    assert masked.any() and torch.all(lp.grad[masked] == 0)
+    assert out.filtered_fraction.item() == pytest.approx(masked.double().mean().item())
+    # at iteration start (pi_theta = pi_T) nothing is masked, however stale the sample
+    start = vaco_policy_loss(log_prob=anchor, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                             anchor_log_prob=anchor, surrogate_rho_bar=1.0, behavior_band=0.2,
+                             band_ratio="forward")
+    assert start.keep_mask.all()
+    with pytest.raises(ValueError, match="anchor_log_prob"):
+        vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=0.2,
+                         behavior_band=0.2, band_ratio="forward")
+    with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
+        config.load(None, ["algo.behavior_band_ratio=forward", "algo.ratio_anchor=behavior"])
     with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
         config.load(None, ["algo.behavior_band_ratio=backward", "algo.ratio_anchor=behavior"])
     with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
