@@ -75,7 +75,7 @@ class AlgoConfig:
     tv_filter_trigger: str = _f("minibatch", "when the TV filter acts: minibatch (each minibatch over delta) or iteration (from the first one on)")
     tv_filter_min_deviation: float = _f(0.0, "the TV filter's sign rule applies only to samples with |r - 1| above this")
     behavior_band: float = _f(0.2, "vaco: also detach samples whose pi_theta/beta left [1-band, 1+band] in the direction of their advantage (PPO-clip's mask, per sample); inf: off")
-    behavior_band_ratio: str = _f("full", "which ratio behavior_band bounds: full (pi_theta/beta), backward (pi_T/beta, fixed per iteration) or forward (pi_theta/pi_T, decoupled PPO's clip); backward and forward need the learning anchor")
+    behavior_band_ratio: str = _f("forward", "which ratio behavior_band bounds: forward (pi_theta/anchor: pi_theta/pi_T with the learning anchor, decoupled PPO's clip), full (pi_theta/beta, PPO's clip) or backward (pi_T/beta, fixed per iteration; learning anchor only)")
     tv_filter_ratio_cap: float = _f(float("inf"), "the sign rule also applies, whatever the TV estimate, to samples with |r - 1| above this; inf: never")
     clip_eps: float = _f(0.2, "ppo: ratio clip epsilon")
     kl_coef: float = _f(1.0, "ppo_kl: KL penalty coefficient")
@@ -240,9 +240,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.behavior_band must be > 0 (inf: off), got {a.behavior_band}")
     if a.behavior_band_ratio not in BAND_RATIOS:
         raise ConfigError(f"algo.behavior_band_ratio must be one of {BAND_RATIOS}, got {a.behavior_band_ratio!r}")
-    if a.behavior_band_ratio != "full" and a.ratio_anchor != "learning":
-        raise ConfigError(f"algo.behavior_band_ratio = {a.behavior_band_ratio} bounds a ratio to pi_T and needs "
-                          "algo.ratio_anchor = learning")
+    if a.behavior_band_ratio == "backward" and a.ratio_anchor != "learning":
+        raise ConfigError("algo.behavior_band_ratio = backward bounds pi_T/beta and needs algo.ratio_anchor = learning")
     if not a.surrogate_rho_bar > 0:
         raise ConfigError(f"algo.surrogate_rho_bar must be > 0 (inf: no bound), got {a.surrogate_rho_bar}")
     if cfg.policy.activation not in ("tanh", "relu", "elu"):

@@ -20,7 +20,8 @@ from .study import Study
 
 CSV_FIELDS = ("study", "label", "env", "preset", "condition", "seed", "mode", "status", "final_return", "auc",
               "env_steps", "wall_time_s", "env_steps_per_s", "lag_p50", "lag_p95", "lag_seconds_p50",
-              "lag_seconds_p95", "tv_estimate", "filtered_fraction", "clip_fraction", "approx_kl", "entropy_last",
+              "lag_seconds_p95", "tv_estimate", "filtered_fraction", "filter_fire_rate", "clip_fraction", "approx_kl",
+              "entropy_last",
               "load_start", "load_end", "commit", "code_fingerprint", "key", "overrides")
 
 
@@ -73,8 +74,8 @@ def group_rows(study: Study, records: list[dict]) -> list[dict]:
         if env in study.modes and finals:
             split = study.modes[env]
             row["modes"] = {"split": split, "low": sum(f < split for f in finals), "high": sum(f >= split for f in finals)}
-        for k in ("tv_estimate", "filtered_fraction", "clip_fraction", "approx_kl"):
-            row[k] = _avg(r["diagnostics"][k]["mean"] for r in ok)
+        for k in ("tv_estimate", "filtered_fraction", "filter_fire_rate", "clip_fraction", "approx_kl"):
+            row[k] = _avg((r["diagnostics"].get(k) or {}).get("mean") for r in ok)
         row["entropy_last"] = _avg(r["diagnostics"]["entropy"]["last"] for r in ok)
         for k in ("lag_p50", "lag_p95", "lag_seconds_p50", "lag_seconds_p95", "wall_time_s", "env_steps_per_s"):
             vals = [r[k] for r in ok if r.get(k) is not None]
@@ -155,17 +156,20 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
              f"to {_fmt(max(loads), 1) if loads else 'n/a'}.", "",
              "Score: average return of the last 20 episodes at the step budget; IQM with its 95 % "
              "percentile bootstrap CI over seeds (2,000 resamples). Modes: seeds below / at or above the "
-             "study's split. Diagnostics are means over learner iterations (entropy: last 10 %).", "",
-             "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | filtered | clip | KL | "
+             "study's split. Diagnostics are means over learner iterations (entropy: last 10 %). VACO presets: "
+             "'no grad' is the share of samples left without gradient (TV filter and per-sample band together), "
+             "'fires' the share of minibatches over the TV budget δ (the filter proper); PPO: 'clip'.", "",
+             "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | no grad | fires | clip | KL | "
              "entropy | lag p50/p95 (versions) | lag p50/p95 (s) | seeds: final returns |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         iqm = _interval(stats.Interval(**r["iqm"])) if "iqm" in r else "n/a"
         modes = f"{r['modes']['low']}/{r['modes']['high']}" if "modes" in r else ""
         bad = (f" ({r['failed']} failed)" if r["failed"] else "") + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
         lines.append(
             f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'))} | {iqm} | {modes} | "
-            f"{_fmt(r['tv_estimate'], 3)} | {_fmt(r['filtered_fraction'], 3)} | {_fmt(r['clip_fraction'], 3)} | "
+            f"{_fmt(r['tv_estimate'], 3)} | {_fmt(r['filtered_fraction'], 3)} | {_fmt(r['filter_fire_rate'], 3)} | "
+            f"{_fmt(r['clip_fraction'], 3)} | "
             f"{_fmt(r['approx_kl'], 3)} | {_fmt(r['entropy_last'], 2)} | {_fmt(r['lag_p50'])}/{_fmt(r['lag_p95'])} | "
             f"{_fmt(r['lag_seconds_p50'], 2)}/{_fmt(r['lag_seconds_p95'], 2)} | "
             f"{', '.join(f'{s}: {f:,.0f}' for s, f in zip(r['seeds'], r['final_returns']))} |")
@@ -225,8 +229,8 @@ def write_report(study: Study, records: list[dict], out: Path) -> dict:
         w.writeheader()
         for r in records:
             d = dict(r)
-            for k in ("tv_estimate", "filtered_fraction", "clip_fraction", "approx_kl"):
-                d[k] = (r.get("diagnostics") or {}).get(k, {}).get("mean")
+            for k in ("tv_estimate", "filtered_fraction", "filter_fire_rate", "clip_fraction", "approx_kl"):
+                d[k] = ((r.get("diagnostics") or {}).get(k) or {}).get("mean")
             d["entropy_last"] = (r.get("diagnostics") or {}).get("entropy", {}).get("last")
             d["overrides"] = " ".join(r.get("overrides", []))
             w.writerow(d)

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -103,12 +104,20 @@ def main() -> None:
     p.add_argument("--total-steps", type=int, default=1_000_000)
     p.add_argument("--target", type=float, default=3000.0)
     p.add_argument("--out", default="bench/results/vs-sample-factory")
+    p.add_argument("--overwrite", action="store_true", help="delete this benchmark's earlier runs of these seeds in --out first")
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the finally blocks: no orphaned workers
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    earlier = [d for s in seeds for d in (out / f"asyncrl-s{s}", out / "sf-runs" / f"hc-s{s}") if d.exists()]
+    if earlier and not args.overwrite:   # `asyncrl run` refuses a used run dir; say so before an hour of runs
+        sys.exit(f"vs_sample_factory: {out} already holds runs of these seeds ({', '.join(d.name for d in earlier)}); "
+                 "pass --overwrite to delete them, or another --out")
+    for d in earlier:
+        shutil.rmtree(d)
     rows = []
-    for seed in [int(s) for s in args.seeds.split(",")]:      # alternate: drift hits both alike
+    for seed in seeds:      # alternate: drift hits both alike
         a = asyncrl_run(args, seed, out)
         sf = sample_factory_run(args, seed, a["wall_s"], out)
         row = {"seed": seed, "asyncrl": a, "sample_factory": sf, "load_after": os.getloadavg()[0],

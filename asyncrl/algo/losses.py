@@ -164,25 +164,25 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         band_ratio: which ratio the band bounds: "full" (π_θ/β, PPO-clip's mask) or "backward"
             (the anchor ratio π_T/β, fixed for the iteration: a sample whose behaviour policy is
             already more than ``band`` from π_T in its advantage's direction is left out of the
-            iteration, and the forward part π_θ/π_T is left to the TV filter alone), or "forward"
-            (π_θ/π_T: PPO-clip's mask centred on the learning policy, the clip of Hilton et al.'s
-            decoupled PPO, arXiv:2110.00641; with surrogate_rho_bar the weight π_T/β is bounded
-            apart, so lag does not shrink the band a sample has left). "backward" and "forward"
-            need anchor_log_prob.
+            iteration, and the forward part π_θ/π_T is left to the TV filter alone; needs
+            anchor_log_prob), or "forward" (π_θ/anchor: with the learning anchor PPO-clip's mask
+            centred on π_T, the clip of Hilton et al.'s decoupled PPO, arXiv:2110.00641, while
+            surrogate_rho_bar bounds the weight π_T/β apart, so lag alone never takes a sample
+            out of the band; with the β anchor it is "full").
 
     Returns:
         :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
-            surrogate_rho_bar <= 0 or NaN; band_ratio unknown, or not "full" without an anchor.
+            surrogate_rho_bar <= 0 or NaN; band_ratio unknown, or "backward" without an anchor.
 
     Paper: VACO, arXiv:2603.01365.
     """
     if band_ratio not in BAND_RATIOS:
         raise ValueError(f"band_ratio must be one of {BAND_RATIOS}, got {band_ratio!r}")
-    if band_ratio != "full" and anchor_log_prob is None:
-        raise ValueError(f"band_ratio={band_ratio!r} bounds a ratio to π_T and needs anchor_log_prob (the learning anchor)")
+    if band_ratio == "backward" and anchor_log_prob is None:
+        raise ValueError("band_ratio='backward' bounds π_T/β and needs anchor_log_prob (the learning anchor)")
     checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
              **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}))
     bar = checks.scalar("surrogate_rho_bar", surrogate_rho_bar, low=0.0, low_open=True, allow_inf=True)

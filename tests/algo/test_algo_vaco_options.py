@@ -182,11 +182,10 @@ def test_forward_band_is_decoupled_ppo_clip_by_hand():
                              anchor_log_prob=anchor, surrogate_rho_bar=1.0, behavior_band=0.2,
                              band_ratio="forward")
     assert start.keep_mask.all()
-    with pytest.raises(ValueError, match="anchor_log_prob"):
-        vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=0.2,
-                         behavior_band=0.2, band_ratio="forward")
-    with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
-        config.load(None, ["algo.behavior_band_ratio=forward", "algo.ratio_anchor=behavior"])
+    # with the β anchor the forward ratio is pi_theta/beta: the full band
+    fwd, full = (vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
+                                  behavior_band=0.2, band_ratio=b) for b in ("forward", "full"))
+    assert torch.equal(fwd.keep_mask, full.keep_mask) and not fwd.keep_mask.all()
     with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
         config.load(None, ["algo.behavior_band_ratio=backward", "algo.ratio_anchor=behavior"])
     with pytest.raises(config.ConfigError, match="behavior_band_ratio"):
