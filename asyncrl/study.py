@@ -339,9 +339,14 @@ class Runner:
         for c in self.study.cells:
             p = self.record_path(c)
             if p.exists():
-                out.append(json.loads(p.read_text()))
+                rec = json.loads(p.read_text())
             elif any_code and (same := others.get(_identity(c))):
-                out.append(max(same, key=lambda r: r.get("started", "")))
+                rec = max(same, key=lambda r: r.get("started", ""))
+            else:
+                continue
+            # two arms can resolve to one run (a sweep value equal to the default): it counts in each arm,
+            # under that arm's label, not twice in the arm that ran it
+            out.append(rec if rec.get("label") == c.label else {**rec, "label": c.label})
         return out
 
     def run_cell(self, cell: Cell) -> dict | None:

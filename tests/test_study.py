@@ -145,3 +145,26 @@ def test_report_can_take_records_of_other_training_code(tmp_path):
     (tmp_path / "out" / "cells" / "oldkey" / "cell.json").write_text(json.dumps(old))
     assert runner.finished_records() == [] and len(runner.pending()) == len(st.cells)
     assert runner.finished_records(any_code=True) == [old]
+
+
+def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
+    """A sweep value equal to the default resolves to the plain arm's run (one key): the report lists
+    it under each arm's label, not twice under the arm that ran it."""
+    from asyncrl.study import Runner
+    st = load_study(write(tmp_path, """[[arm]]
+presets = ["vaco"]
+conditions = ["none"]
+[[arm]]
+name = "delta"
+presets = ["vaco"]
+conditions = ["none"]
+sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""))
+    runner = Runner(st, tmp_path / "out", echo=lambda *_: None)
+    plain = next(c for c in st.cells if c.label == "vaco")
+    same = [c for c in st.cells if runner.keys[c] == runner.keys[plain]]
+    assert len(same) == 2
+    path = runner.record_path(plain)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"label": "vaco", "env": plain.env, "seed": plain.seed, "status": "ok", "final_return": 1.0}))
+    labels = sorted(r["label"] for r in runner.finished_records() if r["seed"] == plain.seed)
+    assert labels == sorted(c.label for c in same) and len(set(labels)) == 2
