@@ -32,7 +32,8 @@ def _llm_args(tmp_path) -> list[str]:
             "--set", "task.group_size=2", "--set", "task.prompts_per_slot=2", "--set", "task.max_prompt_tokens=160",
             "--set", "task.max_new_tokens=12", "--set", "task.eval_size=8", "--set", "algo.preset=grpo",
             "--set", "algo.num_epochs=1", "--set", "algo.num_minibatches=2", "--set", "learner.reward_scaling=false",
-            "--total-steps", "48"]
+            # as configs/gsm-tiny.toml: heartbeats wait for a generation or an iteration (tens of seconds under load)
+            "--set", "transport.actor_timeout_s=120", "--total-steps", "48"]
 
 
 @pytest.mark.timeout(420)
