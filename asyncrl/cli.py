@@ -34,7 +34,7 @@ def load_config(config_file, overrides, flags: dict | None = None, *, env: bool 
             extra.setdefault(section, {})[key] = value
     try:
         cfg = config_mod.load(config_file, overrides, extra)
-        if env:
+        if env and cfg.task.kind == "control":
             from .envs import check_env
             check_env(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
     except (ConfigError, ValueError) as exc:  # EnvError is a ValueError
@@ -201,6 +201,7 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
     if not resume:
         write_config_json(out, cfg)
     click.echo(f"run directory: {out}" + (" (resuming the run there)" if resume else ""))
+    _prepare_task(cfg, out)
     try:
         if serial:
             from .metrics import RunDirError
@@ -231,6 +232,16 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
         sys.exit(130)
     if serial:   # in a multi-process run the learner prints it
         click.echo(summary_line(summary))
+
+
+def _prepare_task(cfg: Config, out: Path) -> None:
+    """What the task needs before its roles start (llm: the start model, made and warmed up once and
+    cached, and its held-out accuracy before RL); nothing for control tasks. Raises UserError."""
+    from .tasks import make_task
+    try:
+        make_task(cfg).prepare_run(out, click.echo)
+    except (OSError, ValueError) as exc:   # a missing model directory, a cache made with other settings
+        raise UserError(str(exc)) from None
 
 
 def _run_role(role, errors):

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
+TASK_KINDS = ("control", "llm")
+# grpo: PPO-clip on token ratios with group-normalised advantages (no critic); vaco / vaco_no_filter: the same
+# policy losses as the control task, on tokens. The rest need a critic or time steps.
+LLM_PRESETS = ("grpo", "vaco", "vaco_no_filter")
+LLM_AVERAGING = ("token", "sequence", "constant")
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
@@ -63,7 +68,8 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class AlgoConfig:
     # Preset: which advantage estimator and policy loss (VACO.md table). arXiv:2603.01365.
-    preset: str = _f("vaco", "advantage estimator and policy loss: " + ", ".join(PRESETS))
+    preset: str = _f("vaco", "advantage estimator and policy loss: " + ", ".join(PRESETS) + "; llm tasks: "
+                             + ", ".join(LLM_PRESETS))
     gamma: float = _f(0.99, "discount factor")
     gae_lambda: float = _f(0.95, "lambda of GAE / V-trace traces")
     rho_bar: float = _f(1.0, "V-trace clip of the importance weight in the value targets")
@@ -146,6 +152,27 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class TaskConfig:
+    kind: str = _f("control", "task kind the roles carry: control (gymnasium envs, [env] and [policy]) or llm "
+                              "(a causal language model on GSM8k-format math; the keys below)")
+    model: str = _f("", "llm: Hugging Face causal-LM directory to start from (loaded with local_files_only); '': the "
+                        "tiny model `asyncrl llm prepare` makes, cached in task.cache_dir")
+    cache_dir: str = _f("runs/llm", "llm: where the prepared tiny model and its warm-ups are cached")
+    model_seed: int = _f(0, "llm: seed of the tiny model, its warm-up and the train / held-out problems (run.seed "
+                            "seeds RL only)")
+    warmup_steps: int = _f(300, "llm: supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none")
+    group_size: int = _f(8, "llm: G, completions sampled per prompt (a group)")
+    prompts_per_slot: int = _f(4, "llm: prompts per slot: a slot holds whole groups, prompts_per_slot * G rows")
+    max_prompt_tokens: int = _f(96, "llm: prompt width in a slot (left-padded); a longer prompt is an error")
+    max_new_tokens: int = _f(160, "llm: completion width in a slot and generation budget (sampling and evaluation)")
+    temperature: float = _f(1.0, "llm: sampling temperature of the generators (the learner's log-probs use it too)")
+    train_problems: int = _f(20000, "llm: generated train problems the generators draw prompts from")
+    eval_size: int = _f(500, "llm: held-out problems of the greedy evaluation before and after RL; 0: none")
+    averaging: str = _f("token", "llm: loss average over tokens: token (DAPO), sequence (GRPO) or constant (Dr. GRPO)")
+    scale_by_std: bool = _f(True, "llm: divide group-centred rewards by the group's std (GRPO); false: Dr. GRPO")
+
+
+@dataclass(frozen=True)
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -154,13 +181,17 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @property
     def batch_size(self) -> int:
-        """Env steps per learner iteration: T * B * E."""
+        """Samples per learner iteration: env steps T * B * E (control), completions
+        prompts_per_slot * G * B (llm)."""
+        if self.task.kind == "llm":
+            return self.task.prompts_per_slot * self.task.group_size * self.learner.slots_per_batch
         return self.env.rollout_length * self.learner.slots_per_batch * self.env.num_envs
 
 
@@ -224,8 +255,10 @@ def _build(data: dict[str, Any]) -> Config:
 def validate(cfg: Config) -> None:
     """Cross-field checks; raises ConfigError naming the first problem."""
     a, e, l = cfg.algo, cfg.env, cfg.learner
-    if a.preset not in PRESETS:
-        raise ConfigError(f"unknown preset algo.preset={a.preset!r}; presets are {', '.join(PRESETS)}")
+    if a.preset not in PRESETS + ("grpo",):
+        raise ConfigError(f"unknown preset algo.preset={a.preset!r}; presets are {', '.join(PRESETS)} "
+                          f"(task.kind = llm: {', '.join(LLM_PRESETS)})")
+    _validate_task(cfg)
     if a.ratio_anchor not in RATIO_ANCHORS:
         raise ConfigError(f"algo.ratio_anchor must be one of {RATIO_ANCHORS}, got {a.ratio_anchor!r}")
     if a.traces not in TRACES:
@@ -282,12 +315,35 @@ def validate(cfg: Config) -> None:
     if l.num_slots < l.slots_per_batch:
         raise ConfigError(f"learner.num_slots ({l.num_slots}) must be >= learner.slots_per_batch ({l.slots_per_batch})")
     if cfg.batch_size % a.num_minibatches:
-        raise ConfigError(f"batch size T*B*E = {cfg.batch_size} is not divisible by algo.num_minibatches={a.num_minibatches}")
+        what = "prompts_per_slot*G*B" if cfg.task.kind == "llm" else "T*B*E"
+        raise ConfigError(f"batch size {what} = {cfg.batch_size} is not divisible by algo.num_minibatches={a.num_minibatches}")
     from .transport import MAX_STR_BYTES   # the learner's welcome carries this config to every actor
     n = len(json.dumps(cfg.to_dict()).encode())
     if n > MAX_STR_BYTES:
         raise ConfigError(f"the config is {n:,} bytes as JSON, over the {MAX_STR_BYTES:,} a welcome message carries "
                           f"to actors; shorten its strings (run.run_dir, env.id, env.module)")
+
+
+def _validate_task(cfg: Config) -> None:
+    t, preset = cfg.task, cfg.algo.preset
+    if t.kind not in TASK_KINDS:
+        raise ConfigError(f"task.kind must be one of {', '.join(TASK_KINDS)}, got {t.kind!r}")
+    if t.kind == "control":
+        if preset == "grpo":
+            raise ConfigError("algo.preset = grpo is for task.kind = llm (control tasks: ppo is PPO-clip)")
+        return
+    if preset not in LLM_PRESETS:
+        raise ConfigError(f"task.kind = llm takes algo.preset {', '.join(LLM_PRESETS)}, got {preset!r}")
+    if t.averaging not in LLM_AVERAGING:
+        raise ConfigError(f"task.averaging must be one of {', '.join(LLM_AVERAGING)}, got {t.averaging!r}")
+    for key in ("group_size", "prompts_per_slot", "max_prompt_tokens", "max_new_tokens", "train_problems"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"task.{key} must be >= 1, got {getattr(t, key)}")
+    for key in ("warmup_steps", "eval_size", "model_seed"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"task.{key} must be >= 0, got {getattr(t, key)}")
+    if not 0 < t.temperature < float("inf"):
+        raise ConfigError(f"task.temperature must be a finite number > 0, got {t.temperature}")
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

@@ -19,7 +19,7 @@ from .lag import LagTracker
 from .metrics import (Clock, EpisodeTracker, JsonlWriter, RunDirError, is_event, progress_line, rewrite_jsonl,
                       tensorboard_writer,
                       write_json_atomic, write_scalars)
-from .spec import RolloutSpec
+from .spec import SlotSpec
 from .state import CHECKPOINT, LearnerState, NonFiniteError, read_checkpoint, write_checkpoint
 
 log = logging.getLogger("asyncrl.consume")
@@ -45,11 +45,12 @@ class SlotError(ValueError):
         self.reason = reason
 
 
-def check_slot(arrays: dict[str, np.ndarray], spec: RolloutSpec, *, version: int,
+def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int,
                grant_id: int | None = None) -> None:
     """Raise SlotError unless one slot's arrays (fields of ``spec``) can be trained on: every float
     field finite (obs, rewards, log-probs, final_obs, continuous actions), one behaviour version in
-    0..``version`` for the whole slot, discrete actions within 0..action_dim-1, and (when
+    0..``version`` for the whole slot, the task's value ranges (``spec.invalid_values``: discrete
+    actions within 0..action_dim-1, token ids within the vocabulary), and (when
     ``grant_id`` is given) every row tagged with that grant (``foreign_rows``; spec.py)."""
     for f in spec.fields:
         if f.dtype.kind == "f":
@@ -62,10 +63,9 @@ def check_slot(arrays: dict[str, np.ndarray], spec: RolloutSpec, *, version: int
         raise SlotError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{version}")
     if v.min() != v.max():   # one rollout, one policy version: what makes max_policy_lag exact
         raise SlotError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
-    if spec.discrete:
-        a = arrays["actions"]
-        if a.min() < 0 or a.max() >= spec.action_dim:
-            raise SlotError("action", f"action indices {a.min()}..{a.max()} outside 0..{spec.action_dim - 1}")
+    bad = spec.invalid_values(arrays)   # the task's own ranges (control: discrete action indices)
+    if bad is not None:
+        raise SlotError(*bad)
     if grant_id is not None and not own_rows(arrays, grant_id):
         n = int(np.count_nonzero(arrays["grant_id"] != grant_id))
         raise SlotError("foreign_rows", f"{n} entries of the rollout are tagged with another grant than {grant_id}")
@@ -77,16 +77,17 @@ def own_rows(arrays: dict[str, np.ndarray], grant_id: int) -> bool:
 
 
 class Consumer:
-    def __init__(self, cfg: Config, spec: RolloutSpec, run_dir: str | Path, *, resume: bool = False):
+    def __init__(self, cfg: Config, spec: SlotSpec, run_dir: str | Path, *, resume: bool = False, task=None):
         """``resume``: go on with the run of ``run_dir`` from its newest readable checkpoint (an
         older one when the newest is damaged; iteration 0 when there is none): the learner's and
         this object's state come back, the metrics and lag rows logged after that checkpoint are
         removed (each iteration appears once), and metrics.jsonl and lag.jsonl get a resume record
         (``{"event": "resume", ...}``). ``resumed_extra`` then holds what the caller stored with
-        the checkpoint (serial mode: its envs), or None."""
+        the checkpoint (serial mode: its envs), or None. ``task``: the task interface (default:
+        ``asyncrl.tasks.make_task(cfg, spec=spec)``)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.state = LearnerState(cfg, spec)
+        self.state = LearnerState(cfg, spec, task)
         self.resumed_extra: dict | None = None
         self.boundary: dict | None = None     # the last snapshot() taken between iterations
         own = None
@@ -272,13 +273,15 @@ class Consumer:
         failure = {"role": failed_role, "reason": reason} if outcome == "failed" else None
         summary = {"outcome": outcome, "failure": failure, "resumes": st.resumes,
                    "actor_rejoins": {a: n - 1 for a, n in sorted(st.actor_joins.items()) if n > 1},
-                   "env_id": self.cfg.env.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
+                   "env_id": self.state.task.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
                    "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
                    "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
                    "learner_iterations": st.iteration, "final_average_return": self.episodes.average_return,
                    "dropped_samples": self.lag.dropped_samples, "rejected_slots": dict(self.rejected_slots),
                    "slot_audit": dict(self.slot_audit), "skipped_optimizer_steps": st.optimizer.skipped, "last_eval": self.last_eval or None,
                    **self.lag.summary(), **extra,
+                   # the task's own (llm: held-out accuracy before and after RL); control adds none
+                   **(self.state.task.final_summary(st.policy, self.run_dir) if outcome == "finished" else {}),
                    "provenance": self.provenance}
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary

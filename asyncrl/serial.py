@@ -1,5 +1,5 @@
 """Serial mode: actors and learner in one process with the same modules and an in-process
-transport (plain arrays instead of shared-memory slots). The way to debug, and bit-reproducible
+transport (plain arrays instead of shared-memory slots), for every task kind (asyncrl.tasks). The way to debug, and bit-reproducible
 for a given seed. Actors act with the newest weights (policy lag 0) unless the lag controls of
 [actor] say otherwise (asyncrl.lag_control), exactly as actor processes would."""
 from __future__ import annotations
@@ -13,11 +13,9 @@ import torch
 
 from .config import Config
 from .consume import Consumer, SlotData, SlotError, check_slot
-from .envs import VecEnv
 from .lag_control import WeightHistory
-from .policy import InferencePolicy
-from .rollout import collect
 from .seeding import actor_seeds
+from .tasks import make_task
 
 
 _log = logging.getLogger("asyncrl.serial")
@@ -36,16 +34,17 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
     torch.set_num_threads(cfg.learner.torch_threads)
     # actor env group i draws from the streams of actor id "actor{i}", as `asyncrl run`'s actor i does
     names = [f"actor{i}" for i in range(cfg.run.num_actors)]
-    envs = [VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps,
-                   module=cfg.env.module) for _ in names]
-    consumer = Consumer(cfg, envs[0].spec(cfg.env.rollout_length), run_dir, resume=resume)
+    task = make_task(cfg)
+    producers = [task.producer() for _ in names]   # control: each makes its envs
+    consumer = Consumer(cfg, producers[0].spec, run_dir, resume=resume, task=task)
     state = consumer.state
     saved = consumer.resumed_extra
-    restored = saved is not None and all(env.set_state(e) for env, e in zip(envs, saved["envs"]))
+    restored = saved is not None and all(p.load_source_state(e) for p, e in zip(producers, saved["envs"]))
     # a resume without saved envs draws fresh streams, as a restarted actor does
     restart = 0 if restored or state.iteration == 0 and state.env_steps == 0 else state.resumes
     seeds = [actor_seeds(cfg.run.seed, name, restart, cfg.env.num_envs) for name in names]
-    policies = [InferencePolicy(state.policy, activation=cfg.policy.activation, seed=s.action) for s in seeds]
+    for p, s in zip(producers, seeds):   # the learner's policy is the template: nothing more drawn from torch's RNG
+        p.bind(cfg, s, template=state.policy)
     # each actor env group keeps the versions it was sent, as an actor process does (lag controls)
     histories = [WeightHistory(policy_delay=cfg.actor.policy_delay, policy_age_buffer=cfg.actor.policy_age_buffer,
                                seed=s.lag) for s in seeds]
@@ -53,18 +52,19 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
         h.add(state.version, state.flat_weights())
     host, next_actor = socket.gethostname(), 0
     if restored:
-        for p, h, rng, hist in zip(policies, histories, saved["policy_rng"], saved["histories"]):
-            p.rng.bit_generator.state = rng
+        for p, h, rng, hist in zip(producers, histories, saved["policy_rng"], saved["histories"]):
+            p.load_rng_state(rng)
             h.load_state_dict(hist)
         next_actor = int(saved["next_actor"])
     else:
         if resume and state.iteration:
-            _log.warning("serial: the envs of %s cannot be saved; the resumed run starts fresh episodes", cfg.env.id)
-        for env, s in zip(envs, seeds):
-            env.reset(seeds=s.env)
+            _log.warning("serial: the envs of %s cannot be saved; the resumed run starts fresh episodes", task.id)
+        for p in producers:
+            p.reset()
 
     def own_state() -> dict:   # what a checkpoint between iterations needs to go on bit-identically
-        return {"envs": [env.get_state() for env in envs], "policy_rng": [p.rng.bit_generator.state for p in policies],
+        own = [p.state_dict() for p in producers]
+        return {"envs": [o["source"] for o in own], "policy_rng": [o["rng"] for o in own],
                 "histories": [h.state_dict() for h in histories], "next_actor": next_actor}
 
     try:
@@ -72,10 +72,10 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
             slots = []
             while len(slots) < cfg.learner.slots_per_batch and not consumer.done:
                 version, flat = histories[next_actor].choose()
-                policies[next_actor].load(flat)
+                producers[next_actor].load(flat)
                 arrays = consumer.state.spec.allocate()
-                stats = collect(envs[next_actor], policies[next_actor].act, arrays, version=version)
-                name, next_actor = names[next_actor], (next_actor + 1) % len(envs)
+                stats = producers[next_actor].collect(arrays, version=version)
+                name, next_actor = names[next_actor], (next_actor + 1) % len(producers)
                 try:   # the checks the learner applies to an actor's slot, and the same counting
                     check_slot(arrays, consumer.state.spec, version=state.version)
                 except SlotError as exc:
@@ -104,8 +104,8 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
         return consumer.finish(mode="serial")
     finally:
         consumer.close()
-        for env in envs:
-            env.close()
+        for p in producers:
+            p.close()
 
 
 def _record_failure(consumer: Consumer, exc: Exception) -> None:

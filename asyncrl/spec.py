@@ -1,6 +1,10 @@
 """The one table of rollout fields. Shared memory and the wire both derive from it.
 
-A *slot* holds one actor's E parallel rollouts of T steps, time-major. Index convention (VACO.md):
+:class:`SlotSpec` is what every task kind shares (offsets, views, layout hash); each task kind
+says which fields a slot has (:class:`RolloutSpec` for control here, ``asyncrl.tasks.llm.spec``
+for language models).
+
+A control *slot* holds one actor's E parallel rollouts of T steps, time-major. Index convention (VACO.md):
 ``rewards[t]`` follows ``actions[t]`` taken in ``obs[t]``; ``obs`` has T+1 rows so the learner can
 bootstrap from ``obs[T]``. ``final_obs[t]`` is meaningful only where ``truncated[t]`` (the
 observation the episode ended in, before the automatic reset wrote the next episode's first
@@ -27,45 +31,27 @@ class Field(NamedTuple):
     dtype: np.dtype
 
 
-@dataclass(frozen=True)
-class RolloutSpec:
-    """Shapes of one slot.
+class SlotSpec:
+    """What shared memory, the wire and the learner's checks need of one slot, whatever the task:
+    a subclass gives ``fields`` (name, shape, dtype; ``behavior_version`` and ``grant_id`` among
+    them), ``to_dict`` (compared at the handshake), ``num_envs`` x ``rollout_length`` (the most
+    episodes one slot can end: the wire's limits on a report) and may add value checks
+    (:meth:`invalid_values`)."""
 
-    Args:
-        obs_dim: length of the flat observation vector.
-        action_dim: action vector length A (continuous), or the number of actions K (discrete).
-        discrete: True for a categorical action space (actions stored as int64 indices [T, E]).
-        rollout_length: T, env steps per rollout.
-        num_envs: E, parallel envs (one rollout each) per slot.
-    """
-
-    obs_dim: int
-    action_dim: int
-    discrete: bool
-    rollout_length: int
     num_envs: int
-
-    def __post_init__(self):
-        for name in ("obs_dim", "action_dim", "rollout_length", "num_envs"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"RolloutSpec.{name} must be >= 1, got {getattr(self, name)}")
+    rollout_length: int
 
     @property
     def fields(self) -> tuple[Field, ...]:
-        T, E, D = self.rollout_length, self.num_envs, self.obs_dim
-        act = Field("actions", (T, E), np.dtype(np.int64)) if self.discrete else \
-            Field("actions", (T, E, self.action_dim), np.dtype(np.float32))
-        return (
-            Field("obs", (T + 1, E, D), np.dtype(np.float32)),
-            act,
-            Field("behavior_log_prob", (T, E), np.dtype(np.float32)),
-            Field("behavior_version", (T, E), np.dtype(np.int64)),
-            Field("rewards", (T, E), np.dtype(np.float32)),
-            Field("terminated", (T, E), np.dtype(np.bool_)),
-            Field("truncated", (T, E), np.dtype(np.bool_)),
-            Field("final_obs", (T, E, D), np.dtype(np.float32)),
-            Field("grant_id", (T, E), np.dtype(np.int64)),
-        )
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError
+
+    def invalid_values(self, arrays: dict[str, np.ndarray]) -> tuple[str, str] | None:
+        """(reason, detail) if a slot's values are out of range for this task (beyond the finite
+        floats and behaviour versions every slot is checked for); None if they are fine."""
+        return None
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -107,14 +93,62 @@ class RolloutSpec:
             for f in self.fields
         }
 
-    def to_dict(self) -> dict:
-        return {"obs_dim": self.obs_dim, "action_dim": self.action_dim, "discrete": self.discrete,
-                "rollout_length": self.rollout_length, "num_envs": self.num_envs}
-
     @property
     def layout_hash(self) -> str:
         text = ";".join(f"{f.name}:{f.shape}:{f.dtype.str}" for f in self.fields)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RolloutSpec(SlotSpec):
+    """Shapes of one slot.
+
+    Args:
+        obs_dim: length of the flat observation vector.
+        action_dim: action vector length A (continuous), or the number of actions K (discrete).
+        discrete: True for a categorical action space (actions stored as int64 indices [T, E]).
+        rollout_length: T, env steps per rollout.
+        num_envs: E, parallel envs (one rollout each) per slot.
+    """
+
+    obs_dim: int
+    action_dim: int
+    discrete: bool
+    rollout_length: int
+    num_envs: int
+
+    def __post_init__(self):
+        for name in ("obs_dim", "action_dim", "rollout_length", "num_envs"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"RolloutSpec.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        T, E, D = self.rollout_length, self.num_envs, self.obs_dim
+        act = Field("actions", (T, E), np.dtype(np.int64)) if self.discrete else \
+            Field("actions", (T, E, self.action_dim), np.dtype(np.float32))
+        return (
+            Field("obs", (T + 1, E, D), np.dtype(np.float32)),
+            act,
+            Field("behavior_log_prob", (T, E), np.dtype(np.float32)),
+            Field("behavior_version", (T, E), np.dtype(np.int64)),
+            Field("rewards", (T, E), np.dtype(np.float32)),
+            Field("terminated", (T, E), np.dtype(np.bool_)),
+            Field("truncated", (T, E), np.dtype(np.bool_)),
+            Field("final_obs", (T, E, D), np.dtype(np.float32)),
+            Field("grant_id", (T, E), np.dtype(np.int64)),
+        )
+
+    def to_dict(self) -> dict:
+        return {"obs_dim": self.obs_dim, "action_dim": self.action_dim, "discrete": self.discrete,
+                "rollout_length": self.rollout_length, "num_envs": self.num_envs}
+
+    def invalid_values(self, arrays: dict[str, np.ndarray]) -> tuple[str, str] | None:
+        if self.discrete:
+            a = arrays["actions"]
+            if a.min() < 0 or a.max() >= self.action_dim:
+                return "action", f"action indices {a.min()}..{a.max()} outside 0..{self.action_dim - 1}"
+        return None
 
 
 def _align(n: int, to: int = 64) -> int:

@@ -1,6 +1,7 @@
 """The learner's state: policy, optimizer, normalisers, version and counters; batch assembly
-from slots, the learner iteration around :func:`asyncrl.update.learner_iteration`, and atomic
-checkpoints. Used by the learner role and by serial mode alike."""
+from slots and the learner iteration through the task (asyncrl.tasks.base: control runs
+:func:`asyncrl.update.learner_iteration`), and atomic checkpoints. Used by the learner role and
+by serial mode alike, for every task kind."""
 from __future__ import annotations
 
 import io
@@ -13,9 +14,9 @@ import torch
 
 from .config import Config
 from .metrics import RunDirError, write_atomic
-from .policy import RunningMeanStd, build_policy, flatten_weights, layout_hash
-from .spec import RolloutSpec
-from .update import learner_iteration
+from .policy import RunningMeanStd
+from .spec import SlotSpec
+from .tasks import make_task
 
 
 class NonFiniteError(RuntimeError):
@@ -107,65 +108,54 @@ class RewardScaler:
 
 
 class LearnerState:
-    """Everything the learner owns. ``version`` is the policy version the weights carry."""
+    """Everything the learner owns. ``version`` is the policy version the weights carry.
+    ``task``: the task interface (default: ``make_task(cfg, spec=spec)``)."""
 
-    def __init__(self, cfg: Config, spec: RolloutSpec):
+    def __init__(self, cfg: Config, spec: SlotSpec, task=None):
         self.cfg, self.spec = cfg, spec
+        self.task = task if task is not None else make_task(cfg, spec=spec)
         torch.manual_seed(cfg.run.seed)
-        self.policy = build_policy(cfg.policy, spec.obs_dim, spec.action_dim, discrete=spec.discrete)
+        self.policy = self.task.build_policy()
         # fused: one kernel for all parameters; the per-tensor loop cost ~0.6 ms of a ~3 ms optimizer step here
         # GuardedAdam: a step with a non-finite loss or gradient is skipped and counted, never taken
         self.optimizer = GuardedAdam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
-        self.obs_rms = RunningMeanStd((spec.obs_dim,))
+        self.obs_rms = RunningMeanStd(self.task.obs_shape)
         self.reward_scaler = RewardScaler(gamma=cfg.algo.gamma, clip=cfg.learner.reward_clip)
         self.version = 0
         self.env_steps = 0
         self.iteration = 0
         self.actor_joins: dict[str, int] = {}   # actor id -> times it joined (its next restart count)
         self.resumes = 0                        # times this run was resumed from a checkpoint
-        self.layout_hash = layout_hash(self.policy)
+        self.layout_hash = self.task.layout_hash(self.policy)
 
     def flat_weights(self) -> np.ndarray:
-        return flatten_weights(self.policy)
+        return self.task.flat_weights(self.policy)
 
     def make_batch(self, slots: Sequence[tuple[str, dict[str, np.ndarray]]],
                    gaps: Sequence[bool] | None = None) -> dict[str, torch.Tensor]:
-        """Concatenate B slots (stream key, field arrays [T(+1), E, ...]) along the env axis into
-        one batch of [T(+1), B*E, ...] tensors. The arrays are copied, so the slots can be freed
-        as soon as this returns. Rewards are scaled per stream here; ``gaps[i]``: slot i does not
-        follow its stream's previous slot (one in between was dropped), so that stream's running
-        return restarts first."""
-        out: dict[str, list[np.ndarray]] = {name: [] for name in self.spec.batch_field_names}
-        for i, (stream, arrays) in enumerate(slots):
-            if gaps is not None and gaps[i]:
-                self.reward_scaler.reset(stream)
-            for name in self.spec.batch_field_names:
-                a = arrays[name]
-                if name == "rewards" and self.cfg.learner.reward_scaling:
-                    a = self.reward_scaler(stream, a, arrays["terminated"] | arrays["truncated"])
-                out[name].append(a)
-        return {k: torch.from_numpy(np.concatenate(v, axis=1)) for k, v in out.items()}
+        """One batch from B slots (stream key, field arrays), copied, so the slots can be freed as
+        soon as this returns; ``gaps[i]``: slot i does not follow its stream's previous slot (one
+        in between was dropped). Control: [T(+1), B*E, ...] tensors, rewards scaled per stream."""
+        return self.task.make_batch(self, slots, gaps)
 
     def iterate(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """One learner iteration; then obs statistics are updated and the version advances."""
+        """One learner iteration (the task's); then the task's other statistics (control: the
+        observation statistics) are updated and the version advances."""
         a = self.cfg.algo
         if a.anneal_lr:
             frac = max(0.0, 1.0 - self.env_steps / self.cfg.run.total_env_steps)
             for g in self.optimizer.param_groups:
                 g["lr"] = a.lr * frac
         skipped_before = self.optimizer.skipped
-        stats = learner_iteration(self.policy, self.optimizer, batch, cfg=a, generator=self.generator,
-                                  version=self.version)
+        stats = self.task.learner_iteration(self, batch)
         stats["skipped_steps"] = self.optimizer.skipped - skipped_before
         limit = self.cfg.learner.max_consecutive_skips
         if self.optimizer.consecutive > limit:
             raise NonFiniteError(f"learner: {self.optimizer.consecutive} optimizer steps in a row skipped for a "
                                  f"non-finite loss or gradient (learner.max_consecutive_skips = {limit}), at "
                                  f"iteration {self.iteration + 1}")
-        if self.cfg.policy.normalize_obs:
-            self.obs_rms.update(batch["obs"][:-1].reshape(-1, self.spec.obs_dim).numpy())
-            self.policy.set_obs_stats(self.obs_rms)
+        self.task.after_iteration(self, batch)   # control: observation statistics
         bad = nonfinite_entries({"policy": self.policy.state_dict()})
         if bad:   # never published nor checkpointed
             raise NonFiniteError(f"learner: non-finite weights after iteration {self.iteration + 1}: "

@@ -59,7 +59,9 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
     return g.advantages, g.returns
 
 
-def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> losses.PolicyLoss:
+def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> losses.PolicyLoss:
+    """The policy loss of preset ``cfg.preset`` (an AlgoConfig) on flat [N] samples: env steps of the
+    control task, completion tokens of the llm task (asyncrl.tasks.llm.learn); one dispatch for both."""
     p = cfg.preset
     if p in ("vaco", "vaco_paper", "vaco_no_realign"):
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
@@ -75,7 +77,7 @@ def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, forc
                                        tv_threshold=math.inf, anchor_log_prob=anchor,
                                        surrogate_rho_bar=cfg.surrogate_rho_bar, behavior_band=cfg.behavior_band,
                                        band_ratio=cfg.behavior_band_ratio)
-    if p == "ppo":
+    if p in ("ppo", "grpo"):       # grpo: PPO-clip on token ratios (its advantages are the group-normalised ones)
         return losses.ppo_clip_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
                                     advantages=adv, clip_eps=cfg.clip_eps)
     if p == "ppo_kl":
@@ -87,7 +89,7 @@ def _policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, forc
     raise ValueError(f"unknown preset {p!r}")
 
 
-def _optimizer_step(policy, optimizer, loss, max_grad_norm) -> float:
+def optimizer_step(policy, optimizer, loss, max_grad_norm) -> float:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
@@ -158,18 +160,18 @@ def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, tar
                 a = (a - a.mean()) / (a.std() + 1e-8)
             out = policy(flat["obs"][idx])
             log_prob = out.dist.log_prob(flat["actions"][idx])
-            pl = _policy_loss(cfg, log_prob=log_prob, behavior_log_prob=flat["behavior_log_prob"][idx],
+            pl = policy_loss(cfg, log_prob=log_prob, behavior_log_prob=flat["behavior_log_prob"][idx],
                               target_log_prob=flat["target_log_prob"][idx], adv=a,
                               force=fired if cfg.tv_filter_trigger == "iteration" else False)
             step = _finish_step(policy, optimizer, cfg, pl, out, flat["targets"][idx], len(steps))
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
-                step.update(_filter_split(pl, stale, idx))
+                step.update(filter_split(pl, stale, idx))
             steps.append(step)
     return steps
 
 
-def _filter_split(pl, stale, idx) -> dict[str, float]:
+def filter_split(pl, stale, idx) -> dict[str, float]:
     """How often the filter fired, and what it removed from stale and from fresh samples."""
     out = {"filter_fire_rate": float(pl.filter_fired)}
     if stale is None:
@@ -185,7 +187,7 @@ def _finish_step(policy, optimizer, cfg, pl, out, targets, step):
     vl = losses.value_loss(values=out.values, targets=targets)
     entropy = out.dist.entropy().mean()
     loss = pl.loss + cfg.value_coef * vl - cfg.entropy_coef * entropy
-    grad_norm = _optimizer_step(policy, optimizer, loss, cfg.max_grad_norm)
+    grad_norm = optimizer_step(policy, optimizer, loss, cfg.max_grad_norm)
     return {"step": step, "policy_loss": pl.loss.item(), "value_loss": vl.item(), "entropy": entropy.item(),
             "approx_kl": float(pl.approx_kl), "tv_estimate": float(pl.tv_estimate),
             "filtered_fraction": float(pl.filtered_fraction), "clip_fraction": float(pl.clip_fraction),

@@ -1,4 +1,4 @@
-"""Actor role: envs + a copy of the policy. Connects to the learner (slot grants, reports) and
+"""Actor role: a task's producer (asyncrl.tasks: envs or a prompt stream) + a copy of the policy. Connects to the learner (slot grants, reports) and
 the broadcaster (weights), fills granted slots in the learner's shared memory when it can attach
 to it, and ships rollouts over TCP when it cannot.
 
@@ -25,14 +25,12 @@ import torch
 from .. import transport as tp
 from ..transport import snapshot_endpoint
 from ..config import Config, from_dict
-from ..envs import VecEnv
 from ..lag_control import WeightHistory
-from ..policy import InferencePolicy, build_policy, layout_hash
-from ..rollout import collect
 from ..seeding import ActorSeeds, actor_seeds, fingerprint
 from ..security import Security
 from ..shm import ShmError, SlotRing
-from ..spec import RolloutSpec
+from ..spec import SlotSpec
+from ..tasks import make_task
 
 log = logging.getLogger("asyncrl.actor")
 
@@ -64,10 +62,10 @@ class Actor:
     def __init__(self, cfg: Config, opts: ActorOptions):
         self.cfg, self.opts = cfg, opts
         torch.set_num_threads(1)
-        # seeded at the first reset, once the welcome gave the run seed and this id's restart count
-        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps,
-                           module=cfg.env.module)
-        self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
+        self.task = make_task(cfg)
+        # control: its envs, seeded at the first reset, once the welcome gave the run seed and this id's restart count
+        self.producer = self.task.producer()
+        self.spec: SlotSpec = self.producer.spec
         self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
         self.security = opts.security or Security(f"actor {opts.actor_id}")
         sec = self.security.client
@@ -89,7 +87,7 @@ class Actor:
         self.ring: SlotRing | None = None
         self.local_slot = None            # TCP mode: one slot in ordinary memory
         self.grants: list[tuple[int, int]] = []
-        self.policy = None
+        self.policy = None                # the producer, once a welcome bound its policy copy
         self.version = -1                 # the version the policy copy holds now
         self.history: WeightHistory | None = None   # made at the welcome (its seed is one of the streams)
         self.seeds: ActorSeeds | None = None
@@ -99,7 +97,7 @@ class Actor:
         self.revoked = 0                  # rollouts dropped because their grant was revoked mid-write
         # NaN/inf from this actor's own envs: counted and logged, never fatal
         self.bad_numbers = tp.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
-        self.step_sleep_s = cfg.actor.slowdown_s / cfg.env.rollout_length
+        self.step_sleep_s = cfg.actor.slowdown_s / self.spec.rollout_length
         self.stopped = ""
         self.num_params = 0
 
@@ -135,8 +133,8 @@ class Actor:
         deadline = time.monotonic() + timeout_s
         header = {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": self.opts.run_id,
                   "actor_id": self.opts.actor_id, "host": self.opts.host_label or socket.gethostname(),
-                  "pid": os.getpid(), "env_id": self.cfg.env.id, "spec": self.spec.to_dict(),
-                  "shm_token": None, "token": self.token, "spaces": self.env.spaces}
+                  "pid": os.getpid(), "env_id": self.task.id, "spec": self.spec.to_dict(),
+                  "shm_token": None, "token": self.token, "spaces": self.producer.spaces}
         next_hello, said_waiting = 0.0, False
         while time.monotonic() < deadline:
             if not said_waiting and deadline - time.monotonic() < timeout_s - 3:
@@ -169,13 +167,11 @@ class Actor:
         self.keep_token(reply["actor_token"])
         self.last_learner_message = time.monotonic()
         learner_cfg = from_dict(json.loads(reply["config"]))
-        template = build_policy(learner_cfg.policy, self.spec.obs_dim, self.spec.action_dim,
-                                discrete=self.spec.discrete)
-        self.layout_hash = layout_hash(template)
-        self.num_params = sum(p.numel() for p in template.state_dict().values())
         run_seed = self.opts.seed if self.opts.seed is not None else learner_cfg.run.seed
         self.seeds = actor_seeds(run_seed, self.opts.actor_id, reply["restart"], self.cfg.env.num_envs)
-        self.policy = InferencePolicy(template, activation=learner_cfg.policy.activation, seed=self.seeds.action)
+        self.producer.bind(learner_cfg, self.seeds)    # the policy copy, in the learner's layout
+        self.layout_hash, self.num_params = self.producer.layout_hash, self.producer.num_params
+        self.policy = self.producer
         a = self.cfg.actor
         self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
                                      seed=self.seeds.lag)
@@ -339,15 +335,15 @@ class Actor:
             self.check_learner_silence()
         return self.grants.pop(0) if self.grants and not self.stopped else None
 
-    def act(self, obs):
-        """The policy copy's actions; a straggler (actor.slowdown_s > 0) also sleeps slowdown_s / T
-        per step, so its rollouts take that much longer and come back staler."""
+    def tick(self) -> None:
+        """Called by the producer while it collects (control: before each env step of its envs): a
+        straggler (actor.slowdown_s > 0) sleeps slowdown_s / T per step, so its rollouts take that
+        much longer and come back staler."""
         if self.step_sleep_s > 0:
             time.sleep(self.step_sleep_s)
         # Heartbeat while collecting: a rollout longer than transport.actor_timeout_s must not make
         # the learner reap a live actor (it would regrant the slot being written, then lock it out).
         self.heartbeat()
-        return self.policy.act(obs)
 
     def finite_episodes(self, stats) -> tuple[list[float], list[int]]:
         """The rollout's (episode returns, lengths) without episodes whose return is NaN or inf
@@ -380,7 +376,7 @@ class Actor:
     def session(self) -> None:
         """One session: first weights, then collect until stop or max_rollouts. Raises Rejoin."""
         self.first_weights()
-        self.env.reset(seeds=self.seeds.env)
+        self.producer.reset()
         for _ in range(2):                      # two credits: fill one slot while the next is granted
             self._send("request")
         while not self.stopped and (self.opts.max_rollouts == 0 or self.sent < self.opts.max_rollouts):
@@ -395,7 +391,7 @@ class Actor:
             self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None
-            stats = collect(self.env, self.act, slot, version=self.version, guard=guard, grant_id=grant_id)
+            stats = self.producer.collect(slot, version=self.version, guard=guard, grant_id=grant_id, tick=self.tick)
             if stats.revoked:          # the learner reclaimed this grant (we were silent too long)
                 del slot
                 self.revoked += 1
@@ -433,4 +429,4 @@ class Actor:
             self.ctx.term()
             if self.ring is not None:
                 self.ring.close()
-            self.env.close()
+            self.producer.close()

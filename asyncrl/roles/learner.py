@@ -1,6 +1,7 @@
 """Learner role: owns the policy, the optimizer and the shared-memory slot ring; grants slots to
-actors (credits = backpressure), gathers B full slots into a batch, runs one VACO learner
-iteration, publishes the new weights through the broadcaster, and accounts for policy lag.
+actors (credits = backpressure), gathers B full slots into a batch, runs one learner iteration of
+the task (asyncrl.tasks: control or llm), publishes the new weights through the broadcaster, and
+accounts for policy lag.
 
 Top to bottom: serve messages -> consume a batch when B slots are full -> publish -> repeat
 until the env-step budget; then stop the actors, checkpoint, summarise, remove the segment.
@@ -23,16 +24,12 @@ import torch
 from .. import transport as tp
 from ..transport import snapshot_endpoint
 from ..config import Config, EnvConfig
-from ..envs import env_spaces, rollout_spec
 from ..security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
 from ..consume import Consumer, SlotData, SlotError, check_slot, own_rows
 from ..shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
+from ..tasks import make_task
 
 log = logging.getLogger("asyncrl.learner")
-
-# Fields that must describe one env stream; a report's slot is checked before it is consumed.
-_SPEC_FIELDS = ("obs_dim", "action_dim", "discrete", "rollout_length", "num_envs")
-
 
 # Actor messages that a learner which does not know the sender answers with "rejoin".
 _SESSION_TYPES = ("request", "ready", "rollout", "heartbeat")
@@ -104,13 +101,13 @@ class Learner:
         self.warned_unsigned = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.learner.torch_threads)
-        self.spec = rollout_spec(cfg.env.id, num_envs=cfg.env.num_envs, rollout_length=cfg.env.rollout_length,
-                                 max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module)
-        self.spaces = env_spaces(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
-        self.wire_limits = tp.report_limits(cfg.env.num_envs, cfg.env.rollout_length)   # reports of E*T episodes
+        self.task = make_task(cfg)
+        self.spec = self.task.spec
+        self.spaces = self.task.spaces
+        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
         # /dev/shm too small: one line before any file of the run exists (it can be rerun in the same directory)
         check_space(segment_nbytes(self.spec, cfg.learner.num_slots), self.spec, cfg.learner.num_slots)
-        self.consumer = Consumer(cfg, self.spec, self.run_dir, resume=resume)
+        self.consumer = Consumer(cfg, self.spec, self.run_dir, resume=resume, task=self.task)
         self.state = self.consumer.state
         for name in cleanup_stale():
             log.warning("learner: removed shared-memory segment %s left by a dead run", name)
@@ -259,7 +256,7 @@ class Learner:
     def mismatch(self, h: dict) -> str:
         """'' if the actor's run id (when it names one), env, rollout shape and spaces match this
         run; else one line naming the field."""
-        return handshake_mismatch(h, run_id=self.run_id, env_id=self.cfg.env.id, spec=self.spec.to_dict(),
+        return handshake_mismatch(h, run_id=self.run_id, env_id=self.task.id, spec=self.spec.to_dict(),
                                   spaces=self.spaces)
 
     def reply(self, identity: bytes, header: dict) -> None:
@@ -505,13 +502,14 @@ def _gone_here(actor: ActorInfo) -> bool:
 
 def handshake_mismatch(h: dict, *, run_id: str, env_id: str, spec: dict, spaces: dict) -> str:
     """'' if a ``hello`` header fits this run; else one line naming the first field that differs
-    and both values: run_id (only when the actor names one), env_id, the spec fields, then the
-    observation and action spaces (only when the actor describes them)."""
+    and both values: run_id (only when the actor names one), env_id (the task's id), the fields of
+    the learner's ``spec`` dict (control: obs_dim, action_dim, discrete, rollout_length, num_envs),
+    then the observation and action spaces (only when the actor describes them)."""
     if h["run_id"] and h["run_id"] != run_id:
         return f"run_id: actor has {h['run_id']!r}, learner has {run_id!r}"
     if h["env_id"] != env_id:
         return f"env_id: actor has {h['env_id']!r}, learner has {env_id!r}"
-    for key in _SPEC_FIELDS:
+    for key in spec:
         if h["spec"].get(key) != spec[key]:
             return f"{key}: actor has {h['spec'].get(key)!r}, learner has {spec[key]!r}"
     theirs = h.get("spaces")

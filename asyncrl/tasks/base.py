@@ -1,0 +1,99 @@
+"""The task interface: what differs between task kinds. The roles (actor, learner, broadcaster),
+the transport, the shared-memory slot ring and the lag accounting are one copy each and reach a
+task only through these two objects.
+
+``Task`` is the learner's side (and the handshake's description); ``Producer`` is an actor's side:
+the source of rollouts (gymnasium envs, a stream of prompts) and its copy of the policy. Both are
+made from a :class:`asyncrl.config.Config` by :func:`asyncrl.tasks.make_task`.
+
+Implementations: :mod:`asyncrl.tasks.control` (gymnasium / MuJoCo, the MLP actor-critic) and
+:mod:`asyncrl.tasks.llm.task` (a causal language model, verifiable math rewards, GRPO advantages).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:   # annotations only: importing these here would pull gymnasium into every task
+    import torch
+    from ..rollout import RolloutStats
+    from ..seeding import ActorSeeds
+    from ..shm import WriteGuard
+    from ..spec import SlotSpec
+    from ..state import LearnerState
+
+
+class Producer(Protocol):
+    """An actor's side of a task (actor processes and serial mode's actor groups alike)."""
+
+    spec: "SlotSpec"                 # the fields of the slots it writes
+    spaces: dict[str, str]           # what the learner compares at the handshake
+    layout_hash: str                 # of its flat weight buffer (after bind)
+    num_params: int                  # floats in that buffer (after bind)
+
+    def bind(self, cfg, seeds: "ActorSeeds", template=None) -> None:
+        """Make the policy copy for a session with a learner of config ``cfg`` and seed its
+        streams (``template``: a learner-side policy to copy the layout from; None: build one)."""
+
+    def load(self, flat: np.ndarray) -> None:
+        """Take the weights of one policy version from the broadcaster's flat float32 buffer."""
+
+    def reset(self) -> None:
+        """Start the session's streams (envs reset / prompt stream started) from the bound seeds."""
+
+    def collect(self, slot: dict[str, np.ndarray], *, version: int, guard: "WriteGuard | None" = None,
+                grant_id: int = 0, tick: Callable[[], None] | None = None) -> "RolloutStats":
+        """Fill one slot (row by row, ``grant_id`` written last in each row, ``guard`` asked around
+        every row) with data of policy ``version``; ``tick`` is called while it works (the
+        actor's heartbeat and straggler sleep)."""
+
+    def state_dict(self) -> dict:
+        """What serial mode checkpoints to go on bit-identically: {"source": ..., "rng": ...}."""
+
+    def load_source_state(self, source: Any) -> bool:
+        """Restore the source of ``state_dict()["source"]``; False if it cannot be restored."""
+
+    def load_rng_state(self, rng: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Task(Protocol):
+    """The learner's side of a task."""
+
+    kind: str                        # "control" or "llm" (config task.kind)
+    id: str                          # compared at the handshake: the env id, or the task's model and problems
+    spec: "SlotSpec"
+    spaces: dict[str, str]
+    obs_shape: tuple[int, ...]       # of the observation statistics the policy carries (() when none)
+
+    def producer(self) -> Producer: ...
+
+    def build_policy(self) -> "torch.nn.Module":
+        """The learner's policy (the caller has seeded torch's global generator)."""
+
+    def flat_weights(self, policy) -> np.ndarray:
+        """The broadcaster's payload: every weight of ``policy`` as one contiguous float32 [P]."""
+
+    def layout_hash(self, policy) -> str:
+        """16 hex digits naming the flat buffer's names, shapes and order."""
+
+    def make_batch(self, state: "LearnerState", slots: Sequence[tuple[str, dict[str, np.ndarray]]],
+                   gaps: Sequence[bool] | None) -> dict[str, "torch.Tensor"]:
+        """One batch (copied tensors) from B slots (stream key, field arrays); ``gaps[i]``: slot i
+        does not follow its stream's previous slot."""
+
+    def learner_iteration(self, state: "LearnerState", batch: dict) -> dict[str, Any]:
+        """Epochs x minibatches of the configured preset on ``batch``, in place on state.policy
+        and state.optimizer; returns the iteration's scalars (and ``minibatches`` rows)."""
+
+    def after_iteration(self, state: "LearnerState", batch: dict) -> None:
+        """What the learner updates besides the weights (control: observation statistics)."""
+
+    def prepare_run(self, run_dir: Path, echo: Callable[[str], None]) -> None:
+        """Before the roles start (``asyncrl run``, serial or not): e.g. make and warm up a model."""
+
+    def final_summary(self, policy, run_dir: Path) -> dict[str, Any]:
+        """Keys added to summary.json of a finished run (control: none)."""

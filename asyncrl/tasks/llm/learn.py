@@ -1,0 +1,106 @@
+"""One learner iteration of the llm task: GRPO advantages, then epochs x minibatches of the preset's
+policy loss on completion tokens, through the same dispatch as the control task
+(:func:`asyncrl.update.policy_loss`: ``grpo`` -> ``ppo_clip_loss``, ``vaco`` -> ``vaco_policy_loss``
+with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward ratio π_θ/π_T).
+
+1. With the weights at iteration start (π_T): log π_T of every completion token, once.
+2. Group-normalised advantages per row (:func:`asyncrl.tasks.llm.grpo.group_advantages`), broadcast
+   over the row's completion tokens, padding none, times the averaging weights (``task.averaging``).
+   No critic, so no realignment: the sequence advantage does not depend on the policy that sampled it.
+3. ``algo.num_epochs`` x ``algo.num_minibatches`` optimizer steps; minibatches are random sets of
+   rows (completions), drawn from the learner's generator (serial runs are bit-reproducible).
+
+Shapes: batch rows R' = B slots x prompts x G (groups of G consecutive rows), S = S_p + L tokens.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...update import filter_split, optimizer_step, policy_loss
+from . import grpo
+from .sampling import completion_log_probs
+
+
+def _token_log_probs(model, batch: dict[str, torch.Tensor], rows, *, temperature: float) -> torch.Tensor:
+    ids = torch.cat([batch["prompt_ids"][rows], batch["completion_ids"][rows]], 1)
+    mask = torch.cat([batch["prompt_mask"][rows], batch["completion_mask"][rows]], 1).long()
+    return completion_log_probs(model, ids, mask, batch["completion_mask"][rows], temperature=temperature)
+
+
+def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, task, generator: torch.Generator,
+                  version: int | None = None) -> dict[str, Any]:
+    """Run one learner iteration in place on ``model`` and ``optimizer``.
+
+    Args:
+        batch: prompt_ids / prompt_mask [R', S_p], completion_ids / completion_mask /
+            behavior_log_prob [R', L], behavior_version and rewards [R'] (asyncrl.tasks.llm.spec).
+        algo: AlgoConfig (preset grpo, vaco or vaco_no_filter; clip_eps, tv_threshold, ...).
+        task: TaskConfig (group_size, temperature, averaging, scale_by_std).
+        generator: minibatch shuffling.
+        version: the learner's version; splits the filtered fraction into stale / fresh tokens and
+            gives the generator-vs-learner log-prob mismatch of fresh rows (zero lag).
+
+    Returns:
+        Scalars (policy_loss, approx_kl, tv_estimate, filtered_fraction, clip_fraction, grad_norm,
+        rho_mean, rho_max, reward_mean, completion_tokens_mean, logprob_mismatch_fresh, ...) and
+        ``minibatches`` rows [step, tv_estimate, filtered_fraction, clip_fraction].
+
+    Raises:
+        ValueError: rows not a multiple of group_size, or as grpo.flatten_tokens.
+    """
+    rows, G = batch["rewards"].shape[0], task.group_size
+    if rows % G:
+        raise ValueError(f"{rows} rows are not whole groups of {G}")
+    cmask = batch["completion_mask"]
+    everything = torch.arange(rows)
+    with torch.no_grad():
+        target = _token_log_probs(model, batch, everything, temperature=task.temperature)   # log π_T [R', L]
+    adv = grpo.group_advantages(batch["rewards"].to(torch.float32).view(-1, G), scale_by_std=task.scale_by_std)
+    adv = adv.reshape(-1)
+    behavior = batch["behavior_log_prob"]
+    stale_rows = batch["behavior_version"] < version if version is not None else None
+    log_rho = (target - behavior)[cmask]
+    rho = log_rho.clamp(-20, 20).exp()
+    mb = rows // algo.num_minibatches
+    steps: list[dict] = []
+    fired = torch.zeros((), dtype=torch.bool)
+    for _ in range(algo.num_epochs):
+        perm = torch.randperm(rows, generator=generator)
+        for k in range(algo.num_minibatches):
+            idx = perm[k * mb:(k + 1) * mb]
+            m = cmask[idx]
+            log_prob = _token_log_probs(model, batch, idx, temperature=task.temperature)
+            tb = grpo.flatten_tokens(m, log_prob=log_prob, behavior_log_prob=behavior[idx], advantages=adv[idx],
+                                     averaging=task.averaging, max_len=cmask.shape[1])
+            a = tb.advantages
+            if algo.normalize_advantages and a.numel() > 1:
+                a = (a - a.mean()) / (a.std() + 1e-8)
+            pl = policy_loss(algo, log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
+                             target_log_prob=target[idx][m], adv=a,
+                             force=fired if algo.tv_filter_trigger == "iteration" else False)
+            grad_norm = optimizer_step(model, optimizer, pl.loss, algo.max_grad_norm)
+            step = {"step": len(steps), "policy_loss": pl.loss.item(), "approx_kl": float(pl.approx_kl),
+                    "tv_estimate": float(pl.tv_estimate), "filtered_fraction": float(pl.filtered_fraction),
+                    "clip_fraction": float(pl.clip_fraction), "grad_norm": grad_norm}
+            if pl.filter_fired is not None:
+                fired = fired | pl.filter_fired
+                stale = None if stale_rows is None else stale_rows[idx][:, None].expand_as(m)[m]
+                step.update(filter_split(pl, stale, torch.arange(int(m.sum()))))
+            steps.append(step)
+    stats = {k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
+             for k in steps[0] if k != "step"}
+    stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
+    stats["reward_mean"] = float(batch["rewards"].float().mean())
+    stats["completion_tokens_mean"] = float(cmask.sum(1).float().mean())
+    stats["zero_advantage_groups"] = float((adv.view(-1, G) == 0).all(1).float().mean())
+    fresh = None if stale_rows is None else ~stale_rows
+    if fresh is not None and bool(fresh.any()):
+        fm = cmask & fresh[:, None]   # rows generated by the weights of this very version: zero lag
+        stats["logprob_mismatch_fresh"] = float((target - behavior)[fm].abs().mean())
+    else:
+        stats["logprob_mismatch_fresh"] = float("nan")
+    stats["minibatches"] = [[s["step"], s["tv_estimate"], s["filtered_fraction"], s["clip_fraction"]] for s in steps]
+    return stats

@@ -1,0 +1,340 @@
+"""The llm task behind the roles' interface (asyncrl.tasks.base): generator actors hold a (stale) copy
+of a causal LM, sample G completions per prompt, score them with the verifiable reward and write
+whole prompt groups into a slot (asyncrl.tasks.llm.spec); the learner runs GRPO advantages and the
+preset's loss on tokens (asyncrl.tasks.llm.learn). Weights travel as the flat float32 buffer of the
+model's parameters (tied embeddings once), as the control policy's do.
+
+The model every role starts from (:meth:`LLMTask.start_dir`): ``task.model`` or the tiny model of
+``asyncrl llm prepare`` (cached in ``task.cache_dir``), after ``task.warmup_steps`` supervised
+warm-up steps (cached beside it). :meth:`LLMTask.prepare_run` makes it before the roles start and
+records the greedy held-out accuracy before RL; a finished run adds the accuracy after RL
+(summary.json ``initial_accuracy``, ``final_accuracy``, the same :func:`sampling.evaluate`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ...rollout import RolloutStats
+from . import gsm
+from .spec import TokenSpec
+
+# nothing is fetched from a hub at run time (the roles are child processes: they inherit these)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+START_FILE = "llm-start.json"     # in the run directory: the start model and its accuracy before RL
+WARMUP_STAMP = "asyncrl-rl-warmup.json"
+
+
+def param_layout(model) -> list[tuple[str, torch.Tensor]]:
+    """(name, parameter) of every distinct parameter (tied weights once), in module order."""
+    return list(model.named_parameters())
+
+
+def flat_weights(model) -> np.ndarray:
+    """Every parameter as one contiguous float32 array [P] (the broadcaster's payload)."""
+    return torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in param_layout(model)]).numpy()
+
+
+def load_flat(model, flat: np.ndarray) -> None:
+    """Inverse of :func:`flat_weights`. Raises ValueError if the size does not match."""
+    params = param_layout(model)
+    total = sum(p.numel() for _, p in params)
+    if flat.ndim != 1 or flat.size != total:
+        raise ValueError(f"flat weights have shape {flat.shape}, expected ({total},)")
+    src = torch.from_numpy(np.array(flat, np.float32))   # a copy: received buffers are read-only
+    off = 0
+    with torch.no_grad():
+        for _, p in params:
+            p.copy_(src[off:off + p.numel()].view_as(p))
+            off += p.numel()
+
+
+def layout_hash(model) -> str:
+    text = ";".join(f"{k}:{tuple(p.shape)}" for k, p in param_layout(model))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class LLMProducer:
+    """A generator actor's side: the train problems, a seeded prompt stream, the sampler's torch
+    generator, and a copy of the model (loaded from the start directory at :meth:`bind`, then
+    overwritten by every version it is sent)."""
+
+    def __init__(self, task: "LLMTask"):
+        self.task, self.cfg = task, task.cfg
+        self.spec: TokenSpec = task.spec
+        self.spaces = task.spaces
+        self.model = self.tokenizer = None
+        self.problems: list[gsm.Problem] = []
+        self.layout_hash, self.num_params = "", 0
+        self.rng = random.Random(0)
+        self.gen = torch.Generator()
+
+    def bind(self, cfg, seeds, template=None) -> None:
+        from . import model as m
+        loaded = m.load(self.task.start_dir())
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.layout_hash = layout_hash(self.model)
+        self.num_params = sum(p.numel() for _, p in param_layout(self.model))
+        t = self.cfg.task
+        if not self.problems:
+            self.problems = gsm.make_splits(seed=t.model_seed, n_train=t.train_problems, n_heldout=0).train
+        self.seeds = seeds
+
+    def load(self, flat: np.ndarray) -> None:
+        load_flat(self.model, flat)
+
+    def reset(self) -> None:
+        self.rng = random.Random(int(self.seeds.env[0]))
+        self.gen = torch.Generator().manual_seed(int(self.seeds.action))
+
+    def collect(self, slot, *, version: int, guard=None, grant_id: int = 0,
+                tick: Callable[[], None] | None = None) -> RolloutStats:
+        """Sample G completions for each of P prompts drawn from the train problems, score them, and
+        write the slot row by row (``grant_id`` last in each row, ``guard`` asked around each)."""
+        from .sampling import decode_completions, generate_group
+        if guard is not None:
+            grant_id = guard.grant_id
+        if tick is not None:
+            tick()
+        if guard is not None and not guard.may_write():
+            return RolloutStats(0, [], [], 0.0, 0.0, revoked=True)
+        s, t = self.spec, self.cfg.task
+        chosen = [self.problems[self.rng.randrange(len(self.problems))] for _ in range(s.prompts)]
+        t0 = time.perf_counter()
+        out = generate_group(self.model, self.tokenizer, [gsm.format_prompt(p) for p in chosen], s.group_size,
+                             temperature=t.temperature, max_new_tokens=s.completion_tokens, generator=self.gen)
+        t1 = time.perf_counter()
+        texts = decode_completions(self.tokenizer, out)
+        rewards = [gsm.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
+        if tick is not None:
+            tick()
+        sp, width = out.prompt_len, out.completion_mask.shape[1]
+        if sp > s.prompt_tokens:
+            raise ValueError(f"a prompt of {sp} tokens is longer than task.max_prompt_tokens = {s.prompt_tokens}")
+        pad = self.tokenizer.pad_token_id
+        prompt_ids, prompt_mask = out.input_ids[:, :sp].numpy(), out.attention_mask[:, :sp].numpy().astype(bool)
+        comp_ids, comp_mask = out.input_ids[:, sp:].numpy(), out.completion_mask.numpy()
+        blp = out.behavior_log_prob.numpy()
+        lengths = []
+        for r in range(s.rows):
+            if guard is not None and not (guard.wrote() and guard.may_write()):
+                return RolloutStats(r, rewards[:r], lengths, time.perf_counter() - t1, t1 - t0, revoked=True)
+            slot["prompt_ids"][r, :] = pad
+            slot["prompt_ids"][r, s.prompt_tokens - sp:] = prompt_ids[r]
+            slot["prompt_mask"][r, :] = False
+            slot["prompt_mask"][r, s.prompt_tokens - sp:] = prompt_mask[r]
+            slot["completion_ids"][r, :] = pad
+            slot["completion_ids"][r, :width] = comp_ids[r]
+            slot["completion_mask"][r, :] = False
+            slot["completion_mask"][r, :width] = comp_mask[r]
+            slot["behavior_log_prob"][r, :] = 0.0
+            slot["behavior_log_prob"][r, :width] = blp[r]
+            slot["behavior_version"][r] = version
+            slot["rewards"][r] = rewards[r]
+            slot["grant_id"][r] = grant_id
+            lengths.append(int(comp_mask[r].sum()))
+        if guard is not None and not guard.wrote():
+            return RolloutStats(s.rows, rewards, lengths, time.perf_counter() - t1, t1 - t0, revoked=True)
+        return RolloutStats(s.rows, rewards, lengths, time.perf_counter() - t1, t1 - t0)
+
+    def state_dict(self) -> dict:
+        return {"source": {"prompt_rng": _rng_state(self.rng)}, "rng": self.gen.get_state()}
+
+    def load_source_state(self, source: Any) -> bool:
+        self.rng.setstate(_rng_from(source["prompt_rng"]))
+        return True
+
+    def load_rng_state(self, rng: Any) -> None:
+        self.gen.set_state(rng)
+
+    def close(self) -> None:
+        self.model = None
+
+
+def _rng_state(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_from(d: list) -> tuple:
+    return (d[0], tuple(d[1]), d[2])
+
+
+class LLMTask:
+    kind = "llm"
+    obs_shape: tuple[int, ...] = ()
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self._spec: TokenSpec | None = None
+        self._start: Path | None = None
+
+    # ---- the start model ----
+    def base_dir(self) -> Path:
+        t = self.cfg.task
+        return Path(t.model) if t.model else Path(t.cache_dir) / f"tiny-qwen2-s{t.model_seed}"
+
+    def start_dir(self) -> Path:
+        """The model directory every role loads at its start: the base model, warmed up when
+        task.warmup_steps > 0 (made by :meth:`prepare_model`)."""
+        t = self.cfg.task
+        base = self.base_dir()
+        if t.warmup_steps == 0:
+            return base
+        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}"
+
+    def prepare_model(self, echo: Callable[[str], None] = print) -> Path:
+        """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when task.model is
+        '', then task.warmup_steps of :func:`asyncrl.tasks.llm.warmup.warmup` with its defaults
+        (cached, keyed by the settings). Raises model.ModelLoadError for a missing task.model."""
+        from . import model as m, warmup as w
+        t = self.cfg.task
+        if not t.model:
+            path, reused = m.prepare(self.base_dir(), seed=t.model_seed)
+            echo(f"llm: {'reused' if reused else 'prepared'} the tiny model {path}")
+        start = self.start_dir()
+        if t.warmup_steps == 0:
+            m.load(start)   # one line if it is not a model directory
+            return start
+        settings = {"base": str(self.base_dir().resolve()), "seed": t.model_seed, "steps": t.warmup_steps,
+                    "train_problems": t.train_problems, "generator_version": gsm.GENERATOR_VERSION}
+        try:
+            if json.loads((start / WARMUP_STAMP).read_text())["settings"] == settings:
+                echo(f"llm: reused the warmed-up model {start}")
+                return start
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if start.exists():
+            raise FileExistsError(f"{start} exists and was not warmed up with these settings; remove it")
+        loaded = m.load(self.base_dir())
+        splits = gsm.make_splits(seed=t.model_seed, n_train=t.train_problems, n_heldout=0)
+        echo(f"llm: warming up {self.base_dir()} for {t.warmup_steps} steps (supervised, cached in {start})")
+        result = w.warmup(loaded.model, loaded.tokenizer, splits.train, steps=t.warmup_steps, seed=t.model_seed)
+        tmp = start.with_name(f".{start.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        m.save(loaded.model, loaded.tokenizer, tmp)
+        (tmp / WARMUP_STAMP).write_text(json.dumps({"settings": settings, "final_loss": result.final_loss,
+                                                    "seconds": round(result.seconds, 2)}, indent=1) + "\n")
+        os.replace(tmp, start)
+        echo(f"llm: warm-up done in {result.seconds:.0f} s (loss {result.final_loss:.3f})")
+        return start
+
+    def _model_config(self) -> dict:
+        path = self.start_dir() / "config.json"
+        try:
+            return json.loads(path.read_text())
+        except OSError:
+            raise FileNotFoundError(f"no model at {self.start_dir()}: run `asyncrl run --config ...` (it prepares "
+                                    f"and warms up the model first) or set task.model") from None
+
+    # ---- the interface ----
+    @property
+    def id(self) -> str:
+        return f"llm:{self.start_dir()}"
+
+    @property
+    def spec(self) -> TokenSpec:
+        if self._spec is None:
+            t = self.cfg.task
+            self._spec = TokenSpec(prompts=t.prompts_per_slot, group_size=t.group_size,
+                                   prompt_tokens=t.max_prompt_tokens, completion_tokens=t.max_new_tokens,
+                                   vocab_size=int(self._model_config()["vocab_size"]))
+        return self._spec
+
+    @property
+    def spaces(self) -> dict[str, str]:
+        s = self.spec
+        return {"observation": f"prompt tokens [{s.prompt_tokens}] of a vocabulary of {s.vocab_size}",
+                "action": f"completion tokens [{s.completion_tokens}] at temperature {self.cfg.task.temperature}"}
+
+    def producer(self) -> LLMProducer:
+        return LLMProducer(self)
+
+    def build_policy(self):
+        from . import model as m
+        return m.load(self.start_dir()).model
+
+    def flat_weights(self, policy) -> np.ndarray:
+        return flat_weights(policy)
+
+    def layout_hash(self, policy) -> str:
+        return layout_hash(policy)
+
+    def make_batch(self, state, slots, gaps=None) -> dict[str, torch.Tensor]:
+        """Rows of B slots stacked: [B * rows, ...] tensors (groups stay whole: a slot holds whole groups)."""
+        names = self.spec.batch_field_names
+        return {n: torch.from_numpy(np.concatenate([arrays[n] for _, arrays in slots], axis=0)) for n in names}
+
+    def learner_iteration(self, state, batch) -> dict[str, Any]:
+        from .learn import llm_iteration
+        return llm_iteration(state.policy, state.optimizer, batch, algo=self.cfg.algo, task=self.cfg.task,
+                             generator=state.generator, version=state.version)
+
+    def after_iteration(self, state, batch) -> None:
+        return None
+
+    def evaluate(self, model) -> tuple[float, int]:
+        """(greedy exact-match accuracy, problems) on the first task.eval_size held-out problems."""
+        from . import model as m
+        from .sampling import evaluate
+        t = self.cfg.task
+        heldout = gsm.make_splits(seed=t.model_seed, n_train=0, n_heldout=t.eval_size).heldout
+        tokenizer = m.load(self.start_dir()).tokenizer
+        return evaluate(model, tokenizer, heldout, greedy=True, max_new_tokens=t.max_new_tokens), len(heldout)
+
+    def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
+        """Make the start model, then (once per run directory) its held-out accuracy before RL.
+        Raises ValueError (a model directory that does not load), FileExistsError."""
+        from . import model as m
+        try:
+            start = self.prepare_model(echo)
+        except m.ModelLoadError as exc:
+            raise ValueError(str(exc)) from None
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        path = Path(run_dir) / START_FILE
+        if path.exists():
+            return json.loads(path.read_text())
+        record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0}
+        if self.cfg.task.eval_size:
+            from . import model as m
+            t0 = time.perf_counter()
+            acc, n = self.evaluate(m.load(start).model)
+            record.update(initial_accuracy=acc, eval_problems=n, initial_eval_s=round(time.perf_counter() - t0, 2))
+            echo(f"llm: held-out accuracy before RL {acc:.3f} on {n} problems (greedy)")
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        return record
+
+    def final_summary(self, policy, run_dir: Path) -> dict[str, Any]:
+        """initial_accuracy (from prepare_run), final_accuracy (now, the same evaluation) and the
+        difference with a 95 % normal-approximation CI that treats the two accuracies as independent
+        binomial proportions on n problems (the paired evaluation would be tighter)."""
+        try:
+            start = json.loads((Path(run_dir) / START_FILE).read_text())
+        except (OSError, ValueError):
+            start = {"model": str(self.start_dir()), "initial_accuracy": None, "eval_problems": 0}
+        out = {"task": "llm", "model": start["model"], "initial_accuracy": start["initial_accuracy"],
+               "final_accuracy": None, "eval_problems": start["eval_problems"]}
+        if not self.cfg.task.eval_size:
+            return out
+        t0 = time.perf_counter()
+        acc, n = self.evaluate(policy)
+        out.update(final_accuracy=acc, eval_problems=n, final_eval_s=round(time.perf_counter() - t0, 2))
+        p0 = start["initial_accuracy"]
+        if p0 is not None:
+            half = 1.96 * math.sqrt((p0 * (1 - p0) + acc * (1 - acc)) / n)
+            out["accuracy_difference"] = acc - p0
+            out["accuracy_difference_ci95"] = [acc - p0 - half, acc - p0 + half]
+        return out
