@@ -133,13 +133,29 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         if version is not None and "behavior_version" in batch:
             stale = (batch["behavior_version"] < version).reshape(-1)
         steps = _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale)
-    stats = {k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
-             for k in steps[0] if k != "step"}
+    stats = step_means(steps)
     stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
-    stats["minibatches"] = [[s["step"], s["tv_estimate"], s["filtered_fraction"], s["clip_fraction"]]
-                            for s in steps]
+    stats["minibatches"] = minibatch_rows(steps)
     return stats
+
+
+def step_means(steps: list[dict]) -> dict[str, float]:
+    """Mean over an iteration's optimizer steps of each scalar they report (NaN steps ignored; NaN
+    when every step is NaN), ``step`` left out."""
+    return {k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
+            for k in steps[0] if k != "step"}
+
+
+def minibatch_rows(steps: list[dict]) -> list[list[float]]:
+    """Per optimizer step [step, tv_estimate, filtered_fraction, clip_fraction] (forward lag)."""
+    return [[s["step"], s["tv_estimate"], s["filtered_fraction"], s["clip_fraction"]] for s in steps]
+
+
+def normalize_advantages(a: torch.Tensor, on: bool) -> torch.Tensor:
+    """Minibatch advantage normalisation (PPO's): (a - mean) / (std + 1e-8) when ``on`` and a has
+    more than one element; otherwise ``a`` unchanged."""
+    return (a - a.mean()) / (a.std() + 1e-8) if on and a.numel() > 1 else a
 
 
 def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale=None):
@@ -155,9 +171,7 @@ def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, tar
         perm = torch.randperm(size, generator=generator)
         for k in range(cfg.num_minibatches):
             idx = perm[k * mb:(k + 1) * mb]
-            a = flat["adv"][idx]
-            if cfg.normalize_advantages and a.numel() > 1:
-                a = (a - a.mean()) / (a.std() + 1e-8)
+            a = normalize_advantages(flat["adv"][idx], cfg.normalize_advantages)
             out = policy(flat["obs"][idx])
             log_prob = out.dist.log_prob(flat["actions"][idx])
             pl = policy_loss(cfg, log_prob=log_prob, behavior_log_prob=flat["behavior_log_prob"][idx],

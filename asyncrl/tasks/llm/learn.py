@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
-from ...update import filter_split, optimizer_step, policy_loss
+from ...update import filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, step_means
 from . import grpo
 from .sampling import completion_log_probs
 
@@ -75,9 +74,7 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
             log_prob = _token_log_probs(model, batch, idx, temperature=task.temperature)
             tb = grpo.flatten_tokens(m, log_prob=log_prob, behavior_log_prob=behavior[idx], advantages=adv[idx],
                                      averaging=task.averaging, max_len=cmask.shape[1])
-            a = tb.advantages
-            if algo.normalize_advantages and a.numel() > 1:
-                a = (a - a.mean()) / (a.std() + 1e-8)
+            a = normalize_advantages(tb.advantages, algo.normalize_advantages)
             pl = policy_loss(algo, log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
                              target_log_prob=target[idx][m], adv=a,
                              force=fired if algo.tv_filter_trigger == "iteration" else False)
@@ -90,8 +87,7 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
                 stale = None if stale_rows is None else stale_rows[idx][:, None].expand_as(m)[m]
                 step.update(filter_split(pl, stale, torch.arange(int(m.sum()))))
             steps.append(step)
-    stats = {k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
-             for k in steps[0] if k != "step"}
+    stats = step_means(steps)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
     stats["reward_mean"] = float(batch["rewards"].float().mean())
     stats["completion_tokens_mean"] = float(cmask.sum(1).float().mean())
@@ -102,5 +98,5 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         stats["logprob_mismatch_fresh"] = float((target - behavior)[fm].abs().mean())
     else:
         stats["logprob_mismatch_fresh"] = float("nan")
-    stats["minibatches"] = [[s["step"], s["tv_estimate"], s["filtered_fraction"], s["clip_fraction"]] for s in steps]
+    stats["minibatches"] = minibatch_rows(steps)
     return stats
