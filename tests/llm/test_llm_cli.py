@@ -53,3 +53,15 @@ def test_eval_on_a_jsonl_file(tmp_path, micro_dir):
                                    "--threads", "1"])
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() in ("accuracy 0.000 on 1 problems", "accuracy 1.000 on 1 problems")
+
+
+def test_eval_breakdown_prints_json(tmp_path, micro_dir):
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"question": "Tom has 2 cards. He buys 3 more. How many?",
+                             "answer": "2+3 = <<2+3=5>>5\n#### 5"}) + "\n")
+    res = CliRunner().invoke(llm, ["eval", "--model", str(micro_dir), "--file", str(f), "--max-new-tokens", "3",
+                                   "--threads", "1", "--breakdown", "--no-calculator"])
+    assert res.exit_code == 0, res.output
+    first, second = res.stdout.strip().splitlines()
+    assert first.startswith("accuracy ") and json.loads(second)["n"] == 1
+    assert sum(json.loads(second)["first_error"].values()) == 1

@@ -2,6 +2,7 @@
 import json
 import re
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
@@ -124,3 +125,93 @@ def test_load_jsonl_bad_line_one_line_error_with_line_number(tmp_path, bad, mess
 def test_load_jsonl_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="GSM8k file not found: .*nope.jsonl$"):
         gsm.load_jsonl(tmp_path / "nope.jsonl")
+
+
+# ---------------------------------------------------------------- calculator
+
+@pytest.mark.parametrize("expr, value", [
+    ("48/2", Fraction(24)),
+    ("2+3*4", Fraction(14)),                 # * before +
+    ("(2+3)*4", Fraction(20)),
+    ("10-4-3", Fraction(3)),                 # left to right
+    ("12/4/3", Fraction(1)),
+    ("1/3", Fraction(1, 3)),
+    ("-5+2", Fraction(-3)),
+    ("3*-2", Fraction(-6)),
+    (" 0.25 * 8 ", Fraction(2)),
+    (".5+1", Fraction(3, 2)),
+])
+def test_calculate_hand_checked(expr, value):
+    assert gsm.calculate(expr) == value
+
+
+@pytest.mark.parametrize("expr", ["", "2+", "2**3", "(2+3", "2+3)", "4/0", "4/(2-2)", "1,000+1", "2e3",
+                                  "__import__('os')", "x+1", "2 3"])
+def test_calculate_rejects_anything_else(expr):
+    with pytest.raises(gsm.CalculatorError):
+        gsm.calculate(expr)
+
+
+@pytest.mark.parametrize("value, text", [(Fraction(24), "24"), (Fraction(-12), "-12"), (Fraction(5, 2), "2.5"),
+                                         (Fraction(1, 3), "0.333333"), (Fraction(2, 3), "0.666667"),
+                                         (Fraction(-1, 10**9), "0")])
+def test_format_number(value, text):
+    assert gsm.format_number(value) == text
+
+
+@pytest.mark.parametrize("text, tail", [
+    ("Natalia sold 48/2 = <<48/2=", "24>>"),
+    ("a <<1+1=2>>2 then <<2*3=", "6>>"),
+    ("<<7-9=", "-2>>"),
+    ("<<48/2=24", None),          # not at the '='
+    ("48/2=", None),              # no open annotation
+    ("<<1+1=2>> 5=", None),       # the last annotation is closed
+    ("<<a=b=", None),             # a second '=' inside
+    ("<<4/0=", None),             # not evaluable: the model continues alone
+    ("<<import os=", None),
+])
+def test_calculator_completion(text, tail):
+    assert gsm.calculator_completion(text) == tail
+
+
+def test_generated_annotations_agree_with_the_calculator():
+    for p in gsm.make_splits(seed=5, n_train=200, n_heldout=0).train:
+        for expr, result in re.findall(r"<<([^=]*)=([^>]*)>>", p.answer):
+            assert gsm.format_number(gsm.calculate(expr)) == result
+
+
+# ---------------------------------------------------------------- error analysis
+
+_REF = gsm.Problem("Tom has 6 cards. He buys 3 more. He splits them equally into 3 bags and keeps one bag. How many?",
+                   "After getting more, Tom has 6+3 = <<6+3=9>>9 cards.\n"
+                   "After sharing, Tom has 9/3 = <<9/3=3>>3 cards.\n#### 3", Decimal(3))
+
+
+@pytest.mark.parametrize("completion, expected", [
+    (" " + _REF.answer, ("correct", None)),
+    (" Tom has 6*3 = <<6*3=18>>18 cards.\n#### 18", ("setup: wrong op", 0)),
+    (" 6+3 = <<6+3=9>>9.\n 8/3 = <<8/3=2.666667>>2.666667\n#### 2.666667", ("setup: wrong first operand", 1)),
+    (" 6+3 = <<6+3=9>>9.\n 9/2 = <<9/2=4.5>>4.5\n#### 4.5", ("setup: wrong second operand", 1)),
+    (" <<6+3+1=10>>10\n#### 10", ("setup: malformed", 0)),
+    (" 6+3 = <<6+3=8>>8\n#### 8", ("arithmetic", 0)),
+    (" 6+3 = <<6+3=9>>9\n#### 9", ("stopped early", 1)),
+    (" <<6+3=9>>9 <<9/3=3>>3 <<3*1=3>>3\n#### 3", ("correct", None)),   # reward 1: correct whatever the steps
+    (" <<6+3=9>>9 <<9/3=3>>3 <<3*2=6>>6\n#### 6", ("extra steps", None)),
+    (" <<6+3=9>>9 <<9/3=3>>3\n#### 9", ("final answer", None)),
+])
+def test_first_error(completion, expected):
+    assert gsm.first_error(_REF, completion) == expected
+
+
+def test_error_breakdown_counts_by_hand():
+    two = _REF
+    one = gsm.Problem("q", "a <<5*2=10>>10\n#### 10", Decimal(10))
+    comps = [" " + two.answer, " <<6+3=9>>9 <<9/2=4.5>>4.5\n#### 4.5", "#### 7"]
+    out = gsm.error_breakdown([two, two, one], comps)
+    assert out["accuracy"] == pytest.approx(1 / 3) and out["n"] == 3
+    assert out["by_steps"] == {1: [0, 1], 2: [1, 2]}
+    # '+' reached twice, never wrong; '/' reached twice, wrong once; '*' reached once, stopped early
+    assert out["by_op"] == {"*": [1, 1], "+": [0, 2], "/": [1, 2]}
+    assert out["first_error"] == {"correct": 1, "setup: wrong second operand": 1, "stopped early": 1}
+    with pytest.raises(ValueError):
+        gsm.error_breakdown([two], [])

@@ -53,7 +53,7 @@ def test_zero_lag_behaviour_log_probs_match_the_learner(micro, temperature):
         lp = sampling.completion_log_probs(lm, s.input_ids, s.attention_mask, s.completion_mask,
                                            temperature=temperature)
     assert lp.shape == s.behavior_log_prob.shape and (lp[~s.completion_mask] == 0).all()
-    assert (lp - s.behavior_log_prob).abs().max().item() < 1e-4
+    assert (lp - s.behavior_log_prob)[s.policy_mask].abs().max().item() < 1e-4
 
 
 def test_left_padding_does_not_change_a_row(micro):
@@ -113,3 +113,97 @@ def test_epoch_order_uses_each_example_once_in_length_groups():
     # within a window of 5 batches sorted by length, each batch pairs neighbours
     spans = [abs(lengths[order[i]] - lengths[order[i + 1]]) for i in range(0, 10, 2)]
     assert sorted(spans)[:4] == [1, 1, 1, 1]
+
+
+class _Scripted(torch.nn.Module):
+    """A stand-in causal LM that writes a fixed token script per row (logit 20 on the script's token,
+    0 elsewhere; EOS after the script), so the calculator's effect can be checked by hand."""
+
+    def __init__(self, scripts, vocab, eos_id, prompt_len):
+        super().__init__()
+        self.scripts, self.vocab, self.eos, self.s_p = scripts, vocab, eos_id, prompt_len
+        self.config = None
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache=True, past_key_values=None):
+        at = attention_mask.shape[1] - self.s_p          # completion position of the next token
+        logits = torch.zeros(input_ids.shape[0], input_ids.shape[1], self.vocab)
+        for row, script in enumerate(self.scripts):
+            logits[row, -1, script[at] if at < len(script) else self.eos] = 20.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_calculator_inserts_results_with_policy_mask_false(micro):
+    _, tok = micro
+    written = ["Tom: <<2+3=7>>7 and <<12/4=9>>9\n#### 9", "no annotation here\n#### 4"]
+    scripts = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in written]
+    ids, mask = sampling.encode_prompts(tok, ["Question: a", "Question: bb"])
+    lm = _Scripted(scripts, len(tok), tok.eos_token_id, ids.shape[1])
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=40, greedy=True)
+    plain = sampling.sample(lm, ids, mask, **kw)
+    calc = sampling.sample(lm, ids, mask, calculator=sampling.Calculator(tok), **kw)
+    assert sampling.decode_completions(tok, plain) == written
+    assert torch.equal(plain.policy_mask, plain.completion_mask)
+    # the calculator writes 5>> and 3>> over the script's 7>> and 9>>; the model still copies its own 7 and 9
+    assert sampling.decode_completions(tok, calc) == ["Tom: <<2+3=5>>7 and <<12/4=3>>9\n#### 9", written[1]]
+    comp = calc.input_ids[:, calc.prompt_len:]
+    inserted = [tok.decode([int(t)]) for t, c, p in zip(comp[0], calc.completion_mask[0], calc.policy_mask[0]) if c and not p]
+    assert "".join(inserted) == "5>>3>>"
+    assert torch.equal(calc.policy_mask[1], calc.completion_mask[1])
+    assert (calc.behavior_log_prob[~calc.policy_mask] == 0).all()
+    assert (calc.policy_mask <= calc.completion_mask).all()
+    assert torch.equal(calc.attention_mask[:, calc.prompt_len:], calc.completion_mask.long())
+
+
+def test_calculator_changes_nothing_without_annotations(micro):
+    lm, tok = micro
+    prompts = [gsm.format_prompt(p) for p in PROBLEMS.heldout[:2]]
+    kw = dict(temperature=1.0, max_new_tokens=12)
+    a = sampling.generate_group(lm, tok, prompts, 2, generator=torch.Generator().manual_seed(5), calculator=True, **kw)
+    b = sampling.generate_group(lm, tok, prompts, 2, generator=torch.Generator().manual_seed(5), calculator=False, **kw)
+    # the micro model never opens an annotation, so both are identical
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.policy_mask, a.completion_mask)
+
+
+def test_calculator_positions_cover_exactly_what_the_calculator_writes(micro):
+    _, tok = micro
+    text = " Tom has 6+3 = <<6+3=9>>9 cards.\nAfter that, Tom has 9*12 = <<9*12=108>>108 cards.\n#### 108"
+    pos = warmup.calculator_positions(tok, text)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert "".join(tok.decode([ids[i]]) for i in pos) == "9>>108>>"
+    # consecutive runs: "9>>" right after the first annotation's '=', "108>>" after the second's
+    first = [tok.decode([i]) for i in ids].index("=")
+    assert pos[0] == first + 1
+    assert warmup.calculator_positions(tok, "no annotation 6+3=9") == []
+
+
+def test_calculator_mask_takes_those_tokens_out_of_the_loss(micro):
+    _, tok = micro
+    probs = PROBLEMS.train[:3]
+    plain = warmup.encode_examples(tok, probs)
+    masked = warmup.encode_examples(tok, probs, calculator_mask=True)
+    assert [e[:2] for e in plain] == [e[:2] for e in masked] and all(e[2] == () for e in plain)
+    _, _, lab_plain = warmup.collate(plain, tok.pad_token_id)
+    ids, _, lab = warmup.collate(masked, tok.pad_token_id)
+    for row, ex, p in zip(range(3), masked, probs):
+        n_ann = p.answer.count("<<")
+        assert len(ex[2]) >= 2 * n_ann                                   # at least one digit and '>>' each
+        assert (lab[row, list(ex[2])] == -100).all() and (lab_plain[row, list(ex[2])] != -100).all()
+        assert int((lab_plain[row] != -100).sum() - (lab[row] != -100).sum()) == len(ex[2])
+        assert tok.decode(ids[row, list(ex[2])]).count(">>") == n_ann
+
+
+def test_warmup_max_seconds_stops_early(micro_dir):
+    lm, tok = model.load(micro_dir)
+    res = warmup.warmup(lm, tok, PROBLEMS.train, steps=50, seed=0, batch_size=4, max_seconds=0.0)
+    assert res.steps == 1
+
+
+def test_warm_start_saves_then_reuses(micro_dir, tmp_path):
+    kw = dict(seed=1, steps=2, batch_size=4, n_train=16, n_heldout=3, max_new_tokens=4, threads=1)
+    first = warmup.warm_start(micro_dir, tmp_path / "w", **kw)
+    assert not first.reused and first.stamp["steps_taken"] == 2 and first.stamp["n_heldout"] == 3
+    assert first.stamp["settings"]["calculator"] is True and 0.0 <= first.stamp["heldout_accuracy"] <= 1.0
+    again = warmup.warm_start(micro_dir, tmp_path / "w", **kw)
+    assert again.reused and again.stamp == first.stamp
+    with pytest.raises(FileExistsError):
+        warmup.warm_start(micro_dir, tmp_path / "w", **{**kw, "steps": 3})

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 from pathlib import Path
 
 import click
 
-WARMUP_STAMP = "asyncrl-warmup.json"
+from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, WARMUP_STAMP  # noqa: F401 (WARMUP_STAMP re-exported)
+
 
 
 class LLMUserError(click.ClickException):
@@ -63,52 +62,36 @@ def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the warmed-up model (default <model>-warm-s<seed>-n<steps>); reused if made with the same settings.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Problem generation and batch order.")
-@click.option("--steps", type=int, default=300, show_default=True, help="Optimizer steps.")
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Problems per step.")
-@click.option("--lr", type=float, default=3e-3, show_default=True, help="Peak AdamW learning rate.")
+@click.option("--steps", type=int, default=DEFAULT_STEPS, show_default=True, help="Optimizer steps.")
+@click.option("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True, help="Problems per step.")
+@click.option("--lr", type=float, default=DEFAULT_LR, show_default=True, help="Peak AdamW learning rate.")
 @click.option("--train", "n_train", type=int, default=20000, show_default=True, help="Generated train problems.")
 @click.option("--heldout", "n_heldout", type=int, default=500, show_default=True, help="Held-out problems evaluated.")
 @click.option("--max-new-tokens", type=int, default=160, show_default=True, help="Generation budget in evaluation.")
+@click.option("--calculator/--no-calculator", default=True, show_default=True,
+              help="Train for and evaluate with the calculator (no loss on the annotation results it writes).")
+@click.option("--max-seconds", type=float, default=None,
+              help="Wall-clock budget of the training loop (stops early; deterministic only if --steps binds first).")
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads (0: torch's default).")
-def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, max_new_tokens, threads) -> None:
+def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, max_new_tokens, calculator,
+           max_seconds, threads) -> None:
     """Supervised warm-up on generated problems, then greedy exact-match accuracy on the held-out split."""
-    from . import gsm, model as m, sampling, warmup as w
-    _threads(threads)
+    from . import model as m, warmup as w
     out = Path(out_dir) if out_dir else Path(f"{str(model_dir).rstrip('/')}-warm-s{seed}-n{steps}")
-    settings = {"model": str(Path(model_dir).resolve()), "seed": seed, "steps": steps, "batch_size": batch_size,
-                "lr": lr, "n_train": n_train, "n_heldout": n_heldout, "max_new_tokens": max_new_tokens,
-                "threads": threads, "generator_version": gsm.GENERATOR_VERSION}
-    if out.exists():
-        try:
-            old = json.loads((out / WARMUP_STAMP).read_text())
-        except (OSError, json.JSONDecodeError):
-            old = None
-        if isinstance(old, dict) and old.get("settings") == settings:
-            click.echo(f"reused {out}: held-out accuracy {old['heldout_accuracy']:.3f}")
-            return
-        raise LLMUserError(f"{out} exists and was not warmed up with these settings; remove it or choose another --out")
     try:
-        loaded = m.load(model_dir)
-    except m.ModelLoadError as e:
+        res = w.warm_start(model_dir, out, seed=seed, steps=steps, batch_size=batch_size, lr=lr, n_train=n_train,
+                           n_heldout=n_heldout, max_new_tokens=max_new_tokens, calculator=calculator,
+                           max_seconds=max_seconds, threads=threads,
+                           log=lambda s, loss: click.echo(f"step {s} loss {loss:.3f}", err=True))
+    except (FileExistsError, m.ModelLoadError) as e:
         raise LLMUserError(str(e)) from None
-    splits = gsm.make_splits(seed=seed, n_train=n_train, n_heldout=n_heldout)
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = w.warmup(loaded.model, loaded.tokenizer, splits.train, steps=steps, seed=seed, batch_size=batch_size,
-                      lr=lr, log=lambda s, loss: click.echo(f"step {s} loss {loss:.3f}", err=True), log_every=100)
-    train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - c0
-    t1 = time.perf_counter()
-    acc = sampling.evaluate(loaded.model, loaded.tokenizer, splits.heldout, greedy=True, max_new_tokens=max_new_tokens)
-    eval_wall = time.perf_counter() - t1
-    stamp = {"settings": settings, "heldout_accuracy": acc, "final_loss": result.final_loss, "tokens": result.tokens,
-             "train_wall_s": round(train_wall, 2), "train_cpu_s": round(train_cpu, 2), "eval_wall_s": round(eval_wall, 2),
-             "load_average": list(os.getloadavg())}
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)   # a leftover of an interrupted warmup
-    m.save(loaded.model, loaded.tokenizer, tmp)
-    (tmp / WARMUP_STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    os.replace(tmp, out)
-    click.echo(f"warmed up {out}: held-out accuracy {acc:.3f} on {len(splits.heldout)} problems, "
-               f"train {train_wall:.0f} s wall ({train_cpu:.0f} s CPU), eval {eval_wall:.0f} s")
+    st = res.stamp
+    if res.reused:
+        click.echo(f"reused {out}: held-out accuracy {st['heldout_accuracy']:.3f}")
+        return
+    click.echo(f"warmed up {out}: held-out accuracy {st['heldout_accuracy']:.3f} on {st['n_heldout']} problems, "
+               f"{st['steps_taken']} steps, train {st['train_wall_s']:.0f} s wall ({st['train_cpu_s']:.0f} s CPU), "
+               f"eval {st['eval_wall_s']:.0f} s")
 
 
 @llm.command("eval", short_help="Greedy exact-match accuracy of a model on GSM8k-format problems.")
@@ -118,8 +101,11 @@ def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, 
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated held-out split.")
 @click.option("--limit", type=int, default=500, show_default=True, help="Evaluate the first N problems.")
 @click.option("--max-new-tokens", type=int, default=160, show_default=True, help="Generation budget.")
+@click.option("--calculator/--no-calculator", default=True, show_default=True,
+              help="Write the value of each <<expr= annotation for the model (GSM8k's calculator).")
+@click.option("--breakdown", is_flag=True, help="Also print where completions first go wrong (JSON, gsm.error_breakdown).")
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads (0: torch's default).")
-def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, threads) -> None:
+def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, calculator, breakdown, threads) -> None:
     """Greedy exact-match accuracy of a model on GSM8k-format problems."""
     from . import gsm, model as m, sampling
     _threads(threads)
@@ -129,8 +115,12 @@ def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, threads) -> None:
     except (FileNotFoundError, gsm.GSMFormatError, m.ModelLoadError) as e:
         raise LLMUserError(str(e)) from None
     problems = problems[:limit]
-    acc = sampling.evaluate(loaded.model, loaded.tokenizer, problems, greedy=True, max_new_tokens=max_new_tokens)
+    texts = sampling.eval_completions(loaded.model, loaded.tokenizer, problems, greedy=True,
+                                      max_new_tokens=max_new_tokens, calculator=calculator)
+    acc = sum(gsm.reward(t, p.target) for t, p in zip(texts, problems)) / len(problems) if problems else 0.0
     click.echo(f"accuracy {acc:.3f} on {len(problems)} problems")
+    if breakdown:
+        click.echo(json.dumps(gsm.error_breakdown(problems, texts)))
 
 
 if __name__ == "__main__":   # python -m asyncrl.tasks.llm.cli ... until the main CLI wires the group in

@@ -9,10 +9,19 @@ first real token has position 0 whatever its left padding, in the sampler and in
 The sampler is a plain loop over the model's forward with its KV cache (not ``model.generate``) so that
 it draws from an explicit ``torch.Generator`` (bit-reproducible on CPU for a given seed and thread
 count) and returns the log-probability of each drawn token under the distribution it was drawn from.
+
+Calculator (optional, :class:`Calculator`; GSM8k's own, Cobbe et al. 2021): when a row's completion
+ends in an open annotation ``<<expr=``, the sampler writes the value of ``expr`` and ``>>`` for it
+(:func:`asyncrl.tasks.llm.gsm.calculator_completion`), one token per decoding step, instead of
+sampling. Those inserted tokens are part of the text (completion_mask True, they are attended to)
+but are not the policy's actions: ``policy_mask`` is False on them and their behaviour log-prob is 0,
+so RL must take its loss, ratios and token counts over ``policy_mask``, not ``completion_mask``.
 """
 from __future__ import annotations
 
 import inspect
+import weakref
+from collections import deque
 from typing import NamedTuple, Sequence
 
 import torch
@@ -27,9 +36,12 @@ class Samples(NamedTuple):
     input_ids: [B, S_p + L] int64, prompt then completion tokens (pad after EOS).
     attention_mask: [B, S_p + L] int64, 1 on prompt tokens and completion tokens up to and including EOS.
     completion_mask: [B, L] bool, True on completion tokens up to and including EOS.
-    behavior_log_prob: [B, L] float32, log β(token) under the sampling distribution (nats; 0 where the
-        mask is False). For greedy decoding: log-softmax of the argmax token at temperature 1.
+    behavior_log_prob: [B, L] float32, log β(token) under the sampling distribution (nats; 0 where
+        policy_mask is False). For greedy decoding: log-softmax of the argmax token at temperature 1.
     prompt_len: S_p (int), so completions are input_ids[:, S_p:].
+    policy_mask: [B, L] bool, True on the completion tokens the policy chose: completion_mask without
+        the tokens a calculator inserted (equal to completion_mask when no calculator ran). The RL
+        loss, its log-prob ratios and its token counts use this mask.
     """
 
     input_ids: Tensor
@@ -37,6 +49,30 @@ class Samples(NamedTuple):
     completion_mask: Tensor
     behavior_log_prob: Tensor
     prompt_len: int
+    policy_mask: Tensor
+
+
+class Calculator:
+    """Inserts the value of each annotation ``<<expr=`` a row writes (see the module docstring).
+
+    Built once per tokenizer: it precomputes which vocabulary tokens end in ``=`` (the only tokens
+    after which a row is decoded and checked). The inserted text is ``"<value>>>"`` tokenised on its
+    own (digits are single tokens, so it tokenises as in the training text).
+
+    Args:
+        tokenizer: the model's tokenizer.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        vocab = range(len(tokenizer))
+        self.trigger_ids = torch.tensor([i for i in vocab if tokenizer.decode([i]).endswith("=")], dtype=torch.long)
+
+    def insert(self, completion_ids: list[int]) -> list[int]:
+        """The token ids to insert after ``completion_ids`` (a row's completion so far), or []."""
+        text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
+        tail = gsm.calculator_completion(text)
+        return [] if tail is None else self.tokenizer(tail, add_special_tokens=False)["input_ids"]
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -46,7 +82,8 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 
 @torch.no_grad()
 def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_id: int, max_new_tokens: int,
-           temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Samples:
+           temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None,
+           calculator: Calculator | None = None) -> Samples:
     """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` or greedily.
 
     Args:
@@ -59,10 +96,13 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
         temperature: > 0; logits are divided by it (ignored for greedy).
         greedy: argmax decoding (evaluation).
         generator: CPU torch.Generator for the draws (None: the global RNG).
+        calculator: a :class:`Calculator` that writes annotation results (None: none). A step that
+            inserts a token for a row still draws for every row, so the generator's stream, and
+            hence every other row, does not depend on which rows were given calculator tokens.
 
     Returns:
         :class:`Samples` with L = the number of decoding steps taken (<= max_new_tokens; the loop
-        stops once every row emitted EOS).
+        stops once every row emitted EOS). Inserted tokens count towards max_new_tokens.
 
     Raises:
         ValueError: max_new_tokens < 1, temperature <= 0 when sampling, or mismatched shapes.
@@ -82,18 +122,34 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
     logits = out.logits[:, -1, :].float()
     next_pos = mask.sum(-1, keepdim=True)   # [B, 1] position of the next token
     done = torch.zeros(b, dtype=torch.bool)
-    tokens, lps, keep = [], [], []
+    tokens, lps, keep, chosen = [], [], [], []
+    queues: dict[int, deque] = {}   # row -> calculator tokens still to insert
     for step in range(max_new_tokens):
         logp = torch.log_softmax(logits if greedy else logits / temperature, dim=-1)
         if greedy:
             tok = logp.argmax(-1)
         else:
             tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        forced = torch.zeros(b, dtype=torch.bool)
+        if queues:
+            for row in list(queues):
+                tok[row] = queues[row].popleft()
+                forced[row] = True
+                if not queues[row]:
+                    del queues[row]
         lp = logp.gather(-1, tok[:, None]).squeeze(-1)
         live = ~done
+        policy = live & ~forced
         tokens.append(torch.where(live, tok, torch.full_like(tok, pad_id)))
-        lps.append(torch.where(live, lp, torch.zeros_like(lp)))
+        lps.append(torch.where(policy, lp, torch.zeros_like(lp)))
         keep.append(live)
+        chosen.append(policy)
+        if calculator is not None:
+            check = policy & torch.isin(tok, calculator.trigger_ids)
+            for row in check.nonzero().flatten().tolist():
+                ins = calculator.insert([int(t[row]) for t in tokens])
+                if ins:
+                    queues[row] = deque(ins)
         done = done | (tok == eos_id)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
@@ -105,7 +161,8 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
     completion_mask = torch.stack(keep, 1)
     return Samples(input_ids=torch.cat([prompt_ids, completion], 1),
                    attention_mask=torch.cat([prompt_mask.long(), completion_mask.long()], 1),
-                   completion_mask=completion_mask, behavior_log_prob=torch.stack(lps, 1), prompt_len=s_p)
+                   completion_mask=completion_mask, behavior_log_prob=torch.stack(lps, 1), prompt_len=s_p,
+                   policy_mask=torch.stack(chosen, 1))
 
 
 def _cache_kwargs(model) -> dict:
@@ -159,8 +216,19 @@ def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
     return enc["input_ids"], enc["attention_mask"]
 
 
+_CALCULATORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def calculator_for(tokenizer) -> Calculator:
+    """The :class:`Calculator` of ``tokenizer``, built on first use and cached while the tokenizer lives."""
+    calc = _CALCULATORS.get(tokenizer)
+    if calc is None:
+        calc = _CALCULATORS[tokenizer] = Calculator(tokenizer)
+    return calc
+
+
 def generate_group(model, tokenizer, prompts: Sequence[str], G: int, *, temperature: float, max_new_tokens: int,
-                   generator: torch.Generator | None) -> Samples:
+                   generator: torch.Generator | None, calculator: bool = True) -> Samples:
     """G sampled completions of each prompt (GRPO's group), rows prompt-major: row p * G + g.
 
     Args:
@@ -169,6 +237,8 @@ def generate_group(model, tokenizer, prompts: Sequence[str], G: int, *, temperat
         G: >= 1 completions per prompt.
         temperature, max_new_tokens: as :func:`sample`.
         generator: seeded CPU torch.Generator (same seed, same model, same thread count: same tokens).
+        calculator: write the value of each ``<<expr=`` annotation for the model (default; those
+            tokens get policy_mask False). False: the model writes every token itself.
 
     Returns:
         :class:`Samples` with B = P * G.
@@ -180,7 +250,8 @@ def generate_group(model, tokenizer, prompts: Sequence[str], G: int, *, temperat
         raise ValueError(f"need G >= 1 and at least one prompt, got G={G}, {len(prompts)} prompts")
     ids, mask = encode_prompts(tokenizer, [p for p in prompts for _ in range(G)])
     return sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                  max_new_tokens=max_new_tokens, temperature=temperature, generator=generator)
+                  max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
+                  calculator=calculator_for(tokenizer) if calculator else None)
 
 
 def decode_completions(tokenizer, samples: Samples) -> list[str]:
@@ -190,8 +261,30 @@ def decode_completions(tokenizer, samples: Samples) -> list[str]:
             for row, m in zip(comp, samples.completion_mask)]
 
 
+def eval_completions(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool = True,
+                     max_new_tokens: int = 160, batch_size: int = 64, temperature: float = 1.0,
+                     generator: torch.Generator | None = None, calculator: bool = True) -> list[str]:
+    """One completion per problem (the texts :func:`evaluate` scores), in problem order.
+
+    Arguments as :func:`evaluate`.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    calc = calculator_for(tokenizer) if calculator else None
+    texts: list[str] = []
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        ids, mask = encode_prompts(tokenizer, [gsm.format_prompt(p) for p in chunk])
+        out = sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                     max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, generator=generator,
+                     calculator=calc)
+        texts += decode_completions(tokenizer, out)
+    return texts
+
+
 def evaluate(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool = True, max_new_tokens: int = 160,
-             batch_size: int = 64, temperature: float = 1.0, generator: torch.Generator | None = None) -> float:
+             batch_size: int = 64, temperature: float = 1.0, generator: torch.Generator | None = None,
+             calculator: bool = True) -> float:
     """Exact-match accuracy: the mean :func:`asyncrl.tasks.llm.gsm.reward` of one completion per problem.
 
     Batched generation with left padding (``batch_size`` prompts at a time) on the
@@ -203,6 +296,7 @@ def evaluate(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool 
         greedy: argmax decoding; False samples at ``temperature`` with ``generator``.
         max_new_tokens: completion budget per problem.
         batch_size: >= 1 prompts per generation batch.
+        calculator: as :func:`generate_group` (default on, as in GSM8k's evaluation with a calculator).
 
     Returns:
         Accuracy in [0, 1] (0.0 for no problems).
@@ -214,11 +308,7 @@ def evaluate(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool 
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not problems:
         return 0.0
-    total = 0.0
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i:i + batch_size]
-        ids, mask = encode_prompts(tokenizer, [gsm.format_prompt(p) for p in chunk])
-        out = sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                     max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, generator=generator)
-        total += sum(gsm.reward(text, p.target) for text, p in zip(decode_completions(tokenizer, out), chunk))
-    return total / len(problems)
+    texts = eval_completions(model, tokenizer, problems, greedy=greedy, max_new_tokens=max_new_tokens,
+                             batch_size=batch_size, temperature=temperature, generator=generator,
+                             calculator=calculator)
+    return sum(gsm.reward(text, p.target) for text, p in zip(texts, problems)) / len(problems)
