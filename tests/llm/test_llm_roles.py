@@ -143,19 +143,62 @@ def test_generator_writes_whole_groups_and_learner_log_probs_match_at_zero_lag(m
         assert not pm[:np.argmax(pm)].any() and pm[np.argmax(pm):].all()
         n = int(cm.sum())
         assert cm[:n].all() and not cm[n:].any() and (slot["behavior_log_prob"][r, n:] == 0).all()
+        pol = slot["policy_mask"][r]   # the policy's own tokens: inside the completion, log β 0 elsewhere
+        assert not (pol & ~cm).any() and (slot["behavior_log_prob"][r][~pol] == 0).all()
     assert (slot["prompt_ids"][0] == slot["prompt_ids"][1]).all()
     # a token id out of the vocabulary is refused by the learner's checks
     bad = {k: v.copy() for k, v in slot.items()}
     bad["completion_ids"][0, 0] = spec.vocab_size
     with pytest.raises(Exception, match="token"):
         check_slot(bad, spec, version=3)
+    bad = {k: v.copy() for k, v in slot.items()}
+    bad["policy_mask"][0, -1], bad["completion_mask"][0, -1] = True, False
+    with pytest.raises(Exception, match="policy_mask"):
+        check_slot(bad, spec, version=3)
     # the learner's log-probs of the same weights (zero lag) equal the sampler's
     state_model = task.build_policy()
     batch = {k: torch.from_numpy(v) for k, v in slot.items()}
     with torch.no_grad():
         lp = _token_log_probs(state_model, batch, torch.arange(4), temperature=cfg.task.temperature)
-    mask = batch["completion_mask"]
+    mask = batch["policy_mask"]
     assert (lp[mask] - batch["behavior_log_prob"][mask]).abs().max() < 1e-4
+
+
+def test_learner_ignores_tokens_outside_policy_mask(micro_dir):
+    """Calculator-written tokens (completion_mask True, policy_mask False) are attended to but are no
+    action: their behaviour log-prob does not reach the update, a policy token's does."""
+    from asyncrl.tasks.llm.learn import llm_iteration
+    cfg = _tiny_cfg(micro_dir)
+    task = make_task(cfg)
+    prod = task.producer()
+    prod.bind(cfg, actor_seeds(cfg.run.seed, "actor0", 0, cfg.env.num_envs))
+    prod.reset()
+    slot = task.spec.allocate()
+    prod.collect(slot, version=0)
+    batch = {k: torch.from_numpy(v.copy()) for k, v in slot.items()}
+    batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    cm = batch["completion_mask"]
+    assert int(cm.sum(1).min()) >= 2
+    batch["policy_mask"] = cm.clone()
+    batch["policy_mask"][:, 1] = False        # as if a calculator wrote every row's second token
+    batch["behavior_log_prob"][:, 1] = 0.0
+
+    def update(b):
+        model = task.build_policy()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        llm_iteration(model, opt, b, algo=cfg.algo, task=cfg.task, generator=torch.Generator().manual_seed(0),
+                      version=0)
+        return model.state_dict()
+
+    base = update(batch)
+    off = dict(batch, behavior_log_prob=batch["behavior_log_prob"].clone())
+    off["behavior_log_prob"][:, 1] = -3.0     # outside policy_mask: no effect
+    same = update(off)
+    assert all(torch.equal(base[k], same[k]) for k in base)
+    on = dict(batch, behavior_log_prob=batch["behavior_log_prob"].clone())
+    on["behavior_log_prob"][:, 0] += 3.0      # a policy token's ratio (and its weight min(1, π_T/β)) changes
+    moved = update(on)
+    assert any(not torch.equal(base[k], moved[k]) for k in base)
 
 
 # ---- weights through the broadcaster -----------------------------------------------------------------

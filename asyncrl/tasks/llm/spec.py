@@ -6,7 +6,10 @@ Fields (S_p = prompt_tokens, L = completion_tokens):
   prompt_mask       [R, S_p] bool
   completion_ids    [R, L] int64    sampled tokens, EOS kept, padding after it
   completion_mask   [R, L] bool     True on completion tokens up to and including EOS
-  behavior_log_prob [R, L] float32  log β of each sampled token (nats), 0 on padding
+  policy_mask       [R, L] bool     True on the completion tokens the policy chose: completion_mask
+                                    without the tokens a calculator wrote (the RL loss, ratios, TV
+                                    estimate and token counts use this mask; attention uses completion_mask)
+  behavior_log_prob [R, L] float32  log β of each sampled token (nats), 0 where policy_mask is False
   behavior_version  [R] int64       the policy version that generated the row (one per slot)
   rewards           [R] float32     the verifiable reward of the row's completion
   grant_id          [R] int64       audit tag, written last in each row (asyncrl.spec)
@@ -55,6 +58,7 @@ class TokenSpec(SlotSpec):
         i64, f32, b = np.dtype(np.int64), np.dtype(np.float32), np.dtype(np.bool_)
         return (Field("prompt_ids", (R, S), i64), Field("prompt_mask", (R, S), b),
                 Field("completion_ids", (R, L), i64), Field("completion_mask", (R, L), b),
+                Field("policy_mask", (R, L), b),
                 Field("behavior_log_prob", (R, L), f32), Field("behavior_version", (R,), i64),
                 Field("rewards", (R,), f32), Field("grant_id", (R,), i64))
 
@@ -70,4 +74,6 @@ class TokenSpec(SlotSpec):
                 return "token", f"{name} {a.min()}..{a.max()} outside 0..{self.vocab_size - 1}"
         if not arrays["completion_mask"][:, 0].all():
             return "token", "a row without its first completion token"
+        if (arrays["policy_mask"] & ~arrays["completion_mask"]).any():
+            return "token", "policy_mask is True outside completion_mask"
         return None

@@ -127,7 +127,7 @@ class LLMProducer:
         pad = self.tokenizer.pad_token_id
         prompt_ids, prompt_mask = out.input_ids[:, :sp].numpy(), out.attention_mask[:, :sp].numpy().astype(bool)
         comp_ids, comp_mask = out.input_ids[:, sp:].numpy(), out.completion_mask.numpy()
-        blp = out.behavior_log_prob.numpy()
+        blp, chosen = out.behavior_log_prob.numpy(), out.policy_mask.numpy()
         lengths = []
         for r in range(s.rows):
             if guard is not None and not (guard.wrote() and guard.may_write()):
@@ -140,6 +140,8 @@ class LLMProducer:
             slot["completion_ids"][r, :width] = comp_ids[r]
             slot["completion_mask"][r, :] = False
             slot["completion_mask"][r, :width] = comp_mask[r]
+            slot["policy_mask"][r, :] = False
+            slot["policy_mask"][r, :width] = chosen[r]
             slot["behavior_log_prob"][r, :] = 0.0
             slot["behavior_log_prob"][r, :width] = blp[r]
             slot["behavior_version"][r] = version
@@ -210,7 +212,8 @@ class LLMTask:
             m.load(start)   # one line if it is not a model directory
             return start
         settings = {"base": str(self.base_dir().resolve()), "seed": t.model_seed, "steps": t.warmup_steps,
-                    "train_problems": t.train_problems, "generator_version": gsm.GENERATOR_VERSION}
+                    "train_problems": t.train_problems, "generator_version": gsm.GENERATOR_VERSION,
+                    "calculator_mask": True}
         try:
             if json.loads((start / WARMUP_STAMP).read_text())["settings"] == settings:
                 echo(f"llm: reused the warmed-up model {start}")
@@ -222,7 +225,8 @@ class LLMTask:
         loaded = m.load(self.base_dir())
         splits = gsm.make_splits(seed=t.model_seed, n_train=t.train_problems, n_heldout=0)
         echo(f"llm: warming up {self.base_dir()} for {t.warmup_steps} steps (supervised, cached in {start})")
-        result = w.warmup(loaded.model, loaded.tokenizer, splits.train, steps=t.warmup_steps, seed=t.model_seed)
+        result = w.warmup(loaded.model, loaded.tokenizer, splits.train, steps=t.warmup_steps, seed=t.model_seed,
+                          calculator_mask=True)
         tmp = start.with_name(f".{start.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         m.save(loaded.model, loaded.tokenizer, tmp)
