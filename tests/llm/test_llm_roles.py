@@ -269,7 +269,7 @@ def test_serial_llm_run_is_bit_reproducible(micro_dir, tmp_path, monkeypatch):
     a, b = summaries
     assert a["learner_iterations"] == 3 and a["env_steps"] == 24 and a["outcome"] == "finished"
     assert a["task"] == "llm" and 0 <= a["initial_accuracy"] <= 1 and 0 <= a["final_accuracy"] <= 1
-    assert a["eval_problems"] == 8
+    assert a["eval_problems"] == 8 and "accuracy_difference_ci95_paired" in a
     assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
     rows = [json.loads(x) for x in _metrics(tmp_path / "a")]
     assert all(r["lag_versions_max"] == 0 for r in rows)          # serial, no lag controls
@@ -283,3 +283,14 @@ def test_serial_llm_run_is_bit_reproducible(micro_dir, tmp_path, monkeypatch):
     # another RL seed samples other completions
     run_serial(_tiny_cfg(micro_dir, "run.seed=4"), tmp_path / "c", echo=lambda *_: None)
     assert _metrics(tmp_path / "c") != _metrics(tmp_path / "a")
+
+
+def test_paired_accuracy_difference_hand_computed():
+    # b = 1 solved only before, c = 2 only after, n = 5: d = 0.2, var = ((1 + 2) - 1 / 5) / 25
+    out = llm_task.paired_difference([1, 1, 0, 0, 1], [1, 0, 1, 1, 1])
+    assert out["solved_only_before"] == 1 and out["solved_only_after"] == 2
+    half = 1.96 * math.sqrt(2.8) / 5
+    assert out["accuracy_difference_ci95_paired"] == pytest.approx([0.2 - half, 0.2 + half])
+    assert llm_task.paired_difference([1, 0], [1, 0])["accuracy_difference_ci95_paired"] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="same non-zero length"):
+        llm_task.paired_difference([1], [1, 0])

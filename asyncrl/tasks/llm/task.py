@@ -290,14 +290,17 @@ class LLMTask:
     def after_iteration(self, state, batch) -> None:
         return None
 
-    def evaluate(self, model) -> tuple[float, int]:
-        """(greedy exact-match accuracy, problems) on the first task.eval_size held-out problems."""
+    def evaluate(self, model) -> tuple[float, int, list[int]]:
+        """(greedy exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the first
+        task.eval_size held-out problems (calculator on, as :func:`sampling.evaluate`)."""
         from . import model as m
-        from .sampling import evaluate
+        from .sampling import eval_completions
         t = self.cfg.task
         heldout = gsm.make_splits(seed=t.model_seed, n_train=0, n_heldout=t.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
-        return evaluate(model, tokenizer, heldout, greedy=True, max_new_tokens=t.max_new_tokens), len(heldout)
+        texts = eval_completions(model, tokenizer, heldout, greedy=True, max_new_tokens=t.max_new_tokens)
+        correct = [int(gsm.reward(text, p.target)) for text, p in zip(texts, heldout)]
+        return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
         """Make the start model, then (once per run directory) its held-out accuracy before RL.
@@ -315,8 +318,9 @@ class LLMTask:
         if self.cfg.task.eval_size:
             from . import model as m
             t0 = time.perf_counter()
-            acc, n = self.evaluate(m.load(start).model)
-            record.update(initial_accuracy=acc, eval_problems=n, initial_eval_s=round(time.perf_counter() - t0, 2))
+            acc, n, correct = self.evaluate(m.load(start).model)
+            record.update(initial_accuracy=acc, eval_problems=n, initial_eval_s=round(time.perf_counter() - t0, 2),
+                          initial_correct="".join(map(str, correct)))
             echo(f"llm: held-out accuracy before RL {acc:.3f} on {n} problems (greedy)")
         path.write_text(json.dumps(record, indent=1) + "\n")
         return record
@@ -334,11 +338,41 @@ class LLMTask:
         if not self.cfg.task.eval_size:
             return out
         t0 = time.perf_counter()
-        acc, n = self.evaluate(policy)
+        acc, n, correct = self.evaluate(policy)
         out.update(final_accuracy=acc, eval_problems=n, final_eval_s=round(time.perf_counter() - t0, 2))
         p0 = start["initial_accuracy"]
         if p0 is not None:
             half = 1.96 * math.sqrt((p0 * (1 - p0) + acc * (1 - acc)) / n)
             out["accuracy_difference"] = acc - p0
             out["accuracy_difference_ci95"] = [acc - p0 - half, acc - p0 + half]
+        before = start.get("initial_correct")
+        if isinstance(before, str) and len(before) == n:
+            out.update(paired_difference(list(map(int, before)), correct))
         return out
+
+
+def paired_difference(before: list[int], after: list[int], z: float = 1.96) -> dict[str, Any]:
+    """The accuracy difference of two evaluations on the same problems, with its paired 95 % interval.
+
+    Wald interval of a difference of paired proportions (Agresti, Categorical Data Analysis, sec.
+    10.1): with b problems solved only before and c only after, d = (c - b) / n and
+    var(d) = ((b + c) - (c - b)^2 / n) / n^2. Tighter than treating the two accuracies as independent
+    when the same problems stay solved.
+
+    Args:
+        before, after: 0/1 per problem, the same problems in the same order.
+
+    Returns:
+        {"solved_only_before": b, "solved_only_after": c, "accuracy_difference_ci95_paired": [lo, hi]}.
+
+    Raises:
+        ValueError: lengths differ or are 0.
+    """
+    if len(before) != len(after) or not before:
+        raise ValueError(f"paired evaluations need the same non-zero length, got {len(before)} and {len(after)}")
+    n = len(before)
+    b = sum(1 for x, y in zip(before, after) if x and not y)
+    c = sum(1 for x, y in zip(before, after) if y and not x)
+    d = (c - b) / n
+    half = z * math.sqrt(max(0.0, (b + c) - (c - b) ** 2 / n)) / n
+    return {"solved_only_before": b, "solved_only_after": c, "accuracy_difference_ci95_paired": [d - half, d + half]}
