@@ -21,6 +21,7 @@ TASK_KINDS = ("control", "llm")
 # policy losses as the control task, on tokens. The rest need a critic or time steps.
 LLM_PRESETS = ("grpo", "vaco", "vaco_no_filter")
 LLM_AVERAGING = ("token", "sequence", "constant")
+LLM_TRUNCATED_REWARD = ("score", "zero")
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
@@ -170,6 +171,8 @@ class TaskConfig:
     eval_size: int = _f(500, "llm: held-out problems of the greedy evaluation before and after RL; 0: none")
     averaging: str = _f("token", "llm: loss average over tokens: token (DAPO), sequence (GRPO) or constant (Dr. GRPO)")
     scale_by_std: bool = _f(True, "llm: divide group-centred rewards by the group's std (GRPO); false: Dr. GRPO")
+    truncated_reward: str = _f("score", "llm: a completion cut at max_new_tokens (no EOS): score (its '####' line "
+                                        "scored like any other) or zero (reward 0 whatever it wrote)")
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,9 @@ def _validate_task(cfg: Config) -> None:
         raise ConfigError(f"task.kind = llm takes algo.preset {', '.join(LLM_PRESETS)}, got {preset!r}")
     if t.averaging not in LLM_AVERAGING:
         raise ConfigError(f"task.averaging must be one of {', '.join(LLM_AVERAGING)}, got {t.averaging!r}")
+    if t.truncated_reward not in LLM_TRUNCATED_REWARD:
+        raise ConfigError(f"task.truncated_reward must be one of {', '.join(LLM_TRUNCATED_REWARD)}, "
+                          f"got {t.truncated_reward!r}")
     for key in ("group_size", "prompts_per_slot", "max_prompt_tokens", "max_new_tokens", "train_problems"):
         if getattr(t, key) < 1:
             raise ConfigError(f"task.{key} must be >= 1, got {getattr(t, key)}")

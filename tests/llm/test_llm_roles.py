@@ -294,3 +294,28 @@ def test_paired_accuracy_difference_hand_computed():
     assert llm_task.paired_difference([1, 0], [1, 0])["accuracy_difference_ci95_paired"] == [0.0, 0.0]
     with pytest.raises(ValueError, match="same non-zero length"):
         llm_task.paired_difference([1], [1, 0])
+
+
+def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):
+    from asyncrl.tasks.llm.sampling import Samples
+    ids = torch.tensor([[5, 6, 2, 0], [5, 7, 7, 7]])   # prompt width 1; row 0 emits EOS (2), row 1 is cut
+    cm = torch.tensor([[True, True, False], [True, True, True]])
+    s = Samples(ids, torch.ones(2, 4, dtype=torch.long), cm, torch.zeros(2, 3), 1, cm)
+    assert llm_task.truncated(s, eos_id=2) == [False, True]
+    monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: 1.0)
+    got = {}
+    for mode in ("score", "zero"):
+        cfg = _tiny_cfg(micro_dir, f"task.truncated_reward={mode}")
+        task = make_task(cfg)
+        prod = task.producer()
+        prod.bind(cfg, actor_seeds(cfg.run.seed, "actor0", 0, cfg.env.num_envs))
+        prod.reset()
+        slot = task.spec.allocate()
+        prod.collect(slot, version=0)
+        got[mode] = slot["rewards"].copy()
+        eos = m.load(micro_dir).tokenizer.eos_token_id
+        cut = [not ((slot["completion_ids"][r] == eos) & slot["completion_mask"][r]).any() for r in range(4)]
+    assert (got["score"] == 1).all()
+    assert list(got["zero"]) == [0.0 if c else 1.0 for c in cut]
+    with pytest.raises(ConfigError, match="truncated_reward"):
+        _tiny_cfg(micro_dir, "task.truncated_reward=drop")

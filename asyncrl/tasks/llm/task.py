@@ -119,6 +119,8 @@ class LLMProducer:
         t1 = time.perf_counter()
         texts = decode_completions(self.tokenizer, out)
         rewards = [gsm.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
+        if t.truncated_reward == "zero":
+            rewards = [0.0 if cut else x for x, cut in zip(rewards, truncated(out, self.tokenizer.eos_token_id))]
         if tick is not None:
             tick()
         sp, width = out.prompt_len, out.completion_mask.shape[1]
@@ -164,6 +166,13 @@ class LLMProducer:
 
     def close(self) -> None:
         self.model = None
+
+
+def truncated(samples, eos_id: int) -> list[bool]:
+    """Per row of ``samples`` (sampling.Samples): True when the completion never emitted ``eos_id``
+    (it was cut at the generation budget)."""
+    ids = samples.input_ids[:, samples.prompt_len:]
+    return [not bool(((ids[r] == eos_id) & samples.completion_mask[r]).any()) for r in range(ids.shape[0])]
 
 
 def _rng_state(rng: random.Random) -> list:
