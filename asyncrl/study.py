@@ -261,8 +261,15 @@ def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+LLM_FIELDS = ("initial_accuracy", "accuracy_difference", "accuracy_difference_ci95_paired", "eval_problems")
+
+
 def cell_record(cell: Cell, run_dir: Path) -> dict:
-    """What the results table keeps of a finished run: scores, curve, lag, diagnostics."""
+    """What the results table keeps of a finished run: scores, curve, lag, diagnostics.
+
+    The score (``final_return``) is summary.json's final average return, or for a language-model
+    cell (task.kind = llm) its ``final_accuracy`` on the held-out problems (``score_kind``
+    "accuracy"; the accuracy before RL and the paired difference are kept beside it)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = [[r["env_steps"], round(r["wall_time_s"], 2), r.get("average_return")] for r in rows]
@@ -271,7 +278,12 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
     tail = rows[-max(1, len(rows) // 10):]
     diag = {k: {"mean": _mean(r.get(k) for r in rows), "last": _mean(r.get(k) for r in tail)} for k in DIAGNOSTICS}
     final = summary.get("final_average_return")
-    return {"final_return": final, "auc": _mean(evals) if evals else _mean(returns),
+    llm = summary.get("task") == "llm"
+    if llm:   # the score of a language-model cell is its held-out accuracy after RL (the curve stays mean reward)
+        final = summary.get("final_accuracy")
+    return {"final_return": final, "score_kind": "accuracy" if llm else "return",
+            **({k: summary.get(k) for k in LLM_FIELDS} if llm else {}),
+            "auc": _mean(evals) if evals else _mean(returns),
             "auc_source": "eval_return" if evals else "average_return",
             "env_steps": summary.get("env_steps"), "wall_time_s": summary.get("wall_time_s"),
             "env_steps_per_s": summary.get("env_steps_per_s"), "learner_iterations": summary.get("learner_iterations"),

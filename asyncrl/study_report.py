@@ -26,11 +26,12 @@ CSV_FIELDS = ("study", "label", "env", "preset", "condition", "seed", "mode", "s
 
 
 def random_returns(study: Study, out: Path) -> dict[str, float]:
-    """The random-policy return of every env of the study, measured once and kept in random.json."""
+    """The random-policy return of every env of the study that has a reference return (the only ones
+    normalised), measured once and kept in random.json."""
     from .envs import random_policy_return
     path = out / "random.json"
     known = json.loads(path.read_text()) if path.exists() else {}
-    for env in sorted({c.env for c in study.cells}):
+    for env in sorted({c.env for c in study.cells} & set(study.reference)):   # only normalised envs need it
         if env not in known or known[env].get("episodes") != study.random_episodes:
             known[env] = {"return": random_policy_return(env, episodes=study.random_episodes, seed=0),
                           "episodes": study.random_episodes, "seed": 0}
@@ -144,6 +145,10 @@ def _side(text: str, cond: str) -> tuple[str, str]:
 
 def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> str:
     ok = _scored(records)
+    accuracy = bool(ok) and all(r.get("score_kind") == "accuracy" for r in ok)
+    nd = 3 if accuracy else 0
+    score = ("greedy exact-match accuracy on the held-out problems after RL (llm cells)" if accuracy else
+             "average return of the last 20 episodes at the step budget")
     loads = [r["load_start"] for r in records if r.get("load_start") is not None]
     lines = [f"# Study `{study.name}`", "",
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} by `asyncrl study {study.path}`. "
@@ -154,7 +159,7 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
              f"commits: {', '.join(sorted({r['commit'] for r in records})) or 'n/a'}; "
              f"machine load at cell start (1-min average): {_fmt(min(loads), 1) if loads else 'n/a'} "
              f"to {_fmt(max(loads), 1) if loads else 'n/a'}.", "",
-             "Score: average return of the last 20 episodes at the step budget; IQM with its 95 % "
+             f"Score: {score}; IQM with its 95 % "
              "percentile bootstrap CI over seeds (2,000 resamples). Modes: seeds below / at or above the "
              "study's split. Diagnostics are means over learner iterations (entropy: last 10 %). VACO presets: "
              "'no grad' is the share of samples left without gradient (TV filter and per-sample band together), "
@@ -163,16 +168,16 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
              "entropy | lag p50/p95 (versions) | lag p50/p95 (s) | seeds: final returns |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        iqm = _interval(stats.Interval(**r["iqm"])) if "iqm" in r else "n/a"
+        iqm = _interval(stats.Interval(**r["iqm"]), nd) if "iqm" in r else "n/a"
         modes = f"{r['modes']['low']}/{r['modes']['high']}" if "modes" in r else ""
         bad = (f" ({r['failed']} failed)" if r["failed"] else "") + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
         lines.append(
-            f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'))} | {iqm} | {modes} | "
+            f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'), nd)} | {iqm} | {modes} | "
             f"{_fmt(r['tv_estimate'], 3)} | {_fmt(r['filtered_fraction'], 3)} | {_fmt(r['filter_fire_rate'], 3)} | "
             f"{_fmt(r['clip_fraction'], 3)} | "
             f"{_fmt(r['approx_kl'], 3)} | {_fmt(r['entropy_last'], 2)} | {_fmt(r['lag_p50'])}/{_fmt(r['lag_p95'])} | "
             f"{_fmt(r['lag_seconds_p50'], 2)}/{_fmt(r['lag_seconds_p95'], 2)} | "
-            f"{', '.join(f'{s}: {f:,.0f}' for s, f in zip(r['seeds'], r['final_returns']))} |")
+            f"{', '.join(f'{s}: {_fmt(f, nd)}' for s, f in zip(r['seeds'], r['final_returns']))} |")
     if aggs:
         lines += ["", "## Across envs: normalised score (score - random) / (reference - random)", "",
                   "Random-policy returns (measured): " + ", ".join(f"{k} {_fmt(v, 1)}" for k, v in sorted(random.items()))
@@ -184,11 +189,12 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
             lines.append(f"| {a['label']} | {a['condition']} | {len(a['envs'])} | {a['n']} | "
                          f"{_interval(stats.Interval(**a['iqm']), 2)} | {_interval(stats.Interval(**a['median']), 2)} |")
     if comps:
-        lines += ["", "## Probability of improvement P(X > Y) of final returns (averaged over envs)", "",
+        lines += ["", f"## Probability of improvement P(X > Y) of final {'accuracies' if accuracy else 'returns'} "
+                  "(averaged over envs)", "",
                   "| condition | X | Y | envs | runs X/Y | median X / median Y | P(X > Y) [95% CI] |",
                   "|---|---|---|---|---|---|---|"]
         for c in comps:
-            ratio = f"{_fmt(c['median_x'])} / {_fmt(c['median_y'])} = {_fmt(c['median_ratio'], 2)}"
+            ratio = f"{_fmt(c['median_x'], nd)} / {_fmt(c['median_y'], nd)} = {_fmt(c['median_ratio'], 2)}"
             lines.append(f"| {c['condition']} | {c['x']} | {c['y']} | {len(c['envs'])} | {c['n_x']}/{c['n_y']} | "
                          f"{ratio} | {_interval(stats.Interval(**c['probability_of_improvement']), 2)} |")
     return "\n".join(lines) + "\n"

@@ -168,3 +168,26 @@ sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""))
     path.write_text(json.dumps({"label": "vaco", "env": plain.env, "seed": plain.seed, "status": "ok", "final_return": 1.0}))
     labels = sorted(r["label"] for r in runner.finished_records() if r["seed"] == plain.seed)
     assert labels == sorted(c.label for c in same) and len(set(labels)) == 2
+
+
+def test_llm_study_scores_held_out_accuracy(tmp_path):
+    """A language-model cell's score is summary.json's final_accuracy; the report prints accuracies."""
+    from asyncrl.study_report import markdown
+    st = load_study("configs/studies/llm-forward-lag.toml")
+    assert {c.preset for c in st.cells} == {"grpo", "vaco"} and {c.env for c in st.cells} == {"gsm-tiny"}
+    assert {c.resolved_config()["task"]["kind"] for c in st.cells} == {"llm"}
+    assert len(st.cells) == 2 * 4 * 5 + 2 * 5
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({
+        "task": "llm", "final_average_return": 0.4, "initial_accuracy": 0.12, "final_accuracy": 0.18,
+        "accuracy_difference": 0.06, "accuracy_difference_ci95_paired": [0.03, 0.09], "eval_problems": 500}))
+    (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
+    rec = study_mod.cell_record(st.cells[0], run)
+    assert rec["final_return"] == 0.18 and rec["score_kind"] == "accuracy" and rec["initial_accuracy"] == 0.12
+    assert rec["accuracy_difference_ci95_paired"] == [0.03, 0.09] and rec["curve"] == [[64, 1.0, 0.4]]
+    recs = [{**_rec(c.label, c.env, c.condition, c.seed, 0.1 + c.seed / 1000), "score_kind": "accuracy",
+             "code_fingerprint": "f", "commit": "c"}
+            for c in st.cells[:4]]
+    text = markdown(st, recs, group_rows(st, recs), [], [], {})
+    assert "exact-match accuracy on the held-out problems" in text and "101: 0.201" in text
