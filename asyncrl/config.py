@@ -22,6 +22,7 @@ TASK_KINDS = ("control", "llm")
 LLM_PRESETS = ("grpo", "vaco", "vaco_no_filter")
 LLM_AVERAGING = ("token", "sequence", "constant")
 LLM_TRUNCATED_REWARD = ("score", "zero")
+LLM_REALIGN = ("none", "is_baseline")   # docs/llm-realignment.md
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
@@ -173,6 +174,11 @@ class TaskConfig:
     scale_by_std: bool = _f(True, "llm: divide group-centred rewards by the group's std (GRPO); false: Dr. GRPO")
     truncated_reward: str = _f("score", "llm: a completion cut at max_new_tokens (no EOS): score (its '####' line "
                                         "scored like any other) or zero (reward 0 whatever it wrote)")
+    realign: str = _f("none", "llm: advantage realignment without a critic: none (baseline = the group's mean reward, "
+                              "an estimate under beta) or is_baseline (the group's mean weighted by min(algo.rho_bar, "
+                              "pi_T/beta) per completion: a baseline of pi_T; docs/llm-realignment.md)")
+    kl_coef: float = _f(0.0, "llm: weight of the per-token k3 KL(pi_theta || start model) penalty (DeepSeekMath GRPO); "
+                             "0: off, and the learner holds no reference model")
 
 
 @dataclass(frozen=True)
@@ -342,6 +348,13 @@ def _validate_task(cfg: Config) -> None:
     if t.truncated_reward not in LLM_TRUNCATED_REWARD:
         raise ConfigError(f"task.truncated_reward must be one of {', '.join(LLM_TRUNCATED_REWARD)}, "
                           f"got {t.truncated_reward!r}")
+    if t.realign not in LLM_REALIGN:
+        raise ConfigError(f"task.realign must be one of {', '.join(LLM_REALIGN)}, got {t.realign!r}")
+    if t.realign != "none" and not cfg.algo.rho_bar > 0:
+        raise ConfigError(f"task.realign = {t.realign} truncates the sequence weights at algo.rho_bar, which must be "
+                          f"> 0 (inf: none), got {cfg.algo.rho_bar}")
+    if not 0 <= t.kl_coef < float("inf"):
+        raise ConfigError(f"task.kl_coef must be a finite number >= 0, got {t.kl_coef}")
     for key in ("group_size", "prompts_per_slot", "max_prompt_tokens", "max_new_tokens", "train_problems"):
         if getattr(t, key) < 1:
             raise ConfigError(f"task.{key} must be >= 1, got {getattr(t, key)}")

@@ -129,3 +129,113 @@ def test_sequence_weights_leave_vaco_filter_decisions_unchanged():
     assert torch.equal(a.keep_mask, b.keep_mask) and a.tv_estimate == b.tv_estimate
     # the sequence-averaged value: ((2 + 3) / 2 + (-0.5)) / 2, as the weights promise
     assert b.loss.item() == pytest.approx(-((2 + 3) / 2 - 0.5) / 2)
+
+
+# ---- advantage realignment without a critic (task.realign = "is_baseline"; docs/llm-realignment.md) ----
+
+# 2 prompts x G = 3, rho_bar = 1. Sequence log-ratios log π_T/β -> weights w = min(1, π_T/β):
+#   prompt 0: rewards [1, 0, 0], π_T/β [0.5, 1, 1]  -> w [0.5, 1, 1]
+#   prompt 1: rewards [1, 1, 0], π_T/β [3, 0.25, 1] -> w [1 (3 truncated at rho_bar), 0.25, 1]
+REWARDS3 = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+LOG_RATIO3 = torch.log(torch.tensor([[0.5, 1.0, 1.0], [3.0, 0.25, 1.0]], dtype=torch.float64))
+# prompt 0: b_T = 0.5 / 2.5 = 0.2 (b_β = 1/3); σ_w² = (0.5 * 0.8² + 0.2² + 0.2²) / 2.5 = 0.16, σ_w = 0.4
+# prompt 1: b_T = 1.25 / 2.25 = 5/9 (b_β = 2/3); σ_w² = (1.25 * (4/9)² + (5/9)²) / 2.25 = 20/81, σ_w = 2√5/9
+SIGMA1 = 2 * math.sqrt(5) / 9
+
+
+def test_realigned_group_advantages_by_hand():
+    out = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, rho_bar=1.0, eps=0.0)
+    expect = torch.tensor([[0.8 / 0.4, -0.2 / 0.4, -0.2 / 0.4],
+                           [(4 / 9) / SIGMA1, (4 / 9) / SIGMA1, (-5 / 9) / SIGMA1]], dtype=torch.float64)
+    assert torch.allclose(out.advantages, expect, atol=1e-12)
+    assert torch.allclose(out.advantages[1], torch.tensor([2 / math.sqrt(5), 2 / math.sqrt(5), -math.sqrt(5) / 2],
+                                                          dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(out.baseline_shift, torch.tensor([0.2 - 1 / 3, 5 / 9 - 2 / 3], dtype=torch.float64))
+    assert torch.allclose(out.weights, torch.tensor([[0.5, 1.0, 1.0], [1.0, 0.25, 1.0]], dtype=torch.float64))
+    assert out.advantages.dtype == torch.float64
+    # eps in the denominator, and no division without scale_by_std: r - b_T
+    out = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, eps=0.1)
+    assert math.isclose(float(out.advantages[0, 0]), 0.8 / 0.5, rel_tol=1e-12)
+    out = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, scale_by_std=False)
+    assert torch.allclose(out.advantages, torch.tensor([[0.8, -0.2, -0.2], [4 / 9, 4 / 9, -5 / 9]],
+                                                       dtype=torch.float64), atol=1e-12)
+
+
+def test_realigned_weights_are_truncated_at_rho_bar():
+    # rho_bar = inf: prompt 1's weights [3, 0.25, 1], b_T = 3.25 / 4.25 = 13/17
+    out = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, rho_bar=math.inf, scale_by_std=False)
+    assert math.isclose(float(out.weights[1, 0]), 3.0, rel_tol=1e-12)
+    assert math.isclose(float(out.baseline_shift[1]), 13 / 17 - 2 / 3, rel_tol=1e-12)
+    assert math.isclose(float(out.advantages[1, 2]), -13 / 17, rel_tol=1e-12)
+    # rho_bar = 2: [2, 0.25, 1], b_T = 2.25 / 3.25 = 9/13; prompt 0 (no weight over 1) is unchanged
+    out2 = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, rho_bar=2.0, scale_by_std=False)
+    assert math.isclose(float(out2.baseline_shift[1]), 9 / 13 - 2 / 3, rel_tol=1e-12)
+    assert torch.equal(out2.advantages[0], out.advantages[0])
+    # every ratio past rho_bar: the weights are equal, so b_T = b_β and the advantages are today's
+    big = torch.full((2, 3), 4.0, dtype=torch.float64) + torch.arange(3.0, dtype=torch.float64)
+    out = grpo.realigned_group_advantages(REWARDS3, big, rho_bar=1.0)
+    assert torch.equal(out.advantages, grpo.group_advantages(REWARDS3)) and (out.baseline_shift == 0).all()
+
+
+@pytest.mark.parametrize("scale_by_std", [True, False])
+def test_realigned_advantages_at_zero_lag_are_group_advantages_bit_for_bit(scale_by_std):
+    gen = torch.Generator().manual_seed(0)
+    for rewards in (torch.randint(0, 2, (16, 8), generator=gen).float(), torch.rand(16, 7, generator=gen),
+                    torch.rand(5, 3, generator=gen, dtype=torch.float64)):
+        for log_ratio in (torch.zeros_like(rewards), torch.full_like(rewards, -0.3)):   # all w equal per group
+            out = grpo.realigned_group_advantages(rewards, log_ratio, scale_by_std=scale_by_std)
+            assert torch.equal(out.advantages, grpo.group_advantages(rewards, scale_by_std=scale_by_std))
+            assert torch.equal(out.baseline_shift, torch.zeros(rewards.shape[0], dtype=rewards.dtype))
+
+
+def test_realigned_equal_reward_group_gets_exactly_zero():
+    rewards = torch.tensor([[0.1, 0.1, 0.1], [1.0, 0.0, 0.0]])
+    log_ratio = torch.log(torch.tensor([[0.3, 1.0, 0.7], [0.5, 1.0, 1.0]]))
+    out = grpo.realigned_group_advantages(rewards, log_ratio, eps=0.0)
+    assert (out.advantages[0] == 0).all() and torch.allclose(out.advantages[1], torch.tensor([2.0, -0.5, -0.5]))
+    # very stale completions: weights that underflow float32 still normalise (log space)
+    out = grpo.realigned_group_advantages(rewards, torch.tensor([[0.0] * 3, [-200.0, -300.0, -300.0]]),
+                                          scale_by_std=False)
+    assert torch.allclose(out.advantages[1], torch.tensor([0.0, -1.0, -1.0]), atol=1e-6)
+    assert bool(torch.isfinite(out.advantages).all())
+
+
+def test_realigned_group_advantages_rejects_bad_input():
+    with pytest.raises(ValueError, match="rho_bar"):
+        grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, rho_bar=0.0)
+    with pytest.raises(ValueError, match="log_ratio"):
+        grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3[:, :2])
+    with pytest.raises(ValueError, match="log_ratio must be finite"):
+        grpo.realigned_group_advantages(REWARDS3, torch.full((2, 3), -math.inf, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rewards"):
+        grpo.realigned_group_advantages(REWARDS3[0], LOG_RATIO3[0])
+
+
+def test_sequence_log_ratio_sums_policy_tokens_only():
+    target = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.25, 99.0]])
+    behavior = torch.tensor([[-1.5, -7.0, -2.0], [-1.0, 0.0, -99.0]])
+    policy_mask = torch.tensor([[True, False, True], [True, True, False]])   # [0, 1]: calculator; [1, 2]: padding
+    got = grpo.sequence_log_ratio(target, behavior, policy_mask)
+    assert torch.allclose(got, torch.tensor([0.5 - 1.0, 0.5 - 0.25]))
+    assert float(grpo.sequence_log_ratio(target, behavior, torch.zeros(2, 3, dtype=torch.bool))[0]) == 0.0
+    with pytest.raises(ValueError, match="behavior_log_prob"):
+        grpo.sequence_log_ratio(target, behavior[:, :2], policy_mask)
+
+
+# ---- KL penalty toward the reference (task.kl_coef) ----
+
+def test_kl_k3_value_and_gradient_by_hand():
+    # d = log π_ref - log π_θ = [0, ln 2, -ln 2, 30 (clamped to 20)]
+    ref = torch.tensor([-1.0, -1.0 + math.log(2.0), -1.0 - math.log(2.0), 29.0], dtype=torch.float64)
+    lp = torch.full((4,), -1.0, dtype=torch.float64, requires_grad=True)
+    kl = grpo.kl_k3(lp, ref)
+    expect = [0.0, 1.0 - math.log(2.0), math.log(2.0) - 0.5, math.exp(20.0) - 21.0]   # e^d - d - 1
+    assert torch.allclose(kl, torch.tensor(expect, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    kl[:3].sum().backward()
+    # d/d log π_θ = 1 - e^d: 0, 1 - 2, 1 - 0.5; the clamped token gets none
+    assert torch.allclose(lp.grad, torch.tensor([0.0, -1.0, 0.5, 0.0], dtype=torch.float64), atol=1e-12)
+    lp.grad = None
+    grpo.kl_k3(lp, ref)[3].backward()
+    assert float(lp.grad[3]) == 0.0
+    with pytest.raises(ValueError):
+        grpo.kl_k3(lp, ref[:2])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -122,6 +123,21 @@ def test_config_keeps_presets_to_their_task():
     assert config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.num_minibatches=4"]).batch_size == 4 * 8 * 4
 
 
+def test_config_checks_realign_and_kl_coef():
+    llm = ["task.kind=llm", "algo.num_minibatches=4"]
+    cfg = config.load(None, llm)
+    assert cfg.task.realign == "none" and cfg.task.kl_coef == 0.0
+    assert config.load(None, [*llm, "task.realign=is_baseline", "task.kl_coef=0.04"]).task.realign == "is_baseline"
+    with pytest.raises(ConfigError, match=r"^task.realign must be one of none, is_baseline, got 'vtrace'$"):
+        config.load(None, [*llm, "task.realign=vtrace"])
+    with pytest.raises(ConfigError, match=r"^task.kl_coef must be a finite number >= 0, got -0.1$"):
+        config.load(None, [*llm, "task.kl_coef=-0.1"])
+    with pytest.raises(ConfigError, match=r"^task.kl_coef must be a finite number >= 0, got inf$"):
+        config.load(None, [*llm, "task.kl_coef=inf"])
+    with pytest.raises(ConfigError, match=r"^task.realign = is_baseline truncates .* algo.rho_bar"):
+        config.load(None, [*llm, "task.realign=is_baseline", "algo.rho_bar=0"])
+
+
 # ---- the generator's slot --------------------------------------------------------------------------
 
 def test_generator_writes_whole_groups_and_learner_log_probs_match_at_zero_lag(micro_dir):
@@ -164,19 +180,34 @@ def test_generator_writes_whole_groups_and_learner_log_probs_match_at_zero_lag(m
     assert (lp[mask] - batch["behavior_log_prob"][mask]).abs().max() < 1e-4
 
 
-def test_learner_ignores_tokens_outside_policy_mask(micro_dir):
-    """Calculator-written tokens (completion_mask True, policy_mask False) are attended to but are no
-    action: their behaviour log-prob does not reach the update, a policy token's does."""
-    from asyncrl.tasks.llm.learn import llm_iteration
-    cfg = _tiny_cfg(micro_dir)
-    task = make_task(cfg)
+def _slot_batch(cfg, task, rewards):
+    """One slot of the generator (version 0, the start model) as a learner batch, with these rewards."""
     prod = task.producer()
     prod.bind(cfg, actor_seeds(cfg.run.seed, "actor0", 0, cfg.env.num_envs))
     prod.reset()
     slot = task.spec.allocate()
     prod.collect(slot, version=0)
     batch = {k: torch.from_numpy(v.copy()) for k, v in slot.items()}
-    batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    batch["rewards"] = torch.tensor(rewards)
+    return batch
+
+
+def _update(task, cfg, batch, **kw):
+    """(weights, statistics) after one llm_iteration from the start model (fixed minibatch generator)."""
+    from asyncrl.tasks.llm.learn import llm_iteration
+    model = task.build_policy()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    stats = llm_iteration(model, opt, batch, algo=cfg.algo, task=cfg.task, generator=torch.Generator().manual_seed(0),
+                          version=0, **kw)
+    return model.state_dict(), stats
+
+
+def test_learner_ignores_tokens_outside_policy_mask(micro_dir):
+    """Calculator-written tokens (completion_mask True, policy_mask False) are attended to but are no
+    action: their behaviour log-prob does not reach the update, a policy token's does."""
+    cfg = _tiny_cfg(micro_dir)
+    task = make_task(cfg)
+    batch = _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0])
     cm = batch["completion_mask"]
     assert int(cm.sum(1).min()) >= 2
     batch["policy_mask"] = cm.clone()
@@ -184,11 +215,7 @@ def test_learner_ignores_tokens_outside_policy_mask(micro_dir):
     batch["behavior_log_prob"][:, 1] = 0.0
 
     def update(b):
-        model = task.build_policy()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        llm_iteration(model, opt, b, algo=cfg.algo, task=cfg.task, generator=torch.Generator().manual_seed(0),
-                      version=0)
-        return model.state_dict()
+        return _update(task, cfg, b)[0]
 
     base = update(batch)
     off = dict(batch, behavior_log_prob=batch["behavior_log_prob"].clone())
@@ -199,6 +226,62 @@ def test_learner_ignores_tokens_outside_policy_mask(micro_dir):
     on["behavior_log_prob"][:, 0] += 3.0      # a policy token's ratio (and its weight min(1, π_T/β)) changes
     moved = update(on)
     assert any(not torch.equal(base[k], moved[k]) for k in base)
+
+
+def test_realigned_baseline_in_the_iteration(micro_dir):
+    """A batch made by the learner's own weights (zero lag, up to float rounding), then one completion made
+    stale by hand: log β of its first policy token + ln 2, so its weight is min(1, π_T/β) = 1/2. Group
+    [1, 0] with weights [1/2, 1]: b_T = 1/2 / 3/2 = 1/3 against b_β = 1/2; group [0, 1]: no move."""
+    cfg = _tiny_cfg(micro_dir, "task.realign=is_baseline")
+    task = make_task(cfg)
+    batch = _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0])
+    _, fresh = _update(task, cfg, batch)
+    assert fresh["realign_baseline_shift"] < 1e-3 and fresh["realign_weight_min"] > 1 - 1e-3
+    first = int(batch["policy_mask"][0].nonzero()[0])
+    stale = dict(batch, behavior_log_prob=batch["behavior_log_prob"].clone())
+    stale["behavior_log_prob"][0, first] += math.log(2.0)
+    _, st = _update(task, cfg, stale)
+    assert math.isclose(st["realign_baseline_shift"], (1 / 2 - 1 / 3) / 2, abs_tol=1e-3)
+    assert math.isclose(st["realign_weight_min"], 0.5, abs_tol=1e-3)
+    assert math.isclose(st["realign_weight_mean"], (0.5 + 3) / 4, abs_tol=1e-3)
+    assert "realign_weight_min" not in _update(task, _tiny_cfg(micro_dir), stale)[1]   # realign = none: no stats
+
+
+def test_kl_coef_zero_leaves_the_update_unchanged_and_holds_no_reference(micro_dir):
+    cfg = _tiny_cfg(micro_dir)
+    task = make_task(cfg)
+    assert task.reference() is None
+    batch = _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0])
+    other = task.build_policy()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.1)
+    base, stats = _update(task, cfg, batch)
+    same, _ = _update(task, cfg, batch, reference=other)   # a reference passed with kl_coef = 0 is not read
+    assert all(torch.equal(base[k], same[k]) for k in base) and "kl_ref" not in stats
+
+
+def test_kl_penalty_to_the_frozen_start_model(micro_dir):
+    cfg = _tiny_cfg(micro_dir, "task.kl_coef=0.5")
+    task = make_task(cfg)
+    ref = task.reference()
+    assert ref is task.reference() and not any(p.requires_grad for p in ref.parameters()) and not ref.training
+    start = {k: v.clone() for k, v in ref.state_dict().items()}
+    batch = _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="kl_coef = 0.5 needs the reference"):
+        _update(task, cfg, batch)
+    with_kl, stats = _update(task, cfg, batch, reference=ref)
+    without, _ = _update(task, _tiny_cfg(micro_dir), batch)
+    # the first step starts at π_θ = π_ref (k3 = 0, zero gradient); later steps have moved away
+    assert stats["kl_ref"] > 0 and math.isfinite(stats["kl_ref"])
+    assert any(not torch.equal(with_kl[k], without[k]) for k in with_kl)
+    assert all(torch.equal(start[k], v) for k, v in ref.state_dict().items())   # the reference stays frozen
+    # the learner's path (LLMTask.learner_iteration) passes that reference
+    policy = task.build_policy()
+    state = SimpleNamespace(policy=policy, optimizer=torch.optim.Adam(policy.parameters(), lr=1e-3),
+                            generator=torch.Generator().manual_seed(0), version=0)
+    assert task.learner_iteration(state, batch)["kl_ref"] == stats["kl_ref"]
+    assert all(torch.equal(v, with_kl[k]) for k, v in policy.state_dict().items())
 
 
 # ---- weights through the broadcaster -----------------------------------------------------------------

@@ -22,14 +22,24 @@ r A are positively homogeneous in A, and VACO's filter and band read only the si
 
 The diagnostics the losses return (tv_estimate, clip_fraction, approx_kl) stay unweighted token means.
 
+Advantage realignment without a critic (``task.realign = "is_baseline"``, docs/llm-realignment.md):
+:func:`realigned_group_advantages` replaces the group mean of β's rewards by the self-normalised,
+ρ̄-truncated importance-weighted mean under π_T, the group's fixed point of one-step V-trace (VACO,
+arXiv:2603.01365; V-trace, arXiv:1802.01561). :func:`kl_k3` is the per-token penalty toward a
+reference model (``task.kl_coef``; DeepSeekMath eq. 4).
+
 Paper: DeepSeekMath (GRPO), arXiv:2402.03300; Dr. GRPO, arXiv:2503.20783.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from ...algo import checks
+from ...algo.losses import LOG_RATIO_CLAMP
 
 AVERAGING = ("token", "sequence", "constant")
 DEFAULT_EPS = 1e-4   # added to the group std: bounds |A| by (max - min) / eps for a near-equal group
@@ -66,18 +76,124 @@ def group_advantages(rewards: Tensor, *, scale_by_std: bool = True, eps: float =
     Raises:
         ValueError: rewards not a 2-D floating tensor with G >= 1, non-finite rewards, or eps < 0.
     """
-    if rewards.dim() != 2 or not rewards.is_floating_point() or rewards.numel() == 0:
-        raise ValueError(f"rewards must be a non-empty [P, G] floating tensor, got {tuple(rewards.shape)} "
-                         f"{rewards.dtype}")
-    if not bool(torch.isfinite(rewards).all()):
-        raise ValueError("rewards must be finite")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    _check_rewards(rewards, eps)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if scale_by_std:
-        centred = centred / (rewards.std(dim=1, unbiased=False, keepdim=True) + eps)
-    equal = (rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True))
-    return torch.where(equal, torch.zeros_like(centred), centred)
+    return _normalised(rewards, centred, rewards.std(dim=1, unbiased=False, keepdim=True),
+                       scale_by_std=scale_by_std, eps=eps)
+
+
+class RealignedAdvantages(NamedTuple):
+    """Output of :func:`realigned_group_advantages` (P prompts, G completions each).
+
+    advantages: [P, G] (r_pg - b_T(x_p)) [/ (σ_w + eps)], reward units (or unitless when scaled).
+    baseline_shift: [P] b_T(x_p) - b_β(x_p), reward units: how far realignment moved each baseline.
+    weights: [P, G] w_pg = min(ρ̄, π_T(y_pg|x_p) / β(y_pg|x_p)), the truncated sequence weights (not normalised).
+    """
+
+    advantages: Tensor
+    baseline_shift: Tensor
+    weights: Tensor
+
+
+def realigned_group_advantages(rewards: Tensor, log_ratio: Tensor, *, rho_bar: float = 1.0,
+                               scale_by_std: bool = True, eps: float = DEFAULT_EPS) -> RealignedAdvantages:
+    """Group advantages against a baseline of the learning policy π_T (advantage realignment without a critic).
+
+    A completion is a one-step episode: prompt x the state, completion y the action, reward r at its end.
+    One-step V-trace (arXiv:1802.01561) with ρ = min(ρ̄, π_T(y|x)/β(y|x)) has the target
+    v(x) = V(x) + ρ (r - V(x)); the baseline of the group that equals the mean of its own targets,
+    Σ_g ρ_g (r_g - b) = 0, is the self-normalised truncated importance-weighted mean
+
+        b_T(x) = Σ_g w_g r_g / Σ_g w_g,   w_g = min(ρ̄, exp(log_ratio_g)),
+
+    a consistent estimate of E_{π_ρ̄}[r | x] with π_ρ̄ ∝ min(ρ̄ β, π_T), the policy V-trace's fixed
+    point values (= π_T when ρ̄ >= max π_T/β). The plain group mean b_β estimates E_β[r | x] instead.
+    Realigned advantages (VACO's, arXiv:2603.01365: computed once per iteration with π_T, no ρ factor):
+
+        A_g = (r_g - b_T) / (σ_w + eps),   σ_w² = Σ_g w_g (r_g - b_T)² / Σ_g w_g   (weighted population std)
+
+    or A_g = r_g - b_T without ``scale_by_std``. The weights are normalised in log space (a softmax of
+    min(log ρ̄, log_ratio)), so very stale completions cannot underflow the sum. A group whose weights
+    are all equal (zero lag, or every ratio past ρ̄) has b_T = b_β and σ_w = σ: it is computed exactly as
+    :func:`group_advantages`, so at zero lag the result equals that function's bit for bit. A group of
+    equal rewards gets exactly 0, as there.
+
+    Args:
+        rewards: [P, G] floating, finite.
+        log_ratio: [P, G] floating, finite: log π_T(y|x) - log β(y|x) of each completion, nats, summed
+            over the tokens the policy chose (:func:`sequence_log_ratio`).
+        rho_bar: ρ̄ > 0 (inf: no truncation), the bound on the sequence weight (``algo.rho_bar``).
+        scale_by_std, eps: as :func:`group_advantages`.
+
+    Returns:
+        :class:`RealignedAdvantages` in the dtype of ``rewards``.
+
+    Raises:
+        ValueError: as :func:`group_advantages`; log_ratio not of rewards' shape or not finite; rho_bar
+            not > 0.
+    """
+    _check_rewards(rewards, eps)
+    rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
+    if log_ratio.shape != rewards.shape or not log_ratio.is_floating_point():
+        raise ValueError(f"log_ratio must be a floating tensor of the rewards' shape {tuple(rewards.shape)}, got "
+                         f"{tuple(log_ratio.shape)} {log_ratio.dtype}")
+    if not bool(torch.isfinite(log_ratio).all()):
+        raise ValueError("log_ratio must be finite")
+    log_w = log_ratio.to(rewards.dtype).clamp(max=math.log(rho_bar))
+    p = torch.softmax(log_w, dim=1)                               # w_g / Σ w
+    centred = rewards - rewards.mean(dim=1, keepdim=True)         # r - b_β
+    shift = (p * centred).sum(dim=1, keepdim=True)                # b_T - b_β
+    std_w = (p * (centred - shift).square()).sum(dim=1, keepdim=True).sqrt()
+    uniform = log_w.amax(dim=1, keepdim=True) == log_w.amin(dim=1, keepdim=True)
+    std = rewards.std(dim=1, unbiased=False, keepdim=True)
+    adv = _normalised(rewards, torch.where(uniform, centred, centred - shift), torch.where(uniform, std, std_w),
+                      scale_by_std=scale_by_std, eps=eps)
+    return RealignedAdvantages(adv, torch.where(uniform, torch.zeros_like(shift), shift).squeeze(1), log_w.exp())
+
+
+def sequence_log_ratio(target_log_prob: Tensor, behavior_log_prob: Tensor, policy_mask: Tensor) -> Tensor:
+    """log π_T(y|x) - log β(y|x) of each completion: the sum of the token log-ratios over the tokens the
+    policy chose (calculator-written tokens are the environment's: probability 1 under both policies).
+
+    Args:
+        target_log_prob, behavior_log_prob: [B, L] floating, nats (any value off ``policy_mask``).
+        policy_mask: [B, L] bool.
+
+    Returns:
+        [B] in the dtype of target_log_prob; 0 for a row without a policy token.
+
+    Raises:
+        ValueError: a bad mask, or log-prob shapes that differ from it.
+    """
+    _check_mask(policy_mask)
+    for name, t in (("target_log_prob", target_log_prob), ("behavior_log_prob", behavior_log_prob)):
+        if t.shape != policy_mask.shape:
+            raise ValueError(f"{name} is {tuple(t.shape)}, policy_mask is {tuple(policy_mask.shape)}")
+    diff = target_log_prob - behavior_log_prob.to(target_log_prob.dtype)
+    return torch.where(policy_mask, diff, torch.zeros((), dtype=diff.dtype)).sum(dim=1)
+
+
+def kl_k3(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(π_θ || π_ref): exp(d) - d - 1 with d = log π_ref - log π_θ (nats).
+
+    Schulman, "Approximating KL divergence" (2020); GRPO's penalty, DeepSeekMath arXiv:2402.03300 eq. 4.
+    Non-negative, 0 where π_θ = π_ref; its gradient with respect to log π_θ is 1 - π_ref/π_θ. d is
+    clamped to ±20 (asyncrl.algo.losses.LOG_RATIO_CLAMP) before exp; past the clamp the gradient is 0.
+    With tokens sampled by β rather than π_θ it is the off-policy estimate GRPO uses too.
+
+    Args:
+        log_prob: [N] log π_θ of the tokens (with gradient).
+        ref_log_prob: [N] log π_ref of the same tokens (detached here).
+
+    Returns:
+        [N] per-token estimates, dtype of log_prob.
+
+    Raises:
+        ValueError: shapes differ or are not non-empty 1-D floating.
+    """
+    checks.tensors(dims=1, floating=True, log_prob=log_prob, ref_log_prob=ref_log_prob)
+    d = (ref_log_prob.detach().to(log_prob.dtype) - log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(d) - d - 1.0
 
 
 def token_advantages(advantages: Tensor, completion_mask: Tensor) -> Tensor:
@@ -159,6 +275,24 @@ def flatten_tokens(completion_mask: Tensor, *, log_prob: Tensor, behavior_log_pr
     w = token_weights(completion_mask, averaging=averaging, max_len=max_len).to(log_prob.dtype)
     return TokenBatch(log_prob[completion_mask], behavior_log_prob[completion_mask].detach(),
                       (adv * w)[completion_mask].detach())
+
+
+def _check_rewards(rewards: Tensor, eps: float) -> None:
+    if rewards.dim() != 2 or not rewards.is_floating_point() or rewards.numel() == 0:
+        raise ValueError(f"rewards must be a non-empty [P, G] floating tensor, got {tuple(rewards.shape)} "
+                         f"{rewards.dtype}")
+    if not bool(torch.isfinite(rewards).all()):
+        raise ValueError("rewards must be finite")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+
+
+def _normalised(rewards: Tensor, centred: Tensor, std: Tensor, *, scale_by_std: bool, eps: float) -> Tensor:
+    """centred [/ (std + eps)]; exactly 0 in a group of equal rewards."""
+    if scale_by_std:
+        centred = centred / (std + eps)
+    equal = (rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True))
+    return torch.where(equal, torch.zeros_like(centred), centred)
 
 
 def _check_mask(completion_mask: Tensor) -> None:

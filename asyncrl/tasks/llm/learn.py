@@ -4,12 +4,16 @@ policy loss on completion tokens, through the same dispatch as the control task
 with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward ratio π_θ/π_T).
 
 1. With the weights at iteration start (π_T): log π_T of every completion token, once.
-2. Group-normalised advantages per row (:func:`asyncrl.tasks.llm.grpo.group_advantages`), broadcast
-   over the tokens the policy chose (``policy_mask``: padding and calculator-written tokens get none),
-   times the averaging weights (``task.averaging``).
-   No critic, so no realignment: the sequence advantage does not depend on the policy that sampled it.
+2. Group-normalised advantages per row (:func:`asyncrl.tasks.llm.grpo.group_advantages`; with
+   ``task.realign = "is_baseline"`` against the baseline of π_T instead,
+   :func:`asyncrl.tasks.llm.grpo.realigned_group_advantages` with ``algo.rho_bar``; docs/llm-realignment.md),
+   broadcast over the tokens the policy chose (``policy_mask``: padding and calculator-written tokens
+   get none), times the averaging weights (``task.averaging``).
 3. ``algo.num_epochs`` x ``algo.num_minibatches`` optimizer steps; minibatches are random sets of
-   rows (completions), drawn from the learner's generator (serial runs are bit-reproducible).
+   rows (completions), drawn from the learner's generator (serial runs are bit-reproducible). With
+   ``task.kl_coef > 0`` each step's loss adds kl_coef times the k3 estimate of KL(π_θ || π_ref) per
+   policy token (:func:`asyncrl.tasks.llm.grpo.kl_k3`), averaged with the loss's token weights; π_ref
+   is the frozen start model, its log-probs computed once per iteration (DeepSeekMath, arXiv:2402.03300).
 
 Shapes: batch rows R' = B slots x prompts x G (groups of G consecutive rows), S = S_p + L tokens.
 """
@@ -30,37 +34,69 @@ def _token_log_probs(model, batch: dict[str, torch.Tensor], rows, *, temperature
     return completion_log_probs(model, ids, mask, batch["completion_mask"][rows], temperature=temperature)
 
 
+def _advantages(batch: dict[str, torch.Tensor], target: torch.Tensor, *, algo, task) -> tuple[torch.Tensor, dict]:
+    """[R'] sequence advantages (``task.realign``) and the realignment's statistics."""
+    rewards = batch["rewards"].to(torch.float32).view(-1, task.group_size)
+    if task.realign == "none":
+        return grpo.group_advantages(rewards, scale_by_std=task.scale_by_std).reshape(-1), {}
+    log_ratio = grpo.sequence_log_ratio(target, batch["behavior_log_prob"], batch["policy_mask"])
+    r = grpo.realigned_group_advantages(rewards, log_ratio.view_as(rewards), rho_bar=algo.rho_bar,
+                                        scale_by_std=task.scale_by_std)
+    return r.advantages.reshape(-1), {"realign_baseline_shift": float(r.baseline_shift.abs().mean()),
+                                      "realign_weight_mean": float(r.weights.mean()),
+                                      "realign_weight_min": float(r.weights.min())}
+
+
+def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor, *, task,
+                max_len: int) -> tuple[torch.Tensor, float]:
+    """(the token-weighted mean of the k3 KL to the reference over the [N] policy tokens of ``mask``,
+    its unweighted mean for the statistics)."""
+    kl = grpo.kl_k3(log_prob, ref_log_prob)
+    w = grpo.token_weights(mask, averaging=task.averaging, max_len=max_len).to(kl.dtype)[mask]
+    return (w * kl).mean(), float(kl.detach().mean())
+
+
 def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, task, generator: torch.Generator,
-                  version: int | None = None) -> dict[str, Any]:
+                  version: int | None = None, reference=None) -> dict[str, Any]:
     """Run one learner iteration in place on ``model`` and ``optimizer``.
 
     Args:
         batch: prompt_ids / prompt_mask [R', S_p], completion_ids / completion_mask / policy_mask /
             behavior_log_prob [R', L], behavior_version and rewards [R'] (asyncrl.tasks.llm.spec).
         algo: AlgoConfig (preset grpo, vaco or vaco_no_filter; clip_eps, tv_threshold, ...).
-        task: TaskConfig (group_size, temperature, averaging, scale_by_std).
+        task: TaskConfig (group_size, temperature, averaging, scale_by_std, realign, kl_coef).
         generator: minibatch shuffling.
+        reference: the frozen reference model π_ref of the KL penalty; needed when task.kl_coef > 0,
+            unused otherwise.
         version: the learner's version; splits the filtered fraction into stale / fresh tokens and
             gives the generator-vs-learner log-prob mismatch of fresh rows (zero lag).
 
     Returns:
         Scalars (policy_loss, approx_kl, tv_estimate, filtered_fraction, clip_fraction, grad_norm,
-        rho_mean, rho_max, reward_mean, completion_tokens_mean, logprob_mismatch_fresh, ...) and
-        ``minibatches`` rows [step, tv_estimate, filtered_fraction, clip_fraction].
+        rho_mean, rho_max, reward_mean, completion_tokens_mean, logprob_mismatch_fresh, ...; with
+        task.realign: realign_baseline_shift = mean over groups of |b_T - b_β| in reward units,
+        realign_weight_mean / _min of the sequence weights min(ρ̄, π_T/β); with task.kl_coef > 0: kl_ref,
+        the mean k3 estimate per policy token, nats) and ``minibatches`` rows [step, tv_estimate,
+        filtered_fraction, clip_fraction].
 
     Raises:
-        ValueError: rows not a multiple of group_size, or as grpo.flatten_tokens.
+        ValueError: rows not a multiple of group_size, task.kl_coef > 0 without a reference, or as
+            grpo.flatten_tokens / grpo.realigned_group_advantages.
     """
     rows, G = batch["rewards"].shape[0], task.group_size
     if rows % G:
         raise ValueError(f"{rows} rows are not whole groups of {G}")
+    if task.kl_coef > 0 and reference is None:
+        raise ValueError(f"task.kl_coef = {task.kl_coef} needs the reference model (llm_iteration(reference=...))")
     cmask = batch["completion_mask"]
     pmask = batch["policy_mask"]   # the policy's own tokens: loss, ratios, TV estimate and counts
     everything = torch.arange(rows)
     with torch.no_grad():
         target = _token_log_probs(model, batch, everything, temperature=task.temperature)   # log π_T [R', L]
-    adv = grpo.group_advantages(batch["rewards"].to(torch.float32).view(-1, G), scale_by_std=task.scale_by_std)
-    adv = adv.reshape(-1)
+        ref = None                                                                          # log π_ref [R', L]
+        if task.kl_coef > 0:
+            ref = _token_log_probs(reference, batch, everything, temperature=task.temperature)
+    adv, realign_stats = _advantages(batch, target, algo=algo, task=task)
     behavior = batch["behavior_log_prob"]
     stale_rows = batch["behavior_version"] < version if version is not None else None
     log_rho = (target - behavior)[pmask]
@@ -80,16 +116,21 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
             pl = policy_loss(algo, log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
                              target_log_prob=target[idx][m], adv=a,
                              force=fired if algo.tv_filter_trigger == "iteration" else False)
-            grad_norm = optimizer_step(model, optimizer, pl.loss, algo.max_grad_norm)
+            loss, kl = pl.loss, {}
+            if ref is not None:
+                penalty, kl["kl_ref"] = _kl_penalty(tb.log_prob, ref[idx][m], m, task=task, max_len=cmask.shape[1])
+                loss = loss + task.kl_coef * penalty
+            grad_norm = optimizer_step(model, optimizer, loss, algo.max_grad_norm)
             step = {"step": len(steps), "policy_loss": pl.loss.item(), "approx_kl": float(pl.approx_kl),
                     "tv_estimate": float(pl.tv_estimate), "filtered_fraction": float(pl.filtered_fraction),
-                    "clip_fraction": float(pl.clip_fraction), "grad_norm": grad_norm}
+                    "clip_fraction": float(pl.clip_fraction), "grad_norm": grad_norm, **kl}
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
                 stale = None if stale_rows is None else stale_rows[idx][:, None].expand_as(m)[m]
                 step.update(filter_split(pl, stale, torch.arange(int(m.sum()))))
             steps.append(step)
     stats = step_means(steps)
+    stats.update(realign_stats)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
     stats["reward_mean"] = float(batch["rewards"].float().mean())
     stats["completion_tokens_mean"] = float(cmask.sum(1).float().mean())

@@ -192,6 +192,7 @@ class LLMTask:
         self.cfg = cfg
         self._spec: TokenSpec | None = None
         self._start: Path | None = None
+        self._reference = None
 
     # ---- the start model ----
     def base_dir(self) -> Path:
@@ -280,6 +281,16 @@ class LLMTask:
         from . import model as m
         return m.load(self.start_dir()).model
 
+    def reference(self):
+        """The KL penalty's reference π_ref (task.kl_coef > 0): the start model, frozen (no gradient, eval
+        mode), loaded on first use, so only the learner holds it; None when task.kl_coef = 0."""
+        if self.cfg.task.kl_coef == 0:
+            return None
+        if self._reference is None:
+            from . import model as m
+            self._reference = m.load(self.start_dir()).model.requires_grad_(False).eval()
+        return self._reference
+
     def flat_weights(self, policy) -> np.ndarray:
         return flat_weights(policy)
 
@@ -294,7 +305,7 @@ class LLMTask:
     def learner_iteration(self, state, batch) -> dict[str, Any]:
         from .learn import llm_iteration
         return llm_iteration(state.policy, state.optimizer, batch, algo=self.cfg.algo, task=self.cfg.task,
-                             generator=state.generator, version=state.version)
+                             generator=state.generator, version=state.version, reference=self.reference())
 
     def after_iteration(self, state, batch) -> None:
         return None
