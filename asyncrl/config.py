@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .tasks.llm.defaults import DEFAULT_STEPS as LLM_WARMUP_STEPS
+
 PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
 TASK_KINDS = ("control", "llm")
 # grpo: PPO-clip on token ratios with group-normalised advantages (no critic); vaco / vaco_no_filter: the same
@@ -162,7 +164,7 @@ class TaskConfig:
     cache_dir: str = _f("runs/llm", "llm: where the prepared tiny model and its warm-ups are cached")
     model_seed: int = _f(0, "llm: seed of the tiny model, its warm-up and the train / held-out problems (run.seed "
                             "seeds RL only)")
-    warmup_steps: int = _f(300, "llm: supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none")
+    warmup_steps: int = _f(LLM_WARMUP_STEPS, "llm: supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none")
     group_size: int = _f(8, "llm: G, completions sampled per prompt (a group)")
     prompts_per_slot: int = _f(4, "llm: prompts per slot: a slot holds whole groups, prompts_per_slot * G rows")
     max_prompt_tokens: int = _f(96, "llm: prompt width in a slot (left-padded); a longer prompt is an error")
