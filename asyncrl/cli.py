@@ -159,6 +159,24 @@ def main(verbose: bool) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _device_option(key: str, what: str):
+    return click.option("--device", help=f"{what}: cpu, cuda or cuda:N (config {key}; default cpu). Checked "
+                                         f"before anything starts: cuda on a machine without it is one error line.")
+
+
+def _check_devices(cfg: Config, *, learner: bool = True, actor: bool = True) -> None:
+    """Raise UserError (one line) unless this machine has the devices the roles started here use:
+    learner.device (and learner.precision), and actor.device of llm generators."""
+    from .device import check_device
+    try:
+        if learner:
+            check_device(cfg.learner.device, cfg.learner.precision)
+        if actor and cfg.task.kind == "llm":
+            check_device(cfg.actor.device, key="actor.device")
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+
+
 def _env_module(f):
     return click.option("--env-module", "env_module",
                         help="Python module to import first, e.g. one that registers your env id "
@@ -176,13 +194,14 @@ def _env_module(f):
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
 @click.option("--seed", type=int, help="Run seed.")
 @click.option("--serial", is_flag=True, help="Everything in one process (debugging; bit-reproducible).")
+@_device_option("learner.device", "Where the learner computes")
 @click.option("--launcher", type=click.Choice(["local", "ray"]),
               help="Who starts and restarts the roles: local processes, or a Ray cluster (config run.launcher).")
 @click.option("--address", "ray_address", help="--launcher ray: the Ray cluster, e.g. 10.0.0.1:6379 (default: "
                                                "config run.ray_address; empty: a local cluster for this run).")
 @_restart_option
-def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial, launcher,
-        ray_address, restart):
+def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial, device,
+        launcher, ray_address, restart):
     """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial."""
     _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
     cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
@@ -190,7 +209,9 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
                                                   ("run", "num_actors"): num_actors,
                                                   ("run", "total_env_steps"): total_steps,
                                                   ("run", "seed"): seed, ("run", "launcher"): launcher,
-                                                  ("run", "ray_address"): ray_address})
+                                                  ("run", "ray_address"): ray_address, ("learner", "device"): device})
+    # the roles run on this host unless Ray places them: the devices are checked before any starts
+    _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
     if cfg.run.launcher == "ray" and not serial:
         from .launch_ray import LauncherError, import_ray
         try:
@@ -318,16 +339,19 @@ def _role_flags(env_id, num_envs, seed, total_steps=None, env_module=None):
 @click.option("--run-id", help="Run id (default: made up from the time).")
 @click.option("--total-steps", type=int, help="Env-step budget.")
 @click.option("--seed", type=int)
+@_device_option("learner.device", "Where the learner computes")
 @_restart_option
 def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind, advertise, broadcaster, run_dir,
-            run_id, total_steps, seed, restart):
+            run_id, total_steps, seed, device, restart):
     """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
     from .launch import new_run_id
     from .roles.learner import Learner, LearnerError
     from .security import SecurityError
     from .shm import ShmError
     _on_sigterm()
-    cfg = load_config(config_file, overrides, _role_flags(env_id, None, seed, total_steps, env_module))
+    cfg = load_config(config_file, overrides, {**_role_flags(env_id, None, seed, total_steps, env_module),
+                                               ("learner", "device"): device})
+    _check_devices(cfg, actor=False)
     run_id = run_id or new_run_id()
     out, resume = prepare_run_dir(run_dir, cfg, restart)
     if not resume:
@@ -384,9 +408,10 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="Keep the learner's token for this actor id here (mode 0600): an actor restarted with the same "
                    "--actor-id and file takes its id back at once instead of waiting transport.actor_timeout_s.")
+@_device_option("actor.device", "llm generator actors: where the model samples")
 def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, env_id, env_module, num_envs, actor_id,
           seed,
-          policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label, token_file):
+          policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label, token_file, device):
     """An actor: steps envs with the newest weights it has and fills slots for the learner."""
     import os
     import socket
@@ -394,8 +419,10 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
     _on_sigterm()
     flags = _role_flags(env_id, num_envs, None, env_module=env_module)
     flags.update({("actor", "policy_delay"): policy_delay, ("actor", "policy_age_buffer"): policy_age_buffer,
-                  ("actor", "slowdown_s"): slowdown, ("actor", "rollout_transport"): rollout_transport})
+                  ("actor", "slowdown_s"): slowdown, ("actor", "rollout_transport"): rollout_transport,
+                  ("actor", "device"): device})
     cfg = load_config(config_file, overrides, flags)
+    _check_devices(cfg, learner=False)
     actor_id = actor_id or f"{host_label or socket.gethostname()}-{os.getpid()}"
     opts = ActorOptions(learner=_endpoint(learner_ep, cfg.transport.learner_bind),
                         broadcaster=_endpoint(broadcaster, cfg.transport.broadcaster_bind),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 import types
 import typing
@@ -39,6 +40,8 @@ FILTER_TRIGGERS = ("minibatch", "iteration")
 BAND_RATIOS = ("full", "backward", "forward")
 TRACES = ("vtrace", "uncorrected")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
+PRECISIONS = ("fp32", "bf16")
+DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")   # learner.device, actor.device
 LAUNCHERS = ("local", "ray")
 
 
@@ -108,6 +111,8 @@ class ActorConfig:
     policy_age_buffer: int = _f(1, "each rollout acts with a version drawn uniformly from the last K received")
     slowdown_s: float = _f(0.0, "a straggler: each rollout takes this many seconds longer (actor processes)")
     rollout_transport: str = _f("auto", "auto (shared memory if the learner's segment attaches, else TCP), shm or tcp")
+    device: str = _f("cpu", "llm generator actors: where the model samples, cpu, cuda or cuda:N (float32; control "
+                            "actors act with numpy: cpu only)")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,9 @@ class LearnerConfig:
     keep_checkpoints: int = _f(3, "checkpoints kept (checkpoint.pt, checkpoint.1.pt, ...); a corrupt newest one falls back to the next")
     max_consecutive_skips: int = _f(20, "optimizer steps skipped in a row (non-finite loss or gradient) before the run fails")
     torch_threads: int = _f(1, "torch threads of the learner")
+    device: str = _f("cpu", "where the learner's policy, optimizer and batches live: cpu, cuda or cuda:N")
+    precision: str = _f("fp32", "learner forward passes: fp32, or bf16 (autocast of the network forwards; "
+                                "log-probs, losses, gradients and weights stay float32; see asyncrl/device.py)")
 
 
 @dataclass(frozen=True)
@@ -316,6 +324,7 @@ def validate(cfg: Config) -> None:
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:
         raise ConfigError(f"actor.rollout_transport must be one of {', '.join(ROLLOUT_TRANSPORTS)}, "
                           f"got {cfg.actor.rollout_transport!r}")
+    _validate_device(cfg)
     if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
     if cfg.run.eval_every < 0 or cfg.run.eval_episodes < 1:
@@ -333,6 +342,19 @@ def validate(cfg: Config) -> None:
     if n > MAX_STR_BYTES:
         raise ConfigError(f"the config is {n:,} bytes as JSON, over the {MAX_STR_BYTES:,} a welcome message carries "
                           f"to actors; shorten its strings (run.run_dir, env.id, env.module)")
+
+
+def _validate_device(cfg: Config) -> None:
+    """The names only: whether this machine has the device is asyncrl.device.check_device's question
+    (asked where the learner or a generator starts, so a GPU run's config still loads elsewhere)."""
+    for key, value in (("learner.device", cfg.learner.device), ("actor.device", cfg.actor.device)):
+        if not DEVICE_RE.fullmatch(value):
+            raise ConfigError(f"{key} must be cpu, cuda or cuda:N, got {value!r}")
+    if cfg.learner.precision not in PRECISIONS:
+        raise ConfigError(f"learner.precision must be one of {', '.join(PRECISIONS)}, got {cfg.learner.precision!r}")
+    if cfg.actor.device != "cpu" and cfg.task.kind == "control":
+        raise ConfigError(f"actor.device = {cfg.actor.device}: control actors act with numpy on the CPU; "
+                          f"actor.device is for task.kind = llm")
 
 
 def _validate_task(cfg: Config) -> None:

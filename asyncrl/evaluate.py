@@ -9,6 +9,7 @@ training. The same checkpoint, env and seed give the same returns.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -160,6 +161,8 @@ class PeriodicEval:
             self.env = make_env(e.id, module=e.module, max_episode_steps=e.max_episode_steps)
         while self.next_at <= env_steps:
             self.next_at += self.every
+        if policy.obs_mean.device.type != "cpu":   # a learner on a GPU: evaluate a CPU copy (envs give numpy)
+            policy = copy.deepcopy(policy).cpu()
         was_training = policy.training
         policy.eval()
         try:

@@ -96,17 +96,17 @@ class ActorCritic(nn.Module):
         return ((obs - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)).clamp(-self.obs_clip, self.obs_clip)
 
     def distribution(self, x: torch.Tensor) -> DiagGaussian | Categorical:
-        out = self.pi(x)
+        out = self.pi(x).float()   # float32 even under bf16 autocast (asyncrl.device): the head's maths is float32
         return Categorical(out) if self.discrete else DiagGaussian(out, self.log_std)
 
     def forward(self, obs: torch.Tensor) -> PolicyOutput:
         """obs [N, D] raw -> (action distribution over [N], values [N])."""
         x = self.normalize(obs)
-        return PolicyOutput(self.distribution(x), self.v(x).squeeze(-1))
+        return PolicyOutput(self.distribution(x), self.v(x).squeeze(-1).float())
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """obs [N, D] raw -> V(s) [N]."""
-        return self.v(self.normalize(obs)).squeeze(-1)
+        return self.v(self.normalize(obs)).squeeze(-1).float()
 
     def set_obs_stats(self, rms: RunningMeanStd) -> None:
         self.obs_mean.copy_(torch.as_tensor(rms.mean, dtype=torch.float32))
@@ -133,9 +133,9 @@ def layout_hash(module: nn.Module) -> str:
 
 
 def flatten_weights(module: nn.Module) -> np.ndarray:
-    """All parameters and buffers as one contiguous float32 array [P]."""
+    """All parameters and buffers as one contiguous float32 array [P], in host memory (from any device)."""
     tensors = [v.detach().reshape(-1).to(torch.float32) for v in module.state_dict().values()]
-    return torch.cat(tensors).numpy()
+    return torch.cat(tensors).cpu().numpy()
 
 
 def load_flat_weights(module: nn.Module, flat: np.ndarray) -> None:

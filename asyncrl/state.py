@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .config import Config
+from .device import check_device, forward_context, to_device
 from .metrics import RunDirError, write_atomic
 from .policy import RunningMeanStd
 from .spec import SlotSpec
@@ -109,13 +110,18 @@ class RewardScaler:
 
 class LearnerState:
     """Everything the learner owns. ``version`` is the policy version the weights carry.
-    ``task``: the task interface (default: ``make_task(cfg, spec=spec)``)."""
+    ``task``: the task interface (default: ``make_task(cfg, spec=spec)``). The policy and optimizer
+    live on ``learner.device``; batches are made on the CPU and moved there by :meth:`iterate`.
+    Raises ConfigError when this machine lacks that device (asyncrl.device.check_device)."""
 
     def __init__(self, cfg: Config, spec: SlotSpec, task=None):
         self.cfg, self.spec = cfg, spec
         self.task = task if task is not None else make_task(cfg, spec=spec)
+        # ConfigError before anything is built when this machine lacks the device
+        self.device = check_device(cfg.learner.device, cfg.learner.precision)
+        self.forward_context = forward_context(self.device, cfg.learner.precision)   # bf16 autocast or none
         torch.manual_seed(cfg.run.seed)
-        self.policy = self.task.build_policy()
+        self.policy = self.task.build_policy().to(self.device)   # CPU: the same module, untouched
         # fused: one kernel for all parameters; the per-tensor loop cost ~0.6 ms of a ~3 ms optimizer step here
         # GuardedAdam: a step with a non-finite loss or gradient is skipped and counted, never taken
         self.optimizer = GuardedAdam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
@@ -140,15 +146,16 @@ class LearnerState:
         return self.task.make_batch(self, slots, gaps)
 
     def iterate(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """One learner iteration (the task's); then the task's other statistics (control: the
-        observation statistics) are updated and the version advances."""
+        """One learner iteration (the task's) on ``batch`` (as :meth:`make_batch` gives it, moved to
+        learner.device here); then the task's other statistics (control: the observation statistics,
+        from the CPU batch) are updated and the version advances."""
         a = self.cfg.algo
         if a.anneal_lr:
             frac = max(0.0, 1.0 - self.env_steps / self.cfg.run.total_env_steps)
             for g in self.optimizer.param_groups:
                 g["lr"] = a.lr * frac
         skipped_before = self.optimizer.skipped
-        stats = self.task.learner_iteration(self, batch)
+        stats = self.task.learner_iteration(self, to_device(batch, self.device))
         stats["skipped_steps"] = self.optimizer.skipped - skipped_before
         limit = self.cfg.learner.max_consecutive_skips
         if self.optimizer.consecutive > limit:
@@ -188,7 +195,7 @@ class LearnerState:
 
     def load(self, path: str | Path) -> None:
         """Take the state of the checkpoint file ``path``. Raises ValueError for another policy layout."""
-        self.load_state_dict(torch.load(path, weights_only=True), str(path))
+        self.load_state_dict(torch.load(path, weights_only=True, map_location=self.device), str(path))
 
     def load_state_dict(self, d: dict, where: str = "checkpoint") -> None:
         """Inverse of :meth:`state_dict`. Raises ValueError for another policy layout."""

@@ -10,8 +10,9 @@ Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
@@ -28,18 +29,29 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor]):
-    """log π(a|s) [T, N], V(s_t) [T+1, N], V(final_obs) [T, N] (only where truncated)."""
+def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor], fwd: Callable[[], ContextManager]):
+    """log π(a|s) [T, N], V(s_t) [T+1, N], V(final_obs) [T, N] (only where truncated); float32,
+    the forwards run in ``fwd()`` (bf16 autocast or none)."""
     obs, actions, truncated = batch["obs"], batch["actions"], batch["truncated"]
     T, N = actions.shape[:2]
-    x = policy.normalize(_flat(obs))
-    values = policy.v(x).view(T + 1, N)
-    log_prob = policy.distribution(x[: T * N]).log_prob(_flat(actions)).view(T, N)
-    final_values = torch.zeros(T, N)
+    with fwd():
+        x = policy.normalize(_flat(obs))
+        values = policy.v(x).view(T + 1, N).float()
+        log_prob = policy.distribution(x[: T * N]).log_prob(_flat(actions)).view(T, N).float()
+    final_values = torch.zeros(T, N, device=values.device)
     if truncated.any():
         idx = truncated.nonzero(as_tuple=True)
-        final_values[idx] = policy.value(batch["final_obs"][idx])
+        with fwd():
+            final_values[idx] = policy.value(batch["final_obs"][idx]).float()
     return log_prob, values, final_values
+
+
+def _forward(policy: ActorCritic, obs: torch.Tensor, actions: torch.Tensor, fwd: Callable[[], ContextManager]):
+    """(policy output, log π(a|s) [N] float32, V(s) [N] float32) of raw obs [N, D], in ``fwd()``."""
+    with fwd():
+        out = policy(obs)
+        log_prob = out.dist.log_prob(actions)
+    return out, log_prob.float(), out.values.float()
 
 
 def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar, traces):
@@ -99,7 +111,8 @@ def optimizer_step(policy, optimizer, loss, max_grad_norm) -> float:
 
 def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
                       batch: dict[str, torch.Tensor], *, cfg, generator: torch.Generator,
-                      version: int | None = None) -> dict[str, Any]:
+                      version: int | None = None,
+                      forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
     """Run one learner iteration in place on ``policy`` and ``optimizer``.
 
     Args:
@@ -111,6 +124,10 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         version: the learner's policy version; with it (and behavior_version [T, N] in the batch)
             the filtered fraction is also reported for stale (behaviour version < version) and
             fresh samples apart.
+        forward_context: the context of every network forward (asyncrl.device.forward_context: bf16
+            autocast or none); log-probs and values are cast to float32 before any ratio or loss.
+            The batch and ``policy`` share a device; ``generator`` is a CPU one (the shuffles are
+            the same on every device).
 
     Returns:
         Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, filtered_fraction,
@@ -119,20 +136,21 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         filtered_fraction_stale / _fresh) plus ``minibatches``:
         per optimizer step [step, tv_estimate, filtered_fraction, clip_fraction] (forward lag).
     """
-    target_log_prob, values, final_values = _evaluate(policy, batch)
+    fwd = forward_context
+    target_log_prob, values, final_values = _evaluate(policy, batch, fwd)
     log_rho = target_log_prob - batch["behavior_log_prob"]
     rho = log_rho.clamp(-20, 20).exp()
     kw = dict(batch=batch, values=values, final_values=final_values, gamma=cfg.gamma,
               lam=cfg.gae_lambda, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, traces=cfg.traces)
     if cfg.preset == "impala":
-        steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw)
+        steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd)
         adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
     else:
         adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob, **kw)
         stale = None
         if version is not None and "behavior_version" in batch:
             stale = (batch["behavior_version"] < version).reshape(-1)
-        steps = _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale)
+        steps = _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale, fwd)
     stats = step_means(steps)
     stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
@@ -158,7 +176,8 @@ def normalize_advantages(a: torch.Tensor, on: bool) -> torch.Tensor:
     return (a - a.mean()) / (a.std() + 1e-8) if on and a.numel() > 1 else a
 
 
-def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale=None):
+def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale=None,
+                     fwd=contextlib.nullcontext):
     T, N = batch["rewards"].shape
     flat = {"obs": _flat(batch["obs"][:-1]), "actions": _flat(batch["actions"]),
             "behavior_log_prob": batch["behavior_log_prob"].reshape(-1),
@@ -166,18 +185,19 @@ def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, tar
     size = T * N
     mb = size // cfg.num_minibatches
     steps = []
-    fired = torch.zeros((), dtype=torch.bool)    # hysteresis: has a minibatch of this iteration been over δ
+    device = flat["adv"].device
+    # hysteresis: has a minibatch of this iteration been over δ
+    fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(cfg.num_epochs):
-        perm = torch.randperm(size, generator=generator)
+        perm = torch.randperm(size, generator=generator).to(device)   # CPU generator: the same shuffles everywhere
         for k in range(cfg.num_minibatches):
             idx = perm[k * mb:(k + 1) * mb]
             a = normalize_advantages(flat["adv"][idx], cfg.normalize_advantages)
-            out = policy(flat["obs"][idx])
-            log_prob = out.dist.log_prob(flat["actions"][idx])
+            out, log_prob, values = _forward(policy, flat["obs"][idx], flat["actions"][idx], fwd)
             pl = policy_loss(cfg, log_prob=log_prob, behavior_log_prob=flat["behavior_log_prob"][idx],
                               target_log_prob=flat["target_log_prob"][idx], adv=a,
                               force=fired if cfg.tv_filter_trigger == "iteration" else False)
-            step = _finish_step(policy, optimizer, cfg, pl, out, flat["targets"][idx], len(steps))
+            step = _finish_step(policy, optimizer, cfg, pl, out, values, flat["targets"][idx], len(steps))
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
                 step.update(filter_split(pl, stale, idx))
@@ -197,8 +217,8 @@ def filter_split(pl, stale, idx) -> dict[str, float]:
     return out
 
 
-def _finish_step(policy, optimizer, cfg, pl, out, targets, step):
-    vl = losses.value_loss(values=out.values, targets=targets)
+def _finish_step(policy, optimizer, cfg, pl, out, values, targets, step):
+    vl = losses.value_loss(values=values, targets=targets)
     entropy = out.dist.entropy().mean()
     loss = pl.loss + cfg.value_coef * vl - cfg.entropy_coef * entropy
     grad_norm = optimizer_step(policy, optimizer, loss, cfg.max_grad_norm)
@@ -208,20 +228,20 @@ def _finish_step(policy, optimizer, cfg, pl, out, targets, step):
             "grad_norm": grad_norm}
 
 
-def _impala_steps(policy, optimizer, batch, cfg, generator, kw):
+def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
     """One epoch; minibatches are groups of whole rollouts (columns), and V-trace is recomputed
     with the current weights before every optimizer step (IMPALA, arXiv:1802.01561)."""
     T, N = batch["rewards"].shape
     groups = max(1, min(cfg.num_minibatches, N))
     steps = []
-    for cols in torch.randperm(N, generator=generator).chunk(groups):
+    device = batch["rewards"].device
+    for cols in torch.randperm(N, generator=generator).to(device).chunk(groups):
         sub = {k: v[:, cols] for k, v in batch.items()}
-        target_log_prob, values, final_values = _evaluate(policy, sub)
+        target_log_prob, values, final_values = _evaluate(policy, sub, fwd)
         sub_kw = dict(kw, batch=sub, values=values, final_values=final_values)
         pg_adv, vs = advantages(preset="impala", target_log_prob=target_log_prob, **sub_kw)
-        out = policy(_flat(sub["obs"][:-1]))
-        log_prob = out.dist.log_prob(_flat(sub["actions"]))
+        out, log_prob, new_values = _forward(policy, _flat(sub["obs"][:-1]), _flat(sub["actions"]), fwd)
         pl = losses.impala_policy_loss(log_prob=log_prob, behavior_log_prob=sub["behavior_log_prob"].reshape(-1),
                                        pg_advantages=pg_adv.reshape(-1), rho_bar=cfg.rho_bar)
-        steps.append(_finish_step(policy, optimizer, cfg, pl, out, vs.reshape(-1), len(steps)))
+        steps.append(_finish_step(policy, optimizer, cfg, pl, out, new_values, vs.reshape(-1), len(steps)))
     return steps

@@ -4,6 +4,7 @@ generator writes, the LM's weights through the broadcaster's flat buffer, and a 
 serial run (asyncrl.serial, the same Consumer and LearnerState as MuJoCo)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -279,7 +280,8 @@ def test_kl_penalty_to_the_frozen_start_model(micro_dir):
     # the learner's path (LLMTask.learner_iteration) passes that reference
     policy = task.build_policy()
     state = SimpleNamespace(policy=policy, optimizer=torch.optim.Adam(policy.parameters(), lr=1e-3),
-                            generator=torch.Generator().manual_seed(0), version=0)
+                            generator=torch.Generator().manual_seed(0), version=0, device=torch.device("cpu"),
+                            forward_context=contextlib.nullcontext)   # what LearnerState holds on learner.device = cpu
     assert task.learner_iteration(state, batch)["kl_ref"] == stats["kl_ref"]
     assert all(torch.equal(v, with_kl[k]) for k, v in policy.state_dict().items())
 

@@ -130,7 +130,7 @@ class ControlTask:
 
     def learner_iteration(self, state, batch) -> dict[str, Any]:
         return learner_iteration(state.policy, state.optimizer, batch, cfg=self.cfg.algo, generator=state.generator,
-                                 version=state.version)
+                                 version=state.version, forward_context=state.forward_context)
 
     def after_iteration(self, state, batch) -> None:
         if self.cfg.policy.normalize_obs:

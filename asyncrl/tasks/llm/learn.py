@@ -19,7 +19,8 @@ Shapes: batch rows R' = B slots x prompts x G (groups of G consecutive rows), S 
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -57,7 +58,8 @@ def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.
 
 
 def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, task, generator: torch.Generator,
-                  version: int | None = None, reference=None) -> dict[str, Any]:
+                  version: int | None = None, reference=None,
+                  forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
     """Run one learner iteration in place on ``model`` and ``optimizer``.
 
     Args:
@@ -66,10 +68,14 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         algo: AlgoConfig (preset grpo, vaco or vaco_no_filter; clip_eps, tv_threshold, ...).
         task: TaskConfig (group_size, temperature, averaging, scale_by_std, realign, kl_coef).
         generator: minibatch shuffling.
-        reference: the frozen reference model π_ref of the KL penalty; needed when task.kl_coef > 0,
-            unused otherwise.
+        reference: the frozen reference model π_ref of the KL penalty, on the model's device; needed
+            when task.kl_coef > 0, unused otherwise.
         version: the learner's version; splits the filtered fraction into stale / fresh tokens and
             gives the generator-vs-learner log-prob mismatch of fresh rows (zero lag).
+        forward_context: the context of the model's forwards (asyncrl.device.forward_context: bf16
+            autocast or none); the token log-probs come out float32 (completion_log_probs casts the
+            logits before the log-softmax), so ratios and losses are float32. ``batch`` and
+            ``model`` share a device; ``generator`` is a CPU one.
 
     Returns:
         Scalars (policy_loss, approx_kl, tv_estimate, filtered_fraction, clip_fraction, grad_norm,
@@ -90,8 +96,9 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         raise ValueError(f"task.kl_coef = {task.kl_coef} needs the reference model (llm_iteration(reference=...))")
     cmask = batch["completion_mask"]
     pmask = batch["policy_mask"]   # the policy's own tokens: loss, ratios, TV estimate and counts
-    everything = torch.arange(rows)
-    with torch.no_grad():
+    device = cmask.device
+    everything = torch.arange(rows, device=device)
+    with torch.no_grad(), forward_context():
         target = _token_log_probs(model, batch, everything, temperature=task.temperature)   # log π_T [R', L]
         ref = None                                                                          # log π_ref [R', L]
         if task.kl_coef > 0:
@@ -103,13 +110,14 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
     rho = log_rho.clamp(-20, 20).exp()
     mb = rows // algo.num_minibatches
     steps: list[dict] = []
-    fired = torch.zeros((), dtype=torch.bool)
+    fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(algo.num_epochs):
-        perm = torch.randperm(rows, generator=generator)
+        perm = torch.randperm(rows, generator=generator).to(device)   # CPU generator: the same shuffles everywhere
         for k in range(algo.num_minibatches):
             idx = perm[k * mb:(k + 1) * mb]
             m = pmask[idx]
-            log_prob = _token_log_probs(model, batch, idx, temperature=task.temperature)
+            with forward_context():
+                log_prob = _token_log_probs(model, batch, idx, temperature=task.temperature)
             tb = grpo.flatten_tokens(m, log_prob=log_prob, behavior_log_prob=behavior[idx], advantages=adv[idx],
                                      averaging=task.averaging, max_len=cmask.shape[1])
             a = normalize_advantages(tb.advantages, algo.normalize_advantages)
@@ -127,7 +135,7 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
                 stale = None if stale_rows is None else stale_rows[idx][:, None].expand_as(m)[m]
-                step.update(filter_split(pl, stale, torch.arange(int(m.sum()))))
+                step.update(filter_split(pl, stale, torch.arange(int(m.sum()), device=device)))
             steps.append(step)
     stats = step_means(steps)
     stats.update(realign_stats)

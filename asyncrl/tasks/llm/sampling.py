@@ -87,22 +87,23 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
     """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` or greedily.
 
     Args:
-        model: a transformers causal LM (put in eval mode here).
-        prompt_ids: [B, S_p] int64 left-padded prompts.
+        model: a transformers causal LM (put in eval mode here); decoding runs on its device.
+        prompt_ids: [B, S_p] int64 left-padded prompts (moved to the model's device).
         prompt_mask: [B, S_p] 0/1 attention mask of the prompts.
         eos_id, pad_id: token ids; a row stops after it emits EOS.
         max_new_tokens: >= 1, completion budget L_max (a row that never emits EOS is cut there and
             simply has no EOS).
         temperature: > 0; logits are divided by it (ignored for greedy).
         greedy: argmax decoding (evaluation).
-        generator: CPU torch.Generator for the draws (None: the global RNG).
+        generator: torch.Generator for the draws, on the model's device (None: the global RNG).
         calculator: a :class:`Calculator` that writes annotation results (None: none). A step that
             inserts a token for a row still draws for every row, so the generator's stream, and
             hence every other row, does not depend on which rows were given calculator tokens.
 
     Returns:
-        :class:`Samples` with L = the number of decoding steps taken (<= max_new_tokens; the loop
-        stops once every row emitted EOS). Inserted tokens count towards max_new_tokens.
+        :class:`Samples` on the model's device, with L = the number of decoding steps taken (<=
+        max_new_tokens; the loop stops once every row emitted EOS). Inserted tokens count towards
+        max_new_tokens.
 
     Raises:
         ValueError: max_new_tokens < 1, temperature <= 0 when sampling, or mismatched shapes.
@@ -115,13 +116,15 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
         raise ValueError(f"prompt_ids and prompt_mask must be [B, S_p] alike, got {tuple(prompt_ids.shape)} "
                          f"and {tuple(prompt_mask.shape)}")
     model.eval()
+    device = getattr(model, "device", prompt_ids.device)   # transformers models name theirs
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)   # CPU: the same tensors
     b, s_p = prompt_ids.shape
     mask = prompt_mask.long()
     cache = _cache_kwargs(model)   # the KV cache, updated in place by every forward
     out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True, **cache)
     logits = out.logits[:, -1, :].float()
     next_pos = mask.sum(-1, keepdim=True)   # [B, 1] position of the next token
-    done = torch.zeros(b, dtype=torch.bool)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
     tokens, lps, keep, chosen = [], [], [], []
     queues: dict[int, deque] = {}   # row -> calculator tokens still to insert
     for step in range(max_new_tokens):
@@ -130,7 +133,7 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
             tok = logp.argmax(-1)
         else:
             tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-        forced = torch.zeros(b, dtype=torch.bool)
+        forced = torch.zeros(b, dtype=torch.bool, device=device)
         if queues:
             for row in list(queues):
                 tok[row] = queues[row].popleft()
@@ -145,7 +148,7 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
         keep.append(live)
         chosen.append(policy)
         if calculator is not None:
-            check = policy & torch.isin(tok, calculator.trigger_ids)
+            check = policy & torch.isin(tok, calculator.trigger_ids.to(device))
             for row in check.nonzero().flatten().tolist():
                 ins = calculator.insert([int(t[row]) for t in tokens])
                 if ins:
@@ -153,7 +156,7 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
         done = done | (tok == eos_id)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype)], dim=1)
+        mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=device)], dim=1)
         out = model(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1

@@ -45,7 +45,7 @@ def param_layout(model) -> list[tuple[str, torch.Tensor]]:
 
 def flat_weights(model) -> np.ndarray:
     """Every parameter as one contiguous float32 array [P] (the broadcaster's payload)."""
-    return torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in param_layout(model)]).numpy()
+    return torch.cat([p.detach().reshape(-1).to(torch.float32) for _, p in param_layout(model)]).cpu().numpy()
 
 
 def load_flat(model, flat: np.ndarray) -> None:
@@ -70,7 +70,9 @@ def layout_hash(model) -> str:
 class LLMProducer:
     """A generator actor's side: the train problems, a seeded prompt stream, the sampler's torch
     generator, and a copy of the model (loaded from the start directory at :meth:`bind`, then
-    overwritten by every version it is sent)."""
+    overwritten by every version it is sent), float32 on ``actor.device`` (the actor's own config;
+    cuda samples other tokens than cpu for the same seed). Raises ConfigError at :meth:`bind` when
+    this machine lacks that device."""
 
     def __init__(self, task: "LLMTask"):
         self.task, self.cfg = task, task.cfg
@@ -80,12 +82,16 @@ class LLMProducer:
         self.problems: list[gsm.Problem] = []
         self.layout_hash, self.num_params = "", 0
         self.rng = random.Random(0)
+        self.device = torch.device("cpu")
         self.gen = torch.Generator()
 
     def bind(self, cfg, seeds, template=None) -> None:
+        from ...device import check_device
         from . import model as m
+        self.device = check_device(self.cfg.actor.device, key="actor.device")
         loaded = m.load(self.task.start_dir())
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.model, self.tokenizer = loaded.model.to(self.device), loaded.tokenizer
+        self.gen = torch.Generator(device=self.device)
         self.layout_hash = layout_hash(self.model)
         self.num_params = sum(p.numel() for _, p in param_layout(self.model))
         t = self.cfg.task
@@ -98,7 +104,7 @@ class LLMProducer:
 
     def reset(self) -> None:
         self.rng = random.Random(int(self.seeds.env[0]))
-        self.gen = torch.Generator().manual_seed(int(self.seeds.action))
+        self.gen = torch.Generator(device=self.device).manual_seed(int(self.seeds.action))
 
     def collect(self, slot, *, version: int, guard=None, grant_id: int = 0,
                 tick: Callable[[], None] | None = None) -> RolloutStats:
@@ -116,6 +122,8 @@ class LLMProducer:
         t0 = time.perf_counter()
         out = generate_group(self.model, self.tokenizer, [gsm.format_prompt(p) for p in chosen], s.group_size,
                              temperature=t.temperature, max_new_tokens=s.completion_tokens, generator=self.gen)
+        out = out._replace(**{k: getattr(out, k).cpu() for k in ("input_ids", "attention_mask", "completion_mask",
+                                                                  "behavior_log_prob", "policy_mask")})
         t1 = time.perf_counter()
         texts = decode_completions(self.tokenizer, out)
         rewards = [gsm.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
@@ -304,8 +312,12 @@ class LLMTask:
 
     def learner_iteration(self, state, batch) -> dict[str, Any]:
         from .learn import llm_iteration
+        reference = self.reference()
+        if reference is not None:
+            reference.to(state.device)   # in place; a no-op after the first iteration and on the CPU
         return llm_iteration(state.policy, state.optimizer, batch, algo=self.cfg.algo, task=self.cfg.task,
-                             generator=state.generator, version=state.version, reference=self.reference())
+                             generator=state.generator, version=state.version, reference=reference,
+                             forward_context=state.forward_context)
 
     def after_iteration(self, state, batch) -> None:
         return None
