@@ -26,6 +26,7 @@ LLM_PRESETS = ("grpo", "vaco", "vaco_no_filter")
 LLM_AVERAGING = ("token", "sequence", "constant")
 LLM_TRUNCATED_REWARD = ("score", "zero")
 LLM_REALIGN = ("none", "is_baseline")   # docs/llm-realignment.md
+LLM_SILENT_GROUPS = ("step", "skip", "drop")   # docs/llm-rl.md
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
@@ -187,6 +188,11 @@ class TaskConfig:
     realign: str = _f("none", "llm: advantage realignment without a critic: none (baseline = the group's mean reward, "
                               "an estimate under beta) or is_baseline (the group's mean weighted by min(algo.rho_bar, "
                               "pi_T/beta) per completion: a baseline of pi_T; docs/llm-realignment.md)")
+    silent_groups: str = _f("drop", "llm: groups whose G rewards are equal (zero advantage): drop (removed before the "
+                                    "minibatches, as DAPO's dynamic sampling; num_minibatches splits the rest), skip "
+                                    "(kept, but a minibatch without an advantage or a KL term does not step the "
+                                    "optimizer) or step (kept: a minibatch of them alone still steps Adam on its "
+                                    "momentum; docs/llm-rl.md)")
     kl_coef: float = _f(0.0, "llm: weight of the per-token k3 KL(pi_theta || start model) penalty (DeepSeekMath GRPO); "
                              "0: off, and the learner holds no reference model")
 
@@ -372,6 +378,8 @@ def _validate_task(cfg: Config) -> None:
     if t.truncated_reward not in LLM_TRUNCATED_REWARD:
         raise ConfigError(f"task.truncated_reward must be one of {', '.join(LLM_TRUNCATED_REWARD)}, "
                           f"got {t.truncated_reward!r}")
+    if t.silent_groups not in LLM_SILENT_GROUPS:
+        raise ConfigError(f"task.silent_groups must be one of {', '.join(LLM_SILENT_GROUPS)}, got {t.silent_groups!r}")
     if t.realign not in LLM_REALIGN:
         raise ConfigError(f"task.realign must be one of {', '.join(LLM_REALIGN)}, got {t.realign!r}")
     if t.realign != "none" and not cfg.algo.rho_bar > 0:

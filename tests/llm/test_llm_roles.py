@@ -404,3 +404,47 @@ def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):
     assert list(got["zero"]) == [0.0 if c else 1.0 for c in cut]
     with pytest.raises(ConfigError, match="truncated_reward"):
         _tiny_cfg(micro_dir, "task.truncated_reward=drop")
+
+
+def test_silent_groups_skip_stops_momentum_steps(micro_dir):
+    """A batch whose groups all have equal rewards carries no gradient, yet Adam moves on its momentum
+    (silent_groups = step, the default); with skip, the weights stay where the last real step left them."""
+    from asyncrl.tasks.llm.learn import llm_iteration
+
+    def two_iterations(mode):
+        cfg = _tiny_cfg(micro_dir, f"task.silent_groups={mode}")
+        task = make_task(cfg)
+        model = task.build_policy()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(0)
+        kw = dict(algo=cfg.algo, task=cfg.task, generator=gen, version=0)
+        llm_iteration(model, opt, _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0]), **kw)
+        after_first = {k: v.clone() for k, v in model.state_dict().items()}
+        stats = llm_iteration(model, opt, _slot_batch(cfg, task, [1.0, 1.0, 0.0, 0.0]), **kw)
+        return after_first, model.state_dict(), stats
+
+    first, second, stats = two_iterations("step")
+    assert any(not torch.equal(first[k], second[k]) for k in first)      # moved with a zero gradient
+    assert stats["optimizer_steps"] == 4 and stats["skipped_minibatches"] == 0
+    first, second, stats = two_iterations("skip")
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert stats["optimizer_steps"] == 0 and stats["skipped_minibatches"] == 4
+    assert math.isnan(stats["policy_loss"]) and stats["zero_advantage_groups"] == 1.0
+
+
+def test_silent_groups_drop_is_the_batch_without_them(micro_dir):
+    """drop (DAPO's dynamic-sampling filter): the update from groups [1, 0] + [1, 1] equals the update
+    from group [1, 0] alone, and num_minibatches splits the rows that are left."""
+    cfg = _tiny_cfg(micro_dir, "task.silent_groups=drop")
+    task = make_task(cfg)
+    both = _slot_batch(cfg, task, [1.0, 0.0, 1.0, 1.0])
+    alone = {k: v[:2] for k, v in both.items()}
+    w_both, s_both = _update(task, cfg, both)
+    w_alone, s_alone = _update(task, cfg, alone)
+    assert all(torch.equal(w_both[k], w_alone[k]) for k in w_both)
+    assert s_both["zero_advantage_groups"] == 0.5 and s_both["optimizer_steps"] == 4   # 2 epochs x 2 rows of 1
+    assert s_both["policy_loss"] == s_alone["policy_loss"]
+    kept, _ = _update(task, _tiny_cfg(micro_dir, "task.silent_groups=step"), both)   # silent rows stay in
+    assert any(not torch.equal(w_both[k], kept[k]) for k in w_both)
+    with pytest.raises(ConfigError, match="silent_groups"):
+        _tiny_cfg(micro_dir, "task.silent_groups=ignore")

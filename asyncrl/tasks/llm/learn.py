@@ -10,7 +10,11 @@ with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward
    broadcast over the tokens the policy chose (``policy_mask``: padding and calculator-written tokens
    get none), times the averaging weights (``task.averaging``).
 3. ``algo.num_epochs`` x ``algo.num_minibatches`` optimizer steps; minibatches are random sets of
-   rows (completions), drawn from the learner's generator (serial runs are bit-reproducible). With
+   rows (completions), drawn from the learner's generator (serial runs are bit-reproducible). Groups
+   whose rewards are all equal have zero advantage (``task.silent_groups``: ``step`` keeps them, and
+   a minibatch of them alone still moves Adam on its momentum; ``skip`` takes no optimizer step for
+   such a minibatch; ``drop`` removes them first, as DAPO's dynamic sampling, arXiv:2503.14476, and
+   splits the rest into at most num_minibatches parts). With
    ``task.kl_coef > 0`` each step's loss adds kl_coef times the k3 estimate of KL(π_θ || π_ref) per
    policy token (:func:`asyncrl.tasks.llm.grpo.kl_k3`), averaged with the loss's token weights; π_ref
    is the frozen start model, its log-probs computed once per iteration (DeepSeekMath, arXiv:2402.03300).
@@ -57,6 +61,19 @@ def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.
     return (w * kl).mean(), float(kl.detach().mean())
 
 
+_STEP_KEYS = ("policy_loss", "approx_kl", "tv_estimate", "filtered_fraction", "clip_fraction", "grad_norm")
+
+
+def _minibatches(perm: torch.Tensor, n: int, *, exact: bool) -> list[torch.Tensor]:
+    """``n`` minibatches of the shuffled rows ``perm``: equal slices of len // n rows (``exact``; the
+    remainder is left out, as the control task does), or the near-equal non-empty parts of
+    torch.tensor_split (silent groups dropped: any number of rows is left)."""
+    if exact:
+        mb = len(perm) // n
+        return [perm[k * mb:(k + 1) * mb] for k in range(n)]
+    return [part for part in torch.tensor_split(perm, min(n, len(perm))) if len(part)] if len(perm) else []
+
+
 def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, task, generator: torch.Generator,
                   version: int | None = None, reference=None,
                   forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
@@ -82,8 +99,11 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         rho_mean, rho_max, reward_mean, completion_tokens_mean, logprob_mismatch_fresh, ...; with
         task.realign: realign_baseline_shift = mean over groups of |b_T - b_β| in reward units,
         realign_weight_mean / _min of the sequence weights min(ρ̄, π_T/β); with task.kl_coef > 0: kl_ref,
-        the mean k3 estimate per policy token, nats) and ``minibatches`` rows [step, tv_estimate,
-        filtered_fraction, clip_fraction].
+        the mean k3 estimate per policy token, nats; zero_advantage_groups and
+        zero_advantage_groups_solved, the fractions of groups with equal rewards and with every reward
+        > 0; optimizer_steps taken and skipped_minibatches, task.silent_groups) and ``minibatches`` rows
+        [step, tv_estimate, filtered_fraction, clip_fraction]. The per-step scalars are NaN when no
+        step was taken.
 
     Raises:
         ValueError: rows not a multiple of group_size, task.kl_coef > 0 without a reference, or as
@@ -108,14 +128,20 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
     stale_rows = batch["behavior_version"] < version if version is not None else None
     log_rho = (target - behavior)[pmask]
     rho = log_rho.clamp(-20, 20).exp()
-    mb = rows // algo.num_minibatches
+    silent = (adv.view(-1, G) == 0).all(1)                                     # [groups]
+    pool = everything
+    if task.silent_groups == "drop":
+        pool = everything[~silent.repeat_interleave(G)]
     steps: list[dict] = []
+    skipped = 0
     fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(algo.num_epochs):
-        perm = torch.randperm(rows, generator=generator).to(device)   # CPU generator: the same shuffles everywhere
-        for k in range(algo.num_minibatches):
-            idx = perm[k * mb:(k + 1) * mb]
+        perm = pool[torch.randperm(len(pool), generator=generator).to(device)]   # CPU generator: same shuffles everywhere
+        for idx in _minibatches(perm, algo.num_minibatches, exact=task.silent_groups != "drop"):
             m = pmask[idx]
+            if task.silent_groups == "skip" and ref is None and not bool((adv[idx] != 0).any()):
+                skipped += 1   # nothing to learn here: no Adam step on momentum alone
+                continue
             with forward_context():
                 log_prob = _token_log_probs(model, batch, idx, temperature=task.temperature)
             tb = grpo.flatten_tokens(m, log_prob=log_prob, behavior_log_prob=behavior[idx], advantages=adv[idx],
@@ -137,13 +163,17 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
                 stale = None if stale_rows is None else stale_rows[idx][:, None].expand_as(m)[m]
                 step.update(filter_split(pl, stale, torch.arange(int(m.sum()), device=device)))
             steps.append(step)
-    stats = step_means(steps)
+    stats = step_means(steps) if steps else dict.fromkeys(_STEP_KEYS, float("nan"))
     stats.update(realign_stats)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
     stats["reward_mean"] = float(batch["rewards"].float().mean())
     stats["completion_tokens_mean"] = float(cmask.sum(1).float().mean())
     stats["policy_tokens_mean"] = float(pmask.sum(1).float().mean())
-    stats["zero_advantage_groups"] = float((adv.view(-1, G) == 0).all(1).float().mean())
+    stats["zero_advantage_groups"] = float(silent.float().mean())
+    solved = (batch["rewards"].float().view(-1, G) > 0).all(1)
+    stats["zero_advantage_groups_solved"] = float((silent & solved).float().mean())   # the rest: all wrong
+    stats["optimizer_steps"] = len(steps)
+    stats["skipped_minibatches"] = skipped
     fresh = None if stale_rows is None else ~stale_rows
     if fresh is not None and bool(fresh.any()):
         fm = pmask & fresh[:, None]   # rows generated by the weights of this very version: zero lag
