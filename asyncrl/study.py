@@ -138,7 +138,17 @@ class Cell:
             cmd += ["--config", self.config_file]
         for o in self.overrides:
             cmd += ["--set", o]
-        return cmd
+        return cmd + self._absolute_paths()
+
+    def _absolute_paths(self) -> list[str]:
+        """A cell runs in its own directory, so an llm cell's relative task.cache_dir and task.model
+        are made absolute against the study's working directory (every cell then shares one cached
+        warm-up). Command line only: the cell's key keeps the paths as the study file gives them."""
+        task = self.resolved_config()["task"]
+        if task["kind"] != "llm":
+            return []
+        return [a for key in ("cache_dir", "model") if task[key] and not Path(task[key]).is_absolute()
+                for a in ("--set", f"task.{key}={Path(task[key]).resolve()}")]
 
     def resolved_config(self) -> dict:
         cfg = config_mod.load(self.config_file, self.overrides, {
