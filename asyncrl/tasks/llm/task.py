@@ -324,13 +324,20 @@ class LLMTask:
 
     def evaluate(self, model) -> tuple[float, int, list[int]]:
         """(greedy exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the first
-        task.eval_size held-out problems (calculator on, as :func:`sampling.evaluate`)."""
+        task.eval_size held-out problems (calculator on, as :func:`sampling.evaluate`), with
+        learner.torch_threads torch threads: torch's default of one per core took 280-310 s instead of
+        about 11 s for 500 problems when other processes held the cores (docs/llm-rl.md)."""
         from . import model as m
         from .sampling import eval_completions
         t = self.cfg.task
         heldout = gsm.make_splits(seed=t.model_seed, n_train=0, n_heldout=t.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
-        texts = eval_completions(model, tokenizer, heldout, greedy=True, max_new_tokens=t.max_new_tokens)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.cfg.learner.torch_threads)
+        try:
+            texts = eval_completions(model, tokenizer, heldout, greedy=True, max_new_tokens=t.max_new_tokens)
+        finally:
+            torch.set_num_threads(threads)
         correct = [int(gsm.reward(text, p.target)) for text, p in zip(texts, heldout)]
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
