@@ -424,7 +424,12 @@ class Runner:
         if rec is None:
             return
         score = rec.get("final_return")
-        text = f"{score:,.0f}" if isinstance(score, (int, float)) else rec["status"]
+        if not isinstance(score, (int, float)):
+            text = rec["status"]
+        elif rec.get("score_kind") == "accuracy":
+            text = f"accuracy {100 * score:.1f} %"
+        else:
+            text = f"{score:,.0f}"
         with self._lock:
             self.echo(f"[{done}/{total}] {rec['label']} | {rec['env']} | {rec['condition']} | seed {rec['seed']}: "
                       f"{text} ({rec['cell_wall_s']:.0f} s)")

@@ -194,3 +194,14 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
             for c in st.cells[:4]]
     text = markdown(st, recs, group_rows(st, recs), [], [], {})
     assert "exact-match accuracy on the held-out problems" in text and "101: 0.201" in text
+
+
+def test_progress_line_prints_an_llm_cell_as_accuracy():
+    import threading
+    from types import SimpleNamespace
+    lines = []
+    fake = SimpleNamespace(_lock=threading.Lock(), echo=lines.append)
+    rec = {"label": "vaco", "env": "gsm-tiny", "condition": "none", "seed": 101, "cell_wall_s": 175.0}
+    study_mod.Runner._announce(fake, {**rec, "final_return": 0.254, "score_kind": "accuracy"}, 1, 2)
+    study_mod.Runner._announce(fake, {**rec, "final_return": 3783.2}, 2, 2)
+    assert lines[0].endswith("seed 101: accuracy 25.4 % (175 s)") and lines[1].endswith("seed 101: 3,783 (175 s)")
