@@ -300,9 +300,11 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
             "lag_p50": summary.get("lag_p50"), "lag_p95": summary.get("lag_p95"),
             "lag_seconds_p50": summary.get("lag_seconds_p50"), "lag_seconds_p95": summary.get("lag_seconds_p95"),
             "diagnostics": diag, "curve": _downsample(curve),
-            # no finished episode (final None) is not divergence: a NaN score or loss is
-            "diverged": (final is not None and final != final) or any(r.get("policy_loss") != r.get("policy_loss")
-                                                                       for r in rows)}
+            # no finished episode (final None) is not divergence: a NaN score, or a NaN loss of an
+            # iteration that stepped the optimizer, is (an llm iteration whose groups were all silent
+            # takes no step and reports a NaN loss: task.silent_groups)
+            "diverged": (final is not None and final != final) or any(
+                r.get("policy_loss") != r.get("policy_loss") and r.get("optimizer_steps", 1) > 0 for r in rows)}
 
 
 def machine_info() -> dict:

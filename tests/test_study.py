@@ -188,6 +188,16 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
     rec = study_mod.cell_record(st.cells[0], run)
     assert rec["final_return"] == 0.18 and rec["score_kind"] == "accuracy" and rec["initial_accuracy"] == 0.12
+    assert not rec["diverged"]
+    silent = {"env_steps": 128, "wall_time_s": 2.0, "average_return": 0.0, "policy_loss": float("nan")}
+    with open(run / "metrics.jsonl", "a") as f:     # every group silent: no optimizer step, NaN loss
+        f.write(json.dumps({**silent, "optimizer_steps": 0}) + "\n")
+    assert not study_mod.cell_record(st.cells[0], run)["diverged"]
+    with open(run / "metrics.jsonl", "a") as f:     # a NaN loss that stepped the optimizer
+        f.write(json.dumps({**silent, "optimizer_steps": 1}) + "\n")
+    assert study_mod.cell_record(st.cells[0], run)["diverged"]
+    (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
+    rec = study_mod.cell_record(st.cells[0], run)
     assert rec["accuracy_difference_ci95_paired"] == [0.03, 0.09] and rec["curve"] == [[64, 1.0, 0.4]]
     recs = [{**_rec(c.label, c.env, c.condition, c.seed, 0.1 + c.seed / 1000), "score_kind": "accuracy",
              "code_fingerprint": "f", "commit": "c"}
