@@ -57,9 +57,16 @@ def test_same_roles_run_control_and_llm(procs, tmp_path, kind):
     assert lag and {row["actor"] for row in lag} <= {"actor0", "actor1"}   # a tiny budget may end before both deliver
     assert all(row["lag_versions"] == row["version"] - row["behavior_version"] >= 0 for row in lag)
     logs = {p.name: p.read_text(errors="replace") for p in (run_dir / "logs").iterdir()}
+    delivered = {row["actor"] for row in lag}
     for name in ("actor0", "actor1"):
-        assert "attached to shared memory" in logs[f"{name}.log"], logs[f"{name}.log"]
+        log = logs[f"{name}.log"]
         assert f"actor {name} joined" in logs["learner.log"], logs["learner.log"]
+        # under load one actor may join after the learner met its budget and unlinked the ring:
+        # then it must say so and have sent nothing; an actor that delivered went through the ring
+        if name in delivered:
+            assert "attached to shared memory" in log, log
+        else:
+            assert "attached to shared memory" in log or "0 rollouts sent; step budget reached" in log, log
     if kind == "llm":
         assert summary["env_id"].startswith("llm:") and summary["task"] == "llm"
         assert 0 <= summary["initial_accuracy"] <= 1 and 0 <= summary["final_accuracy"] <= 1
