@@ -42,15 +42,28 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor(), else None. Serial
+    runs are bit-reproducible on one CPU model but not across models (float reductions differ)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def machine() -> dict:
-    """Host name, platform, Python, CPU cores (all, and usable by this process) and the 1/5/15-
-    minute load averages at the time of the call."""
+    """Host name, platform, CPU model, Python, CPU cores (all, and usable by this process) and the
+    1/5/15-minute load averages at the time of the call."""
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:       # not Linux
         usable = os.cpu_count()
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    return {"host": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
+    return {"host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(), "python": sys.version.split()[0],
             "cpu_count": os.cpu_count(), "usable_cores": usable, "load_average_1_5_15": load}
 
 

@@ -52,13 +52,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import config as config_mod
+from . import provenance
 from .pdeathsig import die_with_parent
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules that only read or report results: changing them does not change a cell's outcome.
 # (study_ray.py only places cells: each Ray task checks its node's training code against the study's.)
 REPORTING_MODULES = {"study.py", "study_report.py", "stats.py", "plots.py", "lag_report.py", "evaluate.py",
-                     "study_ray.py"}
+                     "study_ray.py", "provenance.py"}
 CONDITION = re.compile(r"^(none|age-(\d+)|delay-(\d+)|async-(\d+)|straggler(?:-(\d+)-([0-9.]+))?)$")
 STUDY_KEYS = {"name", "total_env_steps", "seeds", "envs", "config", "set", "reference", "modes", "arm",
               "random_episodes", "compare"}
@@ -308,8 +309,10 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
 
 
 def machine_info() -> dict:
-    """Where a cell ran: host name, CPU count, Python and the versions of the packages that matter."""
-    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+    """Where a cell ran: host name, CPU model and count, Python and the versions of the packages that
+    matter (serial cells repeat bit for bit on one CPU model, not across models)."""
+    return {"host": platform.node(), "cpu_model": provenance.cpu_model(), "cpus": os.cpu_count(),
+            "python": platform.python_version(),
             "packages": _versions()}
 
 

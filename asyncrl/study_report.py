@@ -12,7 +12,7 @@ import csv
 import json
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import stats
@@ -150,6 +150,7 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
     score = ("greedy exact-match accuracy on the held-out problems after RL (llm cells)" if accuracy else
              "average return of the last 20 episodes at the step budget")
     loads = [r["load_start"] for r in records if r.get("load_start") is not None]
+    cpus = Counter((r.get("machine") or {}).get("cpu_model") or "not recorded" for r in records)
     lines = [f"# Study `{study.name}`", "",
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} by `asyncrl study {study.path}`. "
              f"{len(records)} of {len(study.cells)} cells finished ({len(ok)} scored, "
@@ -158,7 +159,9 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
              f"Code fingerprints: {', '.join(sorted({r['code_fingerprint'] for r in records})) or 'n/a'}; "
              f"commits: {', '.join(sorted({r['commit'] for r in records})) or 'n/a'}; "
              f"machine load at cell start (1-min average): {_fmt(min(loads), 1) if loads else 'n/a'} "
-             f"to {_fmt(max(loads), 1) if loads else 'n/a'}.", "",
+             f"to {_fmt(max(loads), 1) if loads else 'n/a'}. CPU models (cells): "
+             f"{'; '.join(f'{m} ({n})' for m, n in cpus.most_common()) or 'n/a'}; serial cells repeat bit for bit "
+             "on one CPU model, not across models.", "",
              f"Score: {score}; IQM with its 95 % "
              "percentile bootstrap CI over seeds (2,000 resamples). Modes: seeds below / at or above the "
              "study's split. Diagnostics are means over learner iterations (entropy: last 10 %). VACO presets: "

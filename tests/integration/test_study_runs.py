@@ -122,6 +122,10 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert len(results["cells"]) == 6 and (out / "report.md").exists() and (out / "results.csv").exists()
     assert {g["label"] for g in results["groups"]} == {"vaco", "ppo"}
+    # where each cell ran: the CPU model is recorded (serial cells repeat bit for bit only on one model)
+    from asyncrl.provenance import cpu_model
+    assert all(c["machine"]["cpu_model"] == cpu_model() for c in results["cells"])
+    assert "CPU models (cells): " in (out / "report.md").read_text()
 
 
 @pytest.mark.timeout(600)
