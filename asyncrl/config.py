@@ -195,6 +195,9 @@ class TaskConfig:
                                     "momentum; docs/llm-rl.md)")
     kl_coef: float = _f(0.0, "llm: weight of the per-token k3 KL(pi_theta || start model) penalty (DeepSeekMath GRPO); "
                              "0: off, and the learner holds no reference model")
+    negative_weight: float = _f(1.0, "llm: factor on negative advantages after group normalisation: 1 is GRPO, 0 "
+                                     "keeps the positive (above-group-mean) completions only (positive-sample "
+                                     "reinforcement, arXiv:2506.01347; docs/llm-rl.md)")
 
 
 @dataclass(frozen=True)
@@ -387,6 +390,8 @@ def _validate_task(cfg: Config) -> None:
                           f"> 0 (inf: none), got {cfg.algo.rho_bar}")
     if not 0 <= t.kl_coef < float("inf"):
         raise ConfigError(f"task.kl_coef must be a finite number >= 0, got {t.kl_coef}")
+    if not 0 <= t.negative_weight < float("inf"):
+        raise ConfigError(f"task.negative_weight must be a finite number >= 0, got {t.negative_weight}")
     for key in ("group_size", "prompts_per_slot", "max_prompt_tokens", "max_new_tokens", "train_problems"):
         if getattr(t, key) < 1:
             raise ConfigError(f"task.{key} must be >= 1, got {getattr(t, key)}")

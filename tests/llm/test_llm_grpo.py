@@ -31,6 +31,22 @@ def test_group_advantages_by_hand():
     assert torch.allclose(a[0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
 
 
+def test_weight_negatives_by_hand():
+    # one right completion of four (rewards 1, 0, 0, 0): mean 0.25, population std sqrt(3) / 4
+    a = grpo.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]), eps=0.0)
+    s = math.sqrt(3)
+    assert torch.allclose(a, torch.tensor([[3 / s, -1 / s, -1 / s, -1 / s], [0.0] * 4]))
+    assert grpo.weight_negatives(a, 1.0) is a                                      # GRPO unchanged
+    assert torch.allclose(grpo.weight_negatives(a, 0.25), torch.tensor([[3 / s, -0.25 / s, -0.25 / s, -0.25 / s],
+                                                                        [0.0] * 4]))
+    psr = grpo.weight_negatives(a, 0.0)                                            # positive samples only
+    assert psr[0, 0] == a[0, 0] and (psr[0, 1:] == 0).all() and (psr[1] == 0).all()
+    assert torch.equal(grpo.weight_negatives(a, 2.0)[0, 1:], 2 * a[0, 1:])
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="negative_weight must be a finite number >= 0"):
+            grpo.weight_negatives(a, bad)
+
+
 def test_equal_rewards_give_exactly_zero_even_where_rounding_would_not():
     r = torch.tensor([[0.1, 0.1, 0.1], [0.7, 0.7, 0.7]], dtype=torch.float64)
     assert (grpo.group_advantages(r, eps=0.0) == 0).all()

@@ -135,6 +135,9 @@ def test_config_checks_realign_and_kl_coef():
         config.load(None, [*llm, "task.kl_coef=-0.1"])
     with pytest.raises(ConfigError, match=r"^task.kl_coef must be a finite number >= 0, got inf$"):
         config.load(None, [*llm, "task.kl_coef=inf"])
+    assert cfg.task.negative_weight == 1.0 and config.load(None, [*llm, "task.negative_weight=0"]).task.negative_weight == 0
+    with pytest.raises(ConfigError, match=r"^task.negative_weight must be a finite number >= 0, got -1.0$"):
+        config.load(None, [*llm, "task.negative_weight=-1"])
     with pytest.raises(ConfigError, match=r"^task.realign = is_baseline truncates .* algo.rho_bar"):
         config.load(None, [*llm, "task.realign=is_baseline", "algo.rho_bar=0"])
 

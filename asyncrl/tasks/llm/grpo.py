@@ -82,6 +82,35 @@ def group_advantages(rewards: Tensor, *, scale_by_std: bool = True, eps: float =
                        scale_by_std=scale_by_std, eps=eps)
 
 
+def weight_negatives(advantages: Tensor, negative_weight: float) -> Tensor:
+    """Scale the negative advantages: A' = A where A >= 0, negative_weight * A where A < 0.
+
+    1 leaves GRPO's advantages; 0 keeps only the completions above their group's mean, i.e.
+    positive-sample reinforcement, PSR (Zhu et al., "The Surprising Effectiveness of Negative
+    Reinforcement in LLM Reasoning", arXiv:2506.01347, which splits the objective into positive- and
+    negative-sample terms: PSR alone raises Pass@1 and lowers Pass@k at large k; their
+    Weighted-REINFORCE instead scales the positive term by 0.1 for Pass@k). With binary rewards the
+    negative completions of a group are the wrong ones; a weight below 1 lowers how hard the tokens
+    they share with right completions (the operators after a wrong operand, docs/llm-rl.md) are
+    pushed down.
+
+    Args:
+        advantages: any shape, floating (reward units, or unitless when scaled by the group's std).
+        negative_weight: finite >= 0.
+
+    Returns:
+        Same shape and dtype; zeros stay zero (silent groups stay silent).
+
+    Raises:
+        ValueError: negative_weight negative or not finite.
+    """
+    if not 0 <= negative_weight < float("inf"):
+        raise ValueError(f"negative_weight must be a finite number >= 0, got {negative_weight}")
+    if negative_weight == 1:
+        return advantages
+    return torch.where(advantages < 0, advantages * negative_weight, advantages)
+
+
 class RealignedAdvantages(NamedTuple):
     """Output of :func:`realigned_group_advantages` (P prompts, G completions each).
 

@@ -8,7 +8,8 @@ with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward
    ``task.realign = "is_baseline"`` against the baseline of π_T instead,
    :func:`asyncrl.tasks.llm.grpo.realigned_group_advantages` with ``algo.rho_bar``; docs/llm-realignment.md),
    broadcast over the tokens the policy chose (``policy_mask``: padding and calculator-written tokens
-   get none), times the averaging weights (``task.averaging``).
+   get none), times the averaging weights (``task.averaging``); negative advantages are scaled by
+   ``task.negative_weight`` (1: GRPO; 0: positive-sample reinforcement, arXiv:2506.01347).
 3. ``algo.num_epochs`` x ``algo.num_minibatches`` optimizer steps; minibatches are random sets of
    rows (completions), drawn from the learner's generator (serial runs are bit-reproducible). Groups
    whose rewards are all equal have zero advantage (``task.silent_groups``: ``step`` keeps them, and
@@ -40,14 +41,17 @@ def _token_log_probs(model, batch: dict[str, torch.Tensor], rows, *, temperature
 
 
 def _advantages(batch: dict[str, torch.Tensor], target: torch.Tensor, *, algo, task) -> tuple[torch.Tensor, dict]:
-    """[R'] sequence advantages (``task.realign``) and the realignment's statistics."""
+    """[R'] sequence advantages (``task.realign``, then ``task.negative_weight``) and the realignment's
+    statistics."""
     rewards = batch["rewards"].to(torch.float32).view(-1, task.group_size)
     if task.realign == "none":
-        return grpo.group_advantages(rewards, scale_by_std=task.scale_by_std).reshape(-1), {}
+        adv = grpo.group_advantages(rewards, scale_by_std=task.scale_by_std).reshape(-1)
+        return grpo.weight_negatives(adv, task.negative_weight), {}
     log_ratio = grpo.sequence_log_ratio(target, batch["behavior_log_prob"], batch["policy_mask"])
     r = grpo.realigned_group_advantages(rewards, log_ratio.view_as(rewards), rho_bar=algo.rho_bar,
                                         scale_by_std=task.scale_by_std)
-    return r.advantages.reshape(-1), {"realign_baseline_shift": float(r.baseline_shift.abs().mean()),
+    adv = grpo.weight_negatives(r.advantages.reshape(-1), task.negative_weight)
+    return adv, {"realign_baseline_shift": float(r.baseline_shift.abs().mean()),
                                       "realign_weight_mean": float(r.weights.mean()),
                                       "realign_weight_min": float(r.weights.min())}
 
