@@ -27,6 +27,7 @@ LLM_AVERAGING = ("token", "sequence", "constant")
 LLM_TRUNCATED_REWARD = ("score", "zero")
 LLM_REALIGN = ("none", "is_baseline")   # docs/llm-realignment.md
 LLM_SILENT_GROUPS = ("step", "skip", "drop")   # docs/llm-rl.md
+LLM_EVAL_MODES = ("sampled", "greedy")   # docs/llm-rl.md
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
@@ -174,13 +175,18 @@ class TaskConfig:
     model_seed: int = _f(0, "llm: seed of the tiny model, its warm-up and the train / held-out problems (run.seed "
                             "seeds RL only)")
     warmup_steps: int = _f(LLM_WARMUP_STEPS, "llm: supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none")
+    warmup_target: float = _f(0.0, "llm: end the supervised warm-up early at the first check (every 100 steps) where its "
+                                   "greedy accuracy on 200 validation problems (generated after the train split: in "
+                                   "neither train nor held-out) reaches this; task.warmup_steps stays the budget; 0: off")
     group_size: int = _f(8, "llm: G, completions sampled per prompt (a group)")
     prompts_per_slot: int = _f(4, "llm: prompts per slot: a slot holds whole groups, prompts_per_slot * G rows")
     max_prompt_tokens: int = _f(96, "llm: prompt width in a slot (left-padded); a longer prompt is an error")
     max_new_tokens: int = _f(160, "llm: completion width in a slot and generation budget (sampling and evaluation)")
     temperature: float = _f(1.0, "llm: sampling temperature of the generators (the learner's log-probs use it too)")
     train_problems: int = _f(20000, "llm: generated train problems the generators draw prompts from")
-    eval_size: int = _f(500, "llm: held-out problems of the greedy evaluation before and after RL; 0: none")
+    eval_size: int = _f(500, "llm: held-out problems of the evaluation before and after RL; 0: none")
+    eval_mode: str = _f("sampled", "llm: the held-out evaluation: sampled (one completion per problem at task.temperature, "
+                                   "the same draws before and after RL: seeded by task.model_seed) or greedy (argmax)")
     averaging: str = _f("token", "llm: loss average over tokens: token (DAPO), sequence (GRPO) or constant (Dr. GRPO)")
     scale_by_std: bool = _f(True, "llm: divide group-centred rewards by the group's std (GRPO); false: Dr. GRPO")
     truncated_reward: str = _f("score", "llm: a completion cut at max_new_tokens (no EOS): score (its '####' line "
@@ -383,6 +389,8 @@ def _validate_task(cfg: Config) -> None:
                           f"got {t.truncated_reward!r}")
     if t.silent_groups not in LLM_SILENT_GROUPS:
         raise ConfigError(f"task.silent_groups must be one of {', '.join(LLM_SILENT_GROUPS)}, got {t.silent_groups!r}")
+    if t.eval_mode not in LLM_EVAL_MODES:
+        raise ConfigError(f"task.eval_mode must be one of {', '.join(LLM_EVAL_MODES)}, got {t.eval_mode!r}")
     if t.realign not in LLM_REALIGN:
         raise ConfigError(f"task.realign must be one of {', '.join(LLM_REALIGN)}, got {t.realign!r}")
     if t.realign != "none" and not cfg.algo.rho_bar > 0:
@@ -398,6 +406,8 @@ def _validate_task(cfg: Config) -> None:
     for key in ("warmup_steps", "eval_size", "model_seed"):
         if getattr(t, key) < 0:
             raise ConfigError(f"task.{key} must be >= 0, got {getattr(t, key)}")
+    if not 0 <= t.warmup_target <= 1:
+        raise ConfigError(f"task.warmup_target must be an accuracy in [0, 1], got {t.warmup_target}")
     if not 0 < t.temperature < float("inf"):
         raise ConfigError(f"task.temperature must be a finite number > 0, got {t.temperature}")
 

@@ -272,7 +272,7 @@ def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-LLM_FIELDS = ("initial_accuracy", "accuracy_difference", "accuracy_difference_ci95_paired", "eval_problems")
+LLM_FIELDS = ("initial_accuracy", "accuracy_difference", "accuracy_difference_ci95_paired", "eval_problems", "eval_mode")
 
 
 def cell_record(cell: Cell, run_dir: Path) -> dict:

@@ -147,7 +147,8 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
     ok = _scored(records)
     accuracy = bool(ok) and all(r.get("score_kind") == "accuracy" for r in ok)
     nd = 3 if accuracy else 0
-    score = ("greedy exact-match accuracy on the held-out problems after RL (llm cells)" if accuracy else
+    modes = ", ".join(sorted({str(r.get("eval_mode") or "greedy") for r in ok}))
+    score = (f"exact-match accuracy on the held-out problems after RL (llm cells; evaluation: {modes})" if accuracy else
              "average return of the last 20 episodes at the step budget")
     loads = [r["load_start"] for r in records if r.get("load_start") is not None]
     cpus = Counter((r.get("machine") or {}).get("cpu_model") or "not recorded" for r in records)

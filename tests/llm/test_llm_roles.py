@@ -140,6 +140,9 @@ def test_config_checks_realign_and_kl_coef():
         config.load(None, [*llm, "task.negative_weight=-1"])
     with pytest.raises(ConfigError, match=r"^task.realign = is_baseline truncates .* algo.rho_bar"):
         config.load(None, [*llm, "task.realign=is_baseline", "algo.rho_bar=0"])
+    assert cfg.task.eval_mode == "sampled" and config.load(None, [*llm, "task.eval_mode=greedy"]).task.eval_mode == "greedy"
+    with pytest.raises(ConfigError, match=r"^task.eval_mode must be one of sampled, greedy, got 'beam'$"):
+        config.load(None, [*llm, "task.eval_mode=beam"])
 
 
 # ---- the generator's slot --------------------------------------------------------------------------
@@ -357,7 +360,7 @@ def test_serial_llm_run_is_bit_reproducible(micro_dir, tmp_path, monkeypatch):
     a, b = summaries
     assert a["learner_iterations"] == 3 and a["env_steps"] == 24 and a["outcome"] == "finished"
     assert a["task"] == "llm" and 0 <= a["initial_accuracy"] <= 1 and 0 <= a["final_accuracy"] <= 1
-    assert a["eval_problems"] == 8 and "accuracy_difference_ci95_paired" in a
+    assert a["eval_problems"] == 8 and "accuracy_difference_ci95_paired" in a and a["eval_mode"] == "sampled T=1"
     assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
     rows = [json.loads(x) for x in _metrics(tmp_path / "a")]
     assert all(r["lag_versions_max"] == 0 for r in rows)          # serial, no lag controls
@@ -382,6 +385,58 @@ def test_paired_accuracy_difference_hand_computed():
     assert llm_task.paired_difference([1, 0], [1, 0])["accuracy_difference_ci95_paired"] == [0.0, 0.0]
     with pytest.raises(ValueError, match="same non-zero length"):
         llm_task.paired_difference([1], [1, 0])
+
+
+def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(micro_dir, tmp_path, monkeypatch):
+    from asyncrl.tasks.llm import sampling
+    scores = iter([0.1, 0.35, 0.9])
+    seen = []
+
+    def fake_evaluate(model, tokenizer, problems, **kw):   # the validation check, scripted
+        seen.append((len(problems), kw.get("greedy"), model.training))
+        return next(scores)
+
+    monkeypatch.setattr(sampling, "evaluate", fake_evaluate)
+    monkeypatch.setattr(llm_task, "WARMUP_CHECK_EVERY", 2)
+    cfg = _tiny_cfg(micro_dir, f"task.cache_dir={tmp_path}", "task.warmup_steps=9", "task.warmup_target=0.3",
+                    "task.train_problems=50")
+    task = make_task(cfg)
+    start = task.prepare_model(echo=lambda *_: None)
+    assert start == task.start_dir() and start.name.endswith("-n9-t0.3")
+    stamp = json.loads((start / llm_task.WARMUP_STAMP).read_text())
+    assert stamp["steps_taken"] == 4 and stamp["validation_checks"] == [[2, 0.1], [4, 0.35]]
+    assert stamp["settings"]["target"] == 0.3 and seen == [(llm_task.WARMUP_VALIDATION, True, False)] * 2
+    assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2   # cached
+    with pytest.raises(ConfigError, match=r"^task.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
+        config.load(None, ["task.kind=llm", "task.warmup_target=1.5"])
+
+
+def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, monkeypatch, tmp_path):
+    from asyncrl.tasks.llm.sampling import eval_completions
+    texts = []
+    # the untrained micro model solves nothing: score the completions' length parity to see them
+    monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: texts.append(text) or float(len(text) % 2))
+    model = m.load(micro_dir).model
+    sampled = make_task(_tiny_cfg(micro_dir, "task.temperature=1.5"))
+    assert sampled.eval_label() == "sampled T=1.5"
+    first = sampled.evaluate(model)
+    first_texts, texts[:] = list(texts), []
+    assert sampled.evaluate(model) == first and texts == first_texts   # the same draws before and after RL
+    acc, n, correct = first
+    assert n == 8 and len(correct) == 8 and acc == sum(correct) / 8
+    texts[:] = []
+    greedy = make_task(_tiny_cfg(micro_dir, "task.eval_mode=greedy", "task.temperature=1.5"))
+    assert greedy.eval_label() == "greedy"
+    greedy.evaluate(model)
+    heldout = llm_task.gsm.make_splits(seed=0, n_train=0, n_heldout=8).heldout
+    tok = m.load(micro_dir).tokenizer
+    assert texts == eval_completions(model, tok, heldout, greedy=True, max_new_tokens=12)
+    assert texts != first_texts   # 8 completions of 12 tokens at T 1.5 from an untrained model: not all argmax
+    # a run directory whose start record has the other evaluation compares nothing with it
+    greedy.prepare_run(tmp_path, echo=lambda *_: None)
+    out = sampled.final_summary(model, tmp_path)
+    assert out["eval_mode"] == "sampled T=1.5" and out["final_accuracy"] == acc
+    assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
 
 
 def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):

@@ -105,6 +105,19 @@ def test_warmup_smoke_lowers_loss_and_is_deterministic(micro_dir):
         warmup.warmup(lm, tok, PROBLEMS.train, steps=0, seed=0)
 
 
+def test_warmup_stops_at_the_first_check_that_says_so(micro_dir):
+    lm, tok = model.load(micro_dir)
+    calls = []
+    res = warmup.warmup(lm, tok, PROBLEMS.train, steps=9, seed=3, batch_size=4, check_every=2,
+                        stop=lambda n: calls.append((n, lm.training)) or n >= 4)
+    assert res.steps == 4 and calls == [(2, True), (4, True)] and not lm.training
+    calls.clear()   # never at the last step (the budget ends there anyway)
+    assert warmup.warmup(lm, tok, PROBLEMS.train, steps=4, seed=3, batch_size=4, check_every=2,
+                         stop=lambda n: calls.append(n) or False).steps == 4 and calls == [2]
+    with pytest.raises(ValueError, match="check_every must be >= 1"):
+        warmup.warmup(lm, tok, PROBLEMS.train, steps=4, seed=3, check_every=0, stop=lambda n: True)
+
+
 def test_epoch_order_uses_each_example_once_in_length_groups():
     lengths = [5, 50, 6, 51, 7, 52, 8, 53, 9, 54]
     order = warmup._epoch_order(lengths, 2, torch.Generator().manual_seed(0), pool=5)

@@ -7,8 +7,9 @@ model's parameters (tied embeddings once), as the control policy's do.
 The model every role starts from (:meth:`LLMTask.start_dir`): ``task.model`` or the tiny model of
 ``asyncrl llm prepare`` (cached in ``task.cache_dir``), after ``task.warmup_steps`` supervised
 warm-up steps (cached beside it). :meth:`LLMTask.prepare_run` makes it before the roles start and
-records the greedy held-out accuracy before RL; a finished run adds the accuracy after RL
-(summary.json ``initial_accuracy``, ``final_accuracy``, the same :func:`sampling.evaluate`).
+records the held-out accuracy before RL (``task.eval_mode``: sampled at ``task.temperature`` by
+default, or greedy); a finished run adds the accuracy after RL (summary.json ``initial_accuracy``,
+``final_accuracy``, the same evaluation with the same random draws).
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 START_FILE = "llm-start.json"     # in the run directory: the start model and its accuracy before RL
 WARMUP_STAMP = "asyncrl-rl-warmup.json"
+WARMUP_VALIDATION = 200         # task.warmup_target: problems after the train split, greedy accuracy checked
+WARMUP_CHECK_EVERY = 100        # steps between those checks
 
 
 def param_layout(model) -> list[tuple[str, torch.Tensor]]:
@@ -214,7 +217,8 @@ class LLMTask:
         base = self.base_dir()
         if t.warmup_steps == 0:
             return base
-        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}"
+        target = f"-t{t.warmup_target:g}" if t.warmup_target else ""
+        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}{target}"
 
     def prepare_model(self, echo: Callable[[str], None] = print) -> Path:
         """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when task.model is
@@ -232,6 +236,8 @@ class LLMTask:
         settings = {"base": str(self.base_dir().resolve()), "seed": t.model_seed, "steps": t.warmup_steps,
                     "train_problems": t.train_problems, "generator_version": gsm.GENERATOR_VERSION,
                     "calculator_mask": True}
+        if t.warmup_target:
+            settings.update(target=t.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY)
         try:
             if json.loads((start / WARMUP_STAMP).read_text())["settings"] == settings:
                 echo(f"llm: reused the warmed-up model {start}")
@@ -241,17 +247,34 @@ class LLMTask:
         if start.exists():
             raise FileExistsError(f"{start} exists and was not warmed up with these settings; remove it")
         loaded = m.load(self.base_dir())
-        splits = gsm.make_splits(seed=t.model_seed, n_train=t.train_problems, n_heldout=0)
-        echo(f"llm: warming up {self.base_dir()} for {t.warmup_steps} steps (supervised, cached in {start})")
-        result = w.warmup(loaded.model, loaded.tokenizer, splits.train, steps=t.warmup_steps, seed=t.model_seed,
-                          calculator_mask=True)
+        n_val = WARMUP_VALIDATION if t.warmup_target else 0
+        problems = gsm.make_splits(seed=t.model_seed, n_train=t.train_problems + n_val, n_heldout=0).train
+        train, validation = problems[:t.train_problems], problems[t.train_problems:]
+        checks: list[tuple[int, float]] = []
+
+        def reached(steps: int) -> bool:   # the warm-up's early stop: greedy accuracy on the validation problems
+            from .sampling import evaluate
+            loaded.model.eval()
+            checks.append((steps, evaluate(loaded.model, loaded.tokenizer, validation, greedy=True,
+                                           max_new_tokens=t.max_new_tokens)))
+            loaded.model.train()
+            echo(f"llm: warm-up step {steps}: validation accuracy {checks[-1][1]:.3f} (target {t.warmup_target:g})")
+            return checks[-1][1] >= t.warmup_target
+
+        echo(f"llm: warming up {self.base_dir()} for {t.warmup_steps} steps"
+             f"{f' or until validation accuracy {t.warmup_target:g}' if t.warmup_target else ''} (supervised, cached in {start})")
+        result = w.warmup(loaded.model, loaded.tokenizer, train, steps=t.warmup_steps, seed=t.model_seed,
+                          calculator_mask=True, stop=reached if t.warmup_target else None,
+                          check_every=WARMUP_CHECK_EVERY)
         tmp = start.with_name(f".{start.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         m.save(loaded.model, loaded.tokenizer, tmp)
         (tmp / WARMUP_STAMP).write_text(json.dumps({"settings": settings, "final_loss": result.final_loss,
+                                                    "steps_taken": result.steps, "validation_checks": checks,
+                                                    "torch_threads": torch.get_num_threads(),
                                                     "seconds": round(result.seconds, 2)}, indent=1) + "\n")
         os.replace(tmp, start)
-        echo(f"llm: warm-up done in {result.seconds:.0f} s (loss {result.final_loss:.3f})")
+        echo(f"llm: warm-up done in {result.seconds:.0f} s, {result.steps} steps (loss {result.final_loss:.3f})")
         return start
 
     def _model_config(self) -> dict:
@@ -323,23 +346,36 @@ class LLMTask:
         return None
 
     def evaluate(self, model) -> tuple[float, int, list[int]]:
-        """(greedy exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the first
-        task.eval_size held-out problems (calculator on, as :func:`sampling.evaluate`), with
-        learner.torch_threads torch threads: torch's default of one per core took 280-310 s instead of
-        about 11 s for 500 problems when other processes held the cores (docs/llm-rl.md)."""
+        """(exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the first
+        task.eval_size held-out problems, one completion each (calculator on, as :func:`sampling.evaluate`).
+
+        task.eval_mode "sampled": at task.temperature (the policy RL trains, and DeepSeek-R1's pass@1
+        with one sample, arXiv:2501.12948) from a generator seeded with task.model_seed, so the
+        evaluations before and after RL use the same random draws (common random numbers: the paired
+        interval then measures the policy's change, not the draws'); "greedy": argmax decoding.
+        Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
+        instead of about 11 s for 500 problems when other processes held the cores (docs/llm-rl.md)."""
         from . import model as m
         from .sampling import eval_completions
         t = self.cfg.task
         heldout = gsm.make_splits(seed=t.model_seed, n_train=0, n_heldout=t.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
+        greedy = t.eval_mode == "greedy"
+        generator = None if greedy else torch.Generator().manual_seed(t.model_seed)
         threads = torch.get_num_threads()
         torch.set_num_threads(self.cfg.learner.torch_threads)
         try:
-            texts = eval_completions(model, tokenizer, heldout, greedy=True, max_new_tokens=t.max_new_tokens)
+            texts = eval_completions(model, tokenizer, heldout, greedy=greedy, temperature=t.temperature,
+                                     generator=generator, max_new_tokens=t.max_new_tokens)
         finally:
             torch.set_num_threads(threads)
         correct = [int(gsm.reward(text, p.target)) for text, p in zip(texts, heldout)]
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
+
+    def eval_label(self) -> str:
+        """"greedy" or "sampled T=<task.temperature>": what initial and final accuracy measure."""
+        t = self.cfg.task
+        return "greedy" if t.eval_mode == "greedy" else f"sampled T={t.temperature:g}"
 
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
         """Make the start model, then (once per run directory) its held-out accuracy before RL.
@@ -353,14 +389,14 @@ class LLMTask:
         path = Path(run_dir) / START_FILE
         if path.exists():
             return json.loads(path.read_text())
-        record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0}
+        record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0, "eval_mode": self.eval_label()}
         if self.cfg.task.eval_size:
             from . import model as m
             t0 = time.perf_counter()
             acc, n, correct = self.evaluate(m.load(start).model)
             record.update(initial_accuracy=acc, eval_problems=n, initial_eval_s=round(time.perf_counter() - t0, 2),
                           initial_correct="".join(map(str, correct)))
-            echo(f"llm: held-out accuracy before RL {acc:.3f} on {n} problems (greedy)")
+            echo(f"llm: held-out accuracy before RL {acc:.3f} on {n} problems ({self.eval_label()})")
         path.write_text(json.dumps(record, indent=1) + "\n")
         return record
 
@@ -373,7 +409,10 @@ class LLMTask:
         except (OSError, ValueError):
             start = {"model": str(self.start_dir()), "initial_accuracy": None, "eval_problems": 0}
         out = {"task": "llm", "model": start["model"], "initial_accuracy": start["initial_accuracy"],
-               "final_accuracy": None, "eval_problems": start["eval_problems"]}
+               "final_accuracy": None, "eval_problems": start["eval_problems"], "eval_mode": self.eval_label()}
+        if start.get("eval_mode", "greedy") != self.eval_label():
+            # a start record of another evaluation (a run directory resumed under other settings): not comparable
+            out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
         if not self.cfg.task.eval_size:
             return out
         t0 = time.perf_counter()

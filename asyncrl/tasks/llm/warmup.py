@@ -127,7 +127,7 @@ def warmup(model, tokenizer, problems: Sequence[gsm.Problem], *, steps: int, see
            batch_size: int = DEFAULT_BATCH_SIZE, lr: float = DEFAULT_LR, warmup_steps: int = DEFAULT_WARMUP_STEPS,
            weight_decay: float = 0.0, calculator_mask: bool = False,
            max_seconds: float | None = None, log: Callable[[int, float], None] | None = None,
-           log_every: int = 50) -> WarmupResult:
+           log_every: int = 50, stop: Callable[[int], bool] | None = None, check_every: int = 100) -> WarmupResult:
     """Train ``model`` in place on ``problems`` for ``steps`` optimizer steps.
 
     Args:
@@ -146,13 +146,19 @@ def warmup(model, tokenizer, problems: Sequence[gsm.Problem], *, steps: int, see
             (the learning-rate schedule is still the one planned for ``steps``). Deterministic only
             when ``steps`` binds first; :attr:`WarmupResult.steps` says how many were taken.
         log: optional callback (step, loss) every ``log_every`` steps and at the last.
+        stop: optional early stop: called with the number of steps taken after every ``check_every``
+            steps (the model in train mode; it may evaluate, and must leave it in train mode); True
+            ends the loop there (the learning-rate schedule stays the one planned for ``steps``).
+        check_every: >= 1 steps between calls of ``stop``.
 
     Returns:
         :class:`WarmupResult`.
 
     Raises:
-        ValueError: steps < 1, batch_size < 1, lr <= 0, or no problems.
+        ValueError: steps < 1, batch_size < 1, lr <= 0, check_every < 1, or no problems.
     """
+    if check_every < 1:
+        raise ValueError(f"check_every must be >= 1, got {check_every}")
     if steps < 1 or batch_size < 1 or not lr > 0 or not problems:
         raise ValueError(f"need steps >= 1, batch_size >= 1, lr > 0 and problems, got steps={steps}, "
                          f"batch_size={batch_size}, lr={lr}, {len(problems)} problems")
@@ -190,7 +196,7 @@ def warmup(model, tokenizer, problems: Sequence[gsm.Problem], *, steps: int, see
         over = max_seconds is not None and time.perf_counter() - t0 > max_seconds
         if log is not None and (step % log_every == 0 or step == steps - 1 or over):
             log(step, recent[-1])
-        if over:
+        if over or (stop is not None and (step + 1) % check_every == 0 and step + 1 < steps and stop(step + 1)):
             break
     model.eval()
     return WarmupResult(step + 1, tokens, sum(recent) / len(recent), time.perf_counter() - t0)
