@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .tasks.llm.defaults import DEFAULT_STEPS as LLM_WARMUP_STEPS
+from .tasks.llm.defaults import DEFAULT_BATCH_SIZE as LLM_WARMUP_BATCH, DEFAULT_STEPS as LLM_WARMUP_STEPS
 
 PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
 TASK_KINDS = ("control", "llm")
@@ -175,7 +175,9 @@ class TaskConfig:
     model_seed: int = _f(0, "llm: seed of the tiny model, its warm-up and the train / held-out problems (run.seed "
                             "seeds RL only)")
     warmup_steps: int = _f(LLM_WARMUP_STEPS, "llm: supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none")
-    warmup_target: float = _f(0.0, "llm: end the supervised warm-up early at the first check (every 100 steps) where its "
+    warmup_batch_size: int = _f(LLM_WARMUP_BATCH, "llm: problems per supervised warm-up step")
+    warmup_target: float = _f(0.0, "llm: end the supervised warm-up early at the first check (every 100 steps from half of "
+                                   "task.warmup_steps on) where its "
                                    "greedy accuracy on 200 validation problems (generated after the train split: in "
                                    "neither train nor held-out) reaches this; task.warmup_steps stays the budget; 0: off")
     group_size: int = _f(8, "llm: G, completions sampled per prompt (a group)")
@@ -400,7 +402,8 @@ def _validate_task(cfg: Config) -> None:
         raise ConfigError(f"task.kl_coef must be a finite number >= 0, got {t.kl_coef}")
     if not 0 <= t.negative_weight < float("inf"):
         raise ConfigError(f"task.negative_weight must be a finite number >= 0, got {t.negative_weight}")
-    for key in ("group_size", "prompts_per_slot", "max_prompt_tokens", "max_new_tokens", "train_problems"):
+    for key in ("group_size", "prompts_per_slot", "max_prompt_tokens", "max_new_tokens", "train_problems",
+                "warmup_batch_size"):
         if getattr(t, key) < 1:
             raise ConfigError(f"task.{key} must be >= 1, got {getattr(t, key)}")
     for key in ("warmup_steps", "eval_size", "model_seed"):

@@ -399,13 +399,14 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
     monkeypatch.setattr(sampling, "evaluate", fake_evaluate)
     monkeypatch.setattr(llm_task, "WARMUP_CHECK_EVERY", 2)
     cfg = _tiny_cfg(micro_dir, f"task.cache_dir={tmp_path}", "task.warmup_steps=9", "task.warmup_target=0.3",
-                    "task.train_problems=50")
+                    "task.train_problems=50", "task.warmup_batch_size=4")
     task = make_task(cfg)
     start = task.prepare_model(echo=lambda *_: None)
-    assert start == task.start_dir() and start.name.endswith("-n9-t0.3")
+    assert start == task.start_dir() and start.name.endswith("-n9-b4-t0.3")
     stamp = json.loads((start / llm_task.WARMUP_STAMP).read_text())
-    assert stamp["steps_taken"] == 4 and stamp["validation_checks"] == [[2, 0.1], [4, 0.35]]
-    assert stamp["settings"]["target"] == 0.3 and seen == [(llm_task.WARMUP_VALIDATION, True, False)] * 2
+    # checked from half the budget on (steps 4, 6, 8): stopped at the first check at or above 0.3
+    assert stamp["steps_taken"] == 6 and stamp["validation_checks"] == [[4, 0.1], [6, 0.35]]
+    assert stamp["settings"]["target"] == 0.3 and stamp["settings"]["batch_size"] == 4 and seen == [(llm_task.WARMUP_VALIDATION, True, False)] * 2
     assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2   # cached
     with pytest.raises(ConfigError, match=r"^task.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
         config.load(None, ["task.kind=llm", "task.warmup_target=1.5"])

@@ -28,6 +28,7 @@ import torch
 
 from ...rollout import RolloutStats
 from . import gsm
+from .defaults import DEFAULT_BATCH_SIZE
 from .spec import TokenSpec
 
 # nothing is fetched from a hub at run time (the roles are child processes: they inherit these)
@@ -218,7 +219,8 @@ class LLMTask:
         if t.warmup_steps == 0:
             return base
         target = f"-t{t.warmup_target:g}" if t.warmup_target else ""
-        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}{target}"
+        batch = f"-b{t.warmup_batch_size}" if t.warmup_batch_size != DEFAULT_BATCH_SIZE else ""
+        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}{batch}{target}"
 
     def prepare_model(self, echo: Callable[[str], None] = print) -> Path:
         """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when task.model is
@@ -236,6 +238,8 @@ class LLMTask:
         settings = {"base": str(self.base_dir().resolve()), "seed": t.model_seed, "steps": t.warmup_steps,
                     "train_problems": t.train_problems, "generator_version": gsm.GENERATOR_VERSION,
                     "calculator_mask": True}
+        if t.warmup_batch_size != DEFAULT_BATCH_SIZE:
+            settings["batch_size"] = t.warmup_batch_size
         if t.warmup_target:
             settings.update(target=t.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY)
         try:
@@ -254,6 +258,8 @@ class LLMTask:
 
         def reached(steps: int) -> bool:   # the warm-up's early stop: greedy accuracy on the validation problems
             from .sampling import evaluate
+            if steps < t.warmup_steps // 2:   # checked from half the budget on (each check costs seconds)
+                return False
             loaded.model.eval()
             checks.append((steps, evaluate(loaded.model, loaded.tokenizer, validation, greedy=True,
                                            max_new_tokens=t.max_new_tokens)))
@@ -264,7 +270,7 @@ class LLMTask:
         echo(f"llm: warming up {self.base_dir()} for {t.warmup_steps} steps"
              f"{f' or until validation accuracy {t.warmup_target:g}' if t.warmup_target else ''} (supervised, cached in {start})")
         result = w.warmup(loaded.model, loaded.tokenizer, train, steps=t.warmup_steps, seed=t.model_seed,
-                          calculator_mask=True, stop=reached if t.warmup_target else None,
+                          calculator_mask=True, batch_size=t.warmup_batch_size, stop=reached if t.warmup_target else None,
                           check_every=WARMUP_CHECK_EVERY)
         tmp = start.with_name(f".{start.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
