@@ -367,7 +367,8 @@ class LLMTask:
         heldout = gsm.make_splits(seed=t.model_seed, n_train=0, n_heldout=t.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
         greedy = t.eval_mode == "greedy"
-        generator = None if greedy else torch.Generator().manual_seed(t.model_seed)
+        device = next(model.parameters()).device   # the draws come from the model's device (cuda: its own stream)
+        generator = None if greedy else torch.Generator(device=device).manual_seed(t.model_seed)
         threads = torch.get_num_threads()
         torch.set_num_threads(self.cfg.learner.torch_threads)
         try:
