@@ -151,7 +151,7 @@ def test_calculator_inserts_results_with_policy_mask_false(micro):
     scripts = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in written]
     ids, mask = sampling.encode_prompts(tok, ["Question: a", "Question: bb"])
     lm = _Scripted(scripts, len(tok), tok.eos_token_id, ids.shape[1])
-    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=40, greedy=True)
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=40, greedy=True, compact=False)
     plain = sampling.sample(lm, ids, mask, **kw)
     calc = sampling.sample(lm, ids, mask, calculator=sampling.Calculator(tok), **kw)
     assert sampling.decode_completions(tok, plain) == written
@@ -220,3 +220,48 @@ def test_warm_start_saves_then_reuses(micro_dir, tmp_path):
     assert again.reused and again.stamp == first.stamp
     with pytest.raises(FileExistsError):
         warmup.warm_start(micro_dir, tmp_path / "w", **{**kw, "steps": 3})
+
+
+class _EndsEarly(torch.nn.Module):
+    """The micro model with EOS made the argmax once a row's position reaches ``end_at``: rows with
+    longer prompts end sooner, each at a step fixed by its own prompt (so a compacted batch must give
+    it the same end)."""
+
+    def __init__(self, lm, eos_id, end_at):
+        super().__init__()
+        self.lm, self.eos, self.end_at, self.config, self.device = lm, eos_id, end_at, lm.config, lm.device
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache=True, cache=None):
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=use_cache, cache=cache)
+        ends = position_ids >= self.end_at   # [B, S]: every position, as the learner's full forward sees them
+        out.logits[..., self.eos] = torch.where(ends, 1e4, out.logits[..., self.eos])
+        return out
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_compaction_drops_ended_rows_without_changing_any_row(micro, greedy):
+    lm, tok = micro
+    ids, mask = sampling.encode_prompts(tok, [gsm.format_prompt(p) for p in PROBLEMS.train[:8]])
+    ends = _EndsEarly(lm, tok.eos_token_id, end_at=int(mask.sum(1).min()) + 12)
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=24, greedy=greedy, temperature=1.0)
+    full = sampling.sample(ends, ids, mask, compact=False, generator=torch.Generator().manual_seed(9), **kw)
+    part = sampling.sample(ends, ids, mask, compact=True, generator=torch.Generator().manual_seed(9), **kw)
+    lengths = full.completion_mask.sum(1)
+    assert lengths.min() < lengths.max()   # rows end at different steps, so compaction had rows to drop
+    assert torch.equal(full.input_ids, part.input_ids) and torch.equal(full.completion_mask, part.completion_mask)
+    assert torch.allclose(full.behavior_log_prob, part.behavior_log_prob, atol=1e-5)
+    with torch.no_grad():   # the compacted behaviour log-probs are still the learner's at zero lag
+        lp = sampling.completion_log_probs(ends, part.input_ids, part.attention_mask, part.completion_mask)
+    assert (lp - part.behavior_log_prob)[part.policy_mask].abs().max().item() < 1e-4
+
+
+def test_inverse_cdf_draws_the_distribution_and_never_a_zero():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.2, 0.3, 0.5, 0.0]])
+    assert sampling.inverse_cdf(probs, torch.tensor([0.0, 0.0])).tolist() == [1, 0]
+    assert sampling.inverse_cdf(probs, torch.tensor([0.5, 0.49])).tolist() == [3, 1]
+    assert sampling.inverse_cdf(probs, torch.tensor([0.999999, 0.999999])).tolist() == [3, 2]
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
+    draws = sampling.inverse_cdf(probs[1:].expand(20000, 4) * 3.0, u)   # rows need not sum to 1
+    freq = torch.bincount(draws, minlength=4).double() / 20000
+    assert torch.allclose(freq, torch.tensor([0.2, 0.3, 0.5, 0.0], dtype=torch.double), atol=0.015)
