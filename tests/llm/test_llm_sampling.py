@@ -265,3 +265,15 @@ def test_inverse_cdf_draws_the_distribution_and_never_a_zero():
     draws = sampling.inverse_cdf(probs[1:].expand(20000, 4) * 3.0, u)   # rows need not sum to 1
     freq = torch.bincount(draws, minlength=4).double() / 20000
     assert torch.allclose(freq, torch.tensor([0.2, 0.3, 0.5, 0.0], dtype=torch.double), atol=0.015)
+
+
+def test_batched_calculator_mask_equals_the_per_text_definition(micro):
+    _, tok = micro
+    probs = gsm.make_splits(seed=3, n_train=200, n_heldout=0).train
+    got = warmup.encode_examples(tok, probs, calculator_mask=True)
+    for p, (ids, n_prompt, skip) in zip(probs, got):
+        text = gsm.format_completion(p)
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        spans = [m.span(1) for m in warmup._ANNOTATION_RESULT.finditer(text)]
+        want = [i for i, (a, _) in enumerate(offsets) if any(lo <= a < hi for lo, hi in spans)]
+        assert list(skip) == [n_prompt + i for i in want] and want

@@ -39,18 +39,28 @@ class WarmupResult(NamedTuple):
 _ANNOTATION_RESULT = re.compile(r"<<[^<>=]*=([^<>=]*>>)")   # group 1: what a calculator writes ("24>>")
 
 
-def calculator_positions(tokenizer, completion: str) -> list[int]:
+def calculator_positions(tokenizer, completion: str, offsets: Sequence[tuple[int, int]] | None = None) -> list[int]:
     """Indices of the tokens of ``completion`` (tokenised alone) that a calculator writes at sampling
     time: the result and the closing ``>>`` of every annotation ``<<expr=result>>``.
 
     A token counts when its first character lies in such a span (digits are single tokens and ``=``
     and ``>>`` are not merged with them, so the spans fall on token boundaries with the project's
-    tokenizer)."""
+    tokenizer). ``offsets``: the completion's (start, end) character offsets per token when already
+    computed (a batched tokenizer call); None tokenises ``completion`` here."""
     spans = [m.span(1) for m in _ANNOTATION_RESULT.finditer(completion)]
     if not spans:
         return []
-    offsets = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    return [i for i, (a, _) in enumerate(offsets) if any(lo <= a < hi for lo, hi in spans)]
+    if offsets is None:
+        offsets = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    out, k = [], 0
+    for i, (a, _) in enumerate(offsets):   # spans and token starts both ascend: one merged pass
+        while k < len(spans) and spans[k][1] <= a:
+            k += 1
+        if k == len(spans):
+            break
+        if spans[k][0] <= a:
+            out.append(i)
+    return out
 
 
 def encode_examples(tokenizer, problems: Sequence[gsm.Problem], *, max_len: int = 320,
@@ -72,11 +82,13 @@ def encode_examples(tokenizer, problems: Sequence[gsm.Problem], *, max_len: int 
     """
     prompts = tokenizer([gsm.format_prompt(p) for p in problems], add_special_tokens=False)["input_ids"]
     texts = [gsm.format_completion(p) for p in problems]
-    comps = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=calculator_mask)
+    comps = enc["input_ids"]
+    offsets = enc["offset_mapping"] if calculator_mask else [None] * len(texts)
     eos = tokenizer.eos_token_id
     out = []
-    for p, c, text in zip(prompts, comps, texts):
-        skip = tuple(len(p) + i for i in calculator_positions(tokenizer, text)) if calculator_mask else ()
+    for p, c, text, off in zip(prompts, comps, texts, offsets):
+        skip = tuple(len(p) + i for i in calculator_positions(tokenizer, text, off)) if calculator_mask else ()
         out.append(((p + c + [eos])[:max_len], len(p), skip))
     return out
 
