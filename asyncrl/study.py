@@ -350,9 +350,17 @@ class Runner:
         return self.out / "cells" / self.keys[cell] / "cell.json"
 
     def pending(self) -> list[Cell]:
-        """Cells without a record (and, with retry_failed, those whose record says failed)."""
-        return [c for c in self.study.cells if not self.record_path(c).exists()
-                or (self.retry_failed and json.loads(self.record_path(c).read_text()).get("status") == "failed")]
+        """Cells without a record (and, with retry_failed, those whose record says failed), one per
+        key: two arms that resolve to one run (a sweep value equal to the default) run it once."""
+        out, keys = [], set()
+        for c in self.study.cells:
+            if self.keys[c] in keys:
+                continue
+            if not self.record_path(c).exists() or (
+                    self.retry_failed and json.loads(self.record_path(c).read_text()).get("status") == "failed"):
+                out.append(c)
+                keys.add(self.keys[c])
+        return out
 
     def finished_records(self, *, any_code: bool = False) -> list[dict]:
         """The records of this study's cells. With ``any_code``, a cell without a record under the

@@ -164,6 +164,9 @@ sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""))
     plain = next(c for c in st.cells if c.label == "vaco")
     same = [c for c in st.cells if runner.keys[c] == runner.keys[plain]]
     assert len(same) == 2
+    # the shared run is pending once, not once per arm (it would run twice, into one directory)
+    todo = [runner.keys[c] for c in runner.pending()]
+    assert len(todo) == len(set(todo)) == len(set(runner.keys.values())) < len(st.cells)
     path = runner.record_path(plain)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"label": "vaco", "env": plain.env, "seed": plain.seed, "status": "ok", "final_return": 1.0}))
