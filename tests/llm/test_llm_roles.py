@@ -507,3 +507,31 @@ def test_silent_groups_drop_is_the_batch_without_them(micro_dir):
     assert any(not torch.equal(w_both[k], kept[k]) for k in w_both)
     with pytest.raises(ConfigError, match="silent_groups"):
         _tiny_cfg(micro_dir, "task.silent_groups=ignore")
+
+
+@pytest.mark.parametrize("sets, forwards", [
+    (("algo.num_epochs=1", "algo.num_minibatches=1"), [(True, 4, 0)]),   # one forward, no separate π_T pass
+    (("algo.num_epochs=2", "algo.num_minibatches=2"), [(False, 2, 0), (True, 2, 0), (True, 2, 1), (True, 2, 2), (True, 2, 3)]),
+    (("algo.num_epochs=1", "algo.num_minibatches=1", "task.silent_groups=drop"), [(True, 2, 0)]),
+])
+def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets, forwards):
+    """log π_T is taken at the iteration's start weights: a no-gradient forward of the rows outside
+    the first minibatch before any optimizer step, and the first minibatch's own forward (also
+    before any step); rows of silent groups that drop removes get none. Records (grad enabled, rows,
+    optimizer steps taken so far) of every forward."""
+    from asyncrl.tasks.llm.learn import llm_iteration
+    cfg = _tiny_cfg(micro_dir, "task.silent_groups=step", *sets)
+    task = make_task(cfg)
+    batch = _slot_batch(cfg, task, [1.0, 0.0, 1.0, 1.0])
+    model = task.build_policy()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    taken, log = [0], []
+    step = opt.step
+    opt.step = lambda *a, **k: (taken.__setitem__(0, taken[0] + 1), step(*a, **k))[1]
+    model.register_forward_pre_hook(
+        lambda mod, args, kw: log.append((torch.is_grad_enabled(), kw["input_ids"].shape[0], taken[0])), with_kwargs=True)
+    stats = llm_iteration(model, opt, batch, algo=cfg.algo, task=cfg.task, generator=torch.Generator().manual_seed(0),
+                          version=0)
+    assert log == forwards
+    assert stats["minibatches"][0][1] == 0.0          # the first step's TV estimate: π_θ is π_T there, exactly
+    assert math.isfinite(stats["rho_mean"]) and abs(stats["logprob_mismatch_fresh"]) < 1e-4

@@ -3,7 +3,13 @@ policy loss on completion tokens, through the same dispatch as the control task
 (:func:`asyncrl.update.policy_loss`: ``grpo`` -> ``ppo_clip_loss``, ``vaco`` -> ``vaco_policy_loss``
 with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward ratio π_θ/π_T).
 
-1. With the weights at iteration start (π_T): log π_T of every completion token, once.
+1. With the weights at iteration start (π_T): log π_T of the completion tokens of the rows that can
+   train, once (every row with ``task.realign``, whose advantages need it; otherwise the rows of
+   informative groups, or all rows with ``task.silent_groups`` "step" / "skip"). The first
+   minibatch of the first epoch takes its log π_T from its own forward, taken before any optimizer
+   step of the iteration and hence at π_T: with one minibatch and one epoch (the gsm-tiny default)
+   the learner makes no separate forward at all. A forward of every row took twice the time of the
+   training step on the informative fifth (docs/llm-rl.md, session 14).
 2. Group-normalised advantages per row (:func:`asyncrl.tasks.llm.grpo.group_advantages`; with
    ``task.realign = "is_baseline"`` against the baseline of π_T instead,
    :func:`asyncrl.tasks.llm.grpo.realigned_group_advantages` with ``algo.rho_bar``; docs/llm-realignment.md),
@@ -122,32 +128,53 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
     pmask = batch["policy_mask"]   # the policy's own tokens: loss, ratios, TV estimate and counts
     device = cmask.device
     everything = torch.arange(rows, device=device)
-    with torch.no_grad(), forward_context():
-        target = _token_log_probs(model, batch, everything, temperature=task.temperature)   # log π_T [R', L]
-        ref = None                                                                          # log π_ref [R', L]
-        if task.kl_coef > 0:
-            ref = _token_log_probs(reference, batch, everything, temperature=task.temperature)
-    adv, realign_stats = _advantages(batch, target, algo=algo, task=task)
     behavior = batch["behavior_log_prob"]
+    target = torch.zeros_like(behavior)                       # log π_T [R', L], on the rows in `known`
+    known = torch.zeros(rows, dtype=torch.bool, device=device)
+
+    def fill_target(idx: torch.Tensor) -> None:   # a forward at π_T, without gradient
+        if len(idx):
+            with torch.no_grad(), forward_context():
+                target[idx] = _token_log_probs(model, batch, idx, temperature=task.temperature)
+            known[idx] = True
+
+    if task.realign != "none":
+        fill_target(everything)
+    adv, realign_stats = _advantages(batch, target, algo=algo, task=task)
     stale_rows = batch["behavior_version"] < version if version is not None else None
-    log_rho = (target - behavior)[pmask]
-    rho = log_rho.clamp(-20, 20).exp()
     silent = (adv.view(-1, G) == 0).all(1)                                     # [groups]
     pool = everything
     if task.silent_groups == "drop":
         pool = everything[~silent.repeat_interleave(G)]
+    exact = task.silent_groups != "drop"
+    first_perm = pool[torch.randperm(len(pool), generator=generator).to(device)]   # epoch 1's shuffle
+    first = (_minibatches(first_perm, algo.num_minibatches, exact=exact) or [first_perm[:0]])[0]
+    if task.silent_groups == "skip" and not bool((adv[first] != 0).any()):
+        first = first[:0]   # it may be skipped: its rows get π_T from a forward of their own
+    own = torch.zeros(rows, dtype=torch.bool, device=device)
+    own[first] = True
+    fill_target(pool[~own[pool] & ~known[pool]])   # the first minibatch fills its own at its forward
+    ref = None                                     # log π_ref [R', L] on the pool's rows
+    if task.kl_coef > 0:
+        ref = torch.zeros_like(behavior)
+        if len(pool):
+            with torch.no_grad(), forward_context():
+                ref[pool] = _token_log_probs(reference, batch, pool, temperature=task.temperature)
     steps: list[dict] = []
     skipped = 0
     fired = torch.zeros((), dtype=torch.bool, device=device)
-    for _ in range(algo.num_epochs):
-        perm = pool[torch.randperm(len(pool), generator=generator).to(device)]   # CPU generator: same shuffles everywhere
-        for idx in _minibatches(perm, algo.num_minibatches, exact=task.silent_groups != "drop"):
+    for epoch in range(algo.num_epochs):   # CPU generator: the same shuffles on every device
+        perm = first_perm if epoch == 0 else pool[torch.randperm(len(pool), generator=generator).to(device)]
+        for idx in _minibatches(perm, algo.num_minibatches, exact=exact):
             m = pmask[idx]
             if task.silent_groups == "skip" and ref is None and not bool((adv[idx] != 0).any()):
                 skipped += 1   # nothing to learn here: no Adam step on momentum alone
                 continue
             with forward_context():
                 log_prob = _token_log_probs(model, batch, idx, temperature=task.temperature)
+            if not bool(known[idx].all()):   # the first minibatch, before any step: these weights are π_T
+                target[idx] = log_prob.detach()
+                known[idx] = True
             tb = grpo.flatten_tokens(m, log_prob=log_prob, behavior_log_prob=behavior[idx], advantages=adv[idx],
                                      averaging=task.averaging, max_len=cmask.shape[1])
             a = normalize_advantages(tb.advantages, algo.normalize_advantages)
@@ -169,7 +196,9 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
             steps.append(step)
     stats = step_means(steps) if steps else dict.fromkeys(_STEP_KEYS, float("nan"))
     stats.update(realign_stats)
-    stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
+    log_rho = (target - behavior)[pmask & known[:, None]]   # the rows that trained (or all, with realign)
+    rho = log_rho.clamp(-20, 20).exp()
+    stats["rho_mean"], stats["rho_max"] = (float(rho.mean()), float(rho.max())) if len(rho) else (float("nan"),) * 2
     stats["reward_mean"] = float(batch["rewards"].float().mean())
     stats["completion_tokens_mean"] = float(cmask.sum(1).float().mean())
     stats["policy_tokens_mean"] = float(pmask.sum(1).float().mean())
@@ -180,8 +209,8 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
     stats["skipped_minibatches"] = skipped
     fresh = None if stale_rows is None else ~stale_rows
     if fresh is not None and bool(fresh.any()):
-        fm = pmask & fresh[:, None]   # rows generated by the weights of this very version: zero lag
-        stats["logprob_mismatch_fresh"] = float((target - behavior)[fm].abs().mean())
+        fm = pmask & (fresh & known)[:, None]   # rows generated by the weights of this very version: zero lag
+        stats["logprob_mismatch_fresh"] = float((target - behavior)[fm].abs().mean()) if bool(fm.any()) else float("nan")
     else:
         stats["logprob_mismatch_fresh"] = float("nan")
     stats["minibatches"] = minibatch_rows(steps)
