@@ -151,9 +151,7 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
     first = (_minibatches(first_perm, algo.num_minibatches, exact=exact) or [first_perm[:0]])[0]
     if task.silent_groups == "skip" and not bool((adv[first] != 0).any()):
         first = first[:0]   # it may be skipped: its rows get π_T from a forward of their own
-    own = torch.zeros(rows, dtype=torch.bool, device=device)
-    own[first] = True
-    fill_target(pool[~own[pool] & ~known[pool]])   # the first minibatch fills its own at its forward
+    fill_target(pool[~known[pool] & ~torch.isin(pool, first)])   # the first minibatch fills its own at its forward
     ref = None                                     # log π_ref [R', L] on the pool's rows
     if task.kl_coef > 0:
         ref = torch.zeros_like(behavior)
