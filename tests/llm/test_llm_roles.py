@@ -438,6 +438,13 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     out = sampled.final_summary(model, tmp_path)
     assert out["eval_mode"] == "sampled T=1.5" and out["final_accuracy"] == acc
     assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
+    # a sampled start record made with another evaluation batch drew other numbers: not paired either
+    (tmp_path / "b").mkdir()
+    make_task(_tiny_cfg(micro_dir, "task.temperature=1.5", "task.eval_batch_size=3")).prepare_run(tmp_path / "b", echo=lambda *_: None)
+    out = sampled.final_summary(model, tmp_path / "b")
+    assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
+    same = make_task(_tiny_cfg(micro_dir, "task.temperature=1.5", "task.eval_batch_size=3")).final_summary(model, tmp_path / "b")
+    assert same["initial_accuracy"] is not None and "accuracy_difference_ci95_paired" in same
 
 
 def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):

@@ -373,7 +373,8 @@ class LLMTask:
         torch.set_num_threads(self.cfg.learner.torch_threads)
         try:
             texts = eval_completions(model, tokenizer, heldout, greedy=greedy, temperature=t.temperature,
-                                     generator=generator, max_new_tokens=t.max_new_tokens)
+                                     generator=generator, max_new_tokens=t.max_new_tokens,
+                                     batch_size=t.eval_batch_size)
         finally:
             torch.set_num_threads(threads)
         correct = [int(gsm.reward(text, p.target)) for text, p in zip(texts, heldout)]
@@ -396,7 +397,8 @@ class LLMTask:
         path = Path(run_dir) / START_FILE
         if path.exists():
             return json.loads(path.read_text())
-        record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0, "eval_mode": self.eval_label()}
+        record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0, "eval_mode": self.eval_label(),
+                  "eval_batch_size": self.cfg.task.eval_batch_size}
         if self.cfg.task.eval_size:
             from . import model as m
             t0 = time.perf_counter()
@@ -417,7 +419,9 @@ class LLMTask:
             start = {"model": str(self.start_dir()), "initial_accuracy": None, "eval_problems": 0}
         out = {"task": "llm", "model": start["model"], "initial_accuracy": start["initial_accuracy"],
                "final_accuracy": None, "eval_problems": start["eval_problems"], "eval_mode": self.eval_label()}
-        if start.get("eval_mode", "greedy") != self.eval_label():
+        sampled = self.cfg.task.eval_mode == "sampled"   # its draws follow the batch: row r of a batch, step t
+        if start.get("eval_mode", "greedy") != self.eval_label() or (
+                sampled and start.get("eval_batch_size", 64) != self.cfg.task.eval_batch_size):
             # a start record of another evaluation (a run directory resumed under other settings): not comparable
             out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
         if not self.cfg.task.eval_size:
