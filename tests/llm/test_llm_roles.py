@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from types import SimpleNamespace
 
@@ -445,6 +446,30 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
     same = make_task(_tiny_cfg(micro_dir, "task.temperature=1.5", "task.eval_batch_size=3")).final_summary(model, tmp_path / "b")
     assert same["initial_accuracy"] is not None and "accuracy_difference_ci95_paired" in same
+
+
+def test_the_start_evaluation_is_reused_across_runs_of_one_start_model(micro_dir, tmp_path, monkeypatch):
+    calls = []
+    real = llm_task.LLMTask.evaluate
+    monkeypatch.setattr(llm_task.LLMTask, "evaluate", lambda self, model: calls.append(1) or real(self, model))
+    base = [f"task.cache_dir={tmp_path / 'cache'}", "task.warmup_steps=2", "task.train_problems=20", "task.warmup_batch_size=4"]
+    made = lambda *extra: make_task(_tiny_cfg(micro_dir, *base, *extra))   # noqa: E731 - a start model made in the cache
+    quiet = dict(echo=lambda *_: None)
+    a = made().prepare_run(tmp_path / "a", **quiet)
+    b = made().prepare_run(tmp_path / "b", **quiet)
+    assert len(calls) == 1 and "initial_eval_cached" not in a and b.pop("initial_eval_cached").endswith(".json")
+    assert a == b and len(a["initial_correct"]) == 8
+    made("task.eval_batch_size=3").prepare_run(tmp_path / "c", **quiet)   # another evaluation: measured again
+    assert len(calls) == 2
+    weights = next(p for p in made().start_dir().iterdir() if p.suffix == ".safetensors")
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))   # a rewritten model
+    made().prepare_run(tmp_path / "d", **quiet)
+    assert len(calls) == 3
+    # a user's own model directory: evaluated every time, nothing cached beside it or in the cache
+    user = lambda: make_task(_tiny_cfg(micro_dir, f"task.cache_dir={tmp_path / 'cache2'}"))   # noqa: E731
+    user().prepare_run(tmp_path / "e", **quiet)
+    user().prepare_run(tmp_path / "f", **quiet)
+    assert len(calls) == 5 and not (tmp_path / "cache2").exists()
 
 
 def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):

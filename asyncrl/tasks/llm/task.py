@@ -37,6 +37,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 START_FILE = "llm-start.json"     # in the run directory: the start model and its accuracy before RL
+START_EVAL_FIELDS = ("initial_accuracy", "eval_problems", "initial_eval_s", "initial_correct")
 WARMUP_STAMP = "asyncrl-rl-warmup.json"
 WARMUP_VALIDATION = 200         # task.warmup_target: problems after the train split, greedy accuracy checked
 WARMUP_CHECK_EVERY = 100        # steps between those checks
@@ -400,14 +401,60 @@ class LLMTask:
         record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0, "eval_mode": self.eval_label(),
                   "eval_batch_size": self.cfg.task.eval_batch_size}
         if self.cfg.task.eval_size:
-            from . import model as m
-            t0 = time.perf_counter()
-            acc, n, correct = self.evaluate(m.load(start).model)
-            record.update(initial_accuracy=acc, eval_problems=n, initial_eval_s=round(time.perf_counter() - t0, 2),
-                          initial_correct="".join(map(str, correct)))
-            echo(f"llm: held-out accuracy before RL {acc:.3f} on {n} problems ({self.eval_label()})")
+            record.update(self._start_evaluation(start, echo))
+            how = "reused from " + record["initial_eval_cached"] if "initial_eval_cached" in record else "measured"
+            echo(f"llm: held-out accuracy before RL {record['initial_accuracy']:.3f} on {record['eval_problems']} "
+                 f"problems ({self.eval_label()}; {how})")
         path.write_text(json.dumps(record, indent=1) + "\n")
         return record
+
+    def _start_evaluation(self, start: Path, echo: Callable[[str], None]) -> dict:
+        """initial_accuracy, eval_problems, initial_eval_s and initial_correct of the start model; for a
+        start model asyncrl made in task.cache_dir (never for a user's own directory) reused from, or
+        saved to, task.cache_dir/start-evals/KEY.json (:meth:`start_eval_key`; adds initial_eval_cached
+        when reused). A cache that cannot be written costs the next run an evaluation, nothing else."""
+        from . import model as m
+        t = self.cfg.task
+        cache = None
+        if Path(start).resolve().is_relative_to(Path(t.cache_dir).resolve()):
+            cache = Path(t.cache_dir) / "start-evals" / f"{self.start_eval_key(start)}.json"
+            try:
+                cached = json.loads(cache.read_text())
+                return {k: cached[k] for k in START_EVAL_FIELDS} | {"initial_eval_cached": str(cache)}
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        t0 = time.perf_counter()
+        acc, n, correct = self.evaluate(m.load(start).model)
+        out = {"initial_accuracy": acc, "eval_problems": n, "initial_eval_s": round(time.perf_counter() - t0, 2),
+               "initial_correct": "".join(map(str, correct))}
+        if cache is not None:
+            try:   # one atomic file: concurrent runs write the same content
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(out, indent=1) + "\n")
+                os.replace(tmp, cache)
+            except OSError as exc:
+                echo(f"llm: could not cache the start evaluation in {cache}: {exc}")
+        return out
+
+    def start_eval_key(self, start: Path) -> str:
+        """Cache key (16 hex digits) of the evaluation before RL: the start model directory's files
+        (name, size, modification time), the llm task's code (sampler, problems, this evaluation) and
+        every setting the evaluation reads. The same key means the same computation on this machine
+        (one torch thread, seeded draws), so :meth:`prepare_run` reuses its result across runs."""
+        t = self.cfg.task
+        h = hashlib.sha256()
+        for f in sorted(p for p in Path(start).iterdir() if p.is_file()):
+            st = f.stat()
+            h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        for f in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(json.dumps({"eval_size": t.eval_size, "eval_mode": t.eval_mode, "temperature": t.temperature,
+                             "model_seed": t.model_seed, "eval_batch_size": t.eval_batch_size,
+                             "max_new_tokens": t.max_new_tokens, "threads": self.cfg.learner.torch_threads,
+                             "generator_version": gsm.GENERATOR_VERSION, "torch": torch.__version__},
+                            sort_keys=True).encode())
+        return h.hexdigest()[:16]
 
     def final_summary(self, policy, run_dir: Path) -> dict[str, Any]:
         """initial_accuracy (from prepare_run), final_accuracy (now, the same evaluation) and the
