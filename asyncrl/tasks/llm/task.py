@@ -468,7 +468,7 @@ class LLMTask:
                "final_accuracy": None, "eval_problems": start["eval_problems"], "eval_mode": self.eval_label()}
         sampled = self.cfg.task.eval_mode == "sampled"   # its draws follow the batch: row r of a batch, step t
         if start.get("eval_mode", "greedy") != self.eval_label() or (
-                sampled and start.get("eval_batch_size", 64) != self.cfg.task.eval_batch_size):
+                sampled and start.get("eval_batch_size", 64) != self.cfg.task.eval_batch_size):   # 64: records before the key
             # a start record of another evaluation (a run directory resumed under other settings): not comparable
             out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
         if not self.cfg.task.eval_size:
