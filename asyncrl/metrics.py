@@ -164,15 +164,17 @@ def percentiles(values, qs=(50, 95)) -> list[float | None]:
 
 def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return: float | None,
                   lag: tuple | None = None, tv: float | None = None, filtered: float | None = None) -> str:
+    """One console line. tv / filtered: None or NaN (an LLM iteration whose groups were all silent took
+    no optimizer step) print nothing."""
     parts = [f"steps {env_steps:>9,}/{total:,}", f"{steps_per_s:7,.0f} steps/s",
              f"return {avg_return:8.1f}" if avg_return is not None else "return      n/a"]
     if lag is not None and lag[0] is not None:
         parts.append(f"lag p50/p95 {lag[0]:.0f}/{lag[1]:.0f} v")
         if len(lag) > 2 and lag[2] is not None:
             parts.append(f"{lag[2]:.2f}/{lag[3]:.2f} s")
-    if tv is not None:
+    if tv is not None and tv == tv:
         parts.append(f"tv {tv:.3f}")
-    if filtered is not None:
+    if filtered is not None and filtered == filtered:
         parts.append(f"filtered {filtered:.2f}")
     return " | ".join(parts)
 

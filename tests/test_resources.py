@@ -139,3 +139,12 @@ def test_config_too_long_for_the_welcome_is_refused():
     with pytest.raises(ConfigError, match="bytes as JSON, over the 4,096"):
         config.load(None, ["run.run_dir=" + "d" * 5000])
     config.load(None, ["run.run_dir=" + "d" * 1000])   # long, but fits
+
+
+def test_progress_line_omits_a_nan_tv_and_filtered_fraction():
+    # an llm iteration whose groups were all silent takes no optimizer step: its step scalars are NaN
+    line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2,
+                                 tv=float("nan"), filtered=float("nan"))
+    assert "nan" not in line and "tv" not in line and "filtered" not in line
+    line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2, tv=0.05, filtered=0.25)
+    assert "tv 0.050" in line and "filtered 0.25" in line
