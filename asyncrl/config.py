@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .tasks.llm.defaults import DEFAULT_BATCH_SIZE as LLM_WARMUP_BATCH, DEFAULT_STEPS as LLM_WARMUP_STEPS
+from .tasks.llm.defaults import DEFAULT_THREADS as LLM_WARMUP_THREADS
 
 PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
 TASK_KINDS = ("control", "llm")
@@ -176,6 +177,9 @@ class TaskConfig:
                             "seeds RL only)")
     warmup_steps: int = _f(LLM_WARMUP_STEPS, "llm: supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none")
     warmup_batch_size: int = _f(LLM_WARMUP_BATCH, "llm: problems per supervised warm-up step")
+    warmup_threads: int = _f(LLM_WARMUP_THREADS, "llm: torch threads of the supervised warm-up, fixed so that the start model does not "
+                                "depend on the machine's cores or OMP_NUM_THREADS (float sums change order with the "
+                                "thread count and the warm-up amplifies it); 0: torch's default")
     warmup_target: float = _f(0.0, "llm: end the supervised warm-up early at the first check (every 100 steps from half of "
                                    "task.warmup_steps on) where its "
                                    "greedy accuracy on 200 validation problems (generated after the train split: in "
@@ -409,7 +413,7 @@ def _validate_task(cfg: Config) -> None:
                 "warmup_batch_size", "eval_batch_size"):
         if getattr(t, key) < 1:
             raise ConfigError(f"task.{key} must be >= 1, got {getattr(t, key)}")
-    for key in ("warmup_steps", "eval_size", "model_seed"):
+    for key in ("warmup_steps", "eval_size", "model_seed", "warmup_threads"):
         if getattr(t, key) < 0:
             raise ConfigError(f"task.{key} must be >= 0, got {getattr(t, key)}")
     if not 0 <= t.warmup_target <= 1:

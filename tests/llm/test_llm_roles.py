@@ -413,6 +413,32 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
         config.load(None, ["task.kind=llm", "task.warmup_target=1.5"])
 
 
+def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tmp_path):
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)   # as under OMP_NUM_THREADS=1, or a launcher that set a learner's threads
+    try:
+        base = [f"task.cache_dir={tmp_path}", "task.warmup_steps=2", "task.train_problems=20", "task.warmup_batch_size=4"]
+        task = make_task(_tiny_cfg(micro_dir, *base))
+        start = task.prepare_model(echo=lambda *_: None)
+        stamp = json.loads((start / llm_task.WARMUP_STAMP).read_text())
+        assert stamp["torch_threads"] == 2 and "threads" not in stamp["settings"] and torch.get_num_threads() == 1
+        # another thread count is another start model: its own directory and cache key
+        other = make_task(_tiny_cfg(micro_dir, *base, "task.warmup_threads=3"))
+        assert other.start_dir().name == start.name.replace("-b4", "-b4-th3")
+        assert json.loads((other.prepare_model(echo=lambda *_: None) / llm_task.WARMUP_STAMP).read_text())["torch_threads"] == 3
+        # a cache made (before task.warmup_threads) at another thread count is not taken for this one
+        stamp["torch_threads"] = 1
+        (start / llm_task.WARMUP_STAMP).write_text(json.dumps(stamp))
+        with pytest.raises(FileExistsError, match="was not warmed up with these settings"):
+            make_task(_tiny_cfg(micro_dir, *base)).prepare_model(echo=lambda *_: None)
+        assert make_task(_tiny_cfg(micro_dir, *base, "task.warmup_threads=0")).start_dir().name.endswith("-th0")
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ConfigError, match=r"^task.warmup_threads must be >= 0, got -1$"):
+        config.load(None, ["task.kind=llm", "task.warmup_threads=-1"])
+
+
 def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, monkeypatch, tmp_path):
     from asyncrl.tasks.llm.sampling import eval_completions
     texts = []

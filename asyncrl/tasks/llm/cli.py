@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, WARMUP_STAMP  # noqa: F401 (WARMUP_STAMP re-exported)
+from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_THREADS, WARMUP_STAMP  # noqa: F401 (WARMUP_STAMP re-exported)
 
 
 
@@ -72,7 +72,7 @@ def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
               help="Train for and evaluate with the calculator (no loss on the annotation results it writes).")
 @click.option("--max-seconds", type=float, default=None,
               help="Wall-clock budget of the training loop (stops early; deterministic only if --steps binds first).")
-@click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads (0: torch's default).")
+@click.option("--threads", type=int, default=DEFAULT_THREADS, show_default=True, help="torch CPU threads (0: torch's default).")
 def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, max_new_tokens, calculator,
            max_seconds, threads) -> None:
     """Supervised warm-up on generated problems, then greedy exact-match accuracy on the held-out split."""

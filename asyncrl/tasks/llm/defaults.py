@@ -4,5 +4,6 @@
 WARMUP_STAMP = "asyncrl-warmup.json"   # settings and measured figures of a warmed-up directory (its cache key)
 DEFAULT_STEPS = 1000  # seed 0: 23.2 % held-out (5.5 % at 500, 19 % at 750: copying arrives in a jump); docs/llm-warmup.md
 DEFAULT_BATCH_SIZE = 32
+DEFAULT_THREADS = 2   # torch threads of a warm-up: the result depends on it (docs/llm-rl.md, "a lottery between runs")
 DEFAULT_LR = 3e-3
 DEFAULT_WARMUP_STEPS = 30

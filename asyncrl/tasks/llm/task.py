@@ -28,7 +28,7 @@ import torch
 
 from ...rollout import RolloutStats
 from . import gsm
-from .defaults import DEFAULT_BATCH_SIZE
+from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_THREADS as WARMUP_THREADS
 from .spec import TokenSpec
 
 # nothing is fetched from a hub at run time (the roles are child processes: they inherit these)
@@ -221,7 +221,8 @@ class LLMTask:
             return base
         target = f"-t{t.warmup_target:g}" if t.warmup_target else ""
         batch = f"-b{t.warmup_batch_size}" if t.warmup_batch_size != DEFAULT_BATCH_SIZE else ""
-        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}{batch}{target}"
+        threads = f"-th{t.warmup_threads}" if t.warmup_threads != WARMUP_THREADS else ""
+        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}{batch}{threads}{target}"
 
     def prepare_model(self, echo: Callable[[str], None] = print) -> Path:
         """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when task.model is
@@ -241,10 +242,14 @@ class LLMTask:
                     "calculator_mask": True}
         if t.warmup_batch_size != DEFAULT_BATCH_SIZE:
             settings["batch_size"] = t.warmup_batch_size
+        if t.warmup_threads != WARMUP_THREADS:
+            settings["threads"] = t.warmup_threads
         if t.warmup_target:
             settings.update(target=t.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY)
         try:
-            if json.loads((start / WARMUP_STAMP).read_text())["settings"] == settings:
+            stamp = json.loads((start / WARMUP_STAMP).read_text())
+            # a cache made before task.warmup_threads existed ran at whatever torch had: it counts only if that matched
+            if stamp["settings"] == settings and (not t.warmup_threads or stamp["torch_threads"] == t.warmup_threads):
                 echo(f"llm: reused the warmed-up model {start}")
                 return start
         except (OSError, ValueError, KeyError, TypeError):
@@ -270,15 +275,22 @@ class LLMTask:
 
         echo(f"llm: warming up {self.base_dir()} for {t.warmup_steps} steps"
              f"{f' or until validation accuracy {t.warmup_target:g}' if t.warmup_target else ''} (supervised, cached in {start})")
-        result = w.warmup(loaded.model, loaded.tokenizer, train, steps=t.warmup_steps, seed=t.model_seed,
-                          calculator_mask=True, batch_size=t.warmup_batch_size, stop=reached if t.warmup_target else None,
-                          check_every=WARMUP_CHECK_EVERY)
+        threads = torch.get_num_threads()
+        if t.warmup_threads:
+            torch.set_num_threads(t.warmup_threads)
+        try:
+            result = w.warmup(loaded.model, loaded.tokenizer, train, steps=t.warmup_steps, seed=t.model_seed,
+                              calculator_mask=True, batch_size=t.warmup_batch_size, stop=reached if t.warmup_target else None,
+                              check_every=WARMUP_CHECK_EVERY)
+            warm_threads = torch.get_num_threads()
+        finally:
+            torch.set_num_threads(threads)
         tmp = start.with_name(f".{start.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         m.save(loaded.model, loaded.tokenizer, tmp)
         (tmp / WARMUP_STAMP).write_text(json.dumps({"settings": settings, "final_loss": result.final_loss,
                                                     "steps_taken": result.steps, "validation_checks": checks,
-                                                    "torch_threads": torch.get_num_threads(),
+                                                    "torch_threads": warm_threads,
                                                     "seconds": round(result.seconds, 2)}, indent=1) + "\n")
         os.replace(tmp, start)
         echo(f"llm: warm-up done in {result.seconds:.0f} s, {result.steps} steps (loss {result.final_loss:.3f})")

@@ -23,7 +23,7 @@ from torch import Tensor
 from . import gsm
 
 
-from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_WARMUP_STEPS, WARMUP_STAMP  # noqa: F401
+from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_THREADS, DEFAULT_WARMUP_STEPS, WARMUP_STAMP  # noqa: F401
 
 
 class WarmupResult(NamedTuple):
@@ -227,7 +227,7 @@ class WarmStart(NamedTuple):
 def warm_start(model_dir: str | Path, out_dir: str | Path, *, seed: int = 0, steps: int = DEFAULT_STEPS,
                batch_size: int = DEFAULT_BATCH_SIZE, lr: float = DEFAULT_LR, n_train: int = 20000,
                n_heldout: int = 500, max_new_tokens: int = 160, calculator: bool = True,
-               max_seconds: float | None = None, threads: int | None = 2,
+               max_seconds: float | None = None, threads: int | None = DEFAULT_THREADS,
                log: Callable[[int, float], None] | None = None) -> WarmStart:
     """Load a model directory, warm it up on the generated train split, score it greedily on the
     held-out split and save it (what ``asyncrl llm warmup`` runs).
