@@ -1,0 +1,140 @@
+"""The forward-lag study's figure and table (issue 11; VACO's LLM experiment, arXiv:2603.01365, Fig. 5
+at CPU scale): held-out accuracy after RL against the minibatches per batch N, and the share of tokens
+each preset leaves without gradient (grpo: clipped; vaco: filtered), from a study's results.json.
+
+    .venv/bin/python bench/llm_forward_lag_plot.py bench/results/studies/llm-forward-lag
+
+Writes DIR/plots/forward-lag.png and prints a markdown table: per (preset, N) the seeds' held-out
+accuracies, their IQM with the 95 % bootstrap CI (asyncrl.stats, as the study report), the mean
+paired gain over the start model, P(vaco > grpo) at each N, and the diagnostics' means over
+learner iterations. Cells of other conditions (async-2) appear as one more column, "async-2".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from asyncrl import stats
+from asyncrl.plots import _pyplot
+
+PRESETS = ("grpo", "vaco")
+
+
+def _n(cell: dict) -> str:
+    """The column of a cell: its algo.num_minibatches, or its lag condition when not "none"."""
+    if cell["condition"] != "none":
+        return cell["condition"]
+    for o in cell["overrides"]:
+        if o.startswith("algo.num_minibatches="):
+            return o.split("=", 1)[1]
+    return "1"
+
+
+def collect(results: dict) -> dict:
+    """{(preset, column): [cell, ...]} over the scored cells, seeds ascending."""
+    by: dict[tuple, list] = defaultdict(list)
+    for c in sorted(results["cells"], key=lambda c: c["seed"]):
+        if c.get("status") == "ok" and c.get("final_return") is not None and c["preset"] in PRESETS:
+            by[(c["preset"], _n(c))].append(c)
+    return by
+
+
+def _columns(by: dict) -> list[str]:
+    cols = {k[1] for k in by}
+    return sorted((c for c in cols if c.isdigit()), key=int) + sorted(c for c in cols if not c.isdigit())
+
+
+def _diag(cells: list, key: str) -> float | None:
+    xs = [c["diagnostics"][key]["mean"] for c in cells if c["diagnostics"].get(key, {}).get("mean") is not None]
+    return statistics.mean(xs) if xs else None
+
+
+def table(by: dict) -> str:
+    cols = _columns(by)
+    lines = ["| N (or condition) | grpo IQM [95% CI] | vaco IQM [95% CI] | P(vaco > grpo) [95% CI] | gain over start, grpo / vaco "
+             "(points, mean) | grpo clip fraction | vaco filtered fraction / fires | TV estimate grpo / vaco | "
+             "RL wall s (median) | seeds: grpo / vaco |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    pct = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}"   # noqa: E731
+    frac = lambda x: "n/a" if x is None else f"{x:.4f}"   # noqa: E731
+    for col in cols:
+        g, v = by.get(("grpo", col), []), by.get(("vaco", col), [])
+        iv = {}
+        for name, cells in (("grpo", g), ("vaco", v)):
+            iv[name] = stats.aggregate({"gsm": [c["final_return"] for c in cells]}, "iqm") if cells else None
+        poi = stats.probability_of_improvement({"gsm": [c["final_return"] for c in v]},
+                                               {"gsm": [c["final_return"] for c in g]}) if g and v else None
+        gain = [statistics.mean(c["accuracy_difference"] for c in cells) if cells else None for cells in (g, v)]
+        cells_iv = [f"{pct(i.value)} [{pct(i.low)}, {pct(i.high)}]" if i else "n/a" for i in (iv["grpo"], iv["vaco"])]
+        walls = [c["wall_time_s"] for c in g + v]
+        lines.append(
+            f"| {col} | {cells_iv[0]} | {cells_iv[1]} | "
+            f"{f'{poi.value:.2f} [{poi.low:.2f}, {poi.high:.2f}]' if poi else 'n/a'} | "
+            f"{pct(gain[0])} / {pct(gain[1])} | {frac(_diag(g, 'clip_fraction'))} | "
+            f"{frac(_diag(v, 'filtered_fraction'))} / {frac(_diag(v, 'filter_fire_rate'))} | "
+            f"{frac(_diag(g, 'tv_estimate'))} / {frac(_diag(v, 'tv_estimate'))} | "
+            f"{statistics.median(walls):.0f} | "
+            f"{' '.join(pct(c['final_return']) for c in g)} / {' '.join(pct(c['final_return']) for c in v)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(by: dict, out_path: Path) -> Path:
+    plt = _pyplot()
+    cols = _columns(by)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    starts = [c["initial_accuracy"] for cells in by.values() for c in cells if c.get("initial_accuracy") is not None]
+    for k, preset in enumerate(PRESETS):
+        xs, ys, lo, hi = [], [], [], []
+        for i, col in enumerate(cols):
+            cells = by.get((preset, col), [])
+            if not cells:
+                continue
+            acc = [100 * c["final_return"] for c in cells]
+            x = i + (k - 0.5) * 0.18
+            axes[0].scatter([x] * len(acc), acc, s=12, alpha=0.45, color=f"C{k}")
+            iv = stats.aggregate({"gsm": acc}, "iqm")
+            xs.append(x), ys.append(iv.value)
+            lo.append(iv.value - iv.low if iv.low == iv.low else 0), hi.append(iv.high - iv.value if iv.high == iv.high else 0)
+        axes[0].errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=f"C{k}", capsize=3, label=f"{preset}: IQM, 95% CI")
+        key, what = ("clip_fraction", "clipped") if preset == "grpo" else ("filtered_fraction", "filtered")
+        pts = [(i, _diag(by[(preset, col)], key)) for i, col in enumerate(cols) if by.get((preset, col))]
+        pts = [(i, y) for i, y in pts if y is not None]
+        axes[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{k}", label=f"{preset}: tokens {what}")
+    if starts:
+        axes[0].axhline(100 * statistics.median(starts), ls="--", color="grey", lw=1, label="start model (before RL)")
+    for ax in axes:
+        ax.set_xticks(range(len(cols)), [c if not c.isdigit() else f"N={c}" for c in cols])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out accuracy after RL (%)")
+    axes[0].set_title("accuracy after 3,840 completions")
+    axes[1].set_ylabel("share of tokens without gradient (mean over iterations)")
+    axes[1].set_yscale("symlog", linthresh=1e-4)
+    axes[1].set_ylim(bottom=0)
+    axes[1].set_title("grpo clip fraction vs vaco filtered fraction")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.suptitle("gsm-tiny forward-lag study: N minibatches per batch of 64 completions (serial), and async-2")
+    fig.tight_layout()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("study_dir", type=Path, help="the study's --out folder (holds results.json)")
+    args = ap.parse_args()
+    results = json.loads((args.study_dir / "results.json").read_text())
+    by = collect(results)
+    if not by:
+        raise SystemExit(f"no scored grpo or vaco cells in {args.study_dir / 'results.json'}")
+    print(table(by))
+    print(f"figure: {plot(by, args.study_dir / 'plots' / 'forward-lag.png')}")
+
+
+if __name__ == "__main__":
+    main()
