@@ -99,10 +99,11 @@ def plot(by: dict, out_path: Path) -> Path:
             xs.append(x), ys.append(iv.value)
             lo.append(iv.value - iv.low if iv.low == iv.low else 0), hi.append(iv.high - iv.value if iv.high == iv.high else 0)
         axes[0].errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=f"C{k}", capsize=3, label=f"{preset}: IQM, 95% CI")
-        key, what = ("clip_fraction", "clipped") if preset == "grpo" else ("filtered_fraction", "filtered")
+        key, what = (("clip_fraction", "tokens clipped") if preset == "grpo"
+                     else ("filtered_fraction", "tokens without gradient (band + TV filter)"))
         pts = [(i, _diag(by[(preset, col)], key)) for i, col in enumerate(cols) if by.get((preset, col))]
         pts = [(i, y) for i, y in pts if y is not None]
-        axes[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{k}", label=f"{preset}: tokens {what}")
+        axes[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{k}", label=f"{preset}: {what}")
     if starts:
         axes[0].axhline(100 * statistics.median(starts), ls="--", color="grey", lw=1, label="start model (before RL)")
     for ax in axes:
@@ -113,7 +114,7 @@ def plot(by: dict, out_path: Path) -> Path:
     axes[1].set_ylabel("share of tokens without gradient (mean over iterations)")
     axes[1].set_yscale("symlog", linthresh=1e-4)
     axes[1].set_ylim(bottom=0)
-    axes[1].set_title("grpo clip fraction vs vaco filtered fraction")
+    axes[1].set_title("grpo clip fraction vs vaco's tokens without gradient")
     for ax in axes:
         ax.legend(fontsize=8)
     fig.suptitle("gsm-tiny forward-lag study: N minibatches per batch of 64 completions (serial), and async-2")
