@@ -55,7 +55,7 @@ def _diag(cells: list, key: str) -> float | None:
 def table(by: dict) -> str:
     cols = _columns(by)
     lines = ["| N (or condition) | grpo IQM [95% CI] | vaco IQM [95% CI] | P(vaco > grpo) [95% CI] | gain over start, grpo / vaco "
-             "(points, mean) | grpo clip fraction | vaco filtered fraction / fires | TV estimate grpo / vaco | "
+             "(points, mean) | grpo clip fraction | vaco tokens without gradient / minibatches over δ | TV estimate grpo / vaco | "
              "RL wall s (median) | seeds: grpo / vaco |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     pct = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}"   # noqa: E731
