@@ -1,6 +1,7 @@
 """The forward-lag study's figure and table (issue 11; VACO's LLM experiment, arXiv:2603.01365, Fig. 5
 at CPU scale): held-out accuracy after RL against the minibatches per batch N, and the share of tokens
-each preset leaves without gradient (grpo: clipped; vaco: filtered), from a study's results.json.
+each preset leaves without gradient (grpo: clipped; vaco: band and filter), and the training reward against
+completions, from a study's results.json. (Held-out accuracy is measured before and after RL only.)
 
     .venv/bin/python bench/llm_forward_lag_plot.py bench/results/studies/llm-forward-lag
 
@@ -21,6 +22,7 @@ from asyncrl import stats
 from asyncrl.plots import _pyplot
 
 PRESETS = ("grpo", "vaco")
+SMOOTH = 10   # iterations of the training reward's running mean
 
 
 def _n(cell: dict) -> str:
@@ -84,7 +86,7 @@ def table(by: dict) -> str:
 def plot(by: dict, out_path: Path) -> Path:
     plt = _pyplot()
     cols = _columns(by)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
     starts = [c["initial_accuracy"] for cells in by.values() for c in cells if c.get("initial_accuracy") is not None]
     for k, preset in enumerate(PRESETS):
         xs, ys, lo, hi = [], [], [], []
@@ -104,10 +106,25 @@ def plot(by: dict, out_path: Path) -> Path:
         pts = [(i, _diag(by[(preset, col)], key)) for i, col in enumerate(cols) if by.get((preset, col))]
         pts = [(i, y) for i, y in pts if y is not None]
         axes[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{k}", label=f"{preset}: {what}")
+    for i, col in enumerate(cols):   # the training reward: one batch's mean, smoothed, averaged over seeds
+        for k, preset in enumerate(PRESETS):
+            curves = [[p[2] for p in c["curve"] if p[2] is not None] for c in by.get((preset, col), [])]
+            steps = [[p[0] for p in c["curve"] if p[2] is not None] for c in by.get((preset, col), [])]
+            if not curves or len({len(x) for x in curves}) != 1:
+                continue
+            mean = [statistics.mean(v) for v in zip(*curves)]
+            w = SMOOTH
+            smooth = [statistics.mean(mean[max(0, j - w + 1):j + 1]) for j in range(len(mean))]
+            axes[2].plot(steps[0], smooth, ls="-" if preset == "grpo" else "--", color=f"C{i + 2}",
+                         label=f"{preset} {col if not col.isdigit() else 'N=' + col}")
+    axes[2].set_xlabel("completions (env steps)")
+    axes[2].set_ylabel(f"training reward (batch mean, {SMOOTH}-iteration running mean)")
+    axes[2].set_title("reward on the train prompts, mean over seeds")
     if starts:
         axes[0].axhline(100 * statistics.median(starts), ls="--", color="grey", lw=1, label="start model (before RL)")
-    for ax in axes:
+    for ax in axes[:2]:
         ax.set_xticks(range(len(cols)), [c if not c.isdigit() else f"N={c}" for c in cols])
+    for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out accuracy after RL (%)")
     axes[0].set_title("accuracy after 3,840 completions")
@@ -116,7 +133,7 @@ def plot(by: dict, out_path: Path) -> Path:
     axes[1].set_ylim(bottom=0)
     axes[1].set_title("grpo clip fraction vs vaco's tokens without gradient")
     for ax in axes:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle("gsm-tiny forward-lag study: N minibatches per batch of 64 completions (serial), and async-2")
     fig.tight_layout()
     out_path.parent.mkdir(parents=True, exist_ok=True)
