@@ -212,9 +212,9 @@ class Consumer:
         return {**_copied(self.state.state_dict()), "consumer": own, "extra": _copied(extra)}
 
     def end_iteration(self, extra: dict | None = None) -> None:
-        """Call between iterations (after the weights went out): keeps a snapshot, the state an
-        interrupted run is checkpointed with, and writes it every learner.checkpoint_every
-        iterations. Raises NonFiniteError (nothing written) for non-finite values."""
+        """Call between iterations (the learner role calls it before it publishes the new weights):
+        keeps a snapshot, the state an interrupted run is checkpointed with, and writes it every
+        learner.checkpoint_every iterations. Raises NonFiniteError (nothing written) for non-finite values."""
         self.boundary = self.snapshot(extra)
         every = self.cfg.learner.checkpoint_every
         if every and self.state.iteration % every == 0 and self.state.iteration != self._saved_iteration:
