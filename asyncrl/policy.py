@@ -101,7 +101,11 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> PolicyOutput:
         """obs [N, D] raw -> (action distribution over [N], values [N])."""
-        x = self.normalize(obs)
+        return self.heads(self.normalize(obs))
+
+    def heads(self, x: torch.Tensor) -> PolicyOutput:
+        """x [N, D] already normalised (:meth:`normalize`) -> (action distribution over [N], values [N]).
+        The learner normalises a batch once per iteration and runs its minibatches through this."""
         return PolicyOutput(self.distribution(x), self.v(x).squeeze(-1).float())
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 from .config import Config
 from .device import check_device, forward_context, to_device
 from .metrics import RunDirError, write_atomic
+from .optim import GuardedAdam  # noqa: F401  (asyncrl.state.GuardedAdam, as before)
 from .policy import RunningMeanStd
 from .spec import SlotSpec
 from .tasks import make_task
@@ -23,25 +24,6 @@ from .tasks import make_task
 class NonFiniteError(RuntimeError):
     """The learner's numbers went non-finite: too many optimizer steps in a row skipped for a
     non-finite loss or gradient, or weights / statistics that would be published or checkpointed."""
-
-
-class GuardedAdam(torch.optim.Adam):
-    """Adam that skips a step whose gradients are not all finite (a NaN or inf loss, an overflow),
-    leaving parameters and moments untouched; ``skipped`` counts skipped steps, ``consecutive``
-    the current run of them (reset by the next good step)."""
-
-    def __init__(self, params, **kwargs):
-        super().__init__(params, **kwargs)
-        self.skipped = self.consecutive = 0
-
-    def step(self, closure=None):
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):
-            self.skipped += 1
-            self.consecutive += 1
-            return None
-        self.consecutive = 0
-        return super().step(closure)
 
 
 def nonfinite_entries(tree: Any, prefix: str = "") -> list[tuple[str, int]]:

@@ -19,6 +19,7 @@ import torch
 
 from .algo import losses
 from .algo.returns import gae, next_state_values, vtrace
+from .optim import GuardedAdam
 from .policy import ActorCritic
 
 VTRACE_PRESETS = ("vaco", "vaco_paper", "vaco_no_filter", "impala")
@@ -30,8 +31,9 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor], fwd: Callable[[], ContextManager]):
-    """log π(a|s) [T, N], V(s_t) [T+1, N], V(final_obs) [T, N] (only where truncated); float32,
-    the forwards run in ``fwd()`` (bf16 autocast or none)."""
+    """log π(a|s) [T, N], V(s_t) [T+1, N], V(final_obs) [T, N] (only where truncated), float32, and
+    the normalised observations x [T * N, D] of obs[:-1] (time-major; the minibatches' input: the
+    statistics are fixed within an iteration); the forwards run in ``fwd()`` (bf16 autocast or none)."""
     obs, actions, truncated = batch["obs"], batch["actions"], batch["truncated"]
     T, N = actions.shape[:2]
     with fwd():
@@ -43,13 +45,13 @@ def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor], fwd: Callable
         idx = truncated.nonzero(as_tuple=True)
         with fwd():
             final_values[idx] = policy.value(batch["final_obs"][idx]).float()
-    return log_prob, values, final_values
+    return log_prob, values, final_values, x[: T * N]
 
 
-def _forward(policy: ActorCritic, obs: torch.Tensor, actions: torch.Tensor, fwd: Callable[[], ContextManager]):
-    """(policy output, log π(a|s) [N] float32, V(s) [N] float32) of raw obs [N, D], in ``fwd()``."""
+def _forward(policy: ActorCritic, x: torch.Tensor, actions: torch.Tensor, fwd: Callable[[], ContextManager]):
+    """(policy output, log π(a|s) [N] float32, V(s) [N] float32) of normalised obs x [N, D], in ``fwd()``."""
     with fwd():
-        out = policy(obs)
+        out = policy.heads(x)
         log_prob = out.dist.log_prob(actions)
     return out, log_prob.float(), out.values.float()
 
@@ -101,12 +103,42 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
     raise ValueError(f"unknown preset {p!r}")
 
 
-def optimizer_step(policy, optimizer, loss, max_grad_norm) -> float:
-    optimizer.zero_grad(set_to_none=True)
+def optimizer_step(optimizer, loss, max_grad_norm) -> torch.Tensor:
+    """Backward, clip the global norm of the optimizer's parameters' gradient at ``max_grad_norm``,
+    step: returns the norm before clipping (0-dim tensor). A :class:`asyncrl.optim.GuardedAdam` is
+    given that norm and skips the step when it is not finite."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for p in params:   # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
+        p.grad = None
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-    optimizer.step()
-    return float(grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if isinstance(optimizer, GuardedAdam):
+        optimizer.step(grad_norm=grad_norm)
+    else:
+        optimizer.step()
+    return grad_norm.detach()
+
+
+def step_record(step: int, pl: losses.PolicyLoss, grad_norm: torch.Tensor, **extra) -> dict[str, Any]:
+    """One optimizer step's diagnostics, kept as 0-dim tensors (no device sync per step); the
+    iteration converts them all at once (:func:`scalar_steps`)."""
+    return {"step": step, "policy_loss": pl.loss.detach(), "approx_kl": pl.approx_kl, "tv_estimate": pl.tv_estimate,
+            "filtered_fraction": pl.filtered_fraction, "clip_fraction": pl.clip_fraction, "grad_norm": grad_norm,
+            **extra}
+
+
+def scalar_steps(steps: list[dict]) -> list[dict]:
+    """The step records with every 0-dim tensor as a Python float, one stack and transfer per key."""
+    if not steps:
+        return steps
+    columns = {}
+    for k in steps[0]:
+        vals = [s[k] for s in steps]
+        if all(isinstance(v, torch.Tensor) for v in vals):
+            columns[k] = torch.stack([v.float() for v in vals]).cpu().tolist()
+        else:
+            columns[k] = vals if k == "step" else [float(v) for v in vals]
+    return [{k: columns[k][i] for k in columns} for i in range(len(steps))]
 
 
 def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
@@ -137,7 +169,7 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         per optimizer step [step, tv_estimate, filtered_fraction, clip_fraction] (forward lag).
     """
     fwd = forward_context
-    target_log_prob, values, final_values = _evaluate(policy, batch, fwd)
+    target_log_prob, values, final_values, x = _evaluate(policy, batch, fwd)
     log_rho = target_log_prob - batch["behavior_log_prob"]
     rho = log_rho.clamp(-20, 20).exp()
     kw = dict(batch=batch, values=values, final_values=final_values, gamma=cfg.gamma,
@@ -150,7 +182,7 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         stale = None
         if version is not None and "behavior_version" in batch:
             stale = (batch["behavior_version"] < version).reshape(-1)
-        steps = _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale, fwd)
+        steps = _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd)
     stats = step_means(steps)
     stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
@@ -176,56 +208,80 @@ def normalize_advantages(a: torch.Tensor, on: bool) -> torch.Tensor:
     return (a - a.mean()) / (a.std() + 1e-8) if on and a.numel() > 1 else a
 
 
-def _surrogate_steps(policy, optimizer, batch, cfg, generator, adv, targets, target_log_prob, stale=None,
+def _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale=None,
                      fwd=contextlib.nullcontext):
+    """The iteration's num_epochs x num_minibatches optimizer steps; their records as floats."""
     T, N = batch["rewards"].shape
-    flat = {"obs": _flat(batch["obs"][:-1]), "actions": _flat(batch["actions"]),
+    flat = {"x": x, "actions": _flat(batch["actions"]),
             "behavior_log_prob": batch["behavior_log_prob"].reshape(-1),
             "target_log_prob": target_log_prob.reshape(-1), "adv": adv.reshape(-1), "targets": targets.reshape(-1)}
+    if stale is not None:
+        flat["stale"] = stale
     size = T * N
     mb = size // cfg.num_minibatches
-    steps = []
+    steps, filter_rows = [], []
     device = flat["adv"].device
     # hysteresis: has a minibatch of this iteration been over δ
     fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(cfg.num_epochs):
         perm = torch.randperm(size, generator=generator).to(device)   # CPU generator: the same shuffles everywhere
+        shuffled = {k: v[perm] for k, v in flat.items()}   # one gather per epoch; minibatches are slices of it
         for k in range(cfg.num_minibatches):
-            idx = perm[k * mb:(k + 1) * mb]
-            a = normalize_advantages(flat["adv"][idx], cfg.normalize_advantages)
-            out, log_prob, values = _forward(policy, flat["obs"][idx], flat["actions"][idx], fwd)
-            pl = policy_loss(cfg, log_prob=log_prob, behavior_log_prob=flat["behavior_log_prob"][idx],
-                              target_log_prob=flat["target_log_prob"][idx], adv=a,
+            m = {key: v[k * mb:(k + 1) * mb] for key, v in shuffled.items()}
+            a = normalize_advantages(m["adv"], cfg.normalize_advantages)
+            out, log_prob, values = _forward(policy, m["x"], m["actions"], fwd)
+            pl = policy_loss(cfg, log_prob=log_prob, behavior_log_prob=m["behavior_log_prob"],
+                              target_log_prob=m["target_log_prob"], adv=a,
                               force=fired if cfg.tv_filter_trigger == "iteration" else False)
-            step = _finish_step(policy, optimizer, cfg, pl, out, values, flat["targets"][idx], len(steps))
+            steps.append(_finish_step(optimizer, cfg, pl, out, values, m["targets"], len(steps)))
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
-                step.update(filter_split(pl, stale, idx))
-            steps.append(step)
+                filter_rows.append((pl.filter_fired, pl.keep_mask, m.get("stale")))
+    steps = scalar_steps(steps)
+    if filter_rows:   # what the filter removed, for all steps at once
+        fired_s, keep_s, stale_s = zip(*filter_rows)
+        split = filter_split(torch.stack(fired_s), torch.stack(keep_s),
+                             None if stale is None else torch.stack(stale_s))
+        for key, v in split.items():
+            for step, value in zip(steps, v.cpu().tolist()):
+                step[key] = value
     return steps
 
 
-def filter_split(pl, stale, idx) -> dict[str, float]:
-    """How often the filter fired, and what it removed from stale and from fresh samples."""
-    out = {"filter_fire_rate": float(pl.filter_fired)}
+def filter_split(fired: torch.Tensor, keep: torch.Tensor, stale: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """How often the filter fired (0 or 1), and the fraction it removed from stale and from fresh
+    samples (NaN where a minibatch has none), per minibatch.
+
+    Args:
+        fired: [...] bool, whether the filter fired (PolicyLoss.filter_fired).
+        keep: [..., M] bool, the samples that kept their gradient (PolicyLoss.keep_mask).
+        stale: [..., M] bool (behaviour version older than the learner's), or None.
+
+    Returns:
+        float32 tensors of shape [...]: filter_fire_rate, and with ``stale`` filtered_fraction_stale
+        and filtered_fraction_fresh.
+    """
+    out = {"filter_fire_rate": fired.to(torch.float32)}
     if stale is None:
         return out
-    keep, s = pl.keep_mask, stale[idx]
-    nan = float("nan")
-    out["filtered_fraction_stale"] = float((~keep[s]).float().mean()) if s.any() else nan
-    out["filtered_fraction_fresh"] = float((~keep[~s]).float().mean()) if (~s).any() else nan
+    removed = ~keep
+    n_stale = stale.sum(-1).to(torch.float32)
+    out["filtered_fraction_stale"] = (removed & stale).sum(-1).to(torch.float32) / n_stale
+    out["filtered_fraction_fresh"] = (removed & ~stale).sum(-1).to(torch.float32) / (stale.shape[-1] - n_stale)
     return out
 
 
-def _finish_step(policy, optimizer, cfg, pl, out, values, targets, step):
+def _finish_step(optimizer, cfg, pl, out, values, targets, step):
     vl = losses.value_loss(values=values, targets=targets)
-    entropy = out.dist.entropy().mean()
-    loss = pl.loss + cfg.value_coef * vl - cfg.entropy_coef * entropy
-    grad_norm = optimizer_step(policy, optimizer, loss, cfg.max_grad_norm)
-    return {"step": step, "policy_loss": pl.loss.item(), "value_loss": vl.item(), "entropy": entropy.item(),
-            "approx_kl": float(pl.approx_kl), "tv_estimate": float(pl.tv_estimate),
-            "filtered_fraction": float(pl.filtered_fraction), "clip_fraction": float(pl.clip_fraction),
-            "grad_norm": grad_norm}
+    loss = pl.loss + cfg.value_coef * vl
+    if cfg.entropy_coef:   # with 0 the entropy is only reported: no term (and no backward) for it
+        entropy = out.dist.entropy().mean()
+        loss = loss - cfg.entropy_coef * entropy
+    else:
+        with torch.no_grad():
+            entropy = out.dist.entropy().mean()
+    grad_norm = optimizer_step(optimizer, loss, cfg.max_grad_norm)
+    return step_record(step, pl, grad_norm, value_loss=vl.detach(), entropy=entropy.detach())
 
 
 def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
@@ -237,11 +293,11 @@ def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
     device = batch["rewards"].device
     for cols in torch.randperm(N, generator=generator).to(device).chunk(groups):
         sub = {k: v[:, cols] for k, v in batch.items()}
-        target_log_prob, values, final_values = _evaluate(policy, sub, fwd)
+        target_log_prob, values, final_values, x = _evaluate(policy, sub, fwd)
         sub_kw = dict(kw, batch=sub, values=values, final_values=final_values)
         pg_adv, vs = advantages(preset="impala", target_log_prob=target_log_prob, **sub_kw)
-        out, log_prob, new_values = _forward(policy, _flat(sub["obs"][:-1]), _flat(sub["actions"]), fwd)
+        out, log_prob, new_values = _forward(policy, x, _flat(sub["actions"]), fwd)
         pl = losses.impala_policy_loss(log_prob=log_prob, behavior_log_prob=sub["behavior_log_prob"].reshape(-1),
                                        pg_advantages=pg_adv.reshape(-1), rho_bar=cfg.rho_bar)
-        steps.append(_finish_step(policy, optimizer, cfg, pl, out, new_values, vs.reshape(-1), len(steps)))
-    return steps
+        steps.append(_finish_step(optimizer, cfg, pl, out, new_values, vs.reshape(-1), len(steps)))
+    return scalar_steps(steps)

@@ -152,7 +152,8 @@ def test_bf16_forward_keeps_losses_and_weights_float32():
     state, batch = _state_and_batch("learner.precision=bf16")
     fwd = state.forward_context
     with torch.no_grad():
-        out, log_prob, values = update._forward(state.policy, batch["obs"][0], batch["actions"][0], fwd)
+        x = state.policy.normalize(batch["obs"][0])
+        out, log_prob, values = update._forward(state.policy, x, batch["actions"][0], fwd)
         with fwd():
             assert state.policy.pi(batch["obs"][0]).dtype == torch.bfloat16   # the matrix products ran in bf16
     assert log_prob.dtype == values.dtype == torch.float32

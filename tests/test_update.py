@@ -43,3 +43,105 @@ def test_preset_iteration(preset, env_id):
     steps = 4 * 2 if preset != "impala" else 4          # impala: one epoch
     assert [m[0] for m in stats["minibatches"]] == list(range(steps))
     env.close()
+
+
+def _reference_iteration(policy, optimizer, batch, cfg, generator):
+    """The learner iteration written the plain way (a gather per minibatch, policy(obs), zero_grad,
+    clip_grad_norm_, step): asyncrl.update must train exactly as this does, bit for bit."""
+    from asyncrl.algo import losses
+    from asyncrl.update import advantages, normalize_advantages, policy_loss
+    T, N = batch["rewards"].shape
+    with torch.no_grad():
+        out = policy(batch["obs"].reshape((T + 1) * N, -1))
+        values = out.values.view(T + 1, N)
+        target = policy(batch["obs"][:-1].reshape(T * N, -1)).dist.log_prob(batch["actions"].reshape(T * N, -1)).view(T, N)
+        final = torch.zeros(T, N)
+        idx = batch["truncated"].nonzero(as_tuple=True)
+        if len(idx[0]):
+            final[idx] = policy.value(batch["final_obs"][idx])
+    adv, targets = advantages(preset=cfg.preset, batch=batch, target_log_prob=target, values=values,
+                              final_values=final, gamma=cfg.gamma, lam=cfg.gae_lambda, rho_bar=cfg.rho_bar,
+                              c_bar=cfg.c_bar, traces=cfg.traces)
+    flat = {"obs": batch["obs"][:-1].reshape(T * N, -1), "actions": batch["actions"].reshape(T * N, -1),
+            "beta": batch["behavior_log_prob"].reshape(-1), "target": target.reshape(-1),
+            "adv": adv.reshape(-1), "targets": targets.reshape(-1)}
+    mb = T * N // cfg.num_minibatches
+    losses_seen = []
+    for _ in range(cfg.num_epochs):
+        perm = torch.randperm(T * N, generator=generator)
+        for k in range(cfg.num_minibatches):
+            i = perm[k * mb:(k + 1) * mb]
+            out = policy(flat["obs"][i])
+            pl = policy_loss(cfg, log_prob=out.dist.log_prob(flat["actions"][i]), behavior_log_prob=flat["beta"][i],
+                             target_log_prob=flat["target"][i], adv=normalize_advantages(flat["adv"][i], True))
+            loss = (pl.loss + cfg.value_coef * losses.value_loss(values=out.values, targets=flat["targets"][i])
+                    - cfg.entropy_coef * out.dist.entropy().mean())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            losses_seen.append(pl.loss.item())
+    return losses_seen
+
+
+@pytest.mark.parametrize("preset", ["vaco", "vaco_paper", "ppo", "vaco_no_filter"])
+def test_iteration_trains_exactly_as_the_plain_loop(preset):
+    """The learner's shortcuts (observations normalised once, one gather per epoch, diagnostics
+    converted once per iteration, no entropy term at entropy_coef 0) change no bit of training."""
+    import copy
+
+    from asyncrl.update import learner_iteration
+    cfg = config.load(None, [f"algo.preset={preset}", "env.num_envs=4", "env.rollout_length=16",
+                             "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=4",
+                             "algo.num_epochs=2", "env.id=HalfCheetah-v5"])
+    env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
+    env.reset()
+    state = LearnerState(cfg, env.spec(cfg.env.rollout_length))
+    with torch.no_grad():   # non-trivial observation statistics, as after a few iterations
+        state.policy.obs_mean.normal_(0, 0.5)
+        state.policy.obs_var.uniform_(0.5, 2.0)
+    batch = _batch(state, env)
+    batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.3 * torch.randn_like(batch["behavior_log_prob"])   # lag
+    ref_policy = copy.deepcopy(state.policy)
+    ref_opt = type(state.optimizer)(ref_policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
+    gen = torch.Generator().manual_seed(3)
+    stats = learner_iteration(state.policy, state.optimizer, batch, cfg=cfg.algo, generator=gen, version=1)
+    seen = _reference_iteration(ref_policy, ref_opt, batch, cfg.algo, torch.Generator().manual_seed(3))
+    for a, b in zip(state.policy.parameters(), ref_policy.parameters()):
+        assert torch.equal(a, b)
+    assert stats["policy_loss"] == pytest.approx(sum(seen) / len(seen), rel=1e-6)
+    env.close()
+
+
+def test_filter_split_per_minibatch_and_stacked_agree():
+    from asyncrl.update import filter_split
+    g = torch.Generator().manual_seed(0)
+    keep = torch.rand(5, 64, generator=g) > 0.3
+    stale = torch.rand(5, 64, generator=g) > 0.5
+    stale[2] = False                      # a minibatch without stale samples: NaN, not 0
+    fired = torch.tensor([True, False, True, True, False])
+    stacked = filter_split(fired, keep, stale)
+    for i in range(5):
+        row = filter_split(fired[i], keep[i], stale[i])
+        for k, v in row.items():
+            assert torch.equal(v, stacked[k][i]) or (v.isnan() and stacked[k][i].isnan()), k
+        s = stale[i]
+        want = (~keep[i][s]).float().mean() if s.any() else torch.tensor(float("nan"))
+        assert torch.allclose(row["filtered_fraction_stale"], want, equal_nan=True)
+        assert row["filtered_fraction_fresh"] == pytest.approx(float((~keep[i][~s]).float().mean()))
+    assert math.isnan(stacked["filtered_fraction_stale"][2])
+    assert stacked["filter_fire_rate"].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert set(filter_split(fired, keep, None)) == {"filter_fire_rate"}
+
+
+def test_optimizer_step_returns_the_norm_before_clipping_and_skips_a_nonfinite_one():
+    from asyncrl.optim import GuardedAdam
+    from asyncrl.update import optimizer_step
+    w = torch.nn.Parameter(torch.zeros(4))
+    opt = GuardedAdam([w], lr=0.1)
+    norm = optimizer_step(opt, (w * torch.tensor([3.0, 4.0, 0.0, 0.0])).sum(), 0.5)
+    assert float(norm) == pytest.approx(5.0) and opt.skipped == 0 and not torch.equal(w.detach(), torch.zeros(4))
+    before = w.detach().clone()
+    norm = optimizer_step(opt, (w * torch.tensor([float("inf"), 1.0, 0.0, 0.0])).sum(), 0.5)
+    assert not math.isfinite(float(norm)) and (opt.skipped, opt.consecutive) == (1, 1)
+    assert torch.equal(w.detach(), before)

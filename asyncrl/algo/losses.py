@@ -29,12 +29,15 @@ class TVFilter(NamedTuple):
     keep_mask: [N] bool, True for samples whose gradient is kept.
     tv_estimate: 0-dim, 0.5 mean |r - 1| (unitless, in [0, inf), estimates E_s TV in [0, 1]).
     filtered_fraction: 0-dim, fraction of the N samples with keep_mask False.
+    fired: 0-dim bool, the sign rule was applied.
+    deviation: [N] r - 1 with r = exp(clamp(log_ratio, -20, 20)) (unitless, no gradient).
     """
 
     keep_mask: Tensor
     tv_estimate: Tensor
     filtered_fraction: Tensor
     fired: Tensor | None = None   # 0-dim bool: the sign rule was applied (over δ, or forced)
+    deviation: Tensor | None = None   # [N] r - 1 (no gradient)
 
 
 class PolicyLoss(NamedTuple):
@@ -73,8 +76,13 @@ def tv_estimate(log_ratio: Tensor) -> Tensor:
     Paper: VACO, arXiv:2603.01365 (Component 2 of VACO.md).
     """
     checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio)
-    ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return 0.5 * torch.mean(torch.abs(ratio - 1.0))
+    return _deviation_tv(log_ratio)[1]
+
+
+def _deviation_tv(log_ratio: Tensor) -> tuple[Tensor, Tensor]:
+    """(r - 1 [N], 0.5 mean |r - 1|) with r = exp(clamp(log_ratio, -20, 20))."""
+    deviation = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - 1.0
+    return deviation, 0.5 * torch.mean(torch.abs(deviation))
 
 
 def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min_deviation: float = 0.0,
@@ -115,17 +123,17 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
     min_deviation = checks.scalar("min_deviation", min_deviation, low=0.0)
     ratio_cap = checks.scalar("ratio_cap", ratio_cap, low=0.0, low_open=True, allow_inf=True)
     with torch.no_grad():
-        tv = tv_estimate(log_ratio)
-        ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        deviation, tv = _deviation_tv(log_ratio)
         fired = (tv > tv_threshold) | torch.as_tensor(force, device=tv.device)
         # "or" with the 0-dim comparison instead of a Python `if`: stays on device, no host sync.
-        keep = (advantages * (ratio - 1.0) <= 0) | ~fired
+        inward = advantages * deviation <= 0   # a step on the sample would not grow |r - 1|
+        keep = inward | ~fired
         if ratio_cap < math.inf:
-            keep = keep & ((advantages * (ratio - 1.0) <= 0) | ((ratio - 1.0).abs() <= ratio_cap))
+            keep = keep & (inward | (deviation.abs() <= ratio_cap))
         if min_deviation > 0:
-            keep = keep | ((ratio - 1.0).abs() <= min_deviation)
+            keep = keep | (deviation.abs() <= min_deviation)
         filtered_fraction = 1.0 - keep.to(log_ratio.dtype).mean()
-    return TVFilter(keep, tv, filtered_fraction, fired)
+    return TVFilter(keep, tv, filtered_fraction, fired, deviation)
 
 
 def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
@@ -202,8 +210,11 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         with torch.no_grad():
             reference = {"full": (log_prob, behavior_log_prob), "backward": (anchor, behavior_log_prob),
                          "forward": (log_prob, anchor)}[band_ratio]
-            r = torch.exp(_log_ratio(reference[0].detach(), reference[1]))
-            keep = keep & ((advantages.detach() * (r - 1.0) <= 0) | ((r - 1.0).abs() <= band))
+            if reference[0] is log_prob and reference[1] is anchor:   # the filter's own ratio π_θ/anchor
+                deviation = filt.deviation
+            else:
+                deviation = torch.exp(_log_ratio(reference[0].detach(), reference[1])) - 1.0
+            keep = keep & ((advantages.detach() * deviation <= 0) | (deviation.abs() <= band))
             filtered = 1.0 - keep.to(log_ratio.dtype).mean()
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()
     return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filtered, fired=filt.fired)._replace(keep_mask=keep)

@@ -88,7 +88,9 @@ def _fire_sequence(trigger):
         lp = policy.distribution(policy.normalize(obs[:-1, 0])).log_prob(actions[:, 0]).view(n, 1)
     batch = {"obs": obs, "actions": actions, "behavior_log_prob": lp, "rewards": torch.randn(n, 1, generator=g)}
     adv = torch.randn(n, 1, generator=g)
-    steps = _surrogate_steps(policy, opt, batch, cfg.algo, torch.Generator().manual_seed(2), adv, adv, lp,
+    with torch.no_grad():
+        x = policy.normalize(obs[:-1, 0])
+    steps = _surrogate_steps(policy, opt, batch, x, cfg.algo, torch.Generator().manual_seed(2), adv, adv, lp,
                              stale=torch.zeros(n, dtype=torch.bool))
     return [s["filter_fire_rate"] for s in steps], steps
 

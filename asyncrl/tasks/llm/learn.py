@@ -35,7 +35,8 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from ...update import filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, step_means
+from ...update import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps,
+                       step_means, step_record)
 from . import grpo
 from .sampling import completion_log_probs
 
@@ -183,15 +184,14 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
             if ref is not None:
                 penalty, kl["kl_ref"] = _kl_penalty(tb.log_prob, ref[idx][m], m, task=task, max_len=cmask.shape[1])
                 loss = loss + task.kl_coef * penalty
-            grad_norm = optimizer_step(model, optimizer, loss, algo.max_grad_norm)
-            step = {"step": len(steps), "policy_loss": pl.loss.item(), "approx_kl": float(pl.approx_kl),
-                    "tv_estimate": float(pl.tv_estimate), "filtered_fraction": float(pl.filtered_fraction),
-                    "clip_fraction": float(pl.clip_fraction), "grad_norm": grad_norm, **kl}
+            grad_norm = optimizer_step(optimizer, loss, algo.max_grad_norm)
+            step = step_record(len(steps), pl, grad_norm, **kl)
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
                 stale = None if stale_rows is None else stale_rows[idx][:, None].expand_as(m)[m]
-                step.update(filter_split(pl, stale, torch.arange(int(m.sum()), device=device)))
+                step.update(filter_split(pl.filter_fired, pl.keep_mask, stale))
             steps.append(step)
+    steps = scalar_steps(steps)
     stats = step_means(steps) if steps else dict.fromkeys(_STEP_KEYS, float("nan"))
     stats.update(realign_stats)
     log_rho = (target - behavior)[pmask & known[:, None]]   # the rows that trained (or all, with realign)
