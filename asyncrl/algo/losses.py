@@ -208,12 +208,12 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
     band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
     if band < math.inf:
         with torch.no_grad():
-            reference = {"full": (log_prob, behavior_log_prob), "backward": (anchor, behavior_log_prob),
-                         "forward": (log_prob, anchor)}[band_ratio]
-            if reference[0] is log_prob and reference[1] is anchor:   # the filter's own ratio π_θ/anchor
+            if band_ratio == "backward":
+                deviation = torch.exp(_log_ratio(anchor.detach(), behavior_log_prob)) - 1.0
+            elif band_ratio == "full" and anchor_log_prob is not None:
+                deviation = torch.exp(_log_ratio(log_prob.detach(), behavior_log_prob)) - 1.0
+            else:   # π_θ/anchor ("forward", or "full" with the β anchor): the filter's own r - 1
                 deviation = filt.deviation
-            else:
-                deviation = torch.exp(_log_ratio(reference[0].detach(), reference[1])) - 1.0
             keep = keep & ((advantages.detach() * deviation <= 0) | (deviation.abs() <= band))
             filtered = 1.0 - keep.to(log_ratio.dtype).mean()
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()
