@@ -42,6 +42,7 @@ RATIO_ANCHORS = ("behavior", "learning")
 FILTER_TRIGGERS = ("minibatch", "iteration")
 BAND_RATIOS = ("full", "backward", "forward")
 TRACES = ("vtrace", "uncorrected")
+VALUE_TARGETS = ("auto", "vtrace", "lambda_returns")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
 PRECISIONS = ("fp32", "bf16")
 DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")   # learner.device, actor.device
@@ -85,6 +86,7 @@ class AlgoConfig:
     rho_bar: float = _f(1.0, "V-trace clip of the importance weight in the value targets")
     c_bar: float = _f(1.0, "V-trace clip of the trace coefficients")
     traces: str = _f("uncorrected", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)")
+    value_targets: str = _f("auto", "critic regression target: auto (the preset's: V-trace's vs where the advantages are realigned, GAE's lambda-returns otherwise), vtrace or lambda_returns (any preset but impala)")
     tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient")
     ratio_anchor: str = _f("learning", "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading)")
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")
@@ -306,6 +308,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.ratio_anchor must be one of {RATIO_ANCHORS}, got {a.ratio_anchor!r}")
     if a.traces not in TRACES:
         raise ConfigError(f"algo.traces must be one of {TRACES}, got {a.traces!r}")
+    if a.value_targets not in VALUE_TARGETS:
+        raise ConfigError(f"algo.value_targets must be one of {VALUE_TARGETS}, got {a.value_targets!r}")
+    if a.value_targets != "auto" and a.preset == "impala":
+        raise ConfigError("algo.value_targets must be auto for impala (it recomputes V-trace targets every step)")
     if a.tv_filter_trigger not in FILTER_TRIGGERS:
         raise ConfigError(f"algo.tv_filter_trigger must be one of {FILTER_TRIGGERS}, got {a.tv_filter_trigger!r}")
     if not 0.0 <= a.tv_filter_min_deviation < float("inf"):

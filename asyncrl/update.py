@@ -56,21 +56,34 @@ def _forward(policy: ActorCritic, x: torch.Tensor, actions: torch.Tensor, fwd: C
     return out, log_prob.float(), out.values.float()
 
 
-def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar, traces):
-    """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring."""
+def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar, traces,
+               value_targets: str = "auto"):
+    """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring.
+
+    ``value_targets`` picks the critic's target apart from the advantages: "auto" takes the one of
+    the advantages' estimator (V-trace's vs where they are realigned, GAE's λ-returns otherwise);
+    "vtrace" or "lambda_returns" name one (issue 8: which of the two lowers the entropy under lag).
+    """
     terminated, truncated = batch["terminated"], batch["truncated"]
     next_values = next_state_values(values_tp1=values[1:], final_values=final_values,
                                     terminated=terminated, truncated=truncated)
     episode_end = terminated | truncated
-    if preset in VTRACE_PRESETS:
+    realign = preset in VTRACE_PRESETS
+    adv = targets = None
+    if realign or value_targets == "vtrace":
         r = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target_log_prob,
                    rewards=batch["rewards"], values=values[:-1], next_values=next_values,
                    episode_end=episode_end, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar,
                    traces=traces)
-        return (r.pg_advantages if preset == "impala" else r.advantages), r.vs
-    g = gae(rewards=batch["rewards"], values=values[:-1], next_values=next_values,
-            episode_end=episode_end, gamma=gamma, lam=lam)
-    return g.advantages, g.returns
+        if realign:
+            adv = r.pg_advantages if preset == "impala" else r.advantages
+        targets = r.vs if value_targets != "lambda_returns" else None
+    if not realign or value_targets == "lambda_returns":
+        g = gae(rewards=batch["rewards"], values=values[:-1], next_values=next_values,
+                episode_end=episode_end, gamma=gamma, lam=lam)
+        adv = g.advantages if adv is None else adv
+        targets = g.returns if targets is None else targets
+    return adv, targets
 
 
 def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> losses.PolicyLoss:
@@ -178,7 +191,8 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd)
         adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
     else:
-        adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob, **kw)
+        adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob,
+                                  value_targets=cfg.value_targets, **kw)
         stale = None
         if version is not None and "behavior_version" in batch:
             stale = (batch["behavior_version"] < version).reshape(-1)

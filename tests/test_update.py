@@ -145,3 +145,43 @@ def test_optimizer_step_returns_the_norm_before_clipping_and_skips_a_nonfinite_o
     norm = optimizer_step(opt, (w * torch.tensor([float("inf"), 1.0, 0.0, 0.0])).sum(), 0.5)
     assert not math.isfinite(float(norm)) and (opt.skipped, opt.consecutive) == (1, 1)
     assert torch.equal(w.detach(), before)
+
+
+def _lagged_inputs(T=12, N=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    batch = {"rewards": torch.randn(T, N, generator=g), "terminated": torch.rand(T, N, generator=g) < 0.1,
+             "truncated": torch.zeros(T, N, dtype=torch.bool),
+             "behavior_log_prob": torch.randn(T, N, generator=g) * 0.3}
+    target = batch["behavior_log_prob"] + torch.randn(T, N, generator=g) * 0.3   # lag: pi_T != beta
+    return batch, target, torch.randn(T + 1, N, generator=g), torch.zeros(T, N)
+
+
+@pytest.mark.parametrize("preset", ["vaco", "vaco_no_realign", "ppo"])
+def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset):
+    from asyncrl.algo.returns import gae, next_state_values, vtrace
+    from asyncrl.update import advantages
+    batch, target, values, final = _lagged_inputs()
+    kw = dict(preset=preset, batch=batch, target_log_prob=target, values=values, final_values=final,
+              gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=1.0, traces="uncorrected")
+    nv = next_state_values(values_tp1=values[1:], final_values=final, terminated=batch["terminated"],
+                           truncated=batch["truncated"])
+    end = batch["terminated"] | batch["truncated"]
+    vt = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target, rewards=batch["rewards"],
+                values=values[:-1], next_values=nv, episode_end=end, gamma=0.99, lam=0.95, traces="uncorrected")
+    ga = gae(rewards=batch["rewards"], values=values[:-1], next_values=nv, episode_end=end, gamma=0.99, lam=0.95)
+    realigned = preset == "vaco"
+    adv_auto, tgt_auto = advantages(**kw)
+    assert torch.equal(adv_auto, vt.advantages if realigned else ga.advantages)
+    assert torch.equal(tgt_auto, vt.vs if realigned else ga.returns)
+    assert not torch.allclose(vt.vs, ga.returns)          # the lag makes the two targets differ
+    for name, want in (("vtrace", vt.vs), ("lambda_returns", ga.returns)):
+        adv, tgt = advantages(value_targets=name, **kw)
+        assert torch.equal(adv, adv_auto) and torch.equal(tgt, want)
+
+
+def test_value_targets_are_checked():
+    with pytest.raises(config.ConfigError, match="algo.value_targets"):
+        config.load(None, ["algo.value_targets=retrace"])
+    with pytest.raises(config.ConfigError, match="algo.value_targets must be auto for impala"):
+        config.load(None, ["algo.preset=impala", "algo.value_targets=vtrace"])
+    assert config.load(None, ["algo.preset=vaco", "algo.value_targets=lambda_returns"]).algo.value_targets == "lambda_returns"
