@@ -1,28 +1,63 @@
-"""vaco_no_realign at age-32 (diagnose-no-realign-age32) against the quick profile's vaco and ppo age-32 cells (serial,
-bit-reproducible; vaco from the cells of fingerprint 1dd1b88b, the default's arithmetic since 2cbeb42).
+"""`vaco_no_realign` at the age buffer K = 32 against the quick profile's `vaco` and `ppo` (issue 8,
+docs/vaco-lag-correction.md section 20).
 
     .venv/bin/python bench/age32_no_realign.py
+
+Reads the serial age-32 cells of ``bench/results/studies/diagnose-no-realign-age32`` (vaco_no_realign)
+and ``bench/results/studies/quick`` (vaco, ppo). The quick study holds cells of several training-code
+versions; serial cells are bit-reproducible, so a cell of another version is used only where its
+arithmetic is today's: vaco's from fingerprint 1dd1b88b3c4266c3 (the default since 2cbeb42; its
+HalfCheetah seed 101 cell was re-run with today's code and gave the same return to the last digit),
+ppo's from any version, after checking that every version gave the same return. Prints per env each
+arm's IQM with its 95 % bootstrap CI and P(X > Y) (asyncrl.stats), then P(X > Y) over the three envs.
 """
-import json, glob, collections
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
 from asyncrl import stats
-def load(d, cond="age-32", fingerprint=None):
-    out = collections.defaultdict(lambda: collections.defaultdict(dict))
-    for f in glob.glob(f"{d}/cells/*/cell.json"):
-        c = json.load(open(f))
-        if fingerprint and c["preset"] == "vaco" and c["code_fingerprint"] != fingerprint:
-            continue   # the quick study holds cells of older training code; 1dd1b88b: the default's arithmetic now
-        if c.get("condition") == cond and c.get("final_return") is not None:
-            out[c["label"]][c["env"]][c["seed"]] = c["final_return"]
+
+STUDIES = Path("bench/results/studies")
+ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
+VACO_FINGERPRINT = "1dd1b88b3c4266c3"
+
+
+def returns(study: str, label: str, fingerprint: str | None = None) -> dict[str, dict[int, float]]:
+    """env -> seed -> final return of the finished age-32 cells of ``label`` in ``study``."""
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    for path in sorted((STUDIES / study / "cells").glob("*/cell.json")):
+        c = json.loads(path.read_text())
+        if (c["label"] != label or c["condition"] != "age-32" or c.get("final_return") is None
+                or (fingerprint and c["code_fingerprint"] != fingerprint)):
+            continue
+        seen = out[c["env"]].setdefault(c["seed"], c["final_return"])
+        if seen != c["final_return"]:
+            raise SystemExit(f"{study}: {label} {c['env']} seed {c['seed']} differs between code versions")
     return out
-q = load("bench/results/studies/quick", fingerprint="1dd1b88b3c4266c3"); n = load("bench/results/studies/diagnose-no-realign-age32")
-arms = {"vaco": q["vaco"], "ppo": q["ppo"], "vaco_no_realign": n["vaco_no_realign"]}
-for env in ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5"]:
-    for a, d in arms.items():
-        v = d[env]; iv = stats.aggregate({env: [v[s] for s in sorted(v)]})
-        print(f"{env:15s} {a:16s} IQM {iv.value:6.0f} [{iv.low:.0f}, {iv.high:.0f}]  " + " ".join(f"{v[s]:.0f}" for s in sorted(v)))
-    for x, y in [("vaco_no_realign", "ppo"), ("vaco_no_realign", "vaco"), ("vaco", "ppo")]:
-        p = stats.probability_of_improvement({env: list(arms[x][env].values())}, {env: list(arms[y][env].values())})
-        print(f"   P({x} > {y}) = {p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
-for x, y in [("vaco_no_realign", "ppo"), ("vaco_no_realign", "vaco")]:
-    p = stats.probability_of_improvement({e: list(arms[x][e].values()) for e in arms[x]}, {e: list(arms[y][e].values()) for e in arms[y]})
-    print(f"all envs P({x} > {y}) = {p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
+
+
+def main() -> None:
+    arms = {"vaco": returns("quick", "vaco", VACO_FINGERPRINT), "ppo": returns("quick", "ppo"),
+            "vaco_no_realign": returns("diagnose-no-realign-age32", "vaco_no_realign")}
+    pairs = [("vaco_no_realign", "ppo"), ("vaco_no_realign", "vaco"), ("vaco", "ppo")]
+    def runs_of(name: str, env: str) -> list[float]:
+        return [arms[name][env][s] for s in sorted(arms[name][env])]
+
+    for env in ENVS:
+        for name, by_env in arms.items():
+            runs = by_env[env]
+            iv = stats.aggregate({env: [runs[s] for s in sorted(runs)]})
+            print(f"{env:15s} {name:16s} IQM {iv.value:6.0f} [{iv.low:.0f}, {iv.high:.0f}]  "
+                  + " ".join(f"{runs[s]:.0f}" for s in sorted(runs)))
+        for x, y in pairs:
+            p = stats.probability_of_improvement({env: runs_of(x, env)}, {env: runs_of(y, env)})
+            print(f"   P({x} > {y}) = {p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
+    for x, y in pairs[:2]:
+        p = stats.probability_of_improvement({e: runs_of(x, e) for e in ENVS}, {e: runs_of(y, e) for e in ENVS})
+        print(f"all envs P({x} > {y}) = {p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
+
+
+if __name__ == "__main__":
+    main()
