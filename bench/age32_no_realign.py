@@ -46,11 +46,11 @@ def main() -> None:
         return [arms[name][env][s] for s in sorted(arms[name][env])]
 
     for env in ENVS:
-        for name, by_env in arms.items():
-            runs = by_env[env]
-            iv = stats.aggregate({env: [runs[s] for s in sorted(runs)]})
+        for name in arms:
+            runs = runs_of(name, env)
+            iv = stats.aggregate({env: runs})
             print(f"{env:15s} {name:16s} IQM {iv.value:6.0f} [{iv.low:.0f}, {iv.high:.0f}]  "
-                  + " ".join(f"{runs[s]:.0f}" for s in sorted(runs)))
+                  + " ".join(f"{r:.0f}" for r in runs))
         for x, y in pairs:
             p = stats.probability_of_improvement({env: runs_of(x, env)}, {env: runs_of(y, env)})
             print(f"   P({x} > {y}) = {p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
