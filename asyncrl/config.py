@@ -87,6 +87,7 @@ class AlgoConfig:
     c_bar: float = _f(1.0, "V-trace clip of the trace coefficients")
     traces: str = _f("uncorrected", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)")
     value_targets: str = _f("auto", "critic regression target: auto (the preset's: V-trace's vs where the advantages are realigned, GAE's lambda-returns otherwise), vtrace or lambda_returns (any preset but impala)")
+    realign_min_lag: int = _f(0, "realigning presets, control task: realign only the samples at least this many versions behind the learner; the others get GAE on beta's data (and lambda-return targets under value_targets auto), as vaco_no_realign; 0: every sample")
     tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient")
     ratio_anchor: str = _f("learning", "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading)")
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")
@@ -341,7 +342,7 @@ def validate(cfg: Config) -> None:
                             ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
                             ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0),
                             ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
-                            ("run.seed", cfg.run.seed, 0),
+                            ("run.seed", cfg.run.seed, 0), ("algo.realign_min_lag", a.realign_min_lag, 0),
                             ("learner.max_consecutive_skips", l.max_consecutive_skips, 0),
                             ("learner.keep_checkpoints", l.keep_checkpoints, 1),
                             ("run.max_restarts", cfg.run.max_restarts, 0),

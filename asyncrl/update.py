@@ -57,18 +57,29 @@ def _forward(policy: ActorCritic, x: torch.Tensor, actions: torch.Tensor, fwd: C
 
 
 def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar, traces,
-               value_targets: str = "auto"):
+               value_targets: str = "auto", lag=None, realign_min_lag: int = 0):
     """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring.
 
     ``value_targets`` picks the critic's target apart from the advantages: "auto" takes the one of
     the advantages' estimator (V-trace's vs where they are realigned, GAE's λ-returns otherwise);
     "vtrace" or "lambda_returns" name one (issue 8: which of the two lowers the entropy under lag).
+
+    ``realign_min_lag`` > 0 (realigning presets but impala): only the samples whose ``lag`` [T, N]
+    (learner version - behaviour version, in versions) is at least this get the realigned advantage
+    (and, under "auto", V-trace's target); the others get GAE on β's data and its λ-returns, as
+    ``vaco_no_realign`` (issue 8: at one or two versions of lag the realignment makes HalfCheetah's
+    main job flip, at the age buffer K = 32 it wins on Walker2d; docs/vaco-lag-correction.md).
+    Raises ValueError if ``realign_min_lag`` > 0 and ``lag`` is None.
     """
     terminated, truncated = batch["terminated"], batch["truncated"]
     next_values = next_state_values(values_tp1=values[1:], final_values=final_values,
                                     terminated=terminated, truncated=truncated)
     episode_end = terminated | truncated
     realign = preset in VTRACE_PRESETS
+    partial = realign and realign_min_lag > 0 and preset != "impala"
+    if partial and lag is None:
+        raise ValueError("realign_min_lag > 0 needs each sample's lag (the batch's behavior_version and "
+                         "the learner's version)")
     adv = targets = None
     if realign or value_targets == "vtrace":
         r = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target_log_prob,
@@ -78,11 +89,16 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
         if realign:
             adv = r.pg_advantages if preset == "impala" else r.advantages
         targets = r.vs if value_targets != "lambda_returns" else None
-    if not realign or value_targets == "lambda_returns":
+    if not realign or value_targets == "lambda_returns" or partial:
         g = gae(rewards=batch["rewards"], values=values[:-1], next_values=next_values,
                 episode_end=episode_end, gamma=gamma, lam=lam)
         adv = g.advantages if adv is None else adv
         targets = g.returns if targets is None else targets
+        if partial:
+            realigned = lag >= realign_min_lag
+            adv = torch.where(realigned, adv, g.advantages)
+            if value_targets == "auto":
+                targets = torch.where(realigned, targets, g.returns)
     return adv, targets
 
 
@@ -191,11 +207,13 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd)
         adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
     else:
-        adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob,
-                                  value_targets=cfg.value_targets, **kw)
-        stale = None
+        lag = None
         if version is not None and "behavior_version" in batch:
-            stale = (batch["behavior_version"] < version).reshape(-1)
+            lag = version - batch["behavior_version"]
+        adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob,
+                                  value_targets=cfg.value_targets, lag=lag,
+                                  realign_min_lag=cfg.realign_min_lag, **kw)
+        stale = None if lag is None else (lag > 0).reshape(-1)
         steps = _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd)
     stats = step_means(steps)
     stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)

@@ -65,6 +65,26 @@ def test_policy_delay_gives_exactly_that_lag(tmp_path):
     assert "actor actor0" in format_report(report)
 
 
+def test_realign_min_lag_above_the_lag_is_vaco_no_realign_bit_for_bit(tmp_path):
+    """With one version of lag and algo.realign_min_lag = 2 no sample is realigned: the run is
+    vaco_no_realign's, to the last bit (same losses, same seeds)."""
+    finals = {}
+    for name, extra in (("min-lag", ["algo.preset=vaco", "algo.realign_min_lag=2"]),
+                        ("no-realign", ["algo.preset=vaco_no_realign"])):
+        cfg = config.load(None, SMALL + ["actor.policy_delay=1", *extra])
+        run_serial(cfg, tmp_path / name, max_iterations=8, echo=lambda *_: None)
+        finals[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "explained_variance")
+    rows = {name: [[r.get(k) for k in keys] for r in recs if "policy_loss" in r] for name, recs in finals.items()}
+    assert rows["min-lag"] and rows["min-lag"] == rows["no-realign"]
+    # the same lag with min_lag 1 realigns every stale sample: no longer the ablation's run
+    cfg = config.load(None, SMALL + ["actor.policy_delay=1", "algo.preset=vaco", "algo.realign_min_lag=1"])
+    run_serial(cfg, tmp_path / "one", max_iterations=8, echo=lambda *_: None)
+    one = [[r.get(k) for k in keys] for r in map(json.loads, (tmp_path / "one" / "metrics.jsonl").read_text().splitlines())
+           if "policy_loss" in r]
+    assert one != rows["no-realign"]
+
+
 def test_max_policy_lag_drops_exactly_the_samples_over_it(tmp_path):
     cfg = config.load(None, SMALL + ["actor.policy_age_buffer=8", "learner.max_policy_lag=2", "run.seed=3"])
     summary = run_serial(cfg, tmp_path, max_iterations=25, echo=lambda *_: None)

@@ -185,3 +185,34 @@ def test_value_targets_are_checked():
     with pytest.raises(config.ConfigError, match="algo.value_targets must be auto for impala"):
         config.load(None, ["algo.preset=impala", "algo.value_targets=vtrace"])
     assert config.load(None, ["algo.preset=vaco", "algo.value_targets=lambda_returns"]).algo.value_targets == "lambda_returns"
+
+
+def test_realign_min_lag_realigns_only_the_samples_that_old():
+    """algo.realign_min_lag: samples at least that many versions behind get the realigned advantage
+    and V-trace's target, the others GAE's and its λ-returns (vaco_no_realign's), element by element."""
+    from asyncrl.update import advantages
+    batch, target, values, final = _lagged_inputs()
+    kw = dict(preset="vaco", batch=batch, target_log_prob=target, values=values, final_values=final,
+              gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=1.0, traces="uncorrected")
+    adv_v, tgt_v = advantages(**kw)
+    adv_g, tgt_g = advantages(**{**kw, "preset": "vaco_no_realign"})
+    lag = torch.tensor([0, 1, 3]).repeat(batch["rewards"].shape[0], 1)          # [T, N]: one lag per column
+    for min_lag, want_columns in ((0, [True] * 3), (1, [False, True, True]), (2, [False, False, True]),
+                                  (4, [False] * 3)):
+        adv, tgt = advantages(lag=lag, realign_min_lag=min_lag, **kw)
+        for n, realigned in enumerate(want_columns):
+            assert torch.equal(adv[:, n], (adv_v if realigned else adv_g)[:, n]), (min_lag, n)
+            assert torch.equal(tgt[:, n], (tgt_v if realigned else tgt_g)[:, n]), (min_lag, n)
+    # an explicit critic target stays the one named; presets that never realign ignore the setting
+    adv, tgt = advantages(lag=lag, realign_min_lag=4, value_targets="vtrace", **kw)
+    assert torch.equal(adv, adv_g) and torch.equal(tgt, tgt_v)
+    adv, tgt = advantages(lag=lag, realign_min_lag=4, **{**kw, "preset": "ppo"})
+    assert torch.equal(adv, adv_g) and torch.equal(tgt, tgt_g)
+    with pytest.raises(ValueError, match="realign_min_lag > 0 needs"):
+        advantages(realign_min_lag=1, **kw)
+
+
+def test_realign_min_lag_is_checked():
+    with pytest.raises(config.ConfigError, match="algo.realign_min_lag must be >= 0"):
+        config.load(None, ["algo.realign_min_lag=-1"])
+    assert config.load(None, []).algo.realign_min_lag == 0
