@@ -4,7 +4,9 @@ docs/vaco-lag-correction.md section 20).
     .venv/bin/python bench/age32_no_realign.py
 
 Reads the serial age-32 cells of ``bench/results/studies/diagnose-no-realign-age32`` (vaco_no_realign)
-and ``bench/results/studies/quick`` (vaco, ppo). The quick study holds cells of several training-code
+and ``bench/results/studies/quick`` (vaco, ppo), and, where it exists, of
+``bench/results/studies/diagnose-realign-min-lag-age32`` (vaco with algo.realign_min_lag = 2, docs
+section 24). The quick study holds cells of several training-code
 versions; serial cells are bit-reproducible, so a cell of another version is used only where its
 arithmetic is today's: vaco's from fingerprint 1dd1b88b3c4266c3 (the default since 2cbeb42; its
 HalfCheetah seed 101 cell was re-run with today's code and gave the same return to the last digit),
@@ -22,6 +24,7 @@ from asyncrl import stats
 STUDIES = Path("bench/results/studies")
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
 VACO_FINGERPRINT = "1dd1b88b3c4266c3"
+MIN_LAG, MIN_LAG_STUDY = "vaco realign_min_lag 2", "diagnose-realign-min-lag-age32"
 
 
 def returns(study: str, label: str, fingerprint: str | None = None) -> dict[str, dict[int, float]]:
@@ -42,6 +45,9 @@ def main() -> None:
     arms = {"vaco": returns("quick", "vaco", VACO_FINGERPRINT), "ppo": returns("quick", "ppo"),
             "vaco_no_realign": returns("diagnose-no-realign-age32", "vaco_no_realign")}
     pairs = [("vaco_no_realign", "ppo"), ("vaco_no_realign", "vaco"), ("vaco", "ppo")]
+    if (STUDIES / MIN_LAG_STUDY).is_dir():        # realign only samples >= 2 versions old (section 24)
+        arms[MIN_LAG] = returns(MIN_LAG_STUDY, MIN_LAG)
+        pairs = [(MIN_LAG, "ppo"), (MIN_LAG, "vaco"), (MIN_LAG, "vaco_no_realign")] + pairs
     def runs_of(name: str, env: str) -> list[float]:
         return [arms[name][env][s] for s in sorted(arms[name][env])]
 
@@ -54,7 +60,9 @@ def main() -> None:
         for x, y in pairs:
             p = stats.probability_of_improvement({env: runs_of(x, env)}, {env: runs_of(y, env)})
             print(f"   P({x} > {y}) = {p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
-    for x, y in pairs[:2]:
+    for x, y in [pair for pair in pairs if pair[1] != "ppo" or pair[0] != "vaco"]:
+        if any(len(arms[x][e]) != len(arms[y][e]) for e in ENVS):
+            continue                                  # a study still running: per-env lines only
         p = stats.probability_of_improvement({e: runs_of(x, e) for e in ENVS}, {e: runs_of(y, e) for e in ENVS})
         print(f"all envs P({x} > {y}) = {p.value:.2f} [{p.low:.2f}, {p.high:.2f}]")
 
