@@ -68,7 +68,7 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
     (learner version - behaviour version, in versions) is at least this get the realigned advantage
     (and, under "auto", V-trace's target); the others get GAE on β's data and its λ-returns, as
     ``vaco_no_realign`` (issue 8: at one or two versions of lag the realignment makes HalfCheetah's
-    main job flip, at the age buffer K = 32 it wins on Walker2d; docs/vaco-lag-correction.md).
+    main job flip; docs/vaco-lag-correction.md sections 23-24).
     Raises ValueError if ``realign_min_lag`` > 0 and ``lag`` is None.
     """
     terminated, truncated = batch["terminated"], batch["truncated"]
