@@ -14,8 +14,10 @@ ppo's from any version, after checking that every version gave the same return. 
 arm's IQM with its 95 % bootstrap CI and P(X > Y) (asyncrl.stats), then P(X > Y) over the three envs.
 
 ``--condition age-8``: the same for the age buffer K = 8, with the default's cells from
-``quick-delta``'s ``vaco_no_filter`` arm (at δ 0.2 the default to the last digit on this machine, README),
-``vaco_no_realign`` and ``ppo`` from ``quick``, and ``diagnose-realign-min-lag-age8``.
+``quick-delta``'s ``vaco_no_filter`` arm (at δ 0.2 the default to the last digit on the Intel Xeon
+machine it ran on, README), ``vaco_no_realign`` and ``ppo`` from ``quick``, and
+``diagnose-realign-min-lag-age8``. Serial cells repeat bit for bit on one CPU model only, so arms
+run on different machines are independent draws, not paired runs.
 """
 from __future__ import annotations
 
