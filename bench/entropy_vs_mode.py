@@ -28,6 +28,11 @@ def cells(study: Path):
             yield d, recs
 
 
+def entropy_at(recs: list[dict], steps: int) -> float:
+    """The entropy (nats) of the metrics record nearest ``steps`` env steps."""
+    return min(recs, key=lambda r: abs(r["env_steps"] - steps))["entropy"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("studies", nargs="+", type=Path)
@@ -37,7 +42,7 @@ def main() -> None:
     rows = []
     for study in args.studies:
         for d, recs in cells(study):
-            ent = [min(recs, key=lambda r: abs(r["env_steps"] - s))["entropy"] for s in at]
+            ent = [entropy_at(recs, s) for s in at]
             rows.append((study.name, d["label"], d["condition"], d["seed"], (d.get("commit") or "")[:7], ent,
                          d["final_return"]))
     print("| study | label | condition | seed | commit | " + " | ".join(f"entropy @{s // 1000}k" for s in at)

@@ -19,11 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from entropy_vs_mode import cells
-
-
-def _nearest(recs: list[dict], steps: int) -> float:
-    return min(recs, key=lambda r: abs(r["env_steps"] - steps))["entropy"]
+from entropy_vs_mode import cells, entropy_at as _nearest
 
 
 def main() -> None:
