@@ -719,9 +719,12 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
     except StudyError as exc:
         raise UserError(str(exc)) from None
     if dry_run:
+        seen: set[str] = set()
         for c in st.cells:
             state = "finished" if runner.record_path(c).exists() else "pending"
-            click.echo(f"{state:8} {runner.keys[c]} {c.label} | {c.env} | {c.condition} | seed {c.seed} | {c.mode}")
+            shared = " | the same run as an earlier cell" if runner.keys[c] in seen else ""
+            seen.add(runner.keys[c])
+            click.echo(f"{state:8} {runner.keys[c]} {c.label} | {c.env} | {c.condition} | seed {c.seed} | {c.mode}{shared}")
         return
     if not report_only:
         _on_sigterm()

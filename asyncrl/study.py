@@ -454,9 +454,11 @@ class Runner:
         Ray executor ``jobs`` cells are in flight at once and Ray places them (a multi-process cell
         on a whole node)."""
         todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")   # stable: keeps the order
-        total = len(todo)
-        self.echo(f"study {self.study.name}: {len(self.study.cells)} cells, {len(self.study.cells) - total} "
-                  f"already finished, {total} to run, {self.jobs} at a time; results in {self.out}")
+        total, runs = len(todo), len(set(self.keys.values()))
+        shared = len(self.study.cells) - runs
+        cells = f"{len(self.study.cells)} cells" + (f" ({runs} runs: {shared} share another arm's run)" if shared else "")
+        self.echo(f"study {self.study.name}: {cells}, {runs - total} already finished, {total} to run, "
+                  f"{self.jobs} at a time; results in {self.out}")
         self._schedule(todo, set(), total)
         return total
 

@@ -174,6 +174,30 @@ sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""))
     assert labels == sorted(c.label for c in same) and len(set(labels)) == 2
 
 
+def test_the_start_line_counts_a_shared_run_once(tmp_path):
+    """A run shared by two arms is neither 'already finished' before it ran nor counted twice."""
+    from asyncrl.study import Runner
+    st = load_study(write(tmp_path, """[[arm]]
+presets = ["vaco"]
+conditions = ["none"]
+[[arm]]
+name = "delta"
+presets = ["vaco"]
+conditions = ["none"]
+sweep = {"algo.tv_threshold" = [0.2]}"""))
+    lines = []
+    runner = Runner(st, tmp_path / "out", echo=lines.append)
+    runs = len(set(runner.keys.values()))
+    assert runs < len(st.cells)
+    for c in st.cells:                       # every run finished: nothing to do
+        path = runner.record_path(c)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"label": c.label, "env": c.env, "seed": c.seed, "status": "ok", "final_return": 1.0}))
+    assert runner.run() == 0
+    assert f"{len(st.cells)} cells ({runs} runs: {len(st.cells) - runs} share another arm's run), " \
+           f"{runs} already finished, 0 to run" in lines[0]
+
+
 def test_llm_study_scores_held_out_accuracy(tmp_path):
     """A language-model cell's score is summary.json's final_accuracy; the report prints accuracies."""
     from asyncrl.study_report import markdown
