@@ -456,7 +456,7 @@ class Runner:
         todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")   # stable: keeps the order
         total, runs = len(todo), len(set(self.keys.values()))
         shared = len(self.study.cells) - runs
-        cells = f"{len(self.study.cells)} cells" + (f" ({runs} runs: {shared} share another arm's run)" if shared else "")
+        cells = f"{len(self.study.cells)} cells" + (f" ({runs} runs: {shared} share{'s' * (shared == 1)} another arm's run)" if shared else "")
         self.echo(f"study {self.study.name}: {cells}, {runs - total} already finished, {total} to run, "
                   f"{self.jobs} at a time; results in {self.out}")
         self._schedule(todo, set(), total)

@@ -148,18 +148,22 @@ def test_report_can_take_records_of_other_training_code(tmp_path):
     assert runner.finished_records(any_code=True) == [old]
 
 
-def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
-    """A sweep value equal to the default resolves to the plain arm's run (one key): the report lists
-    it under each arm's label, not twice under the arm that ran it."""
-    from asyncrl.study import Runner
-    st = load_study(write(tmp_path, """[[arm]]
+# δ = 0.2 is the default: the delta arm's first cell is the plain arm's run
+SHARED_RUN = """[[arm]]
 presets = ["vaco"]
 conditions = ["none"]
 [[arm]]
 name = "delta"
 presets = ["vaco"]
 conditions = ["none"]
-sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""))
+sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""
+
+
+def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
+    """A sweep value equal to the default resolves to the plain arm's run (one key): the report lists
+    it under each arm's label, not twice under the arm that ran it."""
+    from asyncrl.study import Runner
+    st = load_study(write(tmp_path, SHARED_RUN))
     runner = Runner(st, tmp_path / "out", echo=lambda *_: None)
     plain = next(c for c in st.cells if c.label == "vaco")
     same = [c for c in st.cells if runner.keys[c] == runner.keys[plain]]
@@ -177,14 +181,7 @@ sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""))
 def test_the_start_line_counts_a_shared_run_once(tmp_path):
     """A run shared by two arms is neither 'already finished' before it ran nor counted twice."""
     from asyncrl.study import Runner
-    st = load_study(write(tmp_path, """[[arm]]
-presets = ["vaco"]
-conditions = ["none"]
-[[arm]]
-name = "delta"
-presets = ["vaco"]
-conditions = ["none"]
-sweep = {"algo.tv_threshold" = [0.2]}"""))
+    st = load_study(write(tmp_path, SHARED_RUN))
     lines = []
     runner = Runner(st, tmp_path / "out", echo=lines.append)
     runs = len(set(runner.keys.values()))
@@ -194,8 +191,8 @@ sweep = {"algo.tv_threshold" = [0.2]}"""))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"label": c.label, "env": c.env, "seed": c.seed, "status": "ok", "final_return": 1.0}))
     assert runner.run() == 0
-    assert f"{len(st.cells)} cells ({runs} runs: {len(st.cells) - runs} share another arm's run), " \
-           f"{runs} already finished, 0 to run" in lines[0]
+    assert f"{len(st.cells)} cells ({runs} runs: 1 shares another arm's run), {runs} already finished, 0 to run" \
+        in lines[0]
 
 
 def test_llm_study_scores_held_out_accuracy(tmp_path):
