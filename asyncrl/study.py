@@ -455,8 +455,10 @@ class Runner:
         on a whole node)."""
         todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")   # stable: keeps the order
         total, runs = len(todo), len(set(self.keys.values()))
-        shared = len(self.study.cells) - runs
-        cells = f"{len(self.study.cells)} cells" + (f" ({runs} runs: {shared} share{'s' * (shared == 1)} another arm's run)" if shared else "")
+        shared = len(self.study.cells) - runs      # cells whose key another arm's cell has too
+        cells = f"{len(self.study.cells)} cells"
+        if shared:
+            cells += f" ({runs} runs: {shared} {'shares' if shared == 1 else 'share'} another arm's run)"
         self.echo(f"study {self.study.name}: {cells}, {runs - total} already finished, {total} to run, "
                   f"{self.jobs} at a time; results in {self.out}")
         self._schedule(todo, set(), total)

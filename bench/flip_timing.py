@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from entropy_vs_mode import cells, entropy_at as _nearest
+from entropy_vs_mode import cells, entropy_at
 
 
 def main() -> None:
@@ -42,15 +42,15 @@ def main() -> None:
     for d, recs, rows in runs:
         shown = [r for r in rows if r["env_steps"] <= args.until]
         print(f"seed {d['seed']:>4} final {d['final_return']:>6,.0f}  " + " ".join(
-            f"{r['env_steps'] // 1000}k:{r['mean_cos_pitch']:+.2f}/{_nearest(recs, r['env_steps']):.2f}" for r in shown))
+            f"{r['env_steps'] // 1000}k:{r['mean_cos_pitch']:+.2f}/{entropy_at(recs, r['env_steps']):.2f}" for r in shown))
         if rows[-1]["flipped"]:
             over = next(r for r in rows if r["mean_cos_pitch"] < 0)
-            first_over[d["seed"]] = (over["env_steps"], _nearest(recs, over["env_steps"]))
+            first_over[d["seed"]] = (over["env_steps"], entropy_at(recs, over["env_steps"]))
     upright = [(d, recs) for d, recs, rows in runs if not rows[-1]["flipped"]]
     print("\nruns that end on their back: first checkpoint with mean cos(pitch) < 0, entropy there, "
           "and the upright runs' entropy at the same step (min / median / max)")
     for seed, (steps, ent) in sorted(first_over.items()):
-        others = [_nearest(recs, steps) for _, recs in upright]
+        others = [entropy_at(recs, steps) for _, recs in upright]
         print(f"seed {seed:>4}: over at {steps:>7,} env steps with {ent:.2f} nats; upright runs "
               f"{min(others):.2f} / {np.median(others):.2f} / {max(others):.2f}" if others else
               f"seed {seed:>4}: over at {steps:>7,} env steps with {ent:.2f} nats")
