@@ -671,10 +671,16 @@ def config_show(config_file, overrides):
 @main.command()
 @click.option("--run-id", help="Remove this run's segments (default: those of dead processes).")
 def clean(run_id):
-    """Remove shared-memory segments left by killed runs."""
+    """Remove shared-memory segments left by killed runs and, without --run-id, the weights secrets
+    of killed broadcasters (files of ports no socket listens on)."""
+    from .security import remove_stale_weights_secrets
     from .shm import cleanup_stale, remove_run
     removed = remove_run(run_id) if run_id else cleanup_stale()
     click.echo(f"removed {len(removed)} segment(s)" + (": " + ", ".join(removed) if removed else ""))
+    if not run_id:
+        secrets_removed = remove_stale_weights_secrets()
+        click.echo("weights secrets: listening ports unknown (no /proc/net/tcp), none removed"
+                   if secrets_removed is None else f"removed {len(secrets_removed)} stale weights secret(s)")
 
 
 @main.command()
@@ -745,9 +751,13 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
 
 
 def summary_line(s: dict) -> str:
+    """One line from a run's summary.json: "done: ..." for a finished run, "interrupted: ..." or
+    "failed: ..." otherwise."""
     ret = s.get("final_average_return")
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
-    return (f"done: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
+    outcome = s.get("outcome", "finished")   # an interrupted or failed run says so, not "done"
+    head = "done" if outcome == "finished" else outcome
+    return (f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
             f"({s['env_steps_per_s']:,.0f}/s), {s['learner_iterations']} learner iterations, "
             f"average return {ret_text}, lag p50/p95 {_num(s.get('lag_p50'))}/{_num(s.get('lag_p95'))} versions")
 

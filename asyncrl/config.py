@@ -398,6 +398,9 @@ def _validate_task(cfg: Config) -> None:
         return
     if preset not in LLM_PRESETS:
         raise ConfigError(f"task.kind = llm takes algo.preset {', '.join(LLM_PRESETS)}, got {preset!r}")
+    if cfg.algo.value_targets != "auto" or cfg.algo.realign_min_lag != 0:
+        raise ConfigError("algo.value_targets and algo.realign_min_lag are control-task options (a critic's target, "
+                          "V-trace per sample); task.kind = llm has no critic: its realignment is task.realign")
     if t.averaging not in LLM_AVERAGING:
         raise ConfigError(f"task.averaging must be one of {', '.join(LLM_AVERAGING)}, got {t.averaging!r}")
     if t.truncated_reward not in LLM_TRUNCATED_REWARD:

@@ -172,6 +172,8 @@ def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return:
         parts.append(f"lag p50/p95 {lag[0]:.0f}/{lag[1]:.0f} v")
         if len(lag) > 2 and lag[2] is not None:
             parts.append(f"{lag[2]:.2f}/{lag[3]:.2f} s")
+    elif lag is not None:
+        parts.append("lag p50/p95 n/a (no batch trained yet)")
     if tv is not None and tv == tv:
         parts.append(f"tv {tv:.3f}")
     if filtered is not None and filtered == filtered:

@@ -280,6 +280,46 @@ def remove_weights_secret(path: Path, secret: bytes) -> None:
         pass
 
 
+def listening_tcp_ports() -> set[int] | None:
+    """TCP ports with a socket in LISTEN state on this host (IPv4 and IPv6), read from
+    /proc/net/tcp and /proc/net/tcp6 (Linux); None where neither can be read."""
+    ports, read_any = set(), False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        read_any = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":      # st 0A: TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports if read_any else None
+
+
+def remove_stale_weights_secrets() -> list[str] | None:
+    """Remove this user's ``broadcaster-<port>.secret`` files whose port no socket listens on: those
+    of broadcasters that were killed (SIGKILL) before they could remove their own. A live
+    broadcaster keeps its PUB socket bound for as long as its secret exists, so its file stays.
+
+    Returns the file names removed, or None where the listening ports cannot be read (no
+    /proc/net/tcp: nothing is removed). Never raises for a file it cannot remove (skipped)."""
+    directory = Path(tempfile.gettempdir()) / f"asyncrl-{os.getuid()}"
+    listening = listening_tcp_ports()
+    if listening is None:
+        return None
+    removed = []
+    for path in sorted(directory.glob("broadcaster-*.secret")):
+        port = path.name[len("broadcaster-"):-len(".secret")]
+        if port.isdigit() and int(port) not in listening:
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except OSError:
+                pass
+    return removed
+
+
 # ---------------------------------------------------------------------------------- policy
 
 class Security:

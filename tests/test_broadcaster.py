@@ -2,7 +2,9 @@
 only by (learner epoch, version), rejects counted by reason in its summary file."""
 import json
 import os
+import socket
 import stat
+import tempfile
 import time
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from asyncrl import transport as tp
 from asyncrl.launch import free_port_pair
 from asyncrl.roles.broadcaster import Broadcaster
-from asyncrl.security import read_weights_secret, weights_secret_path
+from asyncrl.security import read_weights_secret, remove_stale_weights_secrets, weights_secret_path
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,3 +81,35 @@ def test_broadcaster_takes_only_its_learners_newer_weights(tmp_path):
     assert counts["rejected_messages"] == {"not_learner": 2} and counts["published"] == 3, counts
     assert counts["epoch"] == 11 and counts["version"] == 0
     assert not path.exists(), "the broadcaster left its secret file behind"
+
+
+def test_clean_removes_only_the_secrets_of_ports_no_one_listens_on(tmp_path, monkeypatch):
+    """A SIGKILLed broadcaster leaves its secret file; `asyncrl clean` removes it, and keeps the
+    secret of a live broadcaster and of any port a socket still listens on."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    b = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
+    try:
+        live, held = weights_secret_path(b.endpoint), tmp_path / f"asyncrl-{os.getuid()}" / \
+            f"broadcaster-{listener.getsockname()[1]}.secret"
+        held.write_text("x" * 64)
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+        probe.close()                                     # bound once, no one listens on it now
+        dead = held.with_name(f"broadcaster-{dead_port}.secret")
+        dead.write_text("y" * 64)
+        other = held.with_name("notes.txt")
+        other.write_text("not a secret")
+        from click.testing import CliRunner
+        from asyncrl.cli import main
+        result = CliRunner().invoke(main, ["clean"])
+        assert result.exit_code == 0, result.output
+        assert "removed 1 stale weights secret(s)" in result.output
+        assert not dead.exists() and live.exists() and held.exists() and other.exists()
+        assert remove_stale_weights_secrets() == []
+    finally:
+        b.close()
+        listener.close()

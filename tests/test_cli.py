@@ -34,3 +34,15 @@ def test_run_dir_holding_a_run_is_refused(tmp_path, restart, words):
                         "--restart", restart], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"          # nothing lost
+
+
+@pytest.mark.parametrize("outcome, head", [("finished", "done: "), ("interrupted", "interrupted: "),
+                                           ("failed", "failed: "), (None, "done: ")])
+def test_summary_line_names_how_the_run_ended(outcome, head):
+    from asyncrl.cli import summary_line
+    s = {"env_steps": 4096, "wall_time_s": 2.0, "env_steps_per_s": 2048.0, "learner_iterations": 2,
+         "final_average_return": None, "lag_p50": 1, "lag_p95": 2}
+    if outcome:
+        s["outcome"] = outcome
+    line = summary_line(s)
+    assert line.startswith(head) and "4,096 env steps" in line and "lag p50/p95 1/2 versions" in line

@@ -148,3 +148,11 @@ def test_progress_line_omits_a_nan_tv_and_filtered_fraction():
     assert "nan" not in line and "tv" not in line and "filtered" not in line
     line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2, tv=0.05, filtered=0.25)
     assert "tv 0.050" in line and "filtered 0.25" in line
+
+
+def test_progress_line_says_lag_is_not_known_before_the_first_batch():
+    line = metrics.progress_line(env_steps=0, total=128, steps_per_s=0.0, avg_return=None,
+                                 lag=(None, None, None, None))
+    assert "return      n/a" in line and "lag p50/p95 n/a" in line
+    line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=None, lag=(1, 2, 0.1, 0.3))
+    assert "lag p50/p95 1/2 v | 0.10/0.30 s" in line

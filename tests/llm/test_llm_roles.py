@@ -123,6 +123,9 @@ def test_config_keeps_presets_to_their_task():
     with pytest.raises(ConfigError, match="grpo is for task.kind = llm"):
         config.load(None, ["algo.preset=grpo"])
     assert config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.num_minibatches=4"]).batch_size == 4 * 8 * 4
+    for key in ("algo.value_targets=vtrace", "algo.realign_min_lag=2"):   # control-only: an error, not ignored
+        with pytest.raises(ConfigError, match="control-task options .* task.realign"):
+            config.load(None, ["task.kind=llm", "algo.num_minibatches=4", key])
 
 
 def test_config_checks_realign_and_kl_coef():
