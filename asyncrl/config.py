@@ -88,6 +88,7 @@ class AlgoConfig:
     traces: str = _f("uncorrected", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)")
     value_targets: str = _f("auto", "critic regression target: auto (the preset's: V-trace's vs where the advantages are realigned, GAE's lambda-returns otherwise), vtrace or lambda_returns (any preset but impala)")
     realign_min_lag: int = _f(0, "realigning presets, control task: realign only the samples at least this many versions behind the learner; the others get GAE on beta's data (and lambda-return targets under value_targets auto), as vaco_no_realign; 0: every sample")
+    realign_from_version: int = _f(0, "realigning presets but impala, control task: before the learner reaches this policy version, no sample is realigned (GAE on beta's data and lambda-return targets under value_targets auto, as vaco_no_realign); 0: from the first iteration")
     tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient")
     ratio_anchor: str = _f("learning", "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading)")
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")
@@ -343,6 +344,7 @@ def validate(cfg: Config) -> None:
                             ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0),
                             ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
                             ("run.seed", cfg.run.seed, 0), ("algo.realign_min_lag", a.realign_min_lag, 0),
+                            ("algo.realign_from_version", a.realign_from_version, 0),
                             ("learner.max_consecutive_skips", l.max_consecutive_skips, 0),
                             ("learner.keep_checkpoints", l.keep_checkpoints, 1),
                             ("run.max_restarts", cfg.run.max_restarts, 0),
@@ -398,9 +400,10 @@ def _validate_task(cfg: Config) -> None:
         return
     if preset not in LLM_PRESETS:
         raise ConfigError(f"task.kind = llm takes algo.preset {', '.join(LLM_PRESETS)}, got {preset!r}")
-    if cfg.algo.value_targets != "auto" or cfg.algo.realign_min_lag != 0:
-        raise ConfigError("algo.value_targets and algo.realign_min_lag are control-task options (a critic's target, "
-                          "V-trace per sample); task.kind = llm has no critic: its realignment is task.realign")
+    if cfg.algo.value_targets != "auto" or cfg.algo.realign_min_lag != 0 or cfg.algo.realign_from_version != 0:
+        raise ConfigError("algo.value_targets, algo.realign_min_lag and algo.realign_from_version are control-task "
+                          "options (a critic's target, V-trace per sample); task.kind = llm has no critic: its "
+                          "realignment is task.realign")
     if t.averaging not in LLM_AVERAGING:
         raise ConfigError(f"task.averaging must be one of {', '.join(LLM_AVERAGING)}, got {t.averaging!r}")
     if t.truncated_reward not in LLM_TRUNCATED_REWARD:

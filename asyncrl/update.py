@@ -210,9 +210,12 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         lag = None
         if version is not None and "behavior_version" in batch:
             lag = version - batch["behavior_version"]
+        min_lag = cfg.realign_min_lag
+        if version is not None and version < cfg.realign_from_version:
+            min_lag = math.inf      # warm-up: no sample is realigned (GAE on β's data, as vaco_no_realign)
         adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob,
                                   value_targets=cfg.value_targets, lag=lag,
-                                  realign_min_lag=cfg.realign_min_lag, **kw)
+                                  realign_min_lag=min_lag, **kw)
         stale = None if lag is None else (lag > 0).reshape(-1)
         steps = _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd)
     stats = step_means(steps)

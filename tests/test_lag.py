@@ -85,6 +85,22 @@ def test_realign_min_lag_above_the_lag_is_vaco_no_realign_bit_for_bit(tmp_path):
     assert one != rows["no-realign"]
 
 
+def test_realign_from_version_is_vaco_no_realign_until_that_version(tmp_path):
+    """algo.realign_from_version = 4: learner iterations at versions 0-3 are vaco_no_realign's to the
+    last bit; from version 4 on the stale samples are realigned (the runs part)."""
+    keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "explained_variance")
+    rows = {}
+    for name, extra in (("warm-up", ["algo.preset=vaco", "algo.realign_from_version=4"]),
+                        ("no-realign", ["algo.preset=vaco_no_realign"])):
+        cfg = config.load(None, SMALL + ["actor.policy_delay=1", *extra])
+        run_serial(cfg, tmp_path / name, max_iterations=8, echo=lambda *_: None)
+        recs = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+        rows[name] = [[r.get(k) for k in keys] for r in recs if "policy_loss" in r]
+    assert len(rows["warm-up"]) == len(rows["no-realign"]) == 8
+    assert rows["warm-up"][:4] == rows["no-realign"][:4]
+    assert rows["warm-up"][4:] != rows["no-realign"][4:]
+
+
 def test_max_policy_lag_drops_exactly_the_samples_over_it(tmp_path):
     cfg = config.load(None, SMALL + ["actor.policy_age_buffer=8", "learner.max_policy_lag=2", "run.seed=3"])
     summary = run_serial(cfg, tmp_path, max_iterations=25, echo=lambda *_: None)

@@ -123,7 +123,7 @@ def test_config_keeps_presets_to_their_task():
     with pytest.raises(ConfigError, match="grpo is for task.kind = llm"):
         config.load(None, ["algo.preset=grpo"])
     assert config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.num_minibatches=4"]).batch_size == 4 * 8 * 4
-    for key in ("algo.value_targets=vtrace", "algo.realign_min_lag=2"):   # control-only: an error, not ignored
+    for key in ("algo.value_targets=vtrace", "algo.realign_min_lag=2", "algo.realign_from_version=10"):   # control-only: an error, not ignored
         with pytest.raises(ConfigError, match="control-task options .* task.realign"):
             config.load(None, ["task.kind=llm", "algo.num_minibatches=4", key])
 
