@@ -34,6 +34,7 @@ speed depend on it); serial cells are bit-reproducible whatever the load.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -309,11 +310,25 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
 
 
 def machine_info() -> dict:
-    """Where a cell ran: host name, CPU model and count, Python and the versions of the packages that
-    matter (serial cells repeat bit for bit on one CPU model, not across models)."""
-    return {"host": platform.node(), "cpu_model": provenance.cpu_model(), "cpus": os.cpu_count(),
-            "python": platform.python_version(),
+    """Where a cell ran: host name, CPU model and count, the CPU kernels torch picks, Python and the
+    versions of the packages that matter (serial cells repeat bit for bit on one CPU model and kernel
+    set, not across them)."""
+    return {"host": platform.node(), "cpu_model": provenance.cpu_model(), "cpu_kernels": cpu_kernels(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
             "packages": _versions()}
+
+
+@functools.cache
+def cpu_kernels() -> str | None:
+    """The vector kernels torch's CPU ops use here ("AVX512", "AVX2", "DEFAULT", ...): the CPU's best,
+    or the one the ATEN_CPU_CAPABILITY environment variable names (the cells inherit it). Each gives
+    other float rounding, so a serial cell repeats bit for bit only under the same kernels. None when
+    torch cannot say."""
+    try:
+        import torch
+        return str(torch.backends.cpu.get_cpu_capability())
+    except Exception:   # noqa: BLE001 - provenance only; never fails a study
+        return None
 
 
 def _versions() -> dict[str, str]:

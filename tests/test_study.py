@@ -239,3 +239,15 @@ def test_progress_line_prints_an_llm_cell_as_accuracy():
     study_mod.Runner._announce(fake, {**rec, "final_return": 0.254, "score_kind": "accuracy"}, 1, 2)
     study_mod.Runner._announce(fake, {**rec, "final_return": 3783.2}, 2, 2)
     assert lines[0].endswith("seed 101: accuracy 25.4 % (175 s)") and lines[1].endswith("seed 101: 3,783 (175 s)")
+
+
+def test_cells_record_the_cpu_kernels_and_the_report_names_them():
+    """Serial cells repeat bit for bit only under one CPU model and kernel set (ATEN_CPU_CAPABILITY
+    gives other rounding): the record keeps the kernels torch picks, the report's CPU line names them."""
+    import torch
+    from asyncrl.study import machine_info
+    from asyncrl.study_report import _cpu
+    info = machine_info()
+    assert info["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert _cpu({"cpu_model": "AMD EPYC", "cpu_kernels": "AVX2"}) == "AMD EPYC, AVX2 kernels"
+    assert _cpu({"cpu_model": "AMD EPYC"}) == "AMD EPYC" and _cpu({}) == "not recorded"
