@@ -6,7 +6,8 @@ docs/vaco-lag-correction.md section 20).
 Reads the serial age-32 cells of ``bench/results/studies/diagnose-no-realign-age32`` (vaco_no_realign)
 and ``bench/results/studies/quick`` (vaco, ppo), and, where it exists, of
 ``bench/results/studies/diagnose-realign-min-lag-age32`` (vaco with algo.realign_min_lag = 2, docs
-section 24). The quick study holds cells of several training-code
+section 24), and ``diagnose-realign-warmup-age`` (vaco with algo.realign_from_version = 125,
+section 26). The quick study holds cells of several training-code
 versions; serial cells are bit-reproducible, so a cell of another version is used only where its
 arithmetic is today's: vaco's from fingerprint 1dd1b88b3c4266c3 (the default since 2cbeb42; its
 HalfCheetah seed 101 cell was re-run with today's code and gave the same return to the last digit),
@@ -32,14 +33,17 @@ STUDIES = Path("bench/results/studies")
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
 VACO_FINGERPRINT = "1dd1b88b3c4266c3"
 MIN_LAG = "vaco realign_min_lag 2"
+WARMUP = "vaco realign from version 125"
 # condition -> arm -> (study, label, fingerprint or None)
 SOURCES = {
     "age-32": {"vaco": ("quick", "vaco", VACO_FINGERPRINT), "ppo": ("quick", "ppo", None),
                "vaco_no_realign": ("diagnose-no-realign-age32", "vaco_no_realign", None),
-               MIN_LAG: ("diagnose-realign-min-lag-age32", MIN_LAG, None)},
+               MIN_LAG: ("diagnose-realign-min-lag-age32", MIN_LAG, None),
+               WARMUP: ("diagnose-realign-warmup-age", WARMUP, None)},
     "age-8": {"vaco": ("quick-delta", "vaco_no_filter", None), "ppo": ("quick", "ppo", None),
               "vaco_no_realign": ("quick", "vaco_no_realign", None),
-              MIN_LAG: ("diagnose-realign-min-lag-age8", MIN_LAG, None)},
+              MIN_LAG: ("diagnose-realign-min-lag-age8", MIN_LAG, None),
+              WARMUP: ("diagnose-realign-warmup-age", WARMUP, None)},
 }
 
 
@@ -65,6 +69,7 @@ def main() -> None:
     arms = {name: returns(study, label, fp, condition) for name, (study, label, fp) in SOURCES[condition].items()
             if (STUDIES / study).is_dir()}
     pairs = [(MIN_LAG, "ppo"), (MIN_LAG, "vaco"), (MIN_LAG, "vaco_no_realign")] if MIN_LAG in arms else []
+    pairs += [(WARMUP, "ppo"), (WARMUP, "vaco"), (WARMUP, "vaco_no_realign")] if WARMUP in arms else []
     pairs += [("vaco_no_realign", "ppo"), ("vaco_no_realign", "vaco"), ("vaco", "ppo")]
     def runs_of(name: str, env: str) -> list[float]:
         return [arms[name][env][s] for s in sorted(arms[name][env])]
