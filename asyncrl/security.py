@@ -237,11 +237,16 @@ def load_allowed(directory: Path, *, why: str) -> frozenset[bytes]:
 # host reads it and signs every weights message with it (transport.sign_weights). Another user's
 # process cannot read it; a process of the same user can (as it could ptrace either role).
 
+def _secrets_dir() -> Path:
+    """``$TMPDIR/asyncrl-<uid>``: this user's directory of broadcaster weights secrets."""
+    return Path(tempfile.gettempdir()) / f"asyncrl-{os.getuid()}"
+
+
 def weights_secret_path(endpoint: str) -> Path:
     """Where the broadcaster whose PUB socket is at ``endpoint`` keeps its weights secret:
     ``$TMPDIR/asyncrl-<uid>/broadcaster-<port>.secret``."""
     port = endpoint.rsplit(":", 1)[1]
-    return Path(tempfile.gettempdir()) / f"asyncrl-{os.getuid()}" / f"broadcaster-{port}.secret"
+    return _secrets_dir() / f"broadcaster-{port}.secret"
 
 
 def create_weights_secret(endpoint: str) -> tuple[Path, bytes]:
@@ -304,12 +309,11 @@ def remove_stale_weights_secrets() -> list[str] | None:
 
     Returns the file names removed, or None where the listening ports cannot be read (no
     /proc/net/tcp: nothing is removed). Never raises for a file it cannot remove (skipped)."""
-    directory = Path(tempfile.gettempdir()) / f"asyncrl-{os.getuid()}"
     listening = listening_tcp_ports()
     if listening is None:
         return None
     removed = []
-    for path in sorted(directory.glob("broadcaster-*.secret")):
+    for path in sorted(_secrets_dir().glob("broadcaster-*.secret")):
         port = path.name[len("broadcaster-"):-len(".secret")]
         if port.isdigit() and int(port) not in listening:
             try:
