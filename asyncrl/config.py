@@ -35,7 +35,7 @@ PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     "vaco_paper": {"ratio_anchor": "behavior", "tv_threshold": 0.2, "surrogate_rho_bar": float("inf"),
                    "tv_filter_trigger": "minibatch", "tv_filter_min_deviation": 0.0, "tv_filter_ratio_cap": float("inf"),
                    "behavior_band": float("inf"), "behavior_band_ratio": "full",
-                   "entropy_coef": 0.0, "traces": "vtrace"},
+                   "entropy_coef": 0.0, "traces": "vtrace", "realign_from_version": 0},
     "impala": {"traces": "vtrace"},
 }
 RATIO_ANCHORS = ("behavior", "learning")
@@ -88,7 +88,7 @@ class AlgoConfig:
     traces: str = _f("uncorrected", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)")
     value_targets: str = _f("auto", "critic regression target: auto (the preset's: V-trace's vs where the advantages are realigned, GAE's lambda-returns otherwise), vtrace or lambda_returns (any preset but impala)")
     realign_min_lag: int = _f(0, "realigning presets, control task: realign only the samples at least this many versions behind the learner; the others get GAE on beta's data (and lambda-return targets under value_targets auto), as vaco_no_realign; 0: every sample")
-    realign_from_version: int = _f(0, "realigning presets but impala, control task: before the learner reaches this policy version, no sample is realigned (GAE on beta's data and lambda-return targets under value_targets auto, as vaco_no_realign); 0: from the first iteration")
+    realign_from_version: int = _f(125, "realigning presets but impala, control task: before the learner reaches this policy version, no sample is realigned (GAE on beta's data and lambda-return targets under value_targets auto, as vaco_no_realign); 0: from the first iteration (vaco_paper; the llm task has no such option); 125: about 256k env steps at the default batch (see configs/default.toml)")
     tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient")
     ratio_anchor: str = _f("learning", "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading)")
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none")
@@ -275,6 +275,16 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
     raise ConfigError(f"{where}: unsupported annotation {annotation}")
 
 
+def preset_settings(preset: str, task_kind: str) -> dict[str, Any]:
+    """The [algo] settings a preset (and the task kind) pins unless the config names them itself:
+    PRESET_SETTINGS, plus realign_from_version = 0 for task.kind llm (a control-task option, which
+    the llm task refuses when set)."""
+    out = dict(PRESET_SETTINGS.get(preset, {}))
+    if task_kind == "llm":
+        out.setdefault("realign_from_version", 0)
+    return out
+
+
 def _build(data: dict[str, Any]) -> Config:
     sections = _section_types()
     unknown = sorted(set(data) - set(sections))
@@ -291,7 +301,8 @@ def _build(data: dict[str, Any]) -> Config:
             raise ConfigError(f"unknown config key {name}.{bad[0]}; keys of [{name}] are {sorted(hints)}")
         kwargs = {k: _coerce(f"{name}.{k}", v, hints[k]) for k, v in raw.items()}
         if name == "algo":
-            for k, v in PRESET_SETTINGS.get(kwargs.get("preset", cls.preset), {}).items():
+            task = data.get("task") if isinstance(data.get("task"), dict) else {}
+            for k, v in preset_settings(kwargs.get("preset", cls.preset), task.get("kind", "control")).items():
                 kwargs.setdefault(k, v)
         built[name] = cls(**kwargs)
     cfg = Config(**built)

@@ -56,7 +56,8 @@ def read_config(path: str | Path | None) -> Config:
         hints = typing.get_type_hints(cls)
         values = {k: config_mod._coerce(f"{f.name}.{k}", v, hints[k]) for k, v in raw.get(f.name, {}).items()}
         if f.name == "algo":
-            for k, v in config_mod.PRESET_SETTINGS.get(values.get("preset", cls.preset), {}).items():
+            kind = raw.get("task", {}).get("kind", "control")
+            for k, v in config_mod.preset_settings(values.get("preset", cls.preset), kind).items():
                 values.setdefault(k, v)
         sections[f.name] = cls(**values)
     return Config(**sections)

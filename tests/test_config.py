@@ -60,6 +60,19 @@ def test_presets_pin_their_traces_unless_the_config_names_them(preset, traces):
     assert config.load(overrides=[f"algo.preset={preset}", "algo.traces=vtrace"]).algo.traces == "vtrace"
 
 
+def test_realignment_warm_up_default_per_preset_and_task_kind():
+    """The control task's vaco realigns from learner version 125 (configs/default.toml); vaco_paper
+    from the first iteration, as the paper; the llm task has no such option (0) and refuses one set."""
+    assert config.load(None).algo.realign_from_version == 125
+    assert config.load(None, ["algo.preset=vaco_no_filter"]).algo.realign_from_version == 125
+    assert config.load(None, ["algo.preset=vaco_paper"]).algo.realign_from_version == 0
+    assert config.load(None, ["algo.preset=vaco_paper", "algo.realign_from_version=7"]).algo.realign_from_version == 7
+    llm = config.load(None, ["task.kind=llm", "algo.preset=grpo"])
+    assert llm.algo.realign_from_version == 0
+    with pytest.raises(ConfigError, match="realign_from_version"):
+        config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.realign_from_version=125"])
+
+
 def test_unknown_traces_name_the_key():
     with pytest.raises(ConfigError, match="algo.traces"):
         config.load(overrides=["algo.traces=retrace"])
