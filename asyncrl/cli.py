@@ -25,21 +25,27 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
-def load_config(config_file, overrides, flags: dict | None = None, *, env: bool = True) -> Config:
-    """Defaults <- --config FILE <- CLI flags <- --set overrides; with ``env``, the env must be
-    one asyncrl can make here. Raises UserError."""
+def load_config(config_file, overrides, flags: dict | None = None, *, env: bool = True, resolved: bool = False,
+                notes: bool = True):
+    """Defaults <- --config FILE <- CLI flags <- --set overrides (asyncrl.config.resolve: presets and
+    the task kind set their keys unless the user does); each user value that overrides a preset or
+    task-kind value, or has no effect, is said once on stderr (with ``notes``). With ``env``, the env must be one
+    asyncrl can make here. Returns the Config, or with ``resolved`` the asyncrl.config.Resolved.
+    Raises UserError."""
     extra: dict[str, dict] = {}
     for (section, key), value in (flags or {}).items():
         if value is not None:
             extra.setdefault(section, {})[key] = value
     try:
-        cfg = config_mod.load(config_file, overrides, extra)
-        if env and cfg.task.kind == "control":
+        res = config_mod.load_resolved(config_file, overrides, extra)
+        if env and res.config.task.kind == "control":
             from .envs import check_env
-            check_env(cfg.env.id, cfg.env.max_episode_steps, cfg.env.module)
+            check_env(res.config.env.id, res.config.env.max_episode_steps, res.config.env.module)
     except (ConfigError, ValueError) as exc:  # EnvError is a ValueError
         raise UserError(str(exc)) from None
-    return cfg
+    for line in res.notes() if notes else ():
+        click.echo(f"config: {line}", err=True)
+    return res if resolved else res.config
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "lag.jsonl", "lag_histograms.jsonl", "summary.json", "checkpoint.pt")
@@ -104,12 +110,14 @@ def _restart_option(f):
                              "finish and its config is the same), overwrite it, or refuse.")(f)
 
 
-def write_config_json(out: Path, cfg: Config) -> None:
-    """The run's resolved config, with where it ran (code commit, package versions, machine load)."""
+def write_config_json(out: Path, res: config_mod.Resolved) -> None:
+    """The run's resolved config, how it was resolved (what the user set; overrides of a preset or
+    task-kind value; values without effect) and where it ran (code commit, package versions, load)."""
     from .metrics import RunDirError, write_json_atomic
     from .provenance import provenance
     try:
-        write_json_atomic(out / "config.json", {**cfg.to_dict(), "provenance": provenance()})
+        write_json_atomic(out / "config.json", {**res.config.to_dict(), "resolution": res.record(),
+                                                "provenance": provenance()})
     except RunDirError as exc:
         raise UserError(f"asyncrl: {exc}") from None
 
@@ -188,7 +196,8 @@ def _env_module(f):
 @click.option("--env", "env_id", help="Gymnasium env id (e.g. HalfCheetah-v5), or module:callable / "
                                       "module:EnvId for your own env.")
 @_env_module
-@click.option("--preset", help="vaco, ppo, ppo_kl, spo, impala, vaco_no_realign, vaco_no_filter.")
+@click.option("--preset", help=f"Advantage estimator and policy loss (config algo.preset): {', '.join(config_mod.PRESETS)}; "
+                               f"task.kind = llm: {', '.join(config_mod.LLM_PRESETS)}.")
 @click.option("--num-actors", type=int, help="Actor processes (serial mode: actor env groups).")
 @click.option("--total-steps", type=int, help="Env-step budget.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
@@ -204,12 +213,14 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
         launcher, ray_address, restart):
     """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial."""
     _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
-    cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
+    res = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
                                                   ("algo", "preset"): preset,
                                                   ("run", "num_actors"): num_actors,
                                                   ("run", "total_env_steps"): total_steps,
                                                   ("run", "seed"): seed, ("run", "launcher"): launcher,
-                                                  ("run", "ray_address"): ray_address, ("learner", "device"): device})
+                                                  ("run", "ray_address"): ray_address, ("learner", "device"): device},
+                      resolved=True)
+    cfg = res.config
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
     if cfg.run.launcher == "ray" and not serial:
@@ -220,7 +231,7 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
             raise UserError(str(exc)) from None
     out, resume = prepare_run_dir(run_dir, cfg, restart)
     if not resume:
-        write_config_json(out, cfg)
+        write_config_json(out, res)
     click.echo(f"run directory: {out}" + (" (resuming the run there)" if resume else ""))
     _prepare_task(cfg, out)
     try:
@@ -349,13 +360,14 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
     from .security import SecurityError
     from .shm import ShmError
     _on_sigterm()
-    cfg = load_config(config_file, overrides, {**_role_flags(env_id, None, seed, total_steps, env_module),
-                                               ("learner", "device"): device})
+    res = load_config(config_file, overrides, {**_role_flags(env_id, None, seed, total_steps, env_module),
+                                               ("learner", "device"): device}, resolved=True)
+    cfg = res.config
     _check_devices(cfg, actor=False)
     run_id = run_id or new_run_id()
     out, resume = prepare_run_dir(run_dir, cfg, restart)
     if not resume:
-        write_config_json(out, cfg)
+        write_config_json(out, res)
     bind = _endpoint(bind, cfg.transport.learner_bind)
     broadcaster = _endpoint(broadcaster, cfg.transport.broadcaster_bind)
     try:
@@ -662,10 +674,18 @@ def config_cmd():
 
 @config_cmd.command("show")
 @_common
-def config_show(config_file, overrides):
-    """Print the resolved config as TOML (usable with --config), each key with its meaning and default."""
-    cfg = load_config(config_file, overrides, env=False)
-    click.echo(config_mod.to_toml(cfg), nl=False)
+@click.option("--preset", help=f"Show this preset's config (config algo.preset): {', '.join(config_mod.PRESETS)}; "
+                               f"task.kind = llm: {', '.join(config_mod.LLM_PRESETS)}.")
+def config_show(config_file, overrides, preset):
+    """Print the resolved config as TOML (usable with --config), each key with its meaning, its default
+    and the layer that set it. Precedence, lowest first: built-in defaults < task kind < preset < your
+    config file, flags and --set; lines before the keys say which of your values override a preset or
+    task-kind value and which have no effect."""
+    res = load_config(config_file, overrides, {("algo", "preset"): preset}, env=False, resolved=True,
+                      notes=False)
+    head = ["# asyncrl config: built-in defaults < task kind < preset < your config file and --set"]
+    head += [f"# {line}" for line in res.notes()]
+    click.echo("\n".join(head) + "\n\n" + config_mod.to_toml(res.config, source=res.source), nl=False)
 
 
 @main.command()

@@ -19,10 +19,9 @@ import torch
 
 from .algo import losses
 from .algo.returns import gae, next_state_values, vtrace
+from .config import VTRACE_PRESETS
 from .optim import GuardedAdam
 from .policy import ActorCritic
-
-VTRACE_PRESETS = ("vaco", "vaco_paper", "vaco_no_filter", "impala")
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:

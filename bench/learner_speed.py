@@ -21,7 +21,6 @@ shapes are HalfCheetah-v5's, written below (tests/test_device.py checks them aga
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -29,7 +28,6 @@ import statistics
 import sys
 import time
 import tomllib
-import typing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,20 +45,10 @@ FORBIDDEN = ("zmq", "gymnasium", "mujoco")             # not on a lent GPU machi
 
 
 def read_config(path: str | Path | None) -> Config:
-    """A config file's Config as :func:`asyncrl.config.load` makes it, without its checks (they import
-    pyzmq). For the files this benchmark reads (tests/test_device.py compares the two)."""
+    """A config file's Config as :func:`asyncrl.config.load` resolves it, without its checks (they
+    import pyzmq). For the files this benchmark reads (tests/test_device.py compares the two)."""
     raw = tomllib.loads(Path(path).read_text()) if path else {}
-    sections = {}
-    for f in dataclasses.fields(Config):
-        cls = f.default_factory
-        hints = typing.get_type_hints(cls)
-        values = {k: config_mod._coerce(f"{f.name}.{k}", v, hints[k]) for k, v in raw.get(f.name, {}).items()}
-        if f.name == "algo":
-            kind = raw.get("task", {}).get("kind", "control")
-            for k, v in config_mod.preset_settings(values.get("preset", cls.preset), kind).items():
-                values.setdefault(k, v)
-        sections[f.name] = cls(**values)
-    return Config(**sections)
+    return config_mod.resolve(raw, check=False).config
 
 
 def control_case(cfg: Config, device, fwd, seed: int = 0):

@@ -39,11 +39,8 @@ def test_command_list_shows_whole_help_lines():
     assert "fills\n" in out or "fills slots for the learner" in " ".join(out.split())
 
 
-def test_every_key_has_help_and_default_toml_lists_exactly_the_keys():
-    keys = [(k.section, k.key) for k in config.describe()]
+def test_every_key_has_help():
     assert all(k.help for k in config.describe())
-    data = tomllib.loads((ROOT / "configs/default.toml").read_text())
-    assert sorted((s, k) for s, v in data.items() for k in v) == sorted(keys)
 
 
 def test_config_show_lists_every_key_and_reads_back(tmp_path):

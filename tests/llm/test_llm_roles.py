@@ -37,8 +37,8 @@ def _tiny_cfg(micro_dir, *extra):
     return config.load(None, ["task.kind=llm", f"task.model={micro_dir}", "task.warmup_steps=0",
                               "task.group_size=2", "task.prompts_per_slot=2", "task.max_prompt_tokens=160",
                               "task.max_new_tokens=12", "task.eval_size=8", "algo.num_epochs=2",
-                              "algo.num_minibatches=2", "algo.normalize_advantages=false", "algo.lr=1e-3",
-                              "learner.slots_per_batch=2", "learner.num_slots=2", "learner.reward_scaling=false",
+                              "algo.num_minibatches=2", "algo.lr=1e-3",
+                              "learner.slots_per_batch=2", "learner.num_slots=2",
                               "run.num_actors=2", "run.total_env_steps=24", "run.log_every_s=1000", *extra])
 
 
@@ -596,3 +596,32 @@ def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets
     assert log == forwards
     assert stats["minibatches"][0][1] == 0.0          # the first step's TV estimate: π_θ is π_T there, exactly
     assert math.isfinite(stats["rho_mean"]) and abs(stats["logprob_mismatch_fresh"]) < 1e-4
+
+
+@pytest.mark.parametrize("preset", config.LLM_PRESETS)
+def test_llm_values_marked_unused_leave_the_iteration_bit_identical(micro_dir, preset):
+    """Every [algo] value the llm task or its preset does not use (field metadata) changes nothing in one
+    llm_iteration, bit for bit; a used one (the clip or the TV budget) does, so the test can fail."""
+    import dataclasses
+    cfg = _tiny_cfg(micro_dir, f"algo.preset={preset}")
+    task = make_task(cfg)
+    batch = _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0])
+    batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.1 * batch["policy_mask"]   # ratios away from 1
+    reference = _update(task, cfg, batch)[0]
+
+    def weights(key, value):
+        return _update(task, dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **{key: value})), batch)[0]
+
+    alternatives = {"gamma": 0.5, "gae_lambda": 0.5, "c_bar": 0.5, "traces": "vtrace", "value_coef": 3.0,
+                    "entropy_coef": 0.5, "rho_bar": 0.5, "clip_eps": 0.01, "tv_threshold": 1e-4, "kl_coef": 5.0,
+                    "spo_eps": 0.01, "tv_filter_min_deviation": 0.05, "tv_filter_ratio_cap": 0.01,
+                    "tv_filter_trigger": "iteration", "value_targets": "vtrace", "realign_min_lag": 2}
+    unused = [k for k in alternatives if config.unused_reason(cfg, "algo", k)]
+    assert {"gamma", "entropy_coef", "value_coef"} <= set(unused)
+    for key in unused:
+        moved = weights(key, alternatives[key])
+        assert all(torch.equal(reference[k], moved[k]) for k in reference), key
+    used = "clip_eps" if preset == "grpo" else "tv_threshold" if preset == "vaco" else "behavior_band"
+    assert not config.unused_reason(cfg, "algo", used)
+    moved = weights(used, 1e-3)
+    assert any(not torch.equal(reference[k], moved[k]) for k in reference)
