@@ -3,7 +3,6 @@ its meaning, checked against configs/default.toml), run provenance, custom env i
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
