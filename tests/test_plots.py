@@ -90,10 +90,11 @@ def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     dirs = []
     for seed in (1, 2):
-        cfg = config.load(None, SMALL + [f"run.seed={seed}", "run.eval_every=128"])
+        res = config.load_resolved(None, SMALL + [f"run.seed={seed}", "run.eval_every=128"])
+        cfg = res.config
         d = root / f"s{seed}"
         d.mkdir()
-        write_config_json(d, cfg)
+        write_config_json(d, res)
         run_serial(cfg, d, max_iterations=4, echo=lambda *_: None)
         dirs.append(d)
     return dirs

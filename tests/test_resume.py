@@ -105,10 +105,11 @@ def test_unsaveable_env_has_no_state():
 
 
 def test_run_dir_choices(tmp_path):
-    cfg = config.load(None, SMALL + ["env.id=asyncrl/Corridor-v0", "run.total_env_steps=128"])
+    res = config.load_resolved(None, SMALL + ["env.id=asyncrl/Corridor-v0", "run.total_env_steps=128"])
+    cfg = res.config
     out, resume = prepare_run_dir(tmp_path / "r", cfg)
     assert not resume
-    write_config_json(out, cfg)
+    write_config_json(out, res)
     run_serial(cfg, out, max_iterations=1, echo=lambda *_: None)
     (out / "summary.json").write_text(json.dumps({"outcome": "interrupted"}))
     assert prepare_run_dir(out, cfg) == (out, True)
