@@ -63,10 +63,35 @@ def import_ray():
     return ray
 
 
+RAY_AUTH_ENV, RAY_TOKEN_ENV, RAY_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+RAY_AUTH_OFF = ("Ray's token authentication is off for this cluster ({why}): whoever reaches it could run code on every "
+                "node. Start every node and this command with RAY_AUTH_MODE=token and the head's token (ray "
+                "get-auth-token --generate on the head; RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token on "
+                "each node): the README, Ray cluster")
+
+
+def require_token_auth(address: str | None, environ=os.environ) -> None:
+    """Turn on Ray's token authentication (RAY_AUTH_MODE=token, Ray >= 2.52) in ``environ`` for this
+    driver, or refuse: a local cluster started for the run gets a token of Ray's making; joining a
+    running cluster (``address``) needs a token here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or Ray's
+    default ~/.ray/auth_token), the head's. Raises LauncherError when RAY_AUTH_MODE says otherwise,
+    or no token is found for ``address``. (Whether the cluster's own nodes were started with token
+    auth cannot be seen from a client: the README's Ray recipe starts them so.)"""
+    mode = environ.get(RAY_AUTH_ENV, "").strip().lower()
+    if mode and mode != "token":
+        raise LauncherError(RAY_AUTH_OFF.format(why=f"RAY_AUTH_MODE={environ[RAY_AUTH_ENV]}"))
+    if address and not (environ.get(RAY_TOKEN_ENV) or environ.get(RAY_TOKEN_PATH_ENV)
+                        or (Path.home() / ".ray" / "auth_token").is_file()):
+        raise LauncherError(RAY_AUTH_OFF.format(why=f"no Ray token on this host to join {address}"))
+    environ[RAY_AUTH_ENV] = "token"
+
+
 def connect(address: str | None):
     """Import Ray and join the cluster at ``address`` (e.g. "10.0.0.1:6379"), or start a local one
-    with a capped object store when it is None or ""; returns the ray module. Raises LauncherError
-    when Ray is not installed. (asyncrl run and asyncrl study --launcher ray.)"""
+    with a capped object store when it is None or ""; returns the ray module. Ray's token
+    authentication is on either way (:func:`require_token_auth`). Raises LauncherError when Ray is
+    not installed or token authentication would be off. (asyncrl run and asyncrl study --launcher ray.)"""
+    require_token_auth(address)
     ray = import_ray()
     kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
     if address:

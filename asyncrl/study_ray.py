@@ -62,6 +62,16 @@ def run_cell_on_node(argv: list[str], fingerprint: str) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def inside(root: Path, rel) -> Path | None:
+    """``root / rel`` if ``rel`` is a relative path (a str) that stays inside ``root`` after resolving
+    ``..`` and symbolic links, else None: files taken from a remote node land in the run directory only."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or Path(rel).is_absolute():
+        return None
+    base = root.resolve()
+    target = (base / rel).resolve()
+    return target if target != base and target.is_relative_to(base) else None
+
+
 class RayCells:
     """The study Runner's executor for a Ray cluster: :meth:`execute` runs one cell there and writes
     its run directory and log into the cell's directory on this host."""
@@ -98,11 +108,17 @@ class RayCells:
                    "load_start": None, "load_end": None}
         finally:
             self.refs.discard(ref)
-        for rel, data in out.pop("files").items():
-            p = run_dir / rel
+        files = out.pop("files")
+        for rel, data in files.items() if isinstance(files, dict) else ():
+            p = inside(run_dir, rel)
+            if p is None or not isinstance(data, bytes):
+                self.echo(f"study on Ray: a file name from the node is not inside the run directory, not written: "
+                          f"{str(rel)[:200]!r}")
+                continue
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(data)
-        (cell_dir / "log.txt").write_bytes(out.pop("log"))
+        log = out.pop("log")
+        (cell_dir / "log.txt").write_bytes(log if isinstance(log, bytes) else b"")
         return out
 
     def abort(self) -> None:

@@ -83,3 +83,35 @@ def test_a_study_cell_on_a_node_sends_back_its_run_directory(tmp_path):
     assert {"summary.json", "metrics.jsonl", "config.json"} <= set(out["files"])
     assert out["machine"]["node_ip"] and out["load_start"] is not None
     assert set(Path(tempfile.gettempdir()).glob("asyncrl-cell-*")) <= before, "the node's cell directory was left"
+
+
+def test_ray_token_authentication_is_turned_on_or_the_launch_refused(monkeypatch, tmp_path):
+    from asyncrl.launch_ray import require_token_auth
+    monkeypatch.setenv("HOME", str(tmp_path))               # no ~/.ray/auth_token
+    env = {}
+    require_token_auth(None, env)                          # a local cluster: Ray makes its own token
+    assert env == {"RAY_AUTH_MODE": "token"}
+    with pytest.raises(LauncherError, match="RAY_AUTH_MODE=disabled"):
+        require_token_auth(None, {"RAY_AUTH_MODE": "disabled"})
+    with pytest.raises(LauncherError, match="no Ray token on this host to join 10.0.0.1:6379"):
+        require_token_auth("10.0.0.1:6379", {})
+    env = {"RAY_AUTH_TOKEN": "x" * 32}
+    require_token_auth("10.0.0.1:6379", env)
+    assert env["RAY_AUTH_MODE"] == "token"
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("y" * 32)
+    env = {}
+    require_token_auth("10.0.0.1:6379", env)
+    assert env["RAY_AUTH_MODE"] == "token"
+
+
+def test_files_from_a_remote_node_land_inside_the_run_directory_only(tmp_path):
+    from asyncrl.study_ray import inside
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (run / "link").symlink_to(tmp_path / "elsewhere")
+    assert inside(run, "metrics.jsonl") == (run / "metrics.jsonl").resolve()
+    assert inside(run, "tb/events.x") == (run / "tb" / "events.x").resolve()
+    for bad in ("../x", "a/../../x", "/etc/passwd", "", ".", "link/x", "a\x00b", b"x", None, 3):
+        assert inside(run, bad) is None, bad
