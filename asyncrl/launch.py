@@ -14,10 +14,12 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,6 +98,21 @@ def free_port(host: str = "127.0.0.1") -> int:
     return _free_ports(host, 1)
 
 
+IPC_PATH_MAX = 100   # bytes of an ipc:// socket path (sun_path holds 108 with its NUL; room for ".snapshot")
+
+
+def private_endpoint_dir() -> Path:
+    """A new directory (mode 0700, this user's) for the ipc:// sockets of one local run: no other
+    user can connect to its roles, and no other process can take a role's endpoint while the
+    role restarts (a loopback TCP port is anyone's to connect to, and free for anyone to bind
+    during a restart's backoff). Under $TMPDIR, or /tmp when that path would be too long for a
+    socket name. Raises OSError when neither can be made."""
+    base = tempfile.gettempdir()
+    if len(base) + len("/asyncrl-ep-xxxxxxxx/weights.snapshot") > IPC_PATH_MAX:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="asyncrl-ep-", dir=base))
+
+
 def new_run_id() -> str:
     """A run id: the start time (MMDDhhmmss) and 6 random hex digits."""
     return f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
@@ -119,8 +136,9 @@ class Supervisor:
         self.restarts: dict[str, int] = {}    # role name -> times it was restarted (the whole run)
         self.restarted_at: dict[str, list[float]] = {}   # role name -> monotonic times of its restarts
         self.due: dict[str, float] = {}       # role name -> monotonic time of its pending restart
-        self.learner_ep = f"tcp://127.0.0.1:{free_port()}"
-        self.broadcaster_ep = f"tcp://127.0.0.1:{free_port_pair()}"
+        self.endpoint_dir = private_endpoint_dir()
+        self.learner_ep = f"ipc://{self.endpoint_dir}/learner"
+        self.broadcaster_ep = f"ipc://{self.endpoint_dir}/weights"
 
     def role_args(self, name: str) -> list[str]:
         cfg_file = str(self.run_dir / "config.json")
@@ -268,9 +286,11 @@ class Supervisor:
                 p.wait()
 
     def stop_all(self, grace_s: float = 5.0) -> None:
-        """Stop every role (as :meth:`stop`), then remove the run's shared memory."""
+        """Stop every role (as :meth:`stop`), then remove the run's shared memory and its private
+        endpoint directory."""
         self.stop(grace_s=grace_s)
         remove_run(self.run_id)   # a segment of a learner that had to be killed
+        shutil.rmtree(self.endpoint_dir, ignore_errors=True)
 
 
 def launch(cfg: Config, run_dir: Path, *, echo=print, resume: bool = False) -> dict:

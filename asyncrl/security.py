@@ -244,7 +244,10 @@ def _secrets_dir() -> Path:
 
 def weights_secret_path(endpoint: str) -> Path:
     """Where the broadcaster whose PUB socket is at ``endpoint`` keeps its weights secret:
-    ``$TMPDIR/asyncrl-<uid>/broadcaster-<port>.secret``."""
+    ``$TMPDIR/asyncrl-<uid>/broadcaster-<port>.secret``, or for ``ipc://PATH`` beside the socket
+    (``PATH.secret``, in the socket's own private directory)."""
+    if endpoint.startswith("ipc://"):
+        return Path(endpoint[len("ipc://"):] + ".secret")
     port = endpoint.rsplit(":", 1)[1]
     return _secrets_dir() / f"broadcaster-{port}.secret"
 

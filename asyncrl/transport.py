@@ -425,7 +425,10 @@ class RejectCounter:
 # messages), and send/recv timeouts so no call blocks forever.
 
 def snapshot_endpoint(broadcaster: str) -> str:
-    """The broadcaster's request socket sits one port above its PUB socket."""
+    """The broadcaster's request socket: one port above its PUB socket (tcp://HOST:PORT), or
+    beside it (ipc://PATH -> ipc://PATH.snapshot)."""
+    if broadcaster.startswith("ipc://"):
+        return f"{broadcaster}.snapshot"
     host, port = broadcaster.rsplit(":", 1)
     return f"{host}:{int(port) + 1}"
 
