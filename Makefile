@@ -7,7 +7,7 @@ STAMP     := $(VENV)/.installed
 
 # Every other dependency is pinned in constraints.txt: the versions CI tested (refresh: make constraints).
 CONSTRAINTS := constraints.txt
-EXTRAS    := dev,plot,video,tensorboard,llm,ray
+EXTRAS    := dev,plot,video,tensorboard,llm,ray,docs
 
 .PHONY: install run test test-fast bench clean constraints
 
