@@ -13,6 +13,7 @@ place (a message type without a direction below), so the pages stay complete.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from pathlib import Path
 
@@ -107,14 +108,14 @@ def cli_page() -> str:
         out.append(f"\n{level} `{' '.join(path)}`\n")
         out.append("```text\n" + cmd.get_usage(ctx).strip() + "\n```\n")
         if cmd.help:
-            out.append(_plain(cmd.help) + "\n")
+            out.append(_plain(inspect.cleandoc(cmd.help)) + "\n")
         rows = [p.get_help_record(ctx) for p in cmd.get_params(ctx)]
         rows = [r for r in rows if r]
         if rows:
             out.append("| option | meaning |")
             out.append("|---|---|")
             for opts, text in rows:
-                out.append(f"| `{_cell(opts).replace('`', '')}` | {_cell(text)} |")
+                out.append(f"| `{_cell(opts).replace('`', '')}` | {_cell(text) or '(argument)'} |")
         if isinstance(cmd, click.Group):
             subs = sorted(cmd.list_commands(ctx))
             out.append("\nCommands: " + ", ".join(f"`{' '.join(path + [s])}`" for s in subs) + ".\n")
