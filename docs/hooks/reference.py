@@ -83,7 +83,8 @@ def config_page() -> str:
     for preset, values in cfgmod.PRESET_SETTINGS.items():
         for key, v in values.items():
             out.append(f"| `{preset}` | `algo.{key}` | {_cell(_value(v))} |")
-    out.append(f"\nPresets: {', '.join(f'`{p}`' for p in cfgmod.PRESETS)}; task kinds: "
+    out.append(f"\nPresets of the control task: {', '.join(f'`{p}`' for p in cfgmod.PRESETS)}; of the llm task: "
+               f"{', '.join(f'`{p}`' for p in cfgmod.LLM_PRESETS)}; task kinds: "
                f"{', '.join(f'`{k}`' for k in cfgmod.TASK_KINDS)}.\n")
     return "\n".join(out) + "\n"
 
