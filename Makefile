@@ -7,9 +7,9 @@ STAMP     := $(VENV)/.installed
 
 # Every other dependency is pinned in constraints.txt: the versions CI tested (refresh: make constraints).
 CONSTRAINTS := constraints.txt
-EXTRAS    := dev,plot,video,tensorboard,llm,ray
+EXTRAS    := dev,plot,video,tensorboard,llm,ray,docs
 
-.PHONY: install run test test-fast bench clean constraints
+.PHONY: install run test test-fast bench clean constraints docs docs-check
 
 install: $(STAMP)
 
@@ -40,6 +40,15 @@ test-fast: install
 
 bench: install
 	$(PY) bench/throughput.py $(ARGS)
+
+# The documentation site (mkdocs.yml): served at http://127.0.0.1:8000 while you edit docs/.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve $(ARGS)
+
+# What CI runs: build the site with --strict (broken links, missing pages and a reference page
+# the code cannot generate all fail) into a temporary directory.
+docs-check: install
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$d"
 
 clean:
 	$(VENV)/bin/asyncrl clean || true

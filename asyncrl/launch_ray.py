@@ -67,7 +67,7 @@ RAY_AUTH_ENV, RAY_TOKEN_ENV, RAY_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOK
 RAY_AUTH_OFF = ("Ray's token authentication is off for this cluster ({why}): whoever reaches it could run code on every "
                 "node. Start every node and this command with RAY_AUTH_MODE=token and the head's token (ray "
                 "get-auth-token --generate on the head; RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token on "
-                "each node): the README, Ray cluster")
+                "each node): docs/multi-host.md")
 
 
 def require_token_auth(address: str | None, environ=os.environ) -> None:
@@ -76,7 +76,7 @@ def require_token_auth(address: str | None, environ=os.environ) -> None:
     running cluster (``address``) needs a token here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or Ray's
     default ~/.ray/auth_token), the head's. Raises LauncherError when RAY_AUTH_MODE says otherwise,
     or no token is found for ``address``. (Whether the cluster's own nodes were started with token
-    auth cannot be seen from a client: the README's Ray recipe starts them so.)"""
+    auth cannot be seen from a client: the recipe in docs/multi-host.md starts them so.)"""
     mode = environ.get(RAY_AUTH_ENV, "").strip().lower()
     if mode and mode != "token":
         raise LauncherError(RAY_AUTH_OFF.format(why=f"RAY_AUTH_MODE={environ[RAY_AUTH_ENV]}"))

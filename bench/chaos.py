@@ -1,4 +1,4 @@
-"""Chaos benchmark (issue 9): the main job keeps training while its roles are killed and frozen.
+"""Chaos benchmark: the main job keeps training while its roles are killed and frozen.
 
     .venv/bin/python bench/chaos.py                       # about 25 minutes on the 2-core machine
     .venv/bin/python bench/chaos.py --clean-minutes 2     # a shorter look

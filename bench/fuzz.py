@@ -1,4 +1,4 @@
-"""Bounded fuzz benchmark of each port a peer can reach (issue 9): N messages of each kind that
+"""Bounded fuzz benchmark of each port a peer can reach: N messages of each kind that
 reach the application after ZeroMQ's framing, on loopback and through CURVE with an allowed
 client key; prints what became of them and fails (exit 1) if a role ended, stopped answering, or
 a message went uncounted.

@@ -1,4 +1,4 @@
-"""The forward-lag study's figure and table (issue 11; VACO's LLM experiment, arXiv:2603.01365, Fig. 5
+"""The forward-lag study's figure and table (VACO's LLM experiment, arXiv:2603.01365, Fig. 5
 at CPU scale): held-out accuracy after RL against the minibatches per batch N, and the share of tokens
 each preset leaves without gradient (grpo: clipped; vaco: band and filter), and the training reward against
 completions, from a study's results.json. (Held-out accuracy is measured before and after RL only.)

@@ -1,5 +1,5 @@
-"""Pool repeated runs of one study (e.g. the main job measured in several sessions) and judge issue 8's
-main-job criteria per study run and over all of them.
+"""Pool repeated runs of one study (e.g. the main job measured on several days) and judge the
+main-job goals per study run and over all of them.
 
     .venv/bin/python bench/pool_studies.py bench/results/studies/main-job-forward \
         bench/results/studies/main-job-lag-restored bench/results/studies/main-job-speed

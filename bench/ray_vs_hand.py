@@ -1,4 +1,4 @@
-"""Ray-launched against hand-launched (issue 12; root only): env steps/s the learner consumes when
+"""Ray-launched against hand-launched (root only): env steps/s the learner consumes when
 `asyncrl run --launcher ray` places the roles on a three-node Ray cluster, against the same roles
 started by hand in the same network namespaces; same machine, same benchmark run, runs alternated
 (ray, hand, hand, ray, ...) so background load hits both alike. Also Ray's own CPU use in each Ray

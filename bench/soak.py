@@ -1,4 +1,4 @@
-"""Soak benchmark (issue 9): memory of each role over a long `asyncrl run`.
+"""Soak benchmark: memory of each role over a long `asyncrl run`.
 
     .venv/bin/python bench/soak.py                      # 30 minutes
     .venv/bin/python bench/soak.py --minutes 5          # a shorter look

@@ -5,7 +5,7 @@ P(X > Y) with its CI (asyncrl.stats), for the conditions named; then P(X > Y) ov
     .venv/bin/python bench/study_pairs.py bench/results/studies/quick --x vaco --y vaco_paper --conditions none
 
 Reads ``results.json`` as `asyncrl study` (or `--report-only --any-code`) last wrote it, so the cells
-are the ones that report holds. Issue 8's quick-profile acceptance is judged per env this way.
+are the ones that report holds. The quick profile's per-env comparisons (docs/results/quick-profile.md) are made this way.
 """
 from __future__ import annotations
 
