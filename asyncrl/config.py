@@ -30,8 +30,8 @@ LLM_PRESETS = ("grpo", "vaco", "vaco_no_filter")
 LLM_AVERAGING = ("token", "sequence", "constant")
 LLM_TRUNCATED_REWARD = ("score", "zero")
 LLM_REALIGN = ("none", "is_baseline")   # docs/llm-realignment.md
-LLM_SILENT_GROUPS = ("step", "skip", "drop")   # docs/llm-rl.md
-LLM_EVAL_MODES = ("sampled", "greedy")   # docs/llm-rl.md
+LLM_SILENT_GROUPS = ("step", "skip", "drop")   # docs/llm.md
+LLM_EVAL_MODES = ("sampled", "greedy")   # docs/llm.md
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
@@ -94,7 +94,7 @@ class EnvConfig:
 class PolicyConfig:
     hidden_sizes: tuple[int, ...] = _f((64, 64), "hidden layer widths of the policy and value MLPs", kinds=CONTROL)
     activation: str = _f("tanh", "hidden activation: tanh, relu or elu", kinds=CONTROL)
-    init_log_std: float = _f(-0.5, "initial log-std of the Gaussian policy (std 0.61: docs/decisions/control-defaults-notes.md)", kinds=CONTROL)
+    init_log_std: float = _f(-0.5, "initial log-std of the Gaussian policy (std 0.61: docs/decisions/init-log-std.md)", kinds=CONTROL)
     normalize_obs: bool = _f(True, "normalise observations by running mean and std (learner-updated, shipped with the weights)", kinds=CONTROL)
     obs_clip: float = _f(10.0, "clip normalised observations to +-this", kinds=CONTROL)
 
@@ -111,7 +111,7 @@ class AlgoConfig:
     traces: str = _f("uncorrected", "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t = lambda; the TD errors keep their rho_bar-clipped weights)", kinds=CONTROL, when=("V-trace is computed (vtrace presets or value_targets = vtrace)", _computes_vtrace))
     value_targets: str = _f("auto", "critic regression target: auto (the preset's: V-trace's vs where the advantages are realigned, GAE's lambda-returns otherwise), vtrace or lambda_returns (any preset but impala)", kinds=CONTROL, presets=NOT_IMPALA)
     realign_min_lag: int = _f(0, "realigning presets, control task: realign only the samples at least this many versions behind the learner; the others get GAE on beta's data (and lambda-return targets under value_targets auto), as vaco_no_realign; 0: every sample", kinds=CONTROL, presets=REALIGNING)
-    realign_from_version: int = _f(125, "realigning presets but impala, control task: before the learner reaches this policy version, no sample is realigned (GAE on beta's data and lambda-return targets under value_targets auto, as vaco_no_realign); 0: from the first iteration (vaco_paper; the llm task has no such option); 125: about 256k env steps at the default batch (docs/decisions/control-defaults-notes.md)", kinds=CONTROL, presets=REALIGNING)
+    realign_from_version: int = _f(125, "realigning presets but impala, control task: before the learner reaches this policy version, no sample is realigned (GAE on beta's data and lambda-return targets under value_targets auto, as vaco_no_realign); 0: from the first iteration (vaco_paper; the llm task has no such option); 125: about 256k env steps at the default batch (docs/decisions/realign-from-version.md)", kinds=CONTROL, presets=REALIGNING)
     tv_threshold: float = _f(0.2, "delta of the TV filter: samples of a minibatch over this TV budget get no gradient", presets=TV_FILTERED)
     ratio_anchor: str = _f("learning", "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading)", presets=VACO_FAMILY)
     surrogate_rho_bar: float = _f(1.0, "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none", presets=VACO_FAMILY, when=("ratio_anchor = learning", lambda c: c.algo.ratio_anchor == "learning"))
@@ -127,7 +127,7 @@ class AlgoConfig:
     entropy_coef: float = _f(0.0, "entropy-bonus weight", kinds=CONTROL)
     normalize_advantages: bool = _f(True, "normalise advantages per minibatch", kinds=CONTROL, presets=NOT_IMPALA)
     num_epochs: int = _f(10, "epochs over each batch", presets=NOT_IMPALA)
-    num_minibatches: int = _f(8, "minibatches per epoch (8 of 256: docs/decisions/control-defaults-notes.md)")
+    num_minibatches: int = _f(8, "minibatches per epoch (8 of 256: docs/decisions/minibatches.md)")
     lr: float = _f(3e-4, "Adam learning rate")
     anneal_lr: bool = _f(True, "anneal the learning rate linearly to 0 over run.total_env_steps")
     adam_eps: float = _f(1e-5, "Adam epsilon")
@@ -220,7 +220,7 @@ class TaskConfig:
     eval_size: int = _f(500, "llm: held-out problems of the evaluation before and after RL; 0: none", kinds=LLM)
     eval_batch_size: int = _f(64, "llm: prompts per generation batch of the held-out evaluation (a larger batch "
                                   "amortises each decoding step's fixed cost: 1.34x at 512 on the tiny model, "
-                                  "docs/llm-rl.md; its KV cache grows with it)", kinds=LLM)
+                                  "docs/llm.md; its KV cache grows with it)", kinds=LLM)
     eval_mode: str = _f("sampled", "llm: the held-out evaluation: sampled (one completion per problem at task.temperature, "
                                    "the same draws before and after RL: seeded by task.model_seed) or greedy (argmax)", kinds=LLM)
     averaging: str = _f("token", "llm: loss average over tokens: token (DAPO), sequence (GRPO) or constant (Dr. GRPO)", kinds=LLM)
@@ -234,12 +234,12 @@ class TaskConfig:
                                     "minibatches, as DAPO's dynamic sampling; num_minibatches splits the rest), skip "
                                     "(kept, but a minibatch without an advantage or a KL term does not step the "
                                     "optimizer) or step (kept: a minibatch of them alone still steps Adam on its "
-                                    "momentum; docs/llm-rl.md)", kinds=LLM)
+                                    "momentum; docs/llm.md)", kinds=LLM)
     kl_coef: float = _f(0.0, "llm: weight of the per-token k3 KL(pi_theta || start model) penalty (DeepSeekMath GRPO); "
                              "0: off, and the learner holds no reference model", kinds=LLM)
     negative_weight: float = _f(1.0, "llm: factor on negative advantages after group normalisation: 1 is GRPO, 0 "
                                      "keeps the positive (above-group-mean) completions only (positive-sample "
-                                     "reinforcement, arXiv:2506.01347; docs/llm-rl.md)", kinds=LLM)
+                                     "reinforcement, arXiv:2506.01347; docs/llm.md)", kinds=LLM)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``asyncrl study --launcher ray``: a study's cells as Ray tasks across a cluster (issue 12).
+"""``asyncrl study --launcher ray``: a study's cells as Ray tasks across a cluster.
 
 Each cell is the same ``asyncrl run`` command as in a local study (:meth:`asyncrl.study.Cell.command`),
 run by a Ray task on whichever node Ray picks, in a temporary directory of that node; the task sends

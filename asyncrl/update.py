@@ -61,13 +61,13 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
 
     ``value_targets`` picks the critic's target apart from the advantages: "auto" takes the one of
     the advantages' estimator (V-trace's vs where they are realigned, GAE's λ-returns otherwise);
-    "vtrace" or "lambda_returns" name one (issue 8: which of the two lowers the entropy under lag).
+    "vtrace" or "lambda_returns" name one (docs/decisions/value-targets.md).
 
     ``realign_min_lag`` > 0 (realigning presets but impala): only the samples whose ``lag`` [T, N]
     (learner version - behaviour version, in versions) is at least this get the realigned advantage
     (and, under "auto", V-trace's target); the others get GAE on β's data and its λ-returns, as
-    ``vaco_no_realign`` (issue 8: at one or two versions of lag the realignment makes HalfCheetah's
-    main job flip; docs/vaco-lag-correction.md sections 23-24).
+    ``vaco_no_realign`` (at one or two versions of lag the realignment makes HalfCheetah's
+    main job flip; docs/decisions/realign-min-lag.md).
     Raises ValueError if ``realign_min_lag`` > 0 and ``lag`` is None.
     """
     terminated, truncated = batch["terminated"], batch["truncated"]

@@ -407,7 +407,7 @@ class Learner:
         # the weights go out, not after: after the publish, its 0.5-1 ms delayed the next grants just
         # long enough for the new weights (one hop longer, through the broadcaster) to reach the actors
         # first. That made the main job more synchronous than designed: lag-2 samples fell from 7-9 % to
-        # 0.3-1 % (lag p95 2 -> 1 version), from commit 3811643 to 2026-12-03 (README, Lag and speed).
+        # 0.3-1 % (lag p95 2 -> 1 version), measured 2026-12-03 (docs/results/throughput.md).
         self.consumer.end_iteration()
         if trained:
             self.publish()

@@ -91,7 +91,7 @@ def weight_negatives(advantages: Tensor, negative_weight: float) -> Tensor:
     negative-sample terms: PSR alone raises Pass@1 and lowers Pass@k at large k; their
     Weighted-REINFORCE instead scales the positive term by 0.1 for Pass@k). With binary rewards the
     negative completions of a group are the wrong ones; a weight below 1 lowers how hard the tokens
-    they share with right completions (the operators after a wrong operand, docs/llm-rl.md) are
+    they share with right completions (the operators after a wrong operand, lab/llm-gsm-tiny/README.md) are
     pushed down.
 
     Args:

@@ -9,7 +9,7 @@ with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward
    minibatch of the first epoch takes its log π_T from its own forward, taken before any optimizer
    step of the iteration and hence at π_T: with one minibatch and one epoch (the gsm-tiny default)
    the learner makes no separate forward at all. A forward of every row took twice the time of the
-   training step on the informative fifth (docs/llm-rl.md, session 14).
+   training step on the informative fifth (lab/llm-gsm-tiny/README.md).
 2. Group-normalised advantages per row (:func:`asyncrl.tasks.llm.grpo.group_advantages`; with
    ``task.realign = "is_baseline"`` against the baseline of π_T instead,
    :func:`asyncrl.tasks.llm.grpo.realigned_group_advantages` with ``algo.rho_bar``; docs/llm-realignment.md),

@@ -10,7 +10,7 @@ The sampler is a plain loop over the model's forward with its KV cache (not ``mo
 it draws from an explicit ``torch.Generator`` (bit-reproducible on CPU for a given seed and thread
 count) and returns the log-probability of each drawn token under the distribution it was drawn from.
 A row that has emitted EOS leaves the decoding batch and the cache (compaction: a step costs what
-the rows still decoding cost; 1.17-1.26x faster on the tiny GSM model, docs/llm-rl.md), and every
+the rows still decoding cost; 1.17-1.26x faster on the tiny GSM model, lab/llm-gsm-tiny/README.md), and every
 draw is an inversion of one uniform per row and step, so no row's tokens depend on when the others end.
 
 Calculator (optional, :class:`Calculator`; GSM8k's own, Cobbe et al. 2021): when a row's completion

@@ -373,7 +373,7 @@ class LLMTask:
         evaluations before and after RL use the same random draws (common random numbers: the paired
         interval then measures the policy's change, not the draws'); "greedy": argmax decoding.
         Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
-        instead of about 11 s for 500 problems when other processes held the cores (docs/llm-rl.md)."""
+        instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
         from . import model as m
         from .sampling import eval_completions
         t = self.cfg.task
