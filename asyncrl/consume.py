@@ -245,7 +245,7 @@ class Consumer:
                                steps_per_s=self.state.env_steps / max(self.clock.elapsed, 1e-9),
                                avg_return=self.episodes.average_return, lag=self.lag.recent_percentiles(),
                                tv=self.last_stats.get("tv_estimate"),
-                               filtered=self.last_stats.get("filtered_fraction")))
+                               no_grad=self.last_stats.get("no_grad_fraction")))
 
     def finish(self, *, outcome: str = "finished", failed_role: str | None = None, reason: str | None = None,
                **extra) -> dict:

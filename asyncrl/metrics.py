@@ -163,9 +163,9 @@ def percentiles(values, qs=(50, 95)) -> list[float | None]:
 
 
 def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return: float | None,
-                  lag: tuple | None = None, tv: float | None = None, filtered: float | None = None) -> str:
-    """One console line. tv / filtered: None or NaN (an LLM iteration whose groups were all silent took
-    no optimizer step) print nothing."""
+                  lag: tuple | None = None, tv: float | None = None, no_grad: float | None = None) -> str:
+    """One console line. tv / no_grad (no_grad_fraction, asyncrl.algo.losses): None or NaN (an LLM
+    iteration whose groups were all silent took no optimizer step) print nothing."""
     parts = [f"steps {env_steps:>9,}/{total:,}", f"{steps_per_s:7,.0f} steps/s",
              f"return {avg_return:8.1f}" if avg_return is not None else "return      n/a"]
     if lag is not None and lag[0] is not None:
@@ -176,8 +176,8 @@ def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return:
         parts.append("lag p50/p95 n/a (no batch trained yet)")
     if tv is not None and tv == tv:
         parts.append(f"tv {tv:.3f}")
-    if filtered is not None and filtered == filtered:
-        parts.append(f"filtered {filtered:.2f}")
+    if no_grad is not None and no_grad == no_grad:
+        parts.append(f"no grad {no_grad:.2f}")
     return " | ".join(parts)
 
 
@@ -202,7 +202,7 @@ class Clock:
 
 
 # Columns of each row of a metrics record's "minibatches" list (asyncrl.update).
-MINIBATCH_COLUMNS = ("step", "tv_estimate", "filtered_fraction", "clip_fraction")
+MINIBATCH_COLUMNS = ("step", "tv_estimate", "no_grad_fraction")
 
 
 def tensorboard_writer(logdir: str | Path):

@@ -66,8 +66,8 @@ STUDY_KEYS = {"name", "total_env_steps", "seeds", "envs", "config", "set", "refe
               "random_episodes", "compare"}
 ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs"}
 CURVE_POINTS = 200
-DIAGNOSTICS = ("tv_estimate", "filtered_fraction", "clip_fraction", "approx_kl", "entropy", "rho_mean",
-               "filter_fire_rate", "filtered_fraction_stale", "filtered_fraction_fresh", "explained_variance")
+DIAGNOSTICS = ("tv_estimate", "no_grad_fraction", "clip_fraction_two_sided", "approx_kl", "entropy", "rho_mean",
+               "filter_fire_rate", "no_grad_fraction_stale", "no_grad_fraction_fresh", "explained_variance")
 
 
 class StudyError(ValueError):

@@ -53,7 +53,7 @@ def _params(run_dir):
 
 
 def _metric_rows(run_dir):
-    keep = ("env_steps", "average_return", "policy_loss", "value_loss", "tv_estimate", "filtered_fraction", "entropy")
+    keep = ("env_steps", "average_return", "policy_loss", "value_loss", "tv_estimate", "no_grad_fraction", "entropy")
     return [{k: r.get(k) for k in keep} for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
 
 
