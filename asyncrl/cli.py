@@ -622,7 +622,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
                    "eval where a run has them.")
 @click.option("--title", help="Figure title.")
 def plot(run_dirs, out, labels, group_by, returns, title):
-    """Learning curves of runs: return vs env steps and wall-clock time, TV estimate, share of samples without gradient (no_grad_fraction), lag."""
+    """Learning curves of runs: return vs env steps and wall-clock time, TV estimate, no_grad_fraction, lag."""
     from .plots import PlotError, plot_runs, read_run
     if labels and len(labels) != len(run_dirs):
         raise UserError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
