@@ -17,6 +17,7 @@ import click
 from . import __version__
 from . import config as config_mod
 from .config import Config, ConfigError
+from .wording import count_of
 
 
 class UserError(click.ClickException):
@@ -109,7 +110,8 @@ def write_config_json(out: Path, cfg: Config) -> None:
     from .metrics import RunDirError, write_json_atomic
     from .provenance import provenance
     try:
-        write_json_atomic(out / "config.json", {**cfg.to_dict(), "provenance": provenance()})
+        # infinities ("off", e.g. algo.behavior_band) as "inf": strict JSON that config.load reads back
+        write_json_atomic(out / "config.json", {**cfg.to_dict(), "provenance": provenance()}, inf_as_text=True)
     except RunDirError as exc:
         raise UserError(f"asyncrl: {exc}") from None
 
@@ -437,7 +439,7 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
     n = _run_role(role, ActorError)
     if n is not None:
         bad = role.bad_numbers.by_reason()
-        click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}"
+        click.echo(f"actor {opts.actor_id}: {count_of(n, 'rollout')} sent; {role.stopped or 'stopped'}"
                    + (f"; non-finite numbers from its envs: {bad}" if bad else ""))
 
 
@@ -521,7 +523,8 @@ def lag(run_dir, as_json, plot_path):
         report = build_report(run_dir)
     except ReportError as exc:
         raise UserError(str(exc)) from None
-    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    from .metrics import strict_json
+    click.echo(strict_json(report, indent=2) if as_json else format_report(report))
     if plot_path:
         try:
             plot_report(run_dir, plot_path)
@@ -599,9 +602,11 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
            "seed": seed, "actions": "sampled" if stochastic else "mean", **s,
            "returns": result.returns, "lengths": result.lengths, "video": video}
     if as_json:
-        click.echo(json.dumps(out, indent=2))
+        from .metrics import strict_json
+        click.echo(strict_json(out, indent=2))
     else:
-        click.echo(f"{s['episodes']} episodes of {env_id}, {out['actions']} actions, seeds {seed}..{seed + episodes - 1} "
+        seeds = f"seed {seed}" if episodes == 1 else f"seeds {seed}..{seed + episodes - 1}"
+        click.echo(f"{count_of(s['episodes'], 'episode')} of {env_id}, {out['actions']} actions, {seeds} "
                    f"(policy version {ckpt.version}, {ckpt.env_steps:,} env steps): return {s['return_mean']:.1f} ± "
                    f"{s['return_std']:.1f}, length {s['length_mean']:.1f} ± {s['length_std']:.1f} (mean ± std)")
     if video:
@@ -652,7 +657,7 @@ def plot(run_dirs, out, labels, group_by, returns, title):
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-    click.echo(f"plot of {len(series)} run(s) written to {out}")
+    click.echo(f"plot of {count_of(len(series), 'run')} written to {out}")
 
 
 @main.group("config")
@@ -747,7 +752,8 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
             if runner.executor:
                 runner.executor.close()
     results = write_report(st, runner.finished_records(any_code=any_code and report_only), runner.out)
-    click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {len(st.cells)} cells finished)")
+    click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {count_of(len(st.cells), 'cell')} "
+               "finished)")
 
 
 def summary_line(s: dict) -> str:

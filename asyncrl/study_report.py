@@ -16,6 +16,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import stats
+from .metrics import strict_json
+from .wording import count_of
 from .study import Study
 
 CSV_FIELDS = ("study", "label", "env", "preset", "condition", "seed", "mode", "status", "final_return", "auc",
@@ -37,7 +39,7 @@ def random_returns(study: Study, out: Path) -> dict[str, float]:
             known[env] = {"return": random_policy_return(env, episodes=study.random_episodes, seed=0),
                           "episodes": study.random_episodes, "seed": 0}
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(known, indent=1) + "\n")
+    path.write_text(strict_json(known, indent=1) + "\n")
     return {k: v["return"] for k, v in known.items()}
 
 
@@ -176,7 +178,7 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
     cpus = Counter(_cpu(r.get("machine") or {}) for r in records)
     lines = [f"# Study `{study.name}`", "",
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} by `asyncrl study {study.path}`. "
-             f"{len(records)} of {len(study.cells)} cells finished ({len(ok)} scored, "
+             f"{len(records)} of {count_of(len(study.cells), 'cell')} finished ({len(ok)} scored, "
              f"{sum(r.get('status') == 'failed' for r in records)} failed, "
              f"{sum(r.get('status') == 'diverged' for r in records)} diverged). "
              f"Code fingerprints: {', '.join(sorted({r['code_fingerprint'] for r in records})) or 'n/a'}; "
@@ -260,7 +262,7 @@ def write_report(study: Study, records: list[dict], out: Path) -> dict:
                "random_returns": random, "reference_returns": study.reference, "modes": study.modes,
                "groups": rows, "aggregates": aggs, "comparisons": comps, "cells": records}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.json").write_text(strict_json(results, indent=1) + "\n")
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
         w.writeheader()

@@ -103,7 +103,7 @@ def test_plot_command_groups_runs_by_config_key(two_runs, tmp_path, figures):
     out = tmp_path / "p.png"
     res = CliRunner().invoke(main, ["plot", *map(str, two_runs), "--out", str(out), "--group-by", "algo.preset"])
     assert res.exit_code == 0, res.output
-    assert out.exists() and "plot of 2 run(s)" in res.stdout
+    assert out.exists() and "plot of 2 runs" in res.stdout
     fig = figures[0]
     assert [t.get_text() for t in fig.legends[0].texts] == ["algo.preset=vaco (mean of 2, 95% CI)"]
     titles = [a.get_title() for a in fig.axes]

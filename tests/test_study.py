@@ -220,6 +220,13 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:     # a NaN loss that stepped the optimizer
         f.write(json.dumps({**silent, "optimizer_steps": 1}) + "\n")
     assert study_mod.cell_record(st.cells[0], run)["diverged"]
+    from asyncrl.metrics import strict_json    # as a run writes it: the NaN loss is null
+    good = json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n"
+    (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 0}) + "\n")
+    assert not study_mod.cell_record(st.cells[0], run)["diverged"]
+    (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 1}) + "\n")
+    assert '"policy_loss": null' in (run / "metrics.jsonl").read_text()
+    assert study_mod.cell_record(st.cells[0], run)["diverged"]
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
     rec = study_mod.cell_record(st.cells[0], run)
     assert rec["accuracy_difference_ci95_paired"] == [0.03, 0.09] and rec["curve"] == [[64, 1.0, 0.4]]

@@ -154,7 +154,7 @@ def test_roles_by_hand_actors_before_learner(procs, tmp_path):
     assert procs.wait("learner", 120) == 0, procs.dump()
     for name in ("a0", "a1"):
         assert procs.wait(name, 20) == 0, procs.dump()
-        assert "rollouts sent; step budget reached" in procs.out(name)
+        assert "sent; step budget reached" in procs.out(name)
     assert "done:" in procs.out("learner")
     assert not shm_segments(run_id), "the learner left its segment behind"
     # a broadcaster runs until stopped; Ctrl-C stops it cleanly
