@@ -7,23 +7,35 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
-import signal
 import sys
 import time
+from typing import Any, NoReturn
 from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, exit_status
 from . import config as config_mod
 from .config import Config, ConfigError
 from .wording import count_of
 
 
 class UserError(click.ClickException):
-    """One clear line on stderr, exit status 2, no traceback."""
+    """One clear line on stderr, exit status 2 (refused: asyncrl.exit_status), no traceback."""
 
-    exit_code = 2
+    exit_code = exit_status.REFUSED
+
+
+class RunFailed(click.ClickException):
+    """A run or role that failed while running: one line on stderr, exit status 1 (asyncrl.exit_status)."""
+
+    exit_code = exit_status.FAILED
+
+
+def _interrupted(line: str) -> NoReturn:
+    """The outcome line of an interrupted command, then its exit status (130 after SIGINT, 143 after SIGTERM)."""
+    click.echo(line)
+    sys.exit(exit_status.interrupted_status())
 
 
 def load_config(config_file, overrides, flags: dict | None = None, *, env: bool = True) -> Config:
@@ -204,8 +216,11 @@ def _env_module(f):
 @_restart_option
 def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial, device,
         launcher, ray_address, restart):
-    """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial."""
-    _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
+    """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial.
+
+    Exit status 0 finished, 1 failed, 2 refused to start, 130 / 143 interrupted by SIGINT / SIGTERM;
+    the last line says how it ended (asyncrl.exit_status)."""
+    exit_status.install_stop_handlers()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
     cfg = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
                                                   ("algo", "preset"): preset,
                                                   ("run", "num_actors"): num_actors,
@@ -233,28 +248,34 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
             try:
                 summary = run_serial(cfg, out, echo=click.echo, resume=resume)
             except NonFiniteError as exc:
-                raise click.ClickException(str(exc)) from None
+                raise RunFailed(str(exc)) from None
             except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
-                raise click.ClickException(f"asyncrl: {exc}") from None
+                raise RunFailed(f"asyncrl: {exc}") from None
         elif cfg.run.launcher == "ray":
             from .launch import RoleFailed
             from .launch_ray import LauncherError, launch_ray
             try:
                 summary = launch_ray(cfg, out, address=cfg.run.ray_address or None, echo=click.echo, resume=resume)
             except (RoleFailed, LauncherError) as exc:
-                raise click.ClickException(str(exc)) from None
-            click.echo(summary_line(summary))
+                raise RunFailed(str(exc)) from None
         else:
             from .launch import RoleFailed, launch
             try:
                 summary = launch(cfg, out, echo=click.echo, resume=resume)
             except RoleFailed as exc:
-                raise click.ClickException(str(exc)) from None
+                raise RunFailed(str(exc)) from None
     except KeyboardInterrupt:
-        click.echo("interrupted: the run was stopped; its summary.json and checkpoint.pt were written", err=True)
-        sys.exit(130)
-    if serial:   # in a multi-process run the learner prints it
-        click.echo(summary_line(summary))
+        _interrupted(summary_line(_read_summary(out)))
+    click.echo(summary_line(summary))   # the run's one outcome line (a learner under `run` writes its own to its log)
+
+
+def _read_summary(run_dir: Path) -> dict:
+    """summary.json of ``run_dir``, or {} when there is none that reads (the run stopped before it wrote one)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _prepare_task(cfg: Config, out: Path) -> None:
@@ -267,32 +288,17 @@ def _prepare_task(cfg: Config, out: Path) -> None:
         raise UserError(str(exc)) from None
 
 
-def _run_role(role, errors):
-    """Run a role to its end: its own errors become one line (UserError), Ctrl-C a quiet stop
-    (returns None); the role is always closed."""
+def _run_role(role, errors) -> tuple[Any, bool]:
+    """Run a role to its end: (what its run() returned, False), or (None, True) after Ctrl-C or
+    SIGTERM; its own errors become one line (UserError). The role is always closed."""
     try:
-        return role.run()
+        return role.run(), False
     except errors as exc:
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        return None
+        return None, True
     finally:
         role.close()
-
-
-def _on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every role cleans up (sockets, shared memory).
-
-    Only the first SIGINT/SIGTERM interrupts; later ones are ignored (SIGKILL still works): a
-    terminal's Ctrl-C reaches every process of `asyncrl run`, which then signals each role again,
-    and a second KeyboardInterrupt would cut the cleanup short (no summary, no checkpoint)."""
-    def handler(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # started with Ctrl-C ignored: keep it so
-        signal.signal(signal.SIGINT, handler)
 
 
 def _network(f):
@@ -343,14 +349,19 @@ def _role_flags(env_id, num_envs, seed, total_steps=None, env_module=None):
 @click.option("--seed", type=int)
 @_device_option("learner.device", "Where the learner computes")
 @_restart_option
+@click.option("--supervised", is_flag=True, hidden=True,
+              help="Started by `asyncrl run`: the outcome line goes to stderr (the role's log); the launcher prints the run's.")
 def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind, advertise, broadcaster, run_dir,
-            run_id, total_steps, seed, device, restart):
-    """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
+            run_id, total_steps, seed, device, restart, supervised):
+    """The learner: owns the nets and shared memory, consumes rollouts, publishes weights.
+
+    Exit status 0 finished, 1 failed, 2 refused to start, 130 / 143 interrupted by SIGINT / SIGTERM;
+    the last line says how it ended (asyncrl.exit_status)."""
     from .launch import new_run_id
     from .roles.learner import Learner, LearnerError
     from .security import SecurityError
     from .shm import ShmError
-    _on_sigterm()
+    exit_status.install_stop_handlers()
     cfg = load_config(config_file, overrides, {**_role_flags(env_id, None, seed, total_steps, env_module),
                                                ("learner", "device"): device})
     _check_devices(cfg, actor=False)
@@ -367,23 +378,25 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
         raise UserError(f"learner: {exc}" if isinstance(exc, (OSError, ShmError)) else str(exc)) from None
     from .metrics import RunDirError
     from .state import NonFiniteError
+    interrupted = False
     try:
         summary = role.run()
     except (LearnerError, NonFiniteError) as exc:
         role.record_failure(exc)
-        raise UserError(str(exc)) from None
+        raise RunFailed(str(exc)) from None
     except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
         role.record_failure(exc)
-        raise UserError(f"learner: {exc}") from None
+        raise RunFailed(f"learner: {exc}") from None
     except KeyboardInterrupt:
-        summary = role.finish(outcome="interrupted")
-        click.echo("learner: interrupted", err=True)
+        summary, interrupted = role.finish(outcome="interrupted"), True
     except Exception as exc:
         role.record_failure(exc)
         raise
     finally:
         role.close()
-    click.echo(summary_line(summary))
+    click.echo(summary_line(summary), err=supervised)
+    if interrupted:
+        sys.exit(exit_status.interrupted_status())
 
 
 @main.command()
@@ -414,11 +427,14 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
 def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, env_id, env_module, num_envs, actor_id,
           seed,
           policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label, token_file, device):
-    """An actor: steps envs with the newest weights it has and fills slots for the learner."""
+    """An actor: steps envs with the newest weights it has and fills slots for the learner.
+
+    Exit status 0 when its learner told it to stop, 2 refused (by its learner, or bad config), 130 /
+    143 interrupted by SIGINT / SIGTERM; the last line says how it ended (asyncrl.exit_status)."""
     import os
     import socket
     from .roles.actor import Actor, ActorError, ActorOptions
-    _on_sigterm()
+    exit_status.install_stop_handlers()
     flags = _role_flags(env_id, num_envs, None, env_module=env_module)
     flags.update({("actor", "policy_delay"): policy_delay, ("actor", "policy_age_buffer"): policy_age_buffer,
                   ("actor", "slowdown_s"): slowdown, ("actor", "rollout_transport"): rollout_transport,
@@ -436,11 +452,13 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
         role = Actor(cfg, opts)
     except SecurityError as exc:
         raise UserError(str(exc)) from None
-    n = _run_role(role, ActorError)
-    if n is not None:
-        bad = role.bad_numbers.by_reason()
-        click.echo(f"actor {opts.actor_id}: {count_of(n, 'rollout')} sent; {role.stopped or 'stopped'}"
-                   + (f"; non-finite numbers from its envs: {bad}" if bad else ""))
+    _, interrupted = _run_role(role, ActorError)
+    bad = role.bad_numbers.by_reason()
+    what = f"actor {opts.actor_id}, {count_of(role.sent, 'rollout')} sent"
+    bad = f"; non-finite numbers from its envs: {bad}" if bad else ""
+    if interrupted:
+        _interrupted(f"interrupted: {what}{bad}")
+    click.echo(f"done: {what}; {role.stopped or 'stopped'}{bad}")
 
 
 @main.command()
@@ -456,10 +474,13 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
 @_network
 @_common
 def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, config_file, overrides):
-    """The weight broadcaster: republishes the learner's newest weights to all actors."""
+    """The weight broadcaster: republishes the learner's newest weights to all actors.
+
+    It runs until stopped: exit status 130 / 143 after SIGINT / SIGTERM (its normal end), 2 refused
+    to start (asyncrl.exit_status); the last line says how many weight versions it published."""
     from .roles.broadcaster import Broadcaster, BroadcasterError
     from .security import SecurityError
-    _on_sigterm()
+    exit_status.install_stop_handlers()
     cfg = load_config(config_file, overrides, env=False)
     bind = _endpoint(bind, cfg.transport.broadcaster_bind)
     try:
@@ -468,7 +489,11 @@ def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, con
                            echo=click.echo, summary=summary_file)
     except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
         raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None
-    _run_role(role, BroadcasterError)
+    _, interrupted = _run_role(role, BroadcasterError)
+    what = f"{'relay' if role.upstream else 'broadcaster'}, {count_of(role.published, 'weight version')} published"
+    if interrupted:
+        _interrupted(f"interrupted: {what}")
+    click.echo(f"done: {what}")
 
 
 @main.group()
@@ -591,8 +616,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
     except OSError as exc:
         raise UserError(f"cannot write {video}: {exc.strerror or exc}") from None
     except KeyboardInterrupt:
-        click.echo("eval: interrupted", err=True)
-        sys.exit(130)
+        _interrupted("interrupted: eval")
     finally:
         if writer is not None:
             writer.close()
@@ -738,7 +762,7 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
             click.echo(f"{state:8} {runner.keys[c]} {c.label} | {c.env} | {c.condition} | seed {c.seed} | {c.mode}{shared}")
         return
     if not report_only:
-        _on_sigterm()
+        exit_status.install_stop_handlers()
         if launcher == "ray":
             from .launch_ray import LauncherError
             from .study_ray import RayCells
@@ -748,6 +772,8 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
                 raise UserError(str(exc)) from None
         try:
             runner.run()
+        except KeyboardInterrupt:
+            _interrupted(f"interrupted: study {st.name}; the finished cells are kept, a re-run goes on from them")
         finally:
             if runner.executor:
                 runner.executor.close()
@@ -757,15 +783,23 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
 
 
 def summary_line(s: dict) -> str:
-    """One line from a run's summary.json: "done: ..." for a finished run, "interrupted: ..." or
-    "failed: ..." otherwise."""
+    """The outcome line of a run from its summary.json: "done: ..." for a finished run, "interrupted: ..."
+    or "failed: ..." otherwise; an interrupted or failed one also names the checkpoint a resume starts
+    from. An empty ``s`` (no summary was written) gives "interrupted: before the run wrote its summary"."""
+    if "env_steps" not in s:
+        return "interrupted: before the run wrote its summary"
     ret = s.get("final_average_return")
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
-    outcome = s.get("outcome", "finished")   # an interrupted or failed run says so, not "done"
+    outcome = s.get("outcome", "finished") or "interrupted"   # an interrupted or failed run says so, not "done"
     head = "done" if outcome == "finished" else outcome
-    return (f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
-            f"({s['env_steps_per_s']:,.0f}/s), {s['learner_iterations']} learner iterations, "
+    line = (f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
+            f"({s['env_steps_per_s']:,.0f}/s), {count_of(s['learner_iterations'], 'learner iteration')}, "
             f"average return {ret_text}, lag p50/p95 {_num(s.get('lag_p50'))}/{_num(s.get('lag_p95'))} versions")
+    ck = s.get("resume_checkpoint")
+    if outcome != "finished":
+        line += (f"; a resume starts from {ck['file']} at {ck['env_steps']:,} env steps (version {ck['version']})"
+                 if ck else "; no checkpoint: a resume starts from scratch")
+    return line
 
 
 def _num(x) -> str:

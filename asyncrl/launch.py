@@ -130,7 +130,8 @@ class Supervisor:
         if name == "learner":   # a restarted learner, or the first of a resumed run, resumes
             restart = "resume" if self.resume or self.restarts.get("learner") else "refuse"
             return ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id", self.run_id,
-                    "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep, "--restart", restart]
+                    "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep, "--restart", restart,
+                    "--supervised"]   # its outcome line to its log: `asyncrl run` prints the run's
         i = int(name[len("actor"):])
         return ["actor", "--config", cfg_file, "--learner", self.learner_ep, "--broadcaster", self.broadcaster_ep,
                 "--actor-id", name, "--token-file", str(self.run_dir / "tokens" / name), *self._straggler(i)]   # seeds: from run.seed, id and restart count

@@ -250,7 +250,7 @@ class RayRun:
                      ["learner", "--config", str(self.run_dir / "config.json"), "--run-dir", str(self.run_dir),
                       "--run-id", self.run_id, "--bind", f"tcp://0.0.0.0:{at['port']}", "--advertise",
                       f"{at['ip']}:{at['port']}", "--broadcaster", bcast_ep, "--keys", "{dir}/keys",
-                      "--restart", restart], server, {str(self.run_dir / "config.json"): cfg_bytes})
+                      "--restart", restart, "--supervised"], server, {str(self.run_dir / "config.json"): cfg_bytes})
         self.wait_listening()
         relays = {}
         for k, node in enumerate(remote_nodes):      # one relay broadcaster per actor node, on its loopback
