@@ -194,6 +194,6 @@ def test_relay_tcp_rollouts_and_handshake_refusals(procs, tmp_path):
     assert max(r["behavior_version"] for r in rows) >= 5, "the relay passed on no new weights"
     assert "refused actor other_run" in procs.err("learner")
     for name in ("broadcaster", "relay"):
-        procs.popen[name].send_signal(2)
-        assert procs.wait(name, 10) == 0, procs.dump()
+        procs.popen[name].send_signal(signal.SIGINT)
+        assert procs.wait(name, 10) == 130, procs.dump()     # stopped by Ctrl-C: interrupted (asyncrl.exit_status)
     procs.shutdown()
