@@ -403,6 +403,20 @@ def test_learner_by_hand_exit_status_and_one_outcome_line(procs, tmp_path, sig):
     procs.shutdown()
 
 
+@pytest.mark.timeout(120)
+def test_actor_by_hand_interrupted_while_waiting_for_its_learner(procs, tmp_path):
+    """An actor stopped by SIGTERM before any learner answered: exit 143, one outcome line."""
+    learner_ep, broadcaster_ep = endpoints()
+    p = start_actor(procs, "a0", learner_ep, broadcaster_ep, env_id=CORRIDOR, expect_failure=True)
+    wait_for(lambda: "zmq" in Path(f"/proc/{p.pid}/maps").read_text(), 60, "the actor to load ZeroMQ", procs=procs)
+    time.sleep(1.0)     # saying hello into the void
+    p.send_signal(signal.SIGTERM)
+    assert procs.wait("a0", 60) == 143, procs.dump()
+    lines = outcome_lines(procs.out("a0") + procs.err("a0"))
+    assert lines == ["interrupted: actor a0, 0 rollouts sent"], procs.dump()
+    procs.shutdown()
+
+
 # ----------------------------------------------------------------------------- 6. mismatched actors
 
 @pytest.mark.timeout(150)
