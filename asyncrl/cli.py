@@ -7,22 +7,35 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
-import signal
 import sys
 import time
+from typing import Any, NoReturn
 from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, exit_status
 from . import config as config_mod
 from .config import Config, ConfigError
+from .wording import count_of
 
 
 class UserError(click.ClickException):
-    """One clear line on stderr, exit status 2, no traceback."""
+    """One clear line on stderr, exit status 2 (refused: asyncrl.exit_status), no traceback."""
 
-    exit_code = 2
+    exit_code = exit_status.REFUSED
+
+
+class RunFailed(click.ClickException):
+    """A run or role that failed while running: one line on stderr, exit status 1 (asyncrl.exit_status)."""
+
+    exit_code = exit_status.FAILED
+
+
+def _interrupted(line: str) -> NoReturn:
+    """The outcome line of an interrupted command, then its exit status (130 after SIGINT, 143 after SIGTERM)."""
+    click.echo(line)
+    sys.exit(exit_status.interrupted_status())
 
 
 def load_config(config_file, overrides, flags: dict | None = None, *, env: bool = True, resolved: bool = False,
@@ -116,8 +129,9 @@ def write_config_json(out: Path, res: config_mod.Resolved) -> None:
     from .metrics import RunDirError, write_json_atomic
     from .provenance import provenance
     try:
+        # infinities ("off", e.g. algo.behavior_band) as "inf": strict JSON that config.load reads back
         write_json_atomic(out / "config.json", {**res.config.to_dict(), "resolution": res.record(),
-                                                "provenance": provenance()})
+                                                "provenance": provenance()}, inf_as_text=True)
     except RunDirError as exc:
         raise UserError(f"asyncrl: {exc}") from None
 
@@ -211,8 +225,11 @@ def _env_module(f):
 @_restart_option
 def run(config_file, overrides, env_id, env_module, preset, num_actors, total_steps, run_dir, seed, serial, device,
         launcher, ray_address, restart):
-    """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial."""
-    _on_sigterm()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
+    """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial.
+
+    Exit status 0 finished, 1 failed, 2 refused to start, 130 / 143 interrupted by SIGINT / SIGTERM;
+    the last line says how it ended (asyncrl.exit_status)."""
+    exit_status.install_stop_handlers()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
     res = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
                                                   ("algo", "preset"): preset,
                                                   ("run", "num_actors"): num_actors,
@@ -242,28 +259,34 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
             try:
                 summary = run_serial(cfg, out, echo=click.echo, resume=resume)
             except NonFiniteError as exc:
-                raise click.ClickException(str(exc)) from None
+                raise RunFailed(str(exc)) from None
             except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
-                raise click.ClickException(f"asyncrl: {exc}") from None
+                raise RunFailed(f"asyncrl: {exc}") from None
         elif cfg.run.launcher == "ray":
             from .launch import RoleFailed
             from .launch_ray import LauncherError, launch_ray
             try:
                 summary = launch_ray(cfg, out, address=cfg.run.ray_address or None, echo=click.echo, resume=resume)
             except (RoleFailed, LauncherError) as exc:
-                raise click.ClickException(str(exc)) from None
-            click.echo(summary_line(summary))
+                raise RunFailed(str(exc)) from None
         else:
             from .launch import RoleFailed, launch
             try:
                 summary = launch(cfg, out, echo=click.echo, resume=resume)
             except RoleFailed as exc:
-                raise click.ClickException(str(exc)) from None
+                raise RunFailed(str(exc)) from None
     except KeyboardInterrupt:
-        click.echo("interrupted: the run was stopped; its summary.json and checkpoint.pt were written", err=True)
-        sys.exit(130)
-    if serial:   # in a multi-process run the learner prints it
-        click.echo(summary_line(summary))
+        _interrupted(summary_line(_read_summary(out)))
+    click.echo(summary_line(summary))   # the run's one outcome line (a learner under `run` writes its own to its log)
+
+
+def _read_summary(run_dir: Path) -> dict:
+    """summary.json of ``run_dir``, or {} when there is none that reads (the run stopped before it wrote one)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _prepare_task(cfg: Config, out: Path) -> None:
@@ -276,32 +299,17 @@ def _prepare_task(cfg: Config, out: Path) -> None:
         raise UserError(str(exc)) from None
 
 
-def _run_role(role, errors):
-    """Run a role to its end: its own errors become one line (UserError), Ctrl-C a quiet stop
-    (returns None); the role is always closed."""
+def _run_role(role, errors) -> tuple[Any, bool]:
+    """Run a role to its end: (what its run() returned, False), or (None, True) after Ctrl-C or
+    SIGTERM; its own errors become one line (UserError). The role is always closed."""
     try:
-        return role.run()
+        return role.run(), False
     except errors as exc:
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
-        return None
+        return None, True
     finally:
         role.close()
-
-
-def _on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so every role cleans up (sockets, shared memory).
-
-    Only the first SIGINT/SIGTERM interrupts; later ones are ignored (SIGKILL still works): a
-    terminal's Ctrl-C reaches every process of `asyncrl run`, which then signals each role again,
-    and a second KeyboardInterrupt would cut the cleanup short (no summary, no checkpoint)."""
-    def handler(signum, frame):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # started with Ctrl-C ignored: keep it so
-        signal.signal(signal.SIGINT, handler)
 
 
 def _network(f):
@@ -352,14 +360,19 @@ def _role_flags(env_id, num_envs, seed, total_steps=None, env_module=None):
 @click.option("--seed", type=int)
 @_device_option("learner.device", "Where the learner computes")
 @_restart_option
+@click.option("--supervised", is_flag=True, hidden=True,
+              help="Started by `asyncrl run`: the outcome line goes to stderr (the role's log); the launcher prints the run's.")
 def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind, advertise, broadcaster, run_dir,
-            run_id, total_steps, seed, device, restart):
-    """The learner: owns the nets and shared memory, consumes rollouts, publishes weights."""
+            run_id, total_steps, seed, device, restart, supervised):
+    """The learner: owns the nets and shared memory, consumes rollouts, publishes weights.
+
+    Exit status 0 finished, 1 failed, 2 refused to start, 130 / 143 interrupted by SIGINT / SIGTERM;
+    the last line says how it ended (asyncrl.exit_status)."""
     from .launch import new_run_id
     from .roles.learner import Learner, LearnerError
     from .security import SecurityError
     from .shm import ShmError
-    _on_sigterm()
+    exit_status.install_stop_handlers()
     res = load_config(config_file, overrides, {**_role_flags(env_id, None, seed, total_steps, env_module),
                                                ("learner", "device"): device}, resolved=True)
     cfg = res.config
@@ -377,23 +390,25 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
         raise UserError(f"learner: {exc}" if isinstance(exc, (OSError, ShmError)) else str(exc)) from None
     from .metrics import RunDirError
     from .state import NonFiniteError
+    interrupted = False
     try:
         summary = role.run()
     except (LearnerError, NonFiniteError) as exc:
         role.record_failure(exc)
-        raise UserError(str(exc)) from None
+        raise RunFailed(str(exc)) from None
     except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
         role.record_failure(exc)
-        raise UserError(f"learner: {exc}") from None
+        raise RunFailed(f"learner: {exc}") from None
     except KeyboardInterrupt:
-        summary = role.finish(outcome="interrupted")
-        click.echo("learner: interrupted", err=True)
+        summary, interrupted = role.finish(outcome="interrupted"), True
     except Exception as exc:
         role.record_failure(exc)
         raise
     finally:
         role.close()
-    click.echo(summary_line(summary))
+    click.echo(summary_line(summary), err=supervised)
+    if interrupted:
+        sys.exit(exit_status.interrupted_status())
 
 
 @main.command()
@@ -424,11 +439,14 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
 def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, env_id, env_module, num_envs, actor_id,
           seed,
           policy_delay, policy_age_buffer, slowdown, rollout_transport, run_id, host_label, token_file, device):
-    """An actor: steps envs with the newest weights it has and fills slots for the learner."""
+    """An actor: steps envs with the newest weights it has and fills slots for the learner.
+
+    Exit status 0 when its learner told it to stop, 2 refused (by its learner, or bad config), 130 /
+    143 interrupted by SIGINT / SIGTERM; the last line says how it ended (asyncrl.exit_status)."""
     import os
     import socket
     from .roles.actor import Actor, ActorError, ActorOptions
-    _on_sigterm()
+    exit_status.install_stop_handlers()
     flags = _role_flags(env_id, num_envs, None, env_module=env_module)
     flags.update({("actor", "policy_delay"): policy_delay, ("actor", "policy_age_buffer"): policy_age_buffer,
                   ("actor", "slowdown_s"): slowdown, ("actor", "rollout_transport"): rollout_transport,
@@ -446,11 +464,13 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
         role = Actor(cfg, opts)
     except SecurityError as exc:
         raise UserError(str(exc)) from None
-    n = _run_role(role, ActorError)
-    if n is not None:
-        bad = role.bad_numbers.by_reason()
-        click.echo(f"actor {opts.actor_id}: {n} rollouts sent; {role.stopped or 'stopped'}"
-                   + (f"; non-finite numbers from its envs: {bad}" if bad else ""))
+    _, interrupted = _run_role(role, ActorError)
+    bad = role.bad_numbers.by_reason()
+    what = f"actor {opts.actor_id}, {count_of(role.sent, 'rollout')} sent"
+    bad = f"; non-finite numbers from its envs: {bad}" if bad else ""
+    if interrupted:
+        _interrupted(f"interrupted: {what}{bad}")
+    click.echo(f"done: {what}; {role.stopped or 'stopped'}{bad}")
 
 
 @main.command()
@@ -466,10 +486,13 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
 @_network
 @_common
 def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, config_file, overrides):
-    """The weight broadcaster: republishes the learner's newest weights to all actors."""
+    """The weight broadcaster: republishes the learner's newest weights to all actors.
+
+    It runs until stopped: exit status 130 / 143 after SIGINT / SIGTERM (its normal end), 2 refused
+    to start (asyncrl.exit_status); the last line says how many weight versions it published."""
     from .roles.broadcaster import Broadcaster, BroadcasterError
     from .security import SecurityError
-    _on_sigterm()
+    exit_status.install_stop_handlers()
     cfg = load_config(config_file, overrides, env=False)
     bind = _endpoint(bind, cfg.transport.broadcaster_bind)
     try:
@@ -478,7 +501,11 @@ def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, con
                            echo=click.echo, summary=summary_file)
     except (SecurityError, ValueError, OSError) as exc:   # OSError: transport.AddressError
         raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None
-    _run_role(role, BroadcasterError)
+    _, interrupted = _run_role(role, BroadcasterError)
+    what = f"{'relay' if role.upstream else 'broadcaster'}, {count_of(role.published, 'weight version')} published"
+    if interrupted:
+        _interrupted(f"interrupted: {what}")
+    click.echo(f"done: {what}")
 
 
 @main.group()
@@ -533,7 +560,8 @@ def lag(run_dir, as_json, plot_path):
         report = build_report(run_dir)
     except ReportError as exc:
         raise UserError(str(exc)) from None
-    click.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+    from .metrics import strict_json
+    click.echo(strict_json(report, indent=2) if as_json else format_report(report))
     if plot_path:
         try:
             plot_report(run_dir, plot_path)
@@ -600,8 +628,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
     except OSError as exc:
         raise UserError(f"cannot write {video}: {exc.strerror or exc}") from None
     except KeyboardInterrupt:
-        click.echo("eval: interrupted", err=True)
-        sys.exit(130)
+        _interrupted("interrupted: eval")
     finally:
         if writer is not None:
             writer.close()
@@ -611,9 +638,11 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
            "seed": seed, "actions": "sampled" if stochastic else "mean", **s,
            "returns": result.returns, "lengths": result.lengths, "video": video}
     if as_json:
-        click.echo(json.dumps(out, indent=2))
+        from .metrics import strict_json
+        click.echo(strict_json(out, indent=2))
     else:
-        click.echo(f"{s['episodes']} episodes of {env_id}, {out['actions']} actions, seeds {seed}..{seed + episodes - 1} "
+        seeds = f"seed {seed}" if episodes == 1 else f"seeds {seed}..{seed + episodes - 1}"
+        click.echo(f"{count_of(s['episodes'], 'episode')} of {env_id}, {out['actions']} actions, {seeds} "
                    f"(policy version {ckpt.version}, {ckpt.env_steps:,} env steps): return {s['return_mean']:.1f} ± "
                    f"{s['return_std']:.1f}, length {s['length_mean']:.1f} ± {s['length_std']:.1f} (mean ± std)")
     if video:
@@ -634,7 +663,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
                    "eval where a run has them.")
 @click.option("--title", help="Figure title.")
 def plot(run_dirs, out, labels, group_by, returns, title):
-    """Learning curves of runs: return vs env steps and wall-clock time, TV estimate, filtered fraction, lag."""
+    """Learning curves of runs: return vs env steps and wall-clock time, TV estimate, no_grad_fraction, lag."""
     from .plots import PlotError, plot_runs, read_run
     if labels and len(labels) != len(run_dirs):
         raise UserError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
@@ -664,7 +693,7 @@ def plot(run_dirs, out, labels, group_by, returns, title):
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-    click.echo(f"plot of {len(series)} run(s) written to {out}")
+    click.echo(f"plot of {count_of(len(series), 'run')} written to {out}")
 
 
 @main.group("config")
@@ -753,7 +782,7 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
             click.echo(f"{state:8} {runner.keys[c]} {c.label} | {c.env} | {c.condition} | seed {c.seed} | {c.mode}{shared}")
         return
     if not report_only:
-        _on_sigterm()
+        exit_status.install_stop_handlers()
         if launcher == "ray":
             from .launch_ray import LauncherError
             from .study_ray import RayCells
@@ -763,23 +792,34 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
                 raise UserError(str(exc)) from None
         try:
             runner.run()
+        except KeyboardInterrupt:
+            _interrupted(f"interrupted: study {st.name}; the finished cells are kept, a re-run goes on from them")
         finally:
             if runner.executor:
                 runner.executor.close()
     results = write_report(st, runner.finished_records(any_code=any_code and report_only), runner.out)
-    click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {len(st.cells)} cells finished)")
+    click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {count_of(len(st.cells), 'cell')} "
+               "finished)")
 
 
 def summary_line(s: dict) -> str:
-    """One line from a run's summary.json: "done: ..." for a finished run, "interrupted: ..." or
-    "failed: ..." otherwise."""
+    """The outcome line of a run from its summary.json: "done: ..." for a finished run, "interrupted: ..."
+    or "failed: ..." otherwise; an interrupted or failed one also names the checkpoint a resume starts
+    from. An empty ``s`` (no summary was written) gives "interrupted: before the run wrote its summary"."""
+    if "env_steps" not in s:
+        return "interrupted: before the run wrote its summary"
     ret = s.get("final_average_return")
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
-    outcome = s.get("outcome", "finished")   # an interrupted or failed run says so, not "done"
+    outcome = s.get("outcome", "finished") or "interrupted"   # an interrupted or failed run says so, not "done"
     head = "done" if outcome == "finished" else outcome
-    return (f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
-            f"({s['env_steps_per_s']:,.0f}/s), {s['learner_iterations']} learner iterations, "
+    line = (f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
+            f"({s['env_steps_per_s']:,.0f}/s), {count_of(s['learner_iterations'], 'learner iteration')}, "
             f"average return {ret_text}, lag p50/p95 {_num(s.get('lag_p50'))}/{_num(s.get('lag_p95'))} versions")
+    ck = s.get("resume_checkpoint")
+    if outcome != "finished":
+        line += (f"; a resume starts from {ck['file']} at {ck['env_steps']:,} env steps (version {ck['version']})"
+                 if ck else "; no checkpoint: a resume starts from scratch")
+    return line
 
 
 def _num(x) -> str:

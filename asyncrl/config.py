@@ -288,6 +288,8 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if annotation is float:
+        if isinstance(value, str) and value in ("inf", "-inf"):   # config.json's spelling (asyncrl.metrics.strict_json)
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)

@@ -90,6 +90,7 @@ class Consumer:
         self.state = LearnerState(cfg, spec, task)
         self.resumed_extra: dict | None = None
         self.boundary: dict | None = None     # the last snapshot() taken between iterations
+        self.resume_checkpoint: dict | None = None   # the newest checkpoint on disk: where a resume starts
         own = None
         if resume:
             own, event = self._resume()
@@ -132,6 +133,7 @@ class Consumer:
                 log.warning("resume: %s; using an older checkpoint", line)
             st.load_state_dict(d, str(path))
             own, name = d.get("consumer"), path.name
+            self.resume_checkpoint = checkpoint_record(path.name, d)
             self.resumed_extra = d.get("extra")
             since = float(own["time"]) if own else 0.0
         st.resumes += 1
@@ -225,6 +227,7 @@ class Consumer:
     def write(self, snapshot: dict) -> None:
         write_checkpoint(self.run_dir / CHECKPOINT, snapshot, keep=self.cfg.learner.keep_checkpoints)
         self._saved_iteration = snapshot["iteration"]
+        self.resume_checkpoint = checkpoint_record(CHECKPOINT, snapshot)
 
     def reject_slot(self, stream: str, reason: str, *, env_steps: int = 0) -> None:
         """A slot of ``stream`` that will not be trained on (``check_slot`` refused it, or its
@@ -245,7 +248,7 @@ class Consumer:
                                steps_per_s=self.state.env_steps / max(self.clock.elapsed, 1e-9),
                                avg_return=self.episodes.average_return, lag=self.lag.recent_percentiles(),
                                tv=self.last_stats.get("tv_estimate"),
-                               filtered=self.last_stats.get("filtered_fraction")))
+                               no_grad=self.last_stats.get("no_grad_fraction")))
 
     def finish(self, *, outcome: str = "finished", failed_role: str | None = None, reason: str | None = None,
                **extra) -> dict:
@@ -255,7 +258,15 @@ class Consumer:
         "failed" (then ``failed_role`` and ``reason`` say which role and why); the summary records
         it under ``outcome`` and ``failure`` ({"role", "reason"} or None), with ``resumes`` (times
         this run was resumed from a checkpoint) and ``actor_rejoins`` (actor id -> joins after its
-        first). Raises ValueError for another outcome."""
+        first).
+
+        ``resume_checkpoint`` names the checkpoint a resume (``asyncrl run --run-dir`` on this
+        directory) starts from: {"file", "env_steps", "version", "learner_iterations"} of the newest
+        checkpoint written, or None (a resume starts from scratch). Its env_steps can be below
+        ``env_steps``: an interrupted run is checkpointed at its last iteration boundary (the steps
+        of the iteration under way are counted but not learned from, and are taken again), and a
+        checkpoint that could not be written leaves the previous one. Raises ValueError for another
+        outcome."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         st = self.state
@@ -276,7 +287,8 @@ class Consumer:
                    "env_id": self.state.task.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
                    "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
                    "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
-                   "learner_iterations": st.iteration, "final_average_return": self.episodes.average_return,
+                   "learner_iterations": st.iteration, "resume_checkpoint": self.resume_checkpoint,
+                   "final_average_return": self.episodes.average_return,
                    "dropped_samples": self.lag.dropped_samples, "rejected_slots": dict(self.rejected_slots),
                    "slot_audit": dict(self.slot_audit), "skipped_optimizer_steps": st.optimizer.skipped, "last_eval": self.last_eval or None,
                    **self.lag.summary(), **extra,
@@ -299,6 +311,13 @@ class Consumer:
                 first = first or (exc if isinstance(exc, RunDirError) else RunDirError(exc.filename or self.run_dir, exc))
         if first is not None:
             raise first
+
+
+def checkpoint_record(file: str, snapshot: dict) -> dict:
+    """What summary.json says of a checkpoint: its file name (in the run directory), env steps,
+    policy version and learner iterations."""
+    return {"file": file, "env_steps": int(snapshot["env_steps"]), "version": int(snapshot["version"]),
+            "learner_iterations": int(snapshot["iteration"])}
 
 
 def _copied(tree):

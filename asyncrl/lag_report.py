@@ -67,8 +67,9 @@ def build_report(run_dir: str | Path) -> dict:
         report["forward_lag"] = {
             "optimizer_steps": len(steps),
             "tv_estimate": _stats([s[1] for s in steps], [1] * len(steps)),
-            "filtered_fraction_mean": float(np.mean([s[2] for s in steps])),
-            "clip_fraction_mean": float(np.mean([s[3] for s in steps])),
+            # rows of runs before issue 38 had 4 columns [step, tv, filtered, clip]: another definition
+            "no_grad_fraction_mean": (float(np.mean([s[2] for s in steps if len(s) == 3]))
+                                      if any(len(s) == 3 for s in steps) else None),
         }
     return report
 
@@ -97,14 +98,14 @@ def format_report(report: dict) -> str:
     if f:
         t = f["tv_estimate"]
         out += [f"forward lag over {f['optimizer_steps']:,} optimizer steps: tv_estimate mean {t['mean']:.3f} "
-                f"p50 {t['p50']:.3f} p99 {t['p99']:.3f} max {t['max']:.3f}; filtered fraction mean "
-                f"{f['filtered_fraction_mean']:.3f}; clip fraction mean {f['clip_fraction_mean']:.3f}"]
+                f"p50 {t['p50']:.3f} p99 {t['p99']:.3f} max {t['max']:.3f}; no_grad_fraction mean "
+                + ("n/a" if f["no_grad_fraction_mean"] is None else f"{f['no_grad_fraction_mean']:.3f}")]
     return "\n".join(out)
 
 
 def plot_report(run_dir: str | Path, path: str | Path) -> None:
     """PNG (asyncrl.plots.plot_lag): lag histograms in versions and seconds, lag over time, the
-    tv_estimate against the TV budget δ, and the filtered / clip fraction. Raises ImportError with
+    tv_estimate against the TV budget δ, and no_grad_fraction. Raises ImportError with
     install advice when matplotlib is missing, OSError when ``path`` cannot be written."""
     from .plots import plot_lag, tv_budget
     run_dir = Path(run_dir)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .config import Config
 from .metrics import write_json_atomic
+from .wording import count_of
 from .pdeathsig import die_with_parent
 from .shm import SHM_DIR, remove_run
 
@@ -147,7 +148,8 @@ class Supervisor:
         if name == "learner":   # a restarted learner, or the first of a resumed run, resumes
             restart = "resume" if self.resume or self.restarts.get("learner") else "refuse"
             return ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id", self.run_id,
-                    "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep, "--restart", restart]
+                    "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep, "--restart", restart,
+                    "--supervised"]   # its outcome line to its log: `asyncrl run` prints the run's
         i = int(name[len("actor"):])
         return ["actor", "--config", cfg_file, "--learner", self.learner_ep, "--broadcaster", self.broadcaster_ep,
                 "--actor-id", name, "--token-file", str(self.run_dir / "tokens" / name), *self._straggler(i)]   # seeds: from run.seed, id and restart count
@@ -205,7 +207,7 @@ class Supervisor:
     def role_failed(self, name: str, rc: int) -> RoleFailed:
         n, limit, window = self.recent_restarts(name), self.cfg.run.max_restarts, self.cfg.run.restart_window_s
         within = f" in the last {window:g} s" if window > 0 else ""
-        budget = f" (restarted {n} times{within}, run.max_restarts = {limit})" if n or limit else ""
+        budget = f" (restarted {count_of(n, 'time')}{within}, run.max_restarts = {limit})" if n or limit else ""
         if rc == -signal.SIGBUS:   # a page of the shared-memory ring could not be backed
             why = (f"exited with status {rc}{budget}: shared-memory failure (SIGBUS): {SHM_DIR} full, or the "
                    f"segment removed or truncated under it (see `df {SHM_DIR}`)")
@@ -299,7 +301,7 @@ def launch(cfg: Config, run_dir: Path, *, echo=print, resume: bool = False) -> d
     run.max_restarts)."""
     sup = Supervisor(cfg, run_dir, echo, resume=resume)
     echo(f"run {sup.run_id}: learner {sup.learner_ep}, broadcaster {sup.broadcaster_ep}, "
-         f"{cfg.run.num_actors} actors; logs in {sup.logs}")
+         f"{count_of(cfg.run.num_actors, 'actor')}; logs in {sup.logs}")
     failure = None
     try:
         sup.start_all()

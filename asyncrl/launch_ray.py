@@ -37,6 +37,7 @@ from pathlib import Path
 from .config import Config
 from .launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair, new_run_id
 from .metrics import write_json_atomic
+from .wording import count_of
 from .pdeathsig import die_with_parent
 
 RAY_MISSING = "asyncrl run --launcher ray needs Ray: pip install -e '.[ray]' (make install installs it)"
@@ -264,7 +265,7 @@ class RayRun:
         at = self._on(learner_node, pick_ports)
         learner_ep, bcast_ep = f"tcp://{at['ip']}:{at['port']}", f"tcp://{at['ip']}:{at['pair']}"
         self.echo(f"run {self.run_id} on Ray: learner {learner_ep}, broadcaster {bcast_ep}, "
-                  f"{self.cfg.run.num_actors} actors on {len(remote_nodes) or 1} node(s)")
+                  f"{count_of(self.cfg.run.num_actors, 'actor')} on {count_of(len(remote_nodes) or 1, 'node')}")
         server = _prefixed(server_keys, "keys")
         self._remote(learner_node, "broadcaster", ["broadcaster", "--bind", f"tcp://0.0.0.0:{at['pair']}",
                                                    "--advertise", f"{at['ip']}:{at['pair']}", "--keys", "{dir}/keys",
@@ -274,7 +275,7 @@ class RayRun:
                      ["learner", "--config", str(self.run_dir / "config.json"), "--run-dir", str(self.run_dir),
                       "--run-id", self.run_id, "--bind", f"tcp://0.0.0.0:{at['port']}", "--advertise",
                       f"{at['ip']}:{at['port']}", "--broadcaster", bcast_ep, "--keys", "{dir}/keys",
-                      "--restart", restart], server, {str(self.run_dir / "config.json"): cfg_bytes})
+                      "--restart", restart, "--supervised"], server, {str(self.run_dir / "config.json"): cfg_bytes})
         self.wait_listening()
         relays = {}
         for k, node in enumerate(remote_nodes):      # one relay broadcaster per actor node, on its loopback

@@ -1,4 +1,14 @@
-"""Run-directory outputs: metrics JSONL, episode statistics, summary, console progress line."""
+"""Run-directory outputs: metrics JSONL, episode statistics, summary, console progress line.
+
+Every JSON and JSONL file a run writes (metrics.jsonl, lag.jsonl, lag_histograms.jsonl, summary.json,
+config.json, the broadcaster's counts, study cell records and results, eval outputs) is made by
+:func:`strict_json`, so a strict parser (RFC 8259: no NaN or Infinity literals; e.g.
+``json.loads(text, parse_constant=raise)``) reads it. Non-finite floats are written as ``null``: a
+NaN statistic (an llm iteration that took no optimizer step, a split with no stale sample) and an
+infinite one alike. config.json is the exception that must round-trip: there ``inf`` and ``-inf``
+(e.g. ``algo.behavior_band = inf``, "off") are written as the strings "inf" and "-inf", which
+asyncrl.config reads back as floats.
+"""
 from __future__ import annotations
 
 import json
@@ -37,7 +47,7 @@ class JsonlWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` as one line. Raises RunDirError, leaving the file as it was."""
-        data = (json.dumps(record, default=_jsonable) + "\n").encode()
+        data = (strict_json(record) + "\n").encode()
         start = None
         try:
             start = os.fstat(self._fd).st_size
@@ -66,6 +76,44 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+def strict_json(value: Any, *, indent: int | None = None, inf_as_text: bool = False, sort_keys: bool = False) -> str:
+    """``value`` as strict JSON text: the one encoder of every file a run writes (module docstring).
+
+    NaN becomes ``null``; +-inf becomes ``null``, or the strings "inf" / "-inf" with ``inf_as_text``
+    (config.json, whose infinities mean "off" and must load back). numpy scalars and arrays become
+    numbers and lists, tuples lists. Raises TypeError for a value JSON cannot hold."""
+    return json.dumps(_finite_only(value, inf_as_text), indent=indent, allow_nan=False, default=_jsonable,
+                      sort_keys=sort_keys)
+
+
+def _finite_only(x: Any, inf_as_text: bool) -> Any:
+    if isinstance(x, float):   # numpy's float64 too
+        if x == x and abs(x) != float("inf"):
+            return float(x)
+        if x != x or not inf_as_text:
+            return None
+        return "inf" if x > 0 else "-inf"
+    if isinstance(x, np.generic):
+        return _finite_only(x.item(), inf_as_text)
+    if isinstance(x, np.ndarray):
+        return _finite_only(x.tolist(), inf_as_text)
+    if isinstance(x, dict):
+        return {k: _finite_only(v, inf_as_text) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_only(v, inf_as_text) for v in x]
+    return x
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def loads_strict(text: str) -> Any:
+    """Parse JSON text as a strict reader does: NaN, Infinity and -Infinity literals raise ValueError
+    (json.JSONDecodeError is one too), as does any other syntax error."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
 def read_jsonl(path: str | Path) -> list:
     """The JSON values of a JSONL file, one per line; [] for a missing file. A line that does not
     parse (cut short by a killed process) is skipped."""
@@ -91,7 +139,7 @@ def rewrite_jsonl(path: str | Path, keep) -> int:
     rows = read_jsonl(path)
     kept = [r for r in rows if keep(r)]
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r, default=_jsonable) + "\n" for r in kept))
+    tmp.write_text("".join(strict_json(r) + "\n" for r in kept))
     os.replace(tmp, path)
     return len(rows) - len(kept)
 
@@ -102,9 +150,10 @@ def is_event(record) -> bool:
     return isinstance(record, dict) and "event" in record
 
 
-def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (see write_atomic). Raises RunDirError."""
-    write_atomic(path, (json.dumps(data, indent=2, default=_jsonable) + "\n").encode())
+def write_json_atomic(path: str | Path, data: dict[str, Any], *, indent: int = 2, inf_as_text: bool = False) -> None:
+    """Write ``data`` as strict JSON (:func:`strict_json`) to ``path`` atomically (see write_atomic).
+    Raises RunDirError (TypeError for a value JSON cannot hold)."""
+    write_atomic(path, (strict_json(data, indent=indent, inf_as_text=inf_as_text) + "\n").encode())
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
@@ -163,9 +212,9 @@ def percentiles(values, qs=(50, 95)) -> list[float | None]:
 
 
 def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return: float | None,
-                  lag: tuple | None = None, tv: float | None = None, filtered: float | None = None) -> str:
-    """One console line. tv / filtered: None or NaN (an LLM iteration whose groups were all silent took
-    no optimizer step) print nothing."""
+                  lag: tuple | None = None, tv: float | None = None, no_grad: float | None = None) -> str:
+    """One console line. tv / no_grad (no_grad_fraction, asyncrl.algo.losses): None or NaN (an LLM
+    iteration whose groups were all silent took no optimizer step) print nothing."""
     parts = [f"steps {env_steps:>9,}/{total:,}", f"{steps_per_s:7,.0f} steps/s",
              f"return {avg_return:8.1f}" if avg_return is not None else "return      n/a"]
     if lag is not None and lag[0] is not None:
@@ -176,8 +225,8 @@ def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return:
         parts.append("lag p50/p95 n/a (no batch trained yet)")
     if tv is not None and tv == tv:
         parts.append(f"tv {tv:.3f}")
-    if filtered is not None and filtered == filtered:
-        parts.append(f"filtered {filtered:.2f}")
+    if no_grad is not None and no_grad == no_grad:
+        parts.append(f"no grad {no_grad:.2f}")
     return " | ".join(parts)
 
 
@@ -202,7 +251,7 @@ class Clock:
 
 
 # Columns of each row of a metrics record's "minibatches" list (asyncrl.update).
-MINIBATCH_COLUMNS = ("step", "tv_estimate", "filtered_fraction", "clip_fraction")
+MINIBATCH_COLUMNS = ("step", "tv_estimate", "no_grad_fraction")
 
 
 def tensorboard_writer(logdir: str | Path):

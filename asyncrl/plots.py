@@ -236,24 +236,24 @@ def read_run(run_dir: str | Path, *, returns: str = "auto") -> dict:
             "env_steps": col(src, "env_steps"), "wall_time_s": col(src, "wall_time_s"),
             "return": col(src, "eval_return_mean" if use_eval else "average_return"),
             "iter_env_steps": col(rows, "env_steps"), "tv_estimate": col(rows, "tv_estimate"),
-            "filtered_fraction": col(rows, "filtered_fraction"), "clip_fraction": col(rows, "clip_fraction"),
+            "no_grad_fraction": [_no_grad(r, ((cfg or {}).get("algo") or {}).get("preset")) for r in rows],
             "lag_versions_p50": col(rows, "lag_versions_p50"), "lag_seconds_p50": col(rows, "lag_seconds_p50")}
 
 
-def _gradient_free(s: dict) -> tuple[list, str]:
-    """The share of samples without a gradient that this run's preset has: the TV filter's
-    filtered fraction, or PPO's clip fraction (whichever the run reports as non-zero)."""
-    f = np.nanmean(_finite(s["iter_env_steps"], s["filtered_fraction"])[1] if s["filtered_fraction"] else [np.nan])
-    c = np.nanmean(_finite(s["iter_env_steps"], s["clip_fraction"])[1] if s["clip_fraction"] else [np.nan])
-    if np.nan_to_num(c) > np.nan_to_num(f):
-        return s["clip_fraction"], "clipped"
-    return s["filtered_fraction"], "filtered"
+def _no_grad(record: dict, preset: str | None) -> float | None:
+    """A metrics.jsonl record's no_grad_fraction (asyncrl.algo.losses: one definition for every
+    preset). Runs written before it was named (issue 38): their ``filtered_fraction`` for every preset
+    but ppo and grpo (the same share), None for those two (their ``clip_fraction`` counted both
+    directions) or an unknown preset."""
+    if "no_grad_fraction" in record:
+        return record["no_grad_fraction"]
+    return None if preset in (None, "ppo", "grpo") else record.get("filtered_fraction")
 
 
 def plot_runs(series: list[dict], out_path: str | Path, *, title: str | None = None) -> Path:
     """The ``asyncrl plot`` figure: six panels over env steps (and one over wall-clock time):
     return vs env steps, return vs wall-clock seconds, tv_estimate (with each run's δ), the
-    filtered or clipped fraction, and the policy lag (versions and seconds, batch p50).
+    share of samples without gradient (no_grad_fraction), and the policy lag (versions and seconds, batch p50).
 
     Args:
         series: :func:`read_run` dicts (label / group set by the caller).
@@ -281,14 +281,9 @@ def plot_runs(series: list[dict], out_path: str | Path, *, title: str | None = N
     if deltas:
         _headroom(ax[1, 0], max(deltas))
     ax[1, 0].set(xlabel="env steps", ylabel="tv_estimate (iteration mean)", title="forward lag: TV estimate")
-    frac_series, kinds_used = [], set()
-    for s in per_iter:
-        y, kind = _gradient_free(s)
-        kinds_used.add(kind)
-        frac_series.append({**s, "y": y})
-    _draw(ax[1, 1], frac_series, "env_steps", "y", colours)
-    what = " / ".join(f"{k} fraction" for k in sorted(kinds_used))
-    ax[1, 1].set(xlabel="env steps", ylabel=f"{what} of samples", title=f"samples without gradient ({what})")
+    _draw(ax[1, 1], [{**s, "y": s["no_grad_fraction"]} for s in per_iter], "env_steps", "y", colours)
+    ax[1, 1].set(xlabel="env steps", ylabel="no_grad_fraction of samples (clip, band, filter)",
+                 title="samples without gradient (no_grad_fraction)")
     _draw(ax[2, 0], [{**s, "y": s["lag_versions_p50"]} for s in per_iter], "env_steps", "y", colours)
     ax[2, 0].set(xlabel="env steps", ylabel="policy lag, batch p50 (versions)", title="backward lag in versions")
     _draw(ax[2, 1], [{**s, "y": s["lag_seconds_p50"]} for s in per_iter], "env_steps", "y", colours)
@@ -305,7 +300,7 @@ def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, tit
     Panels: lag histograms in versions (actors side by side) and in seconds (log-spaced bins,
     outlines), both with log y axes so small bins show; mean lag per learner iteration in
     versions and in seconds (one panel each); tv_estimate per iteration with the TV budget δ as
-    a dashed line; the filtered fraction (and the clip fraction only where it is non-zero).
+    a dashed line; no_grad_fraction (and PPO's clip_fraction_two_sided only where it is non-zero).
     Returns ``Path(out_path)``. Raises ImportError (no matplotlib), OSError (cannot write)."""
     plt = _pyplot()
     actors = sorted({r["actor"] for r in rows})
@@ -356,7 +351,8 @@ def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, tit
         _headroom(ax[2, 0], tv_threshold)
     entries.append((h_tv, "tv_estimate (iteration mean)"))
     ax[2, 0].set(xlabel="learner iteration", ylabel="tv_estimate", title="forward lag: TV estimate per iteration")
-    fracs = [("filtered_fraction", "filtered fraction", "C4"), ("clip_fraction", "clip fraction", "C5")]
+    fracs = [("no_grad_fraction", "no_grad_fraction", "C4"),
+             ("clip_fraction_two_sided", "clip fraction, two-sided (ppo)", "C5")]
     for key, text, colour in fracs:
         ys = np.asarray([np.nan if m.get(key) is None else m[key] for m in metrics], np.float64)
         if ys.size and np.nanmax(np.nan_to_num(ys)) > 0:

@@ -54,7 +54,9 @@ from typing import Any, Callable
 
 from . import config as config_mod
 from . import provenance
+from .metrics import strict_json
 from .pdeathsig import die_with_parent
+from .wording import count_of
 
 PACKAGE = Path(__file__).resolve().parent
 # Modules that only read or report results: changing them does not change a cell's outcome.
@@ -66,8 +68,8 @@ STUDY_KEYS = {"name", "total_env_steps", "seeds", "envs", "config", "set", "refe
               "random_episodes", "compare"}
 ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs"}
 CURVE_POINTS = 200
-DIAGNOSTICS = ("tv_estimate", "filtered_fraction", "clip_fraction", "approx_kl", "entropy", "rho_mean",
-               "filter_fire_rate", "filtered_fraction_stale", "filtered_fraction_fresh", "explained_variance")
+DIAGNOSTICS = ("tv_estimate", "no_grad_fraction", "clip_fraction_two_sided", "approx_kl", "entropy", "rho_mean",
+               "filter_fire_rate", "no_grad_fraction_stale", "no_grad_fraction_fresh", "explained_variance")
 
 
 class StudyError(ValueError):
@@ -304,9 +306,16 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
             "diagnostics": diag, "curve": _downsample(curve),
             # no finished episode (final None) is not divergence: a NaN score, or a NaN loss of an
             # iteration that stepped the optimizer, is (an llm iteration whose groups were all silent
-            # takes no step and reports a NaN loss: task.silent_groups)
+            # takes no step and reports a NaN loss: task.silent_groups). metrics.jsonl writes NaN as
+            # null (asyncrl.metrics.strict_json): a policy_loss key holding null is a NaN loss.
             "diverged": (final is not None and final != final) or any(
-                r.get("policy_loss") != r.get("policy_loss") and r.get("optimizer_steps", 1) > 0 for r in rows)}
+                "policy_loss" in r and _not_a_number(r["policy_loss"]) and r.get("optimizer_steps", 1) > 0
+                for r in rows)}
+
+
+def _not_a_number(x) -> bool:
+    """True for NaN, and for the null strict JSON writes in its place."""
+    return x is None or x != x
 
 
 def machine_info() -> dict:
@@ -427,7 +436,7 @@ class Runner:
             lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
             rec.update(status="failed", final_return=None, auc=None, error="\n".join(lines[-10:]))
         tmp = self.record_path(cell).with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec) + "\n")
+        tmp.write_text(strict_json(rec) + "\n")
         os.replace(tmp, self.record_path(cell))
         return rec
 
@@ -471,9 +480,9 @@ class Runner:
         todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")   # stable: keeps the order
         total, runs = len(todo), len(set(self.keys.values()))
         shared = len(self.study.cells) - runs      # cells whose key another arm's cell has too
-        cells = f"{len(self.study.cells)} cells"
+        cells = count_of(len(self.study.cells), "cell")
         if shared:
-            cells += f" ({runs} runs: {shared} {'shares' if shared == 1 else 'share'} another arm's run)"
+            cells += f" ({count_of(runs, 'run')}: {shared} {'shares' if shared == 1 else 'share'} another arm's run)"
         self.echo(f"study {self.study.name}: {cells}, {runs - total} already finished, {total} to run, "
                   f"{self.jobs} at a time; results in {self.out}")
         self._schedule(todo, set(), total)

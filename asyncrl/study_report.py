@@ -16,11 +16,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import stats
+from .metrics import strict_json
+from .wording import count_of
 from .study import Study
 
 CSV_FIELDS = ("study", "label", "env", "preset", "condition", "seed", "mode", "status", "final_return", "auc",
               "env_steps", "wall_time_s", "env_steps_per_s", "lag_p50", "lag_p95", "lag_seconds_p50",
-              "lag_seconds_p95", "tv_estimate", "filtered_fraction", "filter_fire_rate", "clip_fraction", "approx_kl",
+              "lag_seconds_p95", "tv_estimate", "no_grad_fraction", "filter_fire_rate", "clip_fraction_two_sided",
+              "approx_kl",
               "entropy_last",
               "load_start", "load_end", "commit", "code_fingerprint", "key", "overrides")
 
@@ -36,8 +39,29 @@ def random_returns(study: Study, out: Path) -> dict[str, float]:
             known[env] = {"return": random_policy_return(env, episodes=study.random_episodes, seed=0),
                           "episodes": study.random_episodes, "seed": 0}
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(known, indent=1) + "\n")
+    path.write_text(strict_json(known, indent=1) + "\n")
     return {k: v["return"] for k, v in known.items()}
+
+
+CELL_DIAGNOSTICS = ("tv_estimate", "no_grad_fraction", "filter_fire_rate", "clip_fraction_two_sided", "approx_kl")
+_CLIP_PRESETS = ("ppo", "grpo")   # PPO's clip: the presets whose old "clip_fraction" was two-sided
+
+
+def cell_diagnostic(record: dict, key: str) -> float | None:
+    """The iteration mean of diagnostic ``key`` (one of CELL_DIAGNOSTICS) of a study cell, None if
+    not recorded.
+
+    Cells recorded before issue 38 named two of them differently: their ``filtered_fraction`` is
+    today's ``no_grad_fraction`` for every preset but ppo and grpo (the vaco presets' band and filter;
+    0 for the presets without a rule), and ppo's and grpo's ``clip_fraction`` is today's
+    ``clip_fraction_two_sided``; their one-sided no-gradient share was not recorded (None)."""
+    diag = record.get("diagnostics") or {}
+    if key in diag or key not in ("no_grad_fraction", "clip_fraction_two_sided"):
+        return (diag.get(key) or {}).get("mean")
+    clip_preset = record.get("preset") in _CLIP_PRESETS
+    if key == "no_grad_fraction":
+        return None if clip_preset else (diag.get("filtered_fraction") or {}).get("mean")
+    return (diag.get("clip_fraction") or {}).get("mean") if clip_preset else None
 
 
 def _scored(records: list[dict]) -> list[dict]:
@@ -75,8 +99,8 @@ def group_rows(study: Study, records: list[dict]) -> list[dict]:
         if env in study.modes and finals:
             split = study.modes[env]
             row["modes"] = {"split": split, "low": sum(f < split for f in finals), "high": sum(f >= split for f in finals)}
-        for k in ("tv_estimate", "filtered_fraction", "filter_fire_rate", "clip_fraction", "approx_kl"):
-            row[k] = _avg((r["diagnostics"].get(k) or {}).get("mean") for r in ok)
+        for k in CELL_DIAGNOSTICS:
+            row[k] = _avg(cell_diagnostic(r, k) for r in ok)
         row["entropy_last"] = _avg(r["diagnostics"]["entropy"]["last"] for r in ok)
         for k in ("lag_p50", "lag_p95", "lag_seconds_p50", "lag_seconds_p95", "wall_time_s", "env_steps_per_s"):
             vals = [r[k] for r in ok if r.get(k) is not None]
@@ -154,7 +178,7 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
     cpus = Counter(_cpu(r.get("machine") or {}) for r in records)
     lines = [f"# Study `{study.name}`", "",
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} by `asyncrl study {study.path}`. "
-             f"{len(records)} of {len(study.cells)} cells finished ({len(ok)} scored, "
+             f"{len(records)} of {count_of(len(study.cells), 'cell')} finished ({len(ok)} scored, "
              f"{sum(r.get('status') == 'failed' for r in records)} failed, "
              f"{sum(r.get('status') == 'diverged' for r in records)} diverged). "
              f"Code fingerprints: {', '.join(sorted({r['code_fingerprint'] for r in records})) or 'n/a'}; "
@@ -165,10 +189,15 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
              "on one CPU model and kernel set, not across them.", "",
              f"Score: {score}; IQM with its 95 % "
              "percentile bootstrap CI over seeds (2,000 resamples). Modes: seeds below / at or above the "
-             "study's split. Diagnostics are means over learner iterations (entropy: last 10 %). VACO presets: "
-             "'no grad' is the share of samples left without gradient (TV filter and per-sample band together), "
-             "'fires' the share of minibatches over the TV budget δ (the filter proper); PPO: 'clip'.", "",
-             "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | no grad | fires | clip | KL | "
+             "study's split. Diagnostics are means over learner iterations (entropy: last 10 %). 'no grad' "
+             "(no_grad_fraction) is the share of samples whose gradient the preset's rule removed, one definition "
+             "for every preset: PPO's clip mask (A (r - 1) > 0 and |r - 1| > ε), VACO's per-sample band and TV "
+             "filter together; 0 for presets without such a rule (ppo_kl, spo, impala); n/a for ppo cells "
+             "recorded before it was measured. 'fires': the share of minibatches over the TV budget δ (VACO's "
+             "filter proper). 'clip 2-sided': PPO's usual clip fraction, |r - 1| > ε in either direction (half "
+             "of those samples keep their gradient: not comparable with 'no grad').", "",
+             "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | no grad | fires | "
+             "clip 2-sided | KL | "
              "entropy | lag p50/p95 (versions) | lag p50/p95 (s) | seeds: final returns |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -177,8 +206,8 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
         bad = (f" ({r['failed']} failed)" if r["failed"] else "") + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
         lines.append(
             f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'), nd)} | {iqm} | {modes} | "
-            f"{_fmt(r['tv_estimate'], 3)} | {_fmt(r['filtered_fraction'], 3)} | {_fmt(r['filter_fire_rate'], 3)} | "
-            f"{_fmt(r['clip_fraction'], 3)} | "
+            f"{_fmt(r['tv_estimate'], 3)} | {_fmt(r['no_grad_fraction'], 3)} | {_fmt(r['filter_fire_rate'], 3)} | "
+            f"{_fmt(r['clip_fraction_two_sided'], 3)} | "
             f"{_fmt(r['approx_kl'], 3)} | {_fmt(r['entropy_last'], 2)} | {_fmt(r['lag_p50'])}/{_fmt(r['lag_p95'])} | "
             f"{_fmt(r['lag_seconds_p50'], 2)}/{_fmt(r['lag_seconds_p95'], 2)} | "
             f"{', '.join(f'{s}: {_fmt(f, nd)}' for s, f in zip(r['seeds'], r['final_returns']))} |")
@@ -233,14 +262,14 @@ def write_report(study: Study, records: list[dict], out: Path) -> dict:
                "random_returns": random, "reference_returns": study.reference, "modes": study.modes,
                "groups": rows, "aggregates": aggs, "comparisons": comps, "cells": records}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.json").write_text(strict_json(results, indent=1) + "\n")
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in records:
             d = dict(r)
-            for k in ("tv_estimate", "filtered_fraction", "filter_fire_rate", "clip_fraction", "approx_kl"):
-                d[k] = ((r.get("diagnostics") or {}).get(k) or {}).get("mean")
+            for k in CELL_DIAGNOSTICS:
+                d[k] = cell_diagnostic(r, k)
             d["entropy_last"] = (r.get("diagnostics") or {}).get("entropy", {}).get("last")
             d["overrides"] = " ".join(r.get("overrides", []))
             w.writerow(d)

@@ -150,9 +150,11 @@ def optimizer_step(optimizer, loss, max_grad_norm) -> torch.Tensor:
 def step_record(step: int, pl: losses.PolicyLoss, grad_norm: torch.Tensor, **extra) -> dict[str, Any]:
     """One optimizer step's diagnostics, kept as 0-dim tensors (no device sync per step); the
     iteration converts them all at once (:func:`scalar_steps`)."""
-    return {"step": step, "policy_loss": pl.loss.detach(), "approx_kl": pl.approx_kl, "tv_estimate": pl.tv_estimate,
-            "filtered_fraction": pl.filtered_fraction, "clip_fraction": pl.clip_fraction, "grad_norm": grad_norm,
-            **extra}
+    record = {"step": step, "policy_loss": pl.loss.detach(), "approx_kl": pl.approx_kl, "tv_estimate": pl.tv_estimate,
+              "no_grad_fraction": pl.no_grad_fraction, "grad_norm": grad_norm}
+    if pl.clip_fraction_two_sided is not None:   # PPO clip only (ppo, grpo)
+        record["clip_fraction_two_sided"] = pl.clip_fraction_two_sided
+    return {**record, **extra}
 
 
 def scalar_steps(steps: list[dict]) -> list[dict]:
@@ -182,7 +184,7 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
         cfg: an AlgoConfig (preset and hyperparameters). The caller sets the learning rate.
         generator: drives minibatch shuffling (serial runs are bit-reproducible).
         version: the learner's policy version; with it (and behavior_version [T, N] in the batch)
-            the filtered fraction is also reported for stale (behaviour version < version) and
+            no_grad_fraction is also reported for stale (behaviour version < version) and
             fresh samples apart.
         forward_context: the context of every network forward (asyncrl.device.forward_context: bf16
             autocast or none); log-probs and values are cast to float32 before any ratio or loss.
@@ -190,11 +192,13 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
             the same on every device).
 
     Returns:
-        Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, filtered_fraction,
-        clip_fraction, explained_variance, rho_mean, rho_max, grad_norm; for VACO also
-        filter_fire_rate, the fraction of optimizer steps whose minibatch was filtered, and
-        filtered_fraction_stale / _fresh) plus ``minibatches``:
-        per optimizer step [step, tv_estimate, filtered_fraction, clip_fraction] (forward lag).
+        Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, no_grad_fraction
+        (asyncrl.algo.losses: the share of samples whose gradient the preset's clip, band or filter
+        removed, one definition for every preset), explained_variance, rho_mean, rho_max, grad_norm;
+        for ppo clip_fraction_two_sided; for the presets with a rule (ppo, vaco family)
+        no_grad_fraction_stale / _fresh; for VACO's TV filter filter_fire_rate, the fraction of
+        optimizer steps whose minibatch was filtered) plus ``minibatches``: per optimizer step
+        [step, tv_estimate, no_grad_fraction] (forward lag).
     """
     fwd = forward_context
     target_log_prob, values, final_values, x = _evaluate(policy, batch, fwd)
@@ -232,8 +236,8 @@ def step_means(steps: list[dict]) -> dict[str, float]:
 
 
 def minibatch_rows(steps: list[dict]) -> list[list[float]]:
-    """Per optimizer step [step, tv_estimate, filtered_fraction, clip_fraction] (forward lag)."""
-    return [[s["step"], s["tv_estimate"], s["filtered_fraction"], s["clip_fraction"]] for s in steps]
+    """Per optimizer step [step, tv_estimate, no_grad_fraction] (forward lag; asyncrl.metrics.MINIBATCH_COLUMNS)."""
+    return [[s["step"], s["tv_estimate"], s["no_grad_fraction"]] for s in steps]
 
 
 def normalize_advantages(a: torch.Tensor, on: bool) -> torch.Tensor:
@@ -270,11 +274,12 @@ def _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, 
             steps.append(_finish_step(optimizer, cfg, pl, out, values, m["targets"], len(steps)))
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
+            if pl.keep_mask is not None:
                 filter_rows.append((pl.filter_fired, pl.keep_mask, m.get("stale")))
     steps = scalar_steps(steps)
-    if filter_rows:   # what the filter removed, for all steps at once
+    if filter_rows:   # what the rule removed, for all steps at once
         fired_s, keep_s, stale_s = zip(*filter_rows)
-        split = filter_split(torch.stack(fired_s), torch.stack(keep_s),
+        split = filter_split(None if fired_s[0] is None else torch.stack(fired_s), torch.stack(keep_s),
                              None if stale is None else torch.stack(stale_s))
         for key, v in split.items():
             for step, value in zip(steps, v.cpu().tolist()):
@@ -282,26 +287,27 @@ def _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, 
     return steps
 
 
-def filter_split(fired: torch.Tensor, keep: torch.Tensor, stale: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """How often the filter fired (0 or 1), and the fraction it removed from stale and from fresh
-    samples (NaN where a minibatch has none), per minibatch.
+def filter_split(fired: torch.Tensor | None, keep: torch.Tensor, stale: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """How often VACO's TV filter fired (0 or 1), and the share of stale and of fresh samples left
+    without gradient (no_grad_fraction split by lag; NaN where a minibatch has none), per minibatch.
 
     Args:
-        fired: [...] bool, whether the filter fired (PolicyLoss.filter_fired).
+        fired: [...] bool, whether the filter fired (PolicyLoss.filter_fired), or None (no TV filter:
+            PPO's clip).
         keep: [..., M] bool, the samples that kept their gradient (PolicyLoss.keep_mask).
         stale: [..., M] bool (behaviour version older than the learner's), or None.
 
     Returns:
-        float32 tensors of shape [...]: filter_fire_rate, and with ``stale`` filtered_fraction_stale
-        and filtered_fraction_fresh.
+        float32 tensors of shape [...]: filter_fire_rate (with ``fired``), and with ``stale``
+        no_grad_fraction_stale and no_grad_fraction_fresh.
     """
-    out = {"filter_fire_rate": fired.to(torch.float32)}
+    out = {} if fired is None else {"filter_fire_rate": fired.to(torch.float32)}
     if stale is None:
         return out
     removed = ~keep
     n_stale = stale.sum(-1).to(torch.float32)
-    out["filtered_fraction_stale"] = (removed & stale).sum(-1).to(torch.float32) / n_stale
-    out["filtered_fraction_fresh"] = (removed & ~stale).sum(-1).to(torch.float32) / (stale.shape[-1] - n_stale)
+    out["no_grad_fraction_stale"] = (removed & stale).sum(-1).to(torch.float32) / n_stale
+    out["no_grad_fraction_fresh"] = (removed & ~stale).sum(-1).to(torch.float32) / (stale.shape[-1] - n_stale)
     return out
 
 

@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from asyncrl import stats
+from asyncrl.study_report import cell_diagnostic
 from asyncrl.plots import _pyplot
 
 PRESETS = ("grpo", "vaco")
@@ -50,16 +51,19 @@ def _columns(by: dict) -> list[str]:
 
 
 def _diag(cells: list, key: str) -> float | None:
-    xs = [c["diagnostics"][key]["mean"] for c in cells if c["diagnostics"].get(key, {}).get("mean") is not None]
+    """Mean over cells of a diagnostic (asyncrl.study_report.cell_diagnostic: cells recorded before
+    issue 38 have no one-sided no_grad_fraction for grpo, n/a here)."""
+    xs = [x for x in (cell_diagnostic(c, key) for c in cells) if x is not None]
     return statistics.mean(xs) if xs else None
 
 
 def table(by: dict) -> str:
     cols = _columns(by)
     lines = ["| N (or condition) | grpo IQM [95% CI] | vaco IQM [95% CI] | P(vaco > grpo) [95% CI] | gain over start, grpo / vaco "
-             "(points, mean) | grpo clip fraction | vaco tokens without gradient / minibatches over δ | TV estimate grpo / vaco | "
+             "(points, mean) | tokens without gradient (no_grad_fraction) grpo / vaco | vaco minibatches over δ | "
+             "grpo clip fraction, two-sided | TV estimate grpo / vaco | "
              "RL wall s (median) | seeds: grpo / vaco |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     pct = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}"   # noqa: E731
     frac = lambda x: "n/a" if x is None else f"{x:.4f}"   # noqa: E731
     for col in cols:
@@ -75,8 +79,9 @@ def table(by: dict) -> str:
         lines.append(
             f"| {col} | {cells_iv[0]} | {cells_iv[1]} | "
             f"{f'{poi.value:.2f} [{poi.low:.2f}, {poi.high:.2f}]' if poi else 'n/a'} | "
-            f"{pct(gain[0])} / {pct(gain[1])} | {frac(_diag(g, 'clip_fraction'))} | "
-            f"{frac(_diag(v, 'filtered_fraction'))} / {frac(_diag(v, 'filter_fire_rate'))} | "
+            f"{pct(gain[0])} / {pct(gain[1])} | "
+            f"{frac(_diag(g, 'no_grad_fraction'))} / {frac(_diag(v, 'no_grad_fraction'))} | "
+            f"{frac(_diag(v, 'filter_fire_rate'))} | {frac(_diag(g, 'clip_fraction_two_sided'))} | "
             f"{frac(_diag(g, 'tv_estimate'))} / {frac(_diag(v, 'tv_estimate'))} | "
             f"{statistics.median(walls):.0f} | "
             f"{' '.join(pct(c['final_return']) for c in g)} / {' '.join(pct(c['final_return']) for c in v)} |")
@@ -101,10 +106,11 @@ def plot(by: dict, out_path: Path) -> Path:
             xs.append(x), ys.append(iv.value)
             lo.append(iv.value - iv.low if iv.low == iv.low else 0), hi.append(iv.high - iv.value if iv.high == iv.high else 0)
         axes[0].errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=f"C{k}", capsize=3, label=f"{preset}: IQM, 95% CI")
-        key, what = (("clip_fraction", "tokens clipped") if preset == "grpo"
-                     else ("filtered_fraction", "tokens without gradient (band + TV filter)"))
-        pts = [(i, _diag(by[(preset, col)], key)) for i, col in enumerate(cols) if by.get((preset, col))]
+        what = "tokens without gradient (" + ("clip mask)" if preset == "grpo" else "band + TV filter)")
+        pts = [(i, _diag(by[(preset, col)], "no_grad_fraction")) for i, col in enumerate(cols) if by.get((preset, col))]
         pts = [(i, y) for i, y in pts if y is not None]
+        if not pts:   # cells recorded before issue 38 have no one-sided share for grpo
+            what += ": not recorded in these cells"
         axes[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{k}", label=f"{preset}: {what}")
     for i, col in enumerate(cols):   # the training reward: one batch's mean, smoothed, averaged over seeds
         for k, preset in enumerate(PRESETS):
@@ -131,7 +137,7 @@ def plot(by: dict, out_path: Path) -> Path:
     axes[1].set_ylabel("share of tokens without gradient (mean over iterations)")
     axes[1].set_yscale("symlog", linthresh=1e-4)
     axes[1].set_ylim(bottom=0)
-    axes[1].set_title("grpo clip fraction vs vaco's tokens without gradient")
+    axes[1].set_title("tokens without gradient (no_grad_fraction), grpo and vaco")
     for ax in axes:
         ax.legend(fontsize=7)
     fig.suptitle("gsm-tiny forward-lag study: N minibatches per batch of 64 completions (serial), and async-2")

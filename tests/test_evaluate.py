@@ -70,7 +70,17 @@ def test_eval_matches_a_direct_rollout(toy_run, stochastic):
 def test_eval_text_line_and_checkpoint_path(toy_run):
     res = CliRunner().invoke(main, ["eval", str(toy_run / "checkpoint.pt"), "--episodes", "2"])
     assert res.exit_code == 0, res.output
-    assert "2 episodes of asyncrl/Corridor-v0, mean actions" in res.stdout and "(mean ± std)" in res.stdout
+    assert "2 episodes of asyncrl/Corridor-v0, mean actions, seeds 0..1" in res.stdout and "(mean ± std)" in res.stdout
+    one = CliRunner().invoke(main, ["eval", str(toy_run / "checkpoint.pt"), "--episodes", "1"])
+    assert one.exit_code == 0, one.output
+    assert "1 episode of asyncrl/Corridor-v0, mean actions, seed 0 " in one.stdout   # not "1 episodes", "seeds 0..0"
+
+
+def test_count_of_says_one_in_the_singular():
+    from asyncrl.wording import count_of
+    assert [count_of(n, "episode") for n in (0, 1, 2, 2048)] == ["0 episodes", "1 episode", "2 episodes",
+                                                                  "2,048 episodes"]
+    assert count_of(1, "actor") == "1 actor" and count_of(3, "process", "processes") == "3 processes"
 
 
 @pytest.mark.parametrize("args, words", [

@@ -141,13 +141,13 @@ def test_config_too_long_for_the_welcome_is_refused():
     config.load(None, ["run.run_dir=" + "d" * 1000])   # long, but fits
 
 
-def test_progress_line_omits_a_nan_tv_and_filtered_fraction():
+def test_progress_line_omits_a_nan_tv_and_no_grad_fraction():
     # an llm iteration whose groups were all silent takes no optimizer step: its step scalars are NaN
     line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2,
-                                 tv=float("nan"), filtered=float("nan"))
-    assert "nan" not in line and "tv" not in line and "filtered" not in line
-    line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2, tv=0.05, filtered=0.25)
-    assert "tv 0.050" in line and "filtered 0.25" in line
+                                 tv=float("nan"), no_grad=float("nan"))
+    assert "nan" not in line and "tv" not in line and "no grad" not in line
+    line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2, tv=0.05, no_grad=0.25)
+    assert "tv 0.050" in line and "no grad 0.25" in line
 
 
 def test_progress_line_says_lag_is_not_known_before_the_first_batch():

@@ -220,6 +220,13 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:     # a NaN loss that stepped the optimizer
         f.write(json.dumps({**silent, "optimizer_steps": 1}) + "\n")
     assert study_mod.cell_record(st.cells[0], run)["diverged"]
+    from asyncrl.metrics import strict_json    # as a run writes it: the NaN loss is null
+    good = json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n"
+    (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 0}) + "\n")
+    assert not study_mod.cell_record(st.cells[0], run)["diverged"]
+    (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 1}) + "\n")
+    assert '"policy_loss": null' in (run / "metrics.jsonl").read_text()
+    assert study_mod.cell_record(st.cells[0], run)["diverged"]
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
     rec = study_mod.cell_record(st.cells[0], run)
     assert rec["accuracy_difference_ci95_paired"] == [0.03, 0.09] and rec["curve"] == [[64, 1.0, 0.4]]
@@ -251,3 +258,30 @@ def test_cells_record_the_cpu_kernels_and_the_report_names_them():
     assert info["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     assert _cpu({"cpu_model": "AMD EPYC", "cpu_kernels": "AVX2"}) == "AMD EPYC, AVX2 kernels"
     assert _cpu({"cpu_model": "AMD EPYC"}) == "AMD EPYC" and _cpu({}) == "not recorded"
+
+
+def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
+    """'no grad' is no_grad_fraction for every preset; a cell recorded before it existed (issue 38)
+    keeps its vaco share (the same definition) and has none for ppo, whose old clip_fraction counted
+    both directions and is shown only as 'clip 2-sided'."""
+    from asyncrl.study_report import cell_diagnostic, markdown
+    st = load_study(write(tmp_path, '''[[arm]]\npresets=["vaco", "ppo"]'''))
+    new_ppo = _rec("ppo", "E", "none", 1, 10.0)
+    new_ppo["preset"] = "ppo"
+    new_ppo["diagnostics"].update(no_grad_fraction={"mean": 0.04}, clip_fraction_two_sided={"mean": 0.09})
+    old = {"filtered_fraction": {"mean": 0.03}, "clip_fraction": {"mean": 0.08}, "entropy": {"mean": 1.0, "last": 1.0}}
+    old_ppo = dict(_rec("ppo", "E", "none", 2, 11.0), preset="ppo", diagnostics=dict(old))
+    old_vaco = dict(_rec("vaco", "E", "none", 1, 12.0), preset="vaco", diagnostics=dict(old))
+    assert cell_diagnostic(new_ppo, "no_grad_fraction") == 0.04
+    assert cell_diagnostic(old_ppo, "no_grad_fraction") is None
+    assert cell_diagnostic(old_ppo, "clip_fraction_two_sided") == 0.08
+    assert cell_diagnostic(old_vaco, "no_grad_fraction") == 0.03
+    assert cell_diagnostic(old_vaco, "clip_fraction_two_sided") is None
+    recs = [new_ppo, old_ppo, old_vaco]
+    for r in recs:
+        r.update(code_fingerprint="f", commit="c")
+    rows = {r["label"]: r for r in group_rows(st, recs)}
+    assert rows["ppo"]["no_grad_fraction"] == 0.04          # the old ppo cell is left out, not mixed in
+    assert rows["ppo"]["clip_fraction_two_sided"] == pytest.approx(0.085)
+    text = markdown(st, recs, list(rows.values()), [], [], {})
+    assert "| no grad | fires | clip 2-sided |" in text and "one definition for every preset" in text

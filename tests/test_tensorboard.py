@@ -18,13 +18,12 @@ SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2",
 def test_scalars_flatten_lists_and_skip_non_numbers():
     rec = {"iteration": 3, "env_steps": 64, "average_return": None, "flag": True, "tv_estimate": 0.25,
            "episode_returns": [1.0, 3.0], "empty": [], "bad": float("nan"), "name": "x",
-           "minibatches": [[0, 0.1, 0.0, 0.5], [1, 0.3, 0.2, 0.1]]}
+           "minibatches": [[0, 0.1, 0.0], [1, 0.3, 0.2]]}
     s = scalars(rec)
     assert s == pytest.approx({"iteration": 3, "env_steps": 64, "tv_estimate": 0.25, "episode_returns/mean": 2.0,
                                "episode_returns/max": 3.0, "minibatches/tv_estimate/mean": 0.2,
-                               "minibatches/tv_estimate/max": 0.3, "minibatches/filtered_fraction/mean": 0.1,
-                               "minibatches/filtered_fraction/max": 0.2, "minibatches/clip_fraction/mean": 0.3,
-                               "minibatches/clip_fraction/max": 0.5})
+                               "minibatches/tv_estimate/max": 0.3, "minibatches/no_grad_fraction/mean": 0.1,
+                               "minibatches/no_grad_fraction/max": 0.2})
 
 
 def test_run_writes_every_metrics_scalar_to_tensorboard(tmp_path):

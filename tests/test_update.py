@@ -35,9 +35,10 @@ def test_preset_iteration(preset, env_id):
     stats = state.iterate(_batch(state, env))
     assert state.version == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, state.policy.parameters()))
-    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "tv_estimate", "filtered_fraction",
-                "clip_fraction", "rho_mean", "rho_max", "grad_norm", "lr"):
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "tv_estimate", "no_grad_fraction",
+                "rho_mean", "rho_max", "grad_norm", "lr"):
         assert math.isfinite(stats[key]), (key, stats[key])
+    assert ("clip_fraction_two_sided" in stats) == (preset == "ppo")   # PPO's own name, PPO only
     # fresh data from the same weights: the first minibatch is exactly on-policy
     assert abs(stats["rho_mean"] - 1.0) < 1e-4
     steps = 4 * 2 if preset != "impala" else 4          # impala: one epoch
@@ -128,11 +129,12 @@ def test_filter_split_per_minibatch_and_stacked_agree():
             assert torch.equal(v, stacked[k][i]) or (v.isnan() and stacked[k][i].isnan()), k
         s = stale[i]
         want = (~keep[i][s]).float().mean() if s.any() else torch.tensor(float("nan"))
-        assert torch.allclose(row["filtered_fraction_stale"], want, equal_nan=True)
-        assert row["filtered_fraction_fresh"] == pytest.approx(float((~keep[i][~s]).float().mean()))
-    assert math.isnan(stacked["filtered_fraction_stale"][2])
+        assert torch.allclose(row["no_grad_fraction_stale"], want, equal_nan=True)
+        assert row["no_grad_fraction_fresh"] == pytest.approx(float((~keep[i][~s]).float().mean()))
+    assert math.isnan(stacked["no_grad_fraction_stale"][2])
     assert stacked["filter_fire_rate"].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
     assert set(filter_split(fired, keep, None)) == {"filter_fire_rate"}
+    assert set(filter_split(None, keep, stale)) == {"no_grad_fraction_stale", "no_grad_fraction_fresh"}   # ppo
 
 
 def test_optimizer_step_returns_the_norm_before_clipping_and_skips_a_nonfinite_one():

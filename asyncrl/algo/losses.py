@@ -8,6 +8,16 @@ outside it the ratio carries no gradient).
 
 Each policy loss returns a :class:`PolicyLoss`: the scalar loss plus detached 0-dim diagnostics,
 so logging needs no extra forward pass (call ``.item()`` when logging).
+
+One definition of "share of samples without gradient", the same for every loss (issue 38):
+``no_grad_fraction`` is the fraction of the N samples whose policy-gradient term the loss's own rule
+sets to exactly zero: PPO-clip's mask (A_i (r_i - 1) > 0 and |r_i - 1| > ε), VACO's per-sample band
+(the same mask on the ratio it bounds) and TV filter. A sample counts once whatever removed it.
+Losses without such a rule (ratio, KL penalty, SPO, IMPALA) report 0: a penalty or a truncated
+weight shrinks a gradient but never removes it. Not counted: samples with A_i = 0 (no gradient
+whatever the rule) and the |log r| > 20 clamp (a numerical guard, not a rule).
+PPO's usual "clip fraction" (|r_i - 1| > ε in either direction, half of which still carry gradient)
+is kept for PPO only, as ``clip_fraction_two_sided``.
 """
 from __future__ import annotations
 
@@ -45,19 +55,24 @@ class PolicyLoss(NamedTuple):
 
     loss: 0-dim, the value to minimise (carries the gradient w.r.t. log_prob).
     tv_estimate: 0-dim detached, 0.5 mean |r - 1| against the anchor (VACO) or β (others).
-    filtered_fraction: 0-dim detached, fraction of samples the TV filter detached (0 without one).
-    clip_fraction: 0-dim detached, fraction with |r - 1| > clip_eps (PPO clip; 0 for others).
+    no_grad_fraction: 0-dim detached, fraction of samples whose gradient the loss's rule removed
+        (PPO clip mask, VACO band and TV filter; 0 for losses without one: see the module docstring).
     approx_kl: 0-dim detached, mean((r - 1) - log r) with r = π_θ/β: the k3 estimator of
         KL(β ‖ π_θ) (nats).
+    filter_fired: 0-dim bool (VACO only), the TV filter's sign rule was applied; None otherwise.
+    keep_mask: [N] bool (losses with a rule: PPO clip, VACO), False for the samples counted in
+        no_grad_fraction; None otherwise (every sample keeps its gradient).
+    clip_fraction_two_sided: 0-dim detached (PPO clip only), fraction with |r - 1| > clip_eps in
+        either direction; None for the other losses.
     """
 
     loss: Tensor
     tv_estimate: Tensor
-    filtered_fraction: Tensor
-    clip_fraction: Tensor
+    no_grad_fraction: Tensor
     approx_kl: Tensor
-    filter_fired: Tensor | None = None   # 0-dim bool (VACO only): the sign rule was applied
-    keep_mask: Tensor | None = None      # [N] bool (VACO only): samples that kept their gradient
+    filter_fired: Tensor | None = None
+    keep_mask: Tensor | None = None
+    clip_fraction_two_sided: Tensor | None = None
 
 
 def tv_estimate(log_ratio: Tensor) -> Tensor:
@@ -204,7 +219,7 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         surrogate = weight * torch.exp(_log_ratio(log_prob, anchor)) * advantages.detach()
     filt = tv_filter(log_ratio=log_prob.detach() - anchor.detach(), advantages=advantages.detach(),
                      tv_threshold=tv_threshold, min_deviation=min_deviation, force=force, ratio_cap=ratio_cap)
-    keep, filtered = filt.keep_mask, filt.filtered_fraction
+    keep = filt.keep_mask
     band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
     if band < math.inf:
         with torch.no_grad():
@@ -215,9 +230,8 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
             else:   # π_θ/anchor ("forward", or "full" with the β anchor): the filter's own r - 1
                 deviation = filt.deviation
             keep = keep & ((advantages.detach() * deviation <= 0) | (deviation.abs() <= band))
-            filtered = 1.0 - keep.to(log_ratio.dtype).mean()
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()
-    return _result(loss, log_ratio, tv=filt.tv_estimate, filtered=filtered, fired=filt.fired)._replace(keep_mask=keep)
+    return _result(loss, log_ratio, tv=filt.tv_estimate, keep=keep, fired=filt.fired)
 
 
 def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
@@ -230,7 +244,7 @@ def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
         advantages: [N] A_i (reward units).
 
     Returns:
-        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+        :class:`PolicyLoss` (no_grad_fraction = 0).
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating.
@@ -254,7 +268,9 @@ def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Te
         clip_eps: ε > 0, finite.
 
     Returns:
-        :class:`PolicyLoss`; clip_fraction = fraction of samples with |r_i - 1| > ε.
+        :class:`PolicyLoss`; keep_mask False and counted in no_grad_fraction where the clipped
+        branch is taken, A_i (r_i - 1) > 0 and |r_i - 1| > ε (its gradient is exactly zero);
+        clip_fraction_two_sided = fraction of samples with |r_i - 1| > ε.
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; clip_eps <= 0 or not finite.
@@ -267,8 +283,10 @@ def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Te
     ratio, adv = torch.exp(log_ratio), advantages.detach()
     loss = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv).mean()
     with torch.no_grad():
-        clip_fraction = ((ratio - 1.0).abs() > eps).to(ratio.dtype).mean()
-    return _result(loss, log_ratio, clip=clip_fraction)
+        outside = (ratio - 1.0).abs() > eps
+        keep = ~outside | (adv * (ratio - 1.0) <= 0)   # the clipped branch is the min only outward
+        two_sided = outside.to(ratio.dtype).mean()
+    return _result(loss, log_ratio, keep=keep)._replace(clip_fraction_two_sided=two_sided)
 
 
 def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
@@ -284,7 +302,7 @@ def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tens
         kl_coef: penalty coefficient >= 0, finite (reward units per nat).
 
     Returns:
-        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+        :class:`PolicyLoss` (no_grad_fraction = 0).
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; kl_coef < 0 or not finite.
@@ -313,7 +331,7 @@ def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
         spo_eps: ε > 0, finite.
 
     Returns:
-        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+        :class:`PolicyLoss` (no_grad_fraction = 0).
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; spo_eps <= 0 or not finite.
@@ -342,7 +360,7 @@ def impala_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, pg_advant
         rho_bar: ρ̄ > 0 (inf allowed).
 
     Returns:
-        :class:`PolicyLoss` (filtered_fraction = clip_fraction = 0).
+        :class:`PolicyLoss` (no_grad_fraction = 0).
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; rho_bar <= 0 or NaN.
@@ -403,17 +421,19 @@ def _log_ratio(log_prob: Tensor, reference: Tensor) -> Tensor:
     return torch.clamp(log_prob - reference.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None,
-            filtered: Tensor | None = None, clip: Tensor | None = None, fired: Tensor | None = None) -> PolicyLoss:
+def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None, keep: Tensor | None = None,
+            fired: Tensor | None = None) -> PolicyLoss:
+    """The PolicyLoss of ``loss``; ``keep`` [N] bool (None: every sample keeps its gradient) gives
+    no_grad_fraction, the one definition every loss reports."""
     with torch.no_grad():
         lr = log_ratio.detach()
         ratio = torch.exp(lr)
-        zero = torch.zeros((), dtype=lr.dtype, device=lr.device)
         return PolicyLoss(
             loss=loss,
             tv_estimate=(0.5 * (ratio - 1.0).abs().mean() if tv is None else tv.detach()),
-            filtered_fraction=zero if filtered is None else filtered.detach(),
-            clip_fraction=zero if clip is None else clip.detach(),
+            no_grad_fraction=(torch.zeros((), dtype=lr.dtype, device=lr.device) if keep is None
+                              else 1.0 - keep.to(lr.dtype).mean()),
             approx_kl=((ratio - 1.0) - lr).mean(),
             filter_fired=fired,
+            keep_mask=keep,
         )

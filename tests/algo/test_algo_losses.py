@@ -35,14 +35,18 @@ def minibatch():
     return log_prob, torch.tensor(BEH, dtype=F64), torch.tensor(A, dtype=F64)
 
 
-def check(out, log_prob, loss, grad, *, tv=TV, filtered=0.0, clip=0.0):
+def check(out, log_prob, loss, grad, *, tv=TV, no_grad=0.0, clip=None):
     assert isinstance(out, PolicyLoss)
     assert out.loss.shape == ()
     out.loss.backward()
     assert out.loss.item() == pytest.approx(loss, **_approx())
     torch.testing.assert_close(log_prob.grad, torch.tensor(grad, dtype=F64), **TIGHT)
-    for name, want in [("tv_estimate", tv), ("filtered_fraction", filtered),
-                       ("clip_fraction", clip), ("approx_kl", KL)]:
+    # every gradient removed by the loss's rule is counted, and nothing else (no A_i = 0 here)
+    assert out.no_grad_fraction.item() == pytest.approx(sum(g == 0.0 for g in grad) / len(grad))
+    if clip is None:
+        assert out.clip_fraction_two_sided is None
+    wanted = [("tv_estimate", tv), ("no_grad_fraction", no_grad), ("approx_kl", KL)]
+    for name, want in wanted + ([("clip_fraction_two_sided", clip)] if clip is not None else []):
         value = getattr(out, name)
         assert value.shape == () and not value.requires_grad, name
         assert value.item() == pytest.approx(want, **_approx()), name
@@ -64,7 +68,7 @@ def test_vaco_filter_active():
     # value: every sample counts; gradient: samples 0 and 1 are detached.
     loss = -(R[0] * A[0] + R[1] * A[1] + R[2] * A[2] + R[3] * A[3]) / 4   # = -0.1275
     grad = [0.0, 0.0, -R[2] * A[2] / 4, -R[3] * A[3] / 4]                 # d r/d log π = r
-    check(out, log_prob, loss, grad, filtered=0.5)
+    check(out, log_prob, loss, grad, no_grad=0.5)
 
 
 def test_vaco_filter_inactive():
@@ -73,7 +77,7 @@ def test_vaco_filter_inactive():
                            tv_threshold=0.2)                       # 0.175 <= 0.2: all kept
     loss = -(R[0] * A[0] + R[1] * A[1] + R[2] * A[2] + R[3] * A[3]) / 4
     grad = [-R[0] * A[0] / 4, -R[1] * A[1] / 4, -R[2] * A[2] / 4, -R[3] * A[3] / 4]
-    check(out, log_prob, loss, grad, filtered=0.0)
+    check(out, log_prob, loss, grad, no_grad=0.0)
 
 
 def test_ratio_loss():
@@ -94,7 +98,8 @@ def test_ppo_clip_loss():
     loss = -(1.2 * A[0] + 0.8 * A[1] + R[2] * A[2] + R[3] * A[3]) / 4    # = 0.0975
     grad = [0.0, 0.0, -R[2] * A[2] / 4, -R[3] * A[3] / 4]
     assert loss == pytest.approx(0.0975)
-    check(out, log_prob, loss, grad, clip=3 / 4)                  # |r-1| > 0.2 for 0, 1, 3
+    # no gradient for 0 and 1 (clipped branch); |r-1| > 0.2 in either direction for 0, 1, 3
+    check(out, log_prob, loss, grad, no_grad=2 / 4, clip=3 / 4)
 
 
 def test_ppo_kl_loss():
@@ -149,8 +154,8 @@ def test_on_policy_nothing_filtered_and_tv_zero():
                         (ppo_clip_loss, dict(clip_eps=0.2)), (ppo_kl_loss, dict(kl_coef=1.0)),
                         (spo_loss, dict(spo_eps=0.2))]:
         out = loss_fn(log_prob=beh.clone(), behavior_log_prob=beh, advantages=adv, **kw)
-        assert out.tv_estimate.item() == 0.0 and out.filtered_fraction.item() == 0.0
-        assert out.clip_fraction.item() == 0.0 and out.approx_kl.item() == 0.0
+        assert out.tv_estimate.item() == 0.0 and out.no_grad_fraction.item() == 0.0
+        assert out.clip_fraction_two_sided in (None, 0.0) and out.approx_kl.item() == 0.0
         assert out.loss.item() == pytest.approx(-adv.mean().item(), rel=1e-12)
 
 
@@ -189,7 +194,7 @@ def test_filtered_samples_get_exactly_zero_gradient(dtype):
     out = vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv,
                            tv_threshold=0.2)
     keep = tv_filter(log_ratio=log_prob.detach() - beh, advantages=adv, tv_threshold=0.2).keep_mask
-    assert out.tv_estimate.item() > 0.2 and 0.2 < out.filtered_fraction.item() < 0.8
+    assert out.tv_estimate.item() > 0.2 and 0.2 < out.no_grad_fraction.item() < 0.8
     out.loss.backward()
     assert torch.all(log_prob.grad[~keep] == 0.0)                  # exactly, not approximately
     assert torch.all(log_prob.grad[keep] != 0.0)
@@ -204,7 +209,7 @@ def test_learning_anchor_uses_anchor_ratio_for_tv_and_mask():
     out = vaco_policy_loss(log_prob=log_prob, behavior_log_prob=log_prob.detach().clone(),
                            advantages=adv, tv_threshold=0.1, anchor_log_prob=anchor)
     assert out.tv_estimate.item() == pytest.approx(TV, rel=1e-12)
-    assert out.filtered_fraction.item() == 0.5
+    assert out.no_grad_fraction.item() == 0.5
     assert out.approx_kl.item() == 0.0                            # measured against β
     out.loss.backward()
     torch.testing.assert_close(log_prob.grad, torch.tensor([0.0, 0.0, -A[2] / 4, -A[3] / 4],
@@ -213,7 +218,7 @@ def test_learning_anchor_uses_anchor_ratio_for_tv_and_mask():
     log_prob2, beh2, _ = minibatch()
     out2 = vaco_policy_loss(log_prob=log_prob2, behavior_log_prob=beh2, advantages=adv,
                             tv_threshold=0.1, anchor_log_prob=log_prob2.detach().clone())
-    assert out2.tv_estimate.item() == 0.0 and out2.filtered_fraction.item() == 0.0
+    assert out2.tv_estimate.item() == 0.0 and out2.no_grad_fraction.item() == 0.0
 
 
 @pytest.mark.parametrize("delta_mu,sigma", [(0.1, 1.0), (0.5, 1.0), (1.0, 1.0), (0.3, 0.5)])

@@ -99,7 +99,7 @@ def test_iteration_trigger_keeps_filtering_once_over_the_budget():
     seq, steps = _fire_sequence("iteration")
     first = seq.index(1.0)
     assert 0 < first and all(f == 1.0 for f in seq[first:])
-    assert all(math.isnan(s["filtered_fraction_stale"]) and s["filtered_fraction_fresh"] >= 0 for s in steps)
+    assert all(math.isnan(s["no_grad_fraction_stale"]) and s["no_grad_fraction_fresh"] >= 0 for s in steps)
     per_minibatch, _ = _fire_sequence("minibatch")
     assert per_minibatch[:first + 1] == seq[:first + 1]       # identical until the first firing
     with pytest.raises(config.ConfigError, match="tv_filter_trigger"):
@@ -134,7 +134,7 @@ def test_behavior_band_without_filter_is_ppo_clip_gradient():
     r = torch.exp(log_prob - beh)
     masked = (adv * (r - 1) > 0) & ((r - 1).abs() > 0.2)
     assert torch.all(lp.grad[masked] == 0) and torch.all(lp.grad[~masked] != 0)
-    assert out.filtered_fraction.item() == pytest.approx(masked.double().mean().item())
+    assert out.no_grad_fraction.item() == pytest.approx(masked.double().mean().item())
 
 
 def test_backward_band_masks_on_pi_T_over_beta_by_hand():
@@ -178,7 +178,7 @@ def test_forward_band_is_decoupled_ppo_clip_by_hand():
     rf = torch.exp(log_prob - anchor)
     masked = (adv * (rf - 1) > 0) & ((rf - 1).abs() > 0.2)
     assert masked.any() and torch.all(lp.grad[masked] == 0)
-    assert out.filtered_fraction.item() == pytest.approx(masked.double().mean().item())
+    assert out.no_grad_fraction.item() == pytest.approx(masked.double().mean().item())
     # at iteration start (pi_theta = pi_T) nothing is masked, however stale the sample
     start = vaco_policy_loss(log_prob=anchor, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf,
                              anchor_log_prob=anchor, surrogate_rho_bar=1.0, behavior_band=0.2,

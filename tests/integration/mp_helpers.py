@@ -234,3 +234,26 @@ class Procs:
                 pass
         assert not still, f"processes still alive after SIGKILL: {still}"
         assert not left, f"shared-memory segments left behind: {left}"
+
+
+OUTCOME_HEADS = ("done:", "interrupted:", "failed:", "Error:")   # asyncrl.exit_status
+
+
+def outcome_lines(text: str) -> list[str]:
+    """The lines of a command's output that say how it ended (asyncrl.exit_status: exactly one)."""
+    return [ln for ln in text.splitlines() if ln.startswith(OUTCOME_HEADS)]
+
+
+def assert_strict_json_files(run_dir: Path) -> list[Path]:
+    """Parse every .json and .jsonl file under ``run_dir`` with a strict parser (no NaN / Infinity
+    literals); returns them."""
+    from asyncrl.metrics import loads_strict
+    files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
+    for p in files:
+        text = p.read_text()
+        for i, line in enumerate(text.splitlines() if p.suffix == ".jsonl" else [text]):
+            try:
+                loads_strict(line)
+            except ValueError as exc:
+                pytest.fail(f"{p} (line {i + 1}) is not strict JSON: {exc}: {line[:200]}")
+    return files

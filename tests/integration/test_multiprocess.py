@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mp_helpers import (SMALL, alive, descendants, free_port, free_port_pair, new_run_id, proc_stat,
-                       read_jsonl, shm_segments, wait_for)
+from mp_helpers import (SMALL, alive, assert_strict_json_files, descendants, free_port, free_port_pair, new_run_id,
+                        outcome_lines, proc_stat, read_jsonl, shm_segments, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -111,11 +111,14 @@ def test_run_command_halfcheetah(procs, tmp_path):
              "learner, broadcaster and 2 actors", procs=procs)
     rc = wait_adopting(procs, "run", 120)
     assert rc == 0, procs.dump()
-    assert "done:" in procs.out("run")
+    lines = outcome_lines(procs.out("run") + procs.err("run"))     # the learner's goes to its log
+    assert len(lines) == 1 and lines[0].startswith("done:"), procs.dump()
     left = wait_all_dead(procs.others, 5)
     assert not left, f"processes of the run outlived it: {left}"
     assert not shm_segments(run_id)
     check_run_outputs(run_dir, total, actors={"actor0", "actor1"})
+    files = {p.name for p in assert_strict_json_files(run_dir)}
+    assert {"config.json", "summary.json", "metrics.jsonl", "lag.jsonl", "broadcaster-summary.json"} <= files, files
     logs = {p.name: p.read_text(errors="replace") for p in (run_dir / "logs").iterdir()}
     assert set(logs) >= {"learner.log", "broadcaster.log", "actor0.log", "actor1.log"}
     for name, text in logs.items():
@@ -154,12 +157,17 @@ def test_roles_by_hand_actors_before_learner(procs, tmp_path):
     assert procs.wait("learner", 120) == 0, procs.dump()
     for name in ("a0", "a1"):
         assert procs.wait(name, 20) == 0, procs.dump()
-        assert "rollouts sent; step budget reached" in procs.out(name)
-    assert "done:" in procs.out("learner")
+        lines = outcome_lines(procs.out(name) + procs.err(name))
+        assert len(lines) == 1 and lines[0].startswith(f"done: actor {name}, ") and \
+            lines[0].endswith("sent; step budget reached"), procs.dump()
+    lines = outcome_lines(procs.out("learner") + procs.err("learner"))
+    assert len(lines) == 1 and lines[0].startswith("done:"), procs.dump()
     assert not shm_segments(run_id), "the learner left its segment behind"
-    # a broadcaster runs until stopped; Ctrl-C stops it cleanly
+    # a broadcaster runs until stopped; Ctrl-C stops it cleanly, as an interrupted command (130)
     procs.popen["broadcaster"].send_signal(signal.SIGINT)
-    assert procs.wait("broadcaster", 10) == 0
+    assert procs.wait("broadcaster", 10) == 130
+    lines = outcome_lines(procs.out("broadcaster") + procs.err("broadcaster"))
+    assert len(lines) == 1 and lines[0].startswith("interrupted: broadcaster, ") and "published" in lines[0], lines
     log = procs.err("learner")
     assert "actor a0 joined" in log and "actor a1 joined" in log
     for name in ("learner", "broadcaster", "a0", "a1"):
@@ -344,7 +352,9 @@ def test_sigint_stops_every_process(procs, tmp_path):
         pytest.fail(f"still alive {elapsed:.1f} s after Ctrl-C (limit {limit:.1f} s, load per core {load:.1f}): "
                     f"{states}\n{procs.dump()}")
     assert p.wait(1) == 130, procs.dump()
-    assert "interrupted" in procs.err("run")
+    lines = outcome_lines(procs.out("run") + procs.err("run"))   # one, though every role was interrupted
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), procs.dump()
+    assert "a resume starts from checkpoint.pt at " in lines[0], lines
     assert not shm_segments(run_id), "the run's shared memory outlived Ctrl-C"
     assert not descendants(p.pid)
     # every role unwound cleanly, even though Ctrl-C reached it twice (the terminal's, then the
@@ -352,12 +362,58 @@ def test_sigint_stops_every_process(procs, tmp_path):
     for log in (run_dir / "logs").iterdir():
         text = log.read_text(errors="replace")
         assert "Traceback" not in text and "Aborted!" not in text, f"{log.name}:\n{text}"
-    assert "learner: interrupted" in (run_dir / "logs" / "learner.log").read_text()
+    assert outcome_lines((run_dir / "logs" / "learner.log").read_text())[0].startswith("interrupted: ")
+    assert_strict_json_files(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
+    ck = summary["resume_checkpoint"]
+    assert ck["file"] == "checkpoint.pt" and 0 < ck["env_steps"] <= summary["env_steps"], summary
     assert summary["learner_iterations"] >= 3, summary
     assert summary["outcome"] == "interrupted" and summary["failure"] is None, summary
     assert summary["restarts"] == {"broadcaster": 0, "learner": 0, "actor0": 0, "actor1": 0}, summary
     assert (run_dir / "checkpoint.pt").stat().st_size > 0
+    procs.shutdown()
+
+
+# ----------------------------------------------------------------------------- 5. exit status by hand
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_learner_by_hand_exit_status_and_one_outcome_line(procs, tmp_path, sig):
+    """A learner started by hand and stopped by SIGINT / SIGTERM exits 130 / 143 (as `asyncrl run`
+    does) with one outcome line, writes its summary naming the resume checkpoint, and removes its
+    shared memory."""
+    run_id, run_dir = new_run_id(), tmp_path / "run"
+    procs.run_ids.add(run_id)
+    learner_ep, broadcaster_ep = endpoints()
+    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
+                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", "1000000", *SMALL],
+                expect_failure=True)
+    wait_for(lambda: "listening on" in procs.err("learner"), 60, "the learner to listen", procs=procs)
+    procs.popen["learner"].send_signal(sig)
+    assert procs.wait("learner", 60) == 128 + sig, procs.dump()
+    lines = outcome_lines(procs.out("learner") + procs.err("learner"))
+    assert len(lines) == 1 and lines[0].startswith("interrupted: 0 env steps"), procs.dump()
+    assert "a resume starts from checkpoint.pt at 0 env steps (version 0)" in lines[0], lines
+    assert "Traceback" not in procs.err("learner"), procs.dump()
+    assert not shm_segments(run_id)
+    assert_strict_json_files(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "interrupted" and summary["resume_checkpoint"] == {
+        "file": "checkpoint.pt", "env_steps": 0, "version": 0, "learner_iterations": 0}, summary
+    procs.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_actor_by_hand_interrupted_while_waiting_for_its_learner(procs, tmp_path):
+    """An actor stopped by SIGTERM before any learner answered: exit 143, one outcome line."""
+    learner_ep, broadcaster_ep = endpoints()
+    p = start_actor(procs, "a0", learner_ep, broadcaster_ep, env_id=CORRIDOR, expect_failure=True)
+    wait_for(lambda: "zmq" in Path(f"/proc/{p.pid}/maps").read_text(), 60, "the actor to load ZeroMQ", procs=procs)
+    time.sleep(1.0)     # saying hello into the void
+    p.send_signal(signal.SIGTERM)
+    assert procs.wait("a0", 60) == 143, procs.dump()
+    lines = outcome_lines(procs.out("a0") + procs.err("a0"))
+    assert lines == ["interrupted: actor a0, 0 rollouts sent"], procs.dump()
     procs.shutdown()
 
 

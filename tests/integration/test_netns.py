@@ -154,7 +154,7 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     assert procs.wait("learner", 90) == 0, procs.dump()
     for name in actors:
         assert procs.wait(name, 20) == 0, procs.dump()
-        assert "rollouts sent; step budget reached" in procs.out(name), procs.dump()
+        assert "sent; step budget reached" in procs.out(name), procs.dump()
         if empty_shm:
             assert "shared memory not reachable" in procs.err(name), procs.err(name)
 
@@ -177,5 +177,5 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     for name in ("broadcaster", "relayA", "relayB"):
         procs.popen[name].send_signal(2)
     deadline = time.monotonic() + 10
-    for name in ("broadcaster", "relayA", "relayB"):
-        assert procs.popen[name].wait(max(0.1, deadline - time.monotonic())) == 0, procs.dump()
+    for name in ("broadcaster", "relayA", "relayB"):   # stopped by SIGINT: 130 (asyncrl.exit_status)
+        assert procs.popen[name].wait(max(0.1, deadline - time.monotonic())) == 130, procs.dump()

@@ -158,7 +158,7 @@ def test_role_killed_past_its_budget_fails_the_run(procs, tmp_path):
     second = wait_for(lambda: (p := role_pid(procs, "actor0")) != first and p, 60, "actor0 restarted", procs=procs)
     os.kill(second, signal.SIGKILL)
     assert procs.wait("run", 60) == 1, procs.dump()
-    assert ("actor0 exited with status -9 (restarted 1 times in the last 600 s, run.max_restarts = 1)"
+    assert ("actor0 exited with status -9 (restarted 1 time in the last 600 s, run.max_restarts = 1)"
             in procs.err("run")), procs.dump()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "failed" and summary["failure"]["role"] == "actor0", summary

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from mp_helpers import REPO, alive, descendants, wait_for
+from mp_helpers import REPO, alive, assert_strict_json_files, descendants, wait_for
 from asyncrl.study import Runner, load_study
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,7 @@ def _params(run_dir):
 
 
 def _metric_rows(run_dir):
-    keep = ("env_steps", "average_return", "policy_loss", "value_loss", "tv_estimate", "filtered_fraction", "entropy")
+    keep = ("env_steps", "average_return", "policy_loss", "value_loss", "tv_estimate", "no_grad_fraction", "entropy")
     return [{k: r.get(k) for k in keep} for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
 
 
@@ -143,6 +143,13 @@ def test_full_profile_smoke_at_a_tiny_budget(tmp_path):
     assert {c["status"] for c in results["cells"]} == {"ok"}, [c.get("error") for c in results["cells"]]
     assert {c["mode"] for c in results["cells"]} == {"serial", "multiprocess"}
     assert len({c["preset"] for c in results["cells"]}) == 8
+    # every file of every cell (serial and multi-process runs of each preset) and of the report is strict JSON,
+    # and every preset reports the one no_grad_fraction (always 0 for the presets without a clip, band or filter)
+    files = assert_strict_json_files(out)
+    assert sum(p.name == "summary.json" for p in files) == 24 and sum(p.name == "cell.json" for p in files) == 24
+    for c in results["cells"]:
+        no_grad = c["diagnostics"]["no_grad_fraction"]["mean"]
+        assert no_grad is not None and (no_grad == 0 or c["preset"] not in ("ppo_kl", "spo", "impala")), c["preset"]
 
 
 @pytest.mark.timeout(300)

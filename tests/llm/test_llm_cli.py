@@ -52,7 +52,7 @@ def test_eval_on_a_jsonl_file(tmp_path, micro_dir):
     res = CliRunner().invoke(llm, ["eval", "--model", str(micro_dir), "--file", str(f), "--max-new-tokens", "3",
                                    "--threads", "1"])
     assert res.exit_code == 0, res.output
-    assert res.stdout.strip() in ("accuracy 0.000 on 1 problems", "accuracy 1.000 on 1 problems")
+    assert res.stdout.strip() in ("accuracy 0.000 on 1 problem", "accuracy 1.000 on 1 problem")   # not "1 problems"
 
 
 def test_eval_breakdown_prints_json(tmp_path, micro_dir):

@@ -111,7 +111,8 @@ def test_grpo_is_ppo_clip_on_token_ratios_by_hand(averaging, loss, grad_first):
     tb = grpo.flatten_tokens(MASK, log_prob=lp, behavior_log_prob=beta, advantages=ADV, averaging=averaging, max_len=4)
     out = ppo_clip_loss(**tb._asdict(), clip_eps=0.2)
     assert out.loss.item() == pytest.approx(loss, abs=1e-6)
-    assert out.clip_fraction.item() == pytest.approx(2 / 3)
+    assert out.clip_fraction_two_sided.item() == pytest.approx(2 / 3)
+    assert out.no_grad_fraction.item() == pytest.approx(2 / 3)   # both clipped tokens are on the outward side
     out.loss.backward()
     # d/d log π of -w r A / N: only the unclipped token has a gradient; padding gets exactly zero
     expected = torch.zeros(2, 3)
@@ -126,7 +127,7 @@ def test_vaco_on_tokens_by_hand():
     # would move r further from 1 and are detached; the loss value still counts them: -mean(r A)
     out = vaco_policy_loss(**tb._asdict(), tv_threshold=0.1)
     assert out.tv_estimate.item() == pytest.approx(1 / 6)
-    assert out.filtered_fraction.item() == pytest.approx(2 / 3)
+    assert out.no_grad_fraction.item() == pytest.approx(2 / 3)
     assert out.loss.item() == pytest.approx(-(2 + 3 - 0.5) / 3)
     out.loss.backward()
     assert torch.allclose(lp.grad, torch.tensor([[-2 / 3, 0, 0], [0, 0, 0]]), atol=1e-6)

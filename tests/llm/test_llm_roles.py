@@ -77,7 +77,8 @@ def test_grpo_preset_is_ppo_clip_on_tokens_hand_computed():
                      target_log_prob=tb.log_prob.detach(), adv=tb.advantages)
     # tokens: row 0: A, 1.2 A (clipped), A; row 1: -A; rows 2-3: 0
     assert math.isclose(pl.loss.item(), -(A + 1.2 * A + A - A) / 8, rel_tol=1e-6)
-    assert math.isclose(float(pl.clip_fraction), 1 / 8)
+    assert math.isclose(float(pl.clip_fraction_two_sided), 1 / 8)
+    assert math.isclose(float(pl.no_grad_fraction), 1 / 8)       # the clipped token: A > 0, r > 1.2
     pl.loss.backward()
     g = log_prob.grad
     expect = torch.tensor([[-A / 8, 0.0, -A / 8], [A / 8, 0, 0], [0, 0, 0], [0, 0, 0]])
@@ -102,7 +103,7 @@ def test_vaco_preset_on_tokens_weights_by_truncated_pi_T_over_beta():
     pl.loss.backward()
     expect = torch.tensor([[-0.5 * A / 8, -A / 8, -A / 8], [A / 8, 0, 0], [0, 0, 0], [0, 0, 0]])
     assert torch.allclose(log_prob.grad, expect, atol=1e-7), log_prob.grad
-    assert float(pl.tv_estimate) == 0.0 and float(pl.filtered_fraction) == 0.0
+    assert float(pl.tv_estimate) == 0.0 and float(pl.no_grad_fraction) == 0.0
 
 
 def test_sequence_averaging_weights_each_row_equally():

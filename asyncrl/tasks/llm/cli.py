@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from ...wording import count_of
 from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_THREADS, WARMUP_STAMP  # noqa: F401 (WARMUP_STAMP re-exported)
 
 
@@ -89,8 +90,8 @@ def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, 
     if res.reused:
         click.echo(f"reused {out}: held-out accuracy {st['heldout_accuracy']:.3f}")
         return
-    click.echo(f"warmed up {out}: held-out accuracy {st['heldout_accuracy']:.3f} on {st['n_heldout']} problems, "
-               f"{st['steps_taken']} steps, train {st['train_wall_s']:.0f} s wall ({st['train_cpu_s']:.0f} s CPU), "
+    click.echo(f"warmed up {out}: held-out accuracy {st['heldout_accuracy']:.3f} on "
+               f"{count_of(st['n_heldout'], 'problem')}, {count_of(st['steps_taken'], 'step')}, train {st['train_wall_s']:.0f} s wall ({st['train_cpu_s']:.0f} s CPU), "
                f"eval {st['eval_wall_s']:.0f} s")
 
 
@@ -118,7 +119,7 @@ def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, calculator, breakdow
     texts = sampling.eval_completions(loaded.model, loaded.tokenizer, problems, greedy=True,
                                       max_new_tokens=max_new_tokens, calculator=calculator)
     acc = sum(gsm.reward(t, p.target) for t, p in zip(texts, problems)) / len(problems) if problems else 0.0
-    click.echo(f"accuracy {acc:.3f} on {len(problems)} problems")
+    click.echo(f"accuracy {acc:.3f} on {count_of(len(problems), 'problem')}")
     if breakdown:
         click.echo(json.dumps(gsm.error_breakdown(problems, texts)))
 

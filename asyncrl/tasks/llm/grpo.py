@@ -20,7 +20,8 @@ r A are positively homogeneous in A, and VACO's filter and band read only the si
                 does not depend on the lengths (Dr. GRPO, arXiv:2503.20783; L_max = max_len, the
                 generation budget).
 
-The diagnostics the losses return (tv_estimate, clip_fraction, approx_kl) stay unweighted token means.
+The diagnostics the losses return (tv_estimate, no_grad_fraction, clip_fraction_two_sided, approx_kl) stay
+unweighted token means.
 
 Advantage realignment without a critic (``task.realign = "is_baseline"``, docs/llm-realignment.md):
 :func:`realigned_group_advantages` replaces the group mean of β's rewards by the self-normalised,

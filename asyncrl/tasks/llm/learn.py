@@ -72,7 +72,7 @@ def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.
     return (w * kl).mean(), float(kl.detach().mean())
 
 
-_STEP_KEYS = ("policy_loss", "approx_kl", "tv_estimate", "filtered_fraction", "clip_fraction", "grad_norm")
+_STEP_KEYS = ("policy_loss", "approx_kl", "tv_estimate", "no_grad_fraction", "grad_norm")
 
 
 def _minibatches(perm: torch.Tensor, n: int, *, exact: bool) -> list[torch.Tensor]:
@@ -98,7 +98,7 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         generator: minibatch shuffling.
         reference: the frozen reference model π_ref of the KL penalty, on the model's device; needed
             when task.kl_coef > 0, unused otherwise.
-        version: the learner's version; splits the filtered fraction into stale / fresh tokens and
+        version: the learner's version; splits no_grad_fraction into stale / fresh tokens and
             gives the generator-vs-learner log-prob mismatch of fresh rows (zero lag).
         forward_context: the context of the model's forwards (asyncrl.device.forward_context: bf16
             autocast or none); the token log-probs come out float32 (completion_log_probs casts the
@@ -106,14 +106,16 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
             ``model`` share a device; ``generator`` is a CPU one.
 
     Returns:
-        Scalars (policy_loss, approx_kl, tv_estimate, filtered_fraction, clip_fraction, grad_norm,
+        Scalars (policy_loss, approx_kl, tv_estimate, no_grad_fraction (the share of tokens whose
+        gradient grpo's clip or vaco's band and filter removed: asyncrl.algo.losses), grad_norm,
+        clip_fraction_two_sided (grpo),
         rho_mean, rho_max, reward_mean, completion_tokens_mean, logprob_mismatch_fresh, ...; with
         task.realign: realign_baseline_shift = mean over groups of |b_T - b_β| in reward units,
         realign_weight_mean / _min of the sequence weights min(ρ̄, π_T/β); with task.kl_coef > 0: kl_ref,
         the mean k3 estimate per policy token, nats; zero_advantage_groups and
         zero_advantage_groups_solved, the fractions of groups with equal rewards and with every reward
         > 0; optimizer_steps taken and skipped_minibatches, task.silent_groups) and ``minibatches`` rows
-        [step, tv_estimate, filtered_fraction, clip_fraction]. The per-step scalars are NaN when no
+        [step, tv_estimate, no_grad_fraction]. The per-step scalars are NaN when no
         step was taken.
 
     Raises:
@@ -188,11 +190,13 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
             step = step_record(len(steps), pl, grad_norm, **kl)
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
+            if pl.keep_mask is not None:
                 stale = None if stale_rows is None else stale_rows[idx][:, None].expand_as(m)[m]
                 step.update(filter_split(pl.filter_fired, pl.keep_mask, stale))
             steps.append(step)
     steps = scalar_steps(steps)
-    stats = step_means(steps) if steps else dict.fromkeys(_STEP_KEYS, float("nan"))
+    step_keys = _STEP_KEYS + (("clip_fraction_two_sided",) if algo.preset == "grpo" else ())
+    stats = step_means(steps) if steps else dict.fromkeys(step_keys, float("nan"))
     stats.update(realign_stats)
     log_rho = (target - behavior)[pmask & known[:, None]]   # the rows that trained (or all, with realign)
     rho = log_rho.clamp(-20, 20).exp()

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from ...metrics import strict_json
 from . import gsm
 
 EOS_TOKEN = "<|endoftext|>"   # also the padding token (padding positions are masked, never trained on)
@@ -195,7 +196,7 @@ def save(model, tokenizer, out_dir: str | Path, *, stamp: dict | None = None) ->
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     if stamp is not None:
-        (out / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
+        (out / STAMP).write_text(strict_json(stamp, indent=1, sort_keys=True) + "\n")
     return out
 
 

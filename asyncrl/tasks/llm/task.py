@@ -26,6 +26,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ...metrics import strict_json
+from ...wording import count_of
 from ...rollout import RolloutStats
 from . import gsm
 from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_THREADS as WARMUP_THREADS
@@ -273,7 +275,7 @@ class LLMTask:
             echo(f"llm: warm-up step {steps}: validation accuracy {checks[-1][1]:.3f} (target {t.warmup_target:g})")
             return checks[-1][1] >= t.warmup_target
 
-        echo(f"llm: warming up {self.base_dir()} for {t.warmup_steps} steps"
+        echo(f"llm: warming up {self.base_dir()} for {count_of(t.warmup_steps, 'step')}"
              f"{f' or until validation accuracy {t.warmup_target:g}' if t.warmup_target else ''} (supervised, cached in {start})")
         threads = torch.get_num_threads()
         if t.warmup_threads:
@@ -288,12 +290,12 @@ class LLMTask:
         tmp = start.with_name(f".{start.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         m.save(loaded.model, loaded.tokenizer, tmp)
-        (tmp / WARMUP_STAMP).write_text(json.dumps({"settings": settings, "final_loss": result.final_loss,
-                                                    "steps_taken": result.steps, "validation_checks": checks,
-                                                    "torch_threads": warm_threads,
-                                                    "seconds": round(result.seconds, 2)}, indent=1) + "\n")
+        (tmp / WARMUP_STAMP).write_text(strict_json({"settings": settings, "final_loss": result.final_loss,
+                                                     "steps_taken": result.steps, "validation_checks": checks,
+                                                     "torch_threads": warm_threads,
+                                                     "seconds": round(result.seconds, 2)}, indent=1) + "\n")
         os.replace(tmp, start)
-        echo(f"llm: warm-up done in {result.seconds:.0f} s, {result.steps} steps (loss {result.final_loss:.3f})")
+        echo(f"llm: warm-up done in {result.seconds:.0f} s, {count_of(result.steps, 'step')} (loss {result.final_loss:.3f})")
         return start
 
     def _model_config(self) -> dict:
@@ -417,7 +419,7 @@ class LLMTask:
             how = "reused from " + record["initial_eval_cached"] if "initial_eval_cached" in record else "measured"
             echo(f"llm: held-out accuracy before RL {record['initial_accuracy']:.3f} on {record['eval_problems']} "
                  f"problems ({self.eval_label()}; {how})")
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        path.write_text(strict_json(record, indent=1) + "\n")
         return record
 
     def _start_evaluation(self, start: Path, echo: Callable[[str], None]) -> dict:
@@ -443,7 +445,7 @@ class LLMTask:
             try:   # one atomic file: concurrent runs write the same content
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(out, indent=1) + "\n")
+                tmp.write_text(strict_json(out, indent=1) + "\n")
                 os.replace(tmp, cache)
             except OSError as exc:
                 echo(f"llm: could not cache the start evaluation in {cache}: {exc}")

@@ -20,6 +20,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from ...metrics import strict_json
 from . import gsm
 
 
@@ -286,6 +287,6 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, *, seed: int = 0, ste
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)   # a leftover of an interrupted warm-up
     m.save(loaded.model, loaded.tokenizer, tmp)
-    (tmp / WARMUP_STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    (tmp / WARMUP_STAMP).write_text(strict_json(stamp, indent=1) + "\n")
     os.replace(tmp, out)
     return WarmStart(out, False, stamp)
