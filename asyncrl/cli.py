@@ -162,12 +162,23 @@ class _Group(click.Group, _Command):
     command_class = _Command
     group_class = type          # subgroups are _Group too
 
+    def invoke(self, ctx: click.Context):
+        """A Ctrl-C (or SIGTERM) that arrives before a command's own handling of it, e.g. while it
+        still imports torch, ends it like any interrupted command: one ``interrupted:`` line and
+        130 / 143 (click would print "Aborted!" and exit 1)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo(f"interrupted: before asyncrl {ctx.invoked_subcommand or ''} started".rstrip())
+            sys.exit(exit_status.interrupted_status())
+
 
 @click.group(cls=_Group, context_settings={"max_content_width": 100})
 @click.version_option(__version__, "-V", "--version", prog_name="asyncrl", message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
+    exit_status.install_stop_handlers()   # from the first moment: a SIGINT / SIGTERM during start-up is an interruption too
     # A fatal signal (SIGBUS on a shared-memory page that cannot be backed, SIGSEGV) prints the
     # Python stack to stderr (the role's log) before the process dies of it.
     try:
@@ -177,7 +188,7 @@ def main(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     if not verbose:   # libraries' start-up notes (font cache built, no OpenGL_accelerate) are not ours to print
-        for name in ("matplotlib", "OpenGL", "PIL"):
+        for name in ("matplotlib", "OpenGL", "PIL", "torch"):   # torch: FakeTensor cache stats at exit
             logging.getLogger(name).setLevel(logging.WARNING)
 
 

@@ -119,3 +119,31 @@ def test_interrupted_serial_run_one_outcome_line_130_and_resume_checkpoint(tmp_p
     event = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("event") == "resume"][-1]
     assert (event["checkpoint"], event["from_env_steps"], event["from_iteration"]) == (
         "checkpoint.pt", ck["env_steps"], ck["learner_iterations"])
+
+
+@pytest.mark.parametrize("delay_s", [0.2, 0.5, 1.0])
+def test_a_signal_during_start_up_is_an_interruption_too(tmp_path, delay_s):
+    """SIGINT at any moment of an actor's start-up (importing torch, loading its config, waiting for a
+    learner that is not there) ends it like any interrupted command: exit 130, one ``interrupted:``
+    line, no "Aborted!" and no traceback (the moment does not matter, so load cannot change the outcome).
+    Only a signal before the interpreter has run any Python kills it the OS's way (-SIGINT, silent)."""
+    cmd = [sys.executable, "-m", "asyncrl.cli", "actor", "--learner", "tcp://127.0.0.1:9", "--broadcaster",
+           "tcp://127.0.0.1:11", "--env", "asyncrl/Corridor-v0"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True,
+                         preexec_fn=sigint_as_in_a_terminal)
+    try:
+        time.sleep(delay_s)
+        p.send_signal(signal.SIGINT)
+        text, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    if p.returncode == -signal.SIGINT:   # a loaded machine: the interpreter had not started yet
+        assert text == "", text
+        return
+    lines = [ln for ln in text.splitlines() if ln.startswith(OUTCOME_HEADS)]
+    assert p.returncode == 130, text
+    assert len(lines) == 1 and lines[0].startswith("interrupted: "), text
+    assert "Aborted!" not in text and "Traceback" not in text, text
