@@ -377,7 +377,7 @@ class Actor:
         """One session: first weights, then collect until stop or max_rollouts. Raises Rejoin."""
         self.first_weights()
         self.producer.reset()
-        for _ in range(2):                      # two credits: fill one slot while the next is granted
+        for _ in range(tp.GRANT_CREDITS):       # two credits: fill one slot while the next is granted
             self._send("request")
         while not self.stopped and (self.opts.max_rollouts == 0 or self.sent < self.opts.max_rollouts):
             self.poll_learner(0)
