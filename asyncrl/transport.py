@@ -542,7 +542,7 @@ def _bind_or_connect(sock: zmq.Socket, bind_to: str | None, connect: str | None)
     return sock
 
 
-def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000,
+def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000, max_message_bytes: int = -1,
            timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """Learner side of the actor channel. Received frames: [identity, header, *arrays].
     No ROUTER_HANDOVER: a second connection under an identity in use is refused by ZeroMQ, so no
@@ -550,10 +550,18 @@ def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000,
 
     ``security`` (every factory here): a ``security.Curve`` (CURVE server or client keys) or None
     for no encryption. Raises AddressError if the address cannot be bound (in use, not an
-    address of this host) or is malformed."""
+    address of this host) or is malformed. ``max_message_bytes`` (ZMQ_MAXMSGSIZE, set before the
+    bind: ZeroMQ copies the options into the listener there): a peer that sends a larger frame is
+    disconnected before the frame is buffered; -1: no limit."""
     sock = _socket(ctx, zmq.ROUTER, hwm, timeout_ms, security)
     sock.router_handover = 0
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
     return _bind_or_connect(sock, bind, None)
+
+
+def max_message_size(sock: zmq.Socket) -> int:
+    """The socket's ZMQ_MAXMSGSIZE (-1: no limit)."""
+    return sock.getsockopt(zmq.MAXMSGSIZE)
 
 
 def route_identity(name: str) -> str:

@@ -16,6 +16,7 @@ Rejects are counted by reason in ``--summary FILE`` (JSON, rewritten every 2 s a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -28,6 +29,9 @@ from ..security import (Security, advertised_with_source, create_weights_secret,
                         remove_weights_secret)
 
 log = logging.getLogger("asyncrl.broadcaster")
+SNAPSHOT_INTERVAL_S = 0.2     # one snapshot reply per connection per this many seconds
+MAX_SNAPSHOT_PEERS = 4096     # connections remembered for that rate limit
+MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
 
 
 class BroadcasterError(RuntimeError):
@@ -76,6 +80,7 @@ class Broadcaster:
         self.published = 0
         self.next_check = self.next_ask = 0.0
         self.next_summary, self.summary_written = 0.0, None
+        self.last_snapshot: dict[bytes, float] = {}   # connection -> monotonic time of its last snapshot reply
 
     @property
     def version(self) -> int:
@@ -118,21 +123,38 @@ class Broadcaster:
             header, _ = tp.decode(body)
             if header["type"] != "snapshot":
                 raise tp.ProtocolError("unexpected_type", header["type"])
-            if self.latest is not None:
-                tp.send(self.router, [identity, *self.latest], block=False)
-            else:
-                tp.send(self.router, [identity, *tp.encode({"type": "refuse", "run_id": header["run_id"],
-                                                            "reason": "no weights yet"})], block=False)
+            self.answer_snapshot(identity, header)
         except tp.ProtocolError as exc:
             self.rejects.reject(exc, sender)
+        except Exception as exc:  # noqa: BLE001 - peer input must never end the broadcaster: counted, logged
+            self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
+            if self.rejects.budget.allow()[0]:
+                log.warning("broadcaster: a message from %s raised in its handler", tp.printable(sender), exc_info=True)
+
+    def answer_snapshot(self, identity, header: dict) -> None:
+        """Send the newest weights (zero-copy: every reply shares the one buffer of ``self.latest``)
+        or "no weights yet" to ``identity``, at most once per SNAPSHOT_INTERVAL_S per connection
+        (an actor asks every 0.5 s while it waits); more often is refused ("snapshot_rate")."""
+        key, now = bytes(identity), time.monotonic()
+        if now - self.last_snapshot.get(key, -math.inf) < SNAPSHOT_INTERVAL_S:
+            raise tp.ProtocolError("snapshot_rate", f"more than one snapshot request per {SNAPSHOT_INTERVAL_S} s")
+        if len(self.last_snapshot) >= MAX_SNAPSHOT_PEERS:   # forget peers not heard of for a while
+            self.last_snapshot = {k: t for k, t in self.last_snapshot.items() if now - t < SNAPSHOT_INTERVAL_S}
+        self.last_snapshot[key] = now
+        if self.latest is not None:
+            tp.send(self.router, [identity, *self.latest], block=False, copy=False)
+        else:
+            tp.send(self.router, [identity, *tp.encode({"type": "refuse", "run_id": header["run_id"],
+                                                        "reason": "no weights yet"})], block=False)
 
     def serve(self, timeout_ms: int = 200) -> None:
         socks = [self.router, self.up_sub, self.up_req] if self.upstream else [self.router]
         ready = tp.poll(socks, timeout_ms)
-        frames = tp.recv_multipart_timeout(self.router, 0, copy=False) if self.router in ready else None
-        while frames is not None:
-            self.handle(frames)
+        for _ in range(MAX_MESSAGES_PER_SERVE if self.router in ready else 0):
             frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
+            if frames is None:
+                break
+            self.handle(frames)
         if self.upstream:
             self.relay()
         self.check_connections()

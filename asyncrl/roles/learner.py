@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import transport as tp
@@ -40,6 +41,7 @@ REPUBLISH_S = 2.0
 # an honest actor never holds more; a peer asking for more (to hoard the ring) is held to it, per
 # actor id and per connection (one connection may speak for several ids).
 MAX_IDS_PER_CONNECTION = 4
+ROUTER_HWM = 64                       # messages queued per actor connection, each way
 MAX_MESSAGES_PER_SERVE = 256          # serve() returns after this many: a flood cannot keep it from training
 LEASE_TIMEOUTS = 6                    # derived lease: this many actor timeouts ...
 LEASE_SLOT_TIMES = 4                  # ... or this many of the slowest report interval seen, whichever is longer
@@ -89,11 +91,21 @@ class Learner:
         self.cfg, self.run_dir, self.run_id, self.echo = cfg, Path(run_dir), run_id, echo
         self.security, self.advertise, self.broadcaster = security or Security("learner"), advertise, broadcaster
         self.epoch = learner_epoch() if epoch is None else int(epoch)
-        # Sockets first: a refused key or a busy port must not leave a shared-memory segment behind.
+        # The task first (no file, no segment): the router's frame limit comes from its slot layout.
+        torch.set_num_threads(cfg.learner.torch_threads)
+        self.task = make_task(cfg)
+        self.spec = self.task.spec
+        self.spaces = self.task.spaces
+        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
+        # no frame larger than a report's header or one field of a slot is ever buffered
+        max_frame = max(self.wire_limits.max_bytes, *(int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields))
+        # Sockets next: a refused key or a busy port must not leave a shared-memory segment behind.
         self.ctx = tp.context()
         try:
             weights_ep = snapshot_endpoint(broadcaster)
-            self.router = tp.router(self.ctx, bind, security=self.security.server(self.ctx, bind))
+            # a small queue per actor connection: an honest actor has a few messages in flight
+            self.router = tp.router(self.ctx, bind, hwm=ROUTER_HWM, max_message_bytes=max_frame,
+                                    security=self.security.server(self.ctx, bind))
             self.weights_curve = self.security.client(weights_ep)
             # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
             # hold any more); it gets the weights when it (re)connects, see check_connections
@@ -110,11 +122,6 @@ class Learner:
         self.last_publish = 0.0
         self.warned_unsigned = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        torch.set_num_threads(cfg.learner.torch_threads)
-        self.task = make_task(cfg)
-        self.spec = self.task.spec
-        self.spaces = self.task.spaces
-        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
         # /dev/shm too small: one line before any file of the run exists (it can be rerun in the same directory)
         check_space(segment_nbytes(self.spec, cfg.learner.num_slots), self.spec, cfg.learner.num_slots)
         self.consumer = Consumer(cfg, self.spec, self.run_dir, resume=resume, task=self.task)

@@ -425,3 +425,145 @@ def test_serve_handles_a_bounded_number_of_messages_per_call(tmp_path, ctx):
         while learner.rejects.total == 0 and time.monotonic() < deadline:
             learner.serve(50)
         assert 0 < learner.rejects.total <= MAX_MESSAGES_PER_SERVE
+
+
+# ---------------------------------------------------------------- class: the actor does not trust its learner
+
+class FakeLearner:
+    """A ROUTER that answers each hello with the next of ``welcomes`` (headers), in a thread."""
+
+    def __init__(self, welcomes: list[dict]):
+        from asyncrl.launch import free_port
+        self.ctx = tp.context()
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        self.sock = tp.router(self.ctx, self.endpoint)
+        self.welcomes, self.route, self.done = list(welcomes), None, threading.Event()
+        self.thread = threading.Thread(target=self.answer, daemon=True)
+        self.thread.start()
+
+    def answer(self) -> None:
+        while self.welcomes and not self.done.is_set():
+            frames = tp.recv_multipart_timeout(self.sock, 100)
+            if frames is None:
+                continue
+            self.route = frames[0]
+            header, _ = tp.decode(frames[1:])
+            if header["type"] == "hello":
+                w = self.welcomes.pop(0)
+                tp.send(self.sock, [self.route, msgpack.packb({"proto": tp.PROTOCOL_VERSION, "type": "welcome", **w},
+                                                              use_bin_type=True)])
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join(10)
+        tp.close(self.sock)
+        self.ctx.term()
+
+
+def _welcome(cfg, **fields) -> dict:
+    import json
+    return {"run_id": "fake", "shm_name": "asyncrl-no-such-segment-1", "num_slots": 6, "spec": SPEC.to_dict(),
+            "token": b"t" * 16, "config": json.dumps(cfg.to_dict()), "restart": 0, "epoch": 1,
+            "actor_token": b"k" * 16, **fields}
+
+
+def _actor(cfg, endpoint: str):
+    from asyncrl.roles.actor import Actor, ActorOptions
+    return Actor(cfg, ActorOptions(learner=endpoint, broadcaster="tcp://127.0.0.1:11", actor_id="t",
+                                   connect_timeout_s=30))
+
+
+def test_actor_survives_a_welcome_it_cannot_use(caplog):
+    """A welcome whose config is not JSON, not a config, or names an absurd number of slots: counted
+    ("bad_welcome"), and the actor keeps saying hello (on 75409f3 each raised out of ``hello``)."""
+    from asyncrl import config
+    from hostile_helpers import SMALL
+    cfg = config.load(None, SMALL)
+    fake = FakeLearner([_welcome(cfg, config="{not json"), _welcome(cfg, config="[1, 2]"),
+                        _welcome(cfg, config='{"env": {"num_envs": "many"}}'), _welcome(cfg, num_slots=2**40),
+                        _welcome(cfg)])
+    actor = _actor(cfg, fake.endpoint)
+    try:
+        actor.hello(timeout_s=30)
+        assert actor.rejects.by_reason().get("bad_welcome") == 4, actor.rejects.counts
+        assert actor.run_id == "fake" and actor.local_slot is not None   # no segment: over TCP
+        # a grant of a slot the ring does not have is refused, not indexed
+        tp.send(fake.sock, [fake.route, *tp.encode({"type": "grant", "run_id": "fake", "slot": 6, "grant_id": 3})])
+        tp.send(fake.sock, [fake.route, *tp.encode({"type": "grant", "run_id": "fake", "slot": 5, "grant_id": 4})])
+        deadline = time.monotonic() + 10
+        while not actor.grants and time.monotonic() < deadline:
+            actor.poll_learner(100)
+        assert actor.grants == [(5, 4)] and actor.rejects.by_reason().get("bad_grant") == 1
+    finally:
+        actor.run_id = ""    # no bye to the fake
+        actor.close()
+        fake.close()
+
+
+@pytest.mark.parametrize("shm_name", ["no/such/segment", "asyncrl-no-such-1", "x" * 300, "."])
+def test_actor_falls_back_to_tcp_for_any_attach_error(shm_name, caplog):
+    """A shared-memory name that gives EINVAL, ENAMETOOLONG or no segment: the actor ships its
+    rollouts over TCP, with one line saying why (on 75409f3 only ShmError was caught)."""
+    from asyncrl import config
+    from hostile_helpers import SMALL
+    cfg = config.load(None, SMALL)
+    fake = FakeLearner([_welcome(cfg, shm_name=shm_name)])
+    actor = _actor(cfg, fake.endpoint)
+    try:
+        with caplog.at_level("INFO", logger="asyncrl.actor"):
+            actor.hello(timeout_s=30)
+        assert actor.ring is None and actor.local_slot is not None
+        assert "shipping rollouts over TCP" in caplog.text
+    finally:
+        actor.run_id = ""
+        actor.close()
+        fake.close()
+
+
+# ---------------------------------------------------------------- class: resources per peer
+
+def test_an_oversized_frame_is_never_buffered(tmp_path, ctx):
+    """A frame larger than any legal one (a report's header, one field of a slot) is dropped by
+    ZeroMQ with its connection (ZMQ_MAXMSGSIZE) before the learner buffers it; on 75409f3 the
+    learner took all 64 MiB into memory, then refused it ("oversized")."""
+    with live_learner(tmp_path) as learner:
+        assert 0 < tp.max_message_size(learner.router) < 1 << 20
+        big = Peer(ctx, learner.endpoint, "big")
+        big.send([b"\0" * (64 << 20)])
+        big.pump(learner, 1.0)
+        assert learner.rejects.total == 0, learner.rejects.counts
+        honest = Peer(ctx, learner.endpoint, "honest")
+        honest.join(learner, "honest")
+
+
+def test_broadcaster_answers_snapshots_at_a_bounded_rate_and_survives_its_handlers(tmp_path, monkeypatch):
+    """A peer asking for snapshots in a tight loop gets at most one reply per
+    SNAPSHOT_INTERVAL_S (the rest counted "snapshot_rate"); an exception in a handler is counted,
+    not fatal."""
+    from asyncrl.launch import free_port_pair
+    from asyncrl.roles import broadcaster as bmod
+    b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
+    c = tp.context()
+    peer = tp.dealer(c, tp.snapshot_endpoint(b.endpoint), tp.route_identity("greedy"))
+    try:
+        ask = tp.encode({"type": "snapshot", "run_id": "", "actor_id": "greedy"})
+        for _ in range(200):
+            tp.send(peer, ask)
+        replies, deadline = 0, time.monotonic() + 3
+        while time.monotonic() < deadline and b.rejects.total + replies < 200:
+            b.serve(20)
+            while tp.recv_multipart_timeout(peer, 0) is not None:
+                replies += 1
+        assert replies + b.rejects.by_reason().get("snapshot_rate", 0) == 200
+        assert 1 <= replies <= 3 / bmod.SNAPSHOT_INTERVAL_S + 1
+        monkeypatch.setattr(b, "answer_snapshot", lambda *a: 1 / 0)
+        time.sleep(bmod.SNAPSHOT_INTERVAL_S)
+        tp.send(peer, ask)
+        deadline = time.monotonic() + 5
+        while "handler_error:ZeroDivisionError" not in b.rejects.by_reason() and time.monotonic() < deadline:
+            b.serve(20)
+        assert b.rejects.by_reason().get("handler_error:ZeroDivisionError") == 1
+    finally:
+        tp.close(peer)
+        c.term()
+        b.close()
