@@ -32,6 +32,7 @@ log = logging.getLogger("asyncrl.broadcaster")
 SNAPSHOT_INTERVAL_S = 0.2     # one snapshot reply per connection per this many seconds
 MAX_SNAPSHOT_PEERS = 4096     # connections remembered for that rate limit
 MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
+STALE_EPOCH_S = 10.0          # a learner republishes every 2 s: silent this long, its epoch gives way to any
 
 
 class BroadcasterError(RuntimeError):
@@ -73,6 +74,7 @@ class Broadcaster:
             raise
         self.latest = None                   # frames [topic, header, payload] of the newest weights
         self.newest, self.run_id = (-1, -1), None   # (learner epoch, version) of self.latest
+        self.epoch_heard = 0.0               # monotonic time of the last weights of the held epoch
         # With CURVE, weights come from the learner's key only: an actor host's key must not be
         # able to hand every actor weights of its own.
         self.learner_key = self.security.learner_key
@@ -89,17 +91,25 @@ class Broadcaster:
     def take(self, frames) -> bool:
         """Publish a weights message if its (learner epoch, version) is newer than the last one's
         (a restarted learner has a higher epoch and starts again at version 0, whatever its run
-        id). Only for weights known to come from the learner. Raises ProtocolError for an invalid
-        message."""
+        id), or if it is of another epoch while the held epoch's learner has been silent for
+        STALE_EPOCH_S (a learner started after the wall clock went back has a lower epoch). Only
+        for weights known to come from the learner. Raises ProtocolError for an invalid message."""
         header, _ = tp.decode_weights(frames)
-        key = (header["epoch"], header["version"])
+        key, now = (header["epoch"], header["version"]), time.monotonic()
+        if key[0] == self.newest[0]:
+            self.epoch_heard = now            # the learner of the held epoch is alive (it republishes)
         if key <= self.newest:
-            return False
+            if key[0] == self.newest[0] or now - self.epoch_heard <= STALE_EPOCH_S:
+                return False
+            # a lower epoch, from the learner (only its weights get here), while the learner of the held
+            # epoch is silent: a new learner started after the wall clock stepped back; take it
+            log.warning("broadcaster: learner epoch %d is silent for %.0f s; taking epoch %d (a lower one: the "
+                        "clock went back)", self.newest[0], now - self.epoch_heard, key[0])
         if key[0] != self.newest[0] and self.run_id is not None:
             log.info("broadcaster: weights of learner epoch %d (run %s) replace those of epoch %d (run %s)", key[0],
                      tp.printable(header["run_id"]), self.newest[0], tp.printable(self.run_id))
         self.latest = [bytes(f) for f in frames]
-        self.newest, self.run_id = key, header["run_id"]
+        self.newest, self.run_id, self.epoch_heard = key, header["run_id"], now
         tp.send(self.pub, self.latest, block=False)
         self.published += 1
         return True

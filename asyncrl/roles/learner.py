@@ -84,13 +84,13 @@ class Learner:
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
         ``advertise``: the address actors on other hosts use, when not the bound one; ``resume``:
         go on from the run directory's newest checkpoint (asyncrl.consume.Consumer); ``epoch``:
-        this learner's epoch (default: ``learner_epoch()``, newer at every start, resumed or not).
+        this learner's epoch (default: ``learner_epoch(epoch of the checkpoint resumed)``, newer at
+        every start, resumed or not; saved in every checkpoint).
 
         Raises SecurityError (keys missing for a non-loopback address), transport.AddressError
         (address in use, not of this host), ShmError, EnvError."""
         self.cfg, self.run_dir, self.run_id, self.echo = cfg, Path(run_dir), run_id, echo
         self.security, self.advertise, self.broadcaster = security or Security("learner"), advertise, broadcaster
-        self.epoch = learner_epoch() if epoch is None else int(epoch)
         # The task first (no file, no segment): the router's frame limit comes from its slot layout.
         torch.set_num_threads(cfg.learner.torch_threads)
         self.task = make_task(cfg)
@@ -98,7 +98,8 @@ class Learner:
         self.spaces = self.task.spaces
         self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
         # no frame larger than a report's header or one field of a slot is ever buffered
-        max_frame = max(self.wire_limits.max_bytes, *(int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields))
+        max_frame = max(self.wire_limits.max_bytes,
+                        *(int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields))
         # Sockets next: a refused key or a busy port must not leave a shared-memory segment behind.
         self.ctx = tp.context()
         try:
@@ -126,6 +127,9 @@ class Learner:
         check_space(segment_nbytes(self.spec, cfg.learner.num_slots), self.spec, cfg.learner.num_slots)
         self.consumer = Consumer(cfg, self.spec, self.run_dir, resume=resume, task=self.task)
         self.state = self.consumer.state
+        # newer than the epoch the checkpoint it resumes was written under, even after a clock step back
+        self.epoch = learner_epoch(self.consumer.learner_epoch) if epoch is None else int(epoch)
+        self.consumer.learner_epoch = self.epoch
         for name in cleanup_stale():
             log.warning("learner: removed shared-memory segment %s left by a dead run", name)
         self.ring = SlotRing.create(run_id=run_id, spec=self.spec, num_slots=cfg.learner.num_slots)
@@ -134,6 +138,7 @@ class Learner:
         self.full_meta: dict[int, tuple[str, dict]] = {}
         self.copied: list[SlotData] = []         # slots copied out of the ring, not yet trained on
         self.rejects = tp.RejectCounter("learner")
+        self.session_log = tp.LogBudget(per_window=50, window_s=10.0)   # joins, leaves, refusals (peer_log)
         self.undelivered: dict[str, None] = {}   # ids joined in this life that delivered no trained slot yet, oldest first
         self.slowest_report_s = 0.0               # longest time an actor held grants before an accepted report
         self.timing: Counter[str] = Counter()   # seconds: where the time goes
@@ -236,7 +241,7 @@ class Learner:
             if raw.get("type") == "hello":    # tell an actor of another version why it gets nothing
                 reason = tp.printable(f"proto: actor has protocol {raw.get('proto')!r}, learner has "
                                       f"{tp.PROTOCOL_VERSION}", 1000)
-                log.warning("learner: refused actor %s: %s", tp.printable(sender), reason)
+                self.peer_log(logging.WARNING, "learner: refused actor %s: %s", tp.printable(sender), reason)
                 self.reply(identity, {"type": "refuse", "reason": reason})
         except Exception as exc:  # noqa: BLE001 - peer input must never end the learner: counted, logged, refused
             self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
@@ -256,8 +261,8 @@ class Learner:
         actor_id = h["actor_id"]
         mismatch = tp.printable(self.mismatch(h), 1000)   # it quotes the actor's values: keep it sendable
         if mismatch:
-            log.warning("learner: refused actor %s from %s: %s", tp.printable(actor_id), tp.printable(h["host"]),
-                        mismatch)
+            self.peer_log(logging.WARNING, "learner: refused actor %s from %s: %s", tp.printable(actor_id),
+                          tp.printable(h["host"]), mismatch)
             self.reply(identity, {"type": "refuse", "reason": mismatch})
             return
         old = self.actors.get(actor_id)
@@ -274,8 +279,8 @@ class Learner:
         if old is not None and not proved and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
             reason = tp.printable(f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another "
                                   f"--actor-id", 1000)
-            log.warning("learner: refused a second actor %s from %s: %s", tp.printable(actor_id),
-                        tp.printable(h["host"]), reason)
+            self.peer_log(logging.WARNING, "learner: refused a second actor %s from %s: %s",
+                          tp.printable(actor_id), tp.printable(h["host"]), reason)
             self.reply(identity, {"type": "refuse", "reason": reason})
             return
         if old is not None:
@@ -288,12 +293,19 @@ class Learner:
         now = time.monotonic()
         self.actors[actor_id] = ActorInfo(h["host"], h["pid"], now, route=identity, token=token, joined=now,
                                           lease_from=now)
-        log.info("learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id), tp.printable(h["host"]), h["pid"],
-                 f", restart {restart}" if restart else "")
+        self.peer_log(logging.INFO, "learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id),
+                      tp.printable(h["host"]), h["pid"], f", restart {restart}" if restart else "")
         self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
                               "spec": self.spec.to_dict(), "token": self.ring.token,
                               "config": json.dumps(self.cfg.to_dict()), "restart": restart,
                               "epoch": self.epoch, "actor_token": token})
+
+    def peer_log(self, level: int, msg: str, *args) -> None:
+        """A log line caused by a peer (joins, leaves, refusals): at most ``session_log``'s budget a
+        window, with a count of the lines held back, so that peers cannot fill the disk."""
+        allowed, held = self.session_log.allow()
+        if allowed:
+            log.log(level, msg + (f" ({held} similar lines suppressed)" if held else ""), *args)
 
     def note_undelivered(self, actor_id: str, restart: int) -> None:
         """Keep the join records (``state.actor_joins``, checkpointed) of at most MAX_UNDELIVERED_IDS
@@ -413,7 +425,8 @@ class Learner:
         for s in freed:
             self.ring.disarm(s)                    # the old writer must stop writing these
         self.actors.pop(actor_id, None)
-        log.info("learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why, len(freed))
+        self.peer_log(logging.INFO, "learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why,
+                      len(freed))
 
     def lease_s(self) -> float:
         """Seconds an actor may hold grants without an accepted report: transport.grant_lease_s, or

@@ -567,3 +567,94 @@ def test_broadcaster_answers_snapshots_at_a_bounded_rate_and_survives_its_handle
         tp.close(peer)
         c.term()
         b.close()
+
+
+def test_join_records_of_ids_that_never_delivered_are_bounded(tmp_path, ctx, monkeypatch):
+    """Every new actor id used to add a record (``state.actor_joins``, in every checkpoint) for
+    ever. Now at most MAX_UNDELIVERED_IDS ids that never delivered a trained slot keep theirs (their
+    restart count may start again: none of their samples was trained on), while an id that
+    delivered keeps its monotonic count (seeding needs it)."""
+    from asyncrl.roles import learner as lmod
+    monkeypatch.setattr(lmod, "MAX_UNDELIVERED_IDS", 3)
+    with live_learner(tmp_path) as learner:
+        good = Peer(ctx, learner.endpoint, "good")
+        good.join(learner, "good")
+        for _ in range(tp.GRANT_CREDITS):
+            good.say("request", "good")
+        for g in [good.wait(learner, "grant") for _ in range(tp.GRANT_CREDITS)]:
+            good.send(report(good, "good", g["grant_id"]))
+        deadline = time.monotonic() + 10
+        while learner.ledger.num_full < 2 and time.monotonic() < deadline:
+            good.pump(learner, 0.05)
+        assert learner.consume()                      # "good" delivered a trained slot
+        for k in range(20):
+            p = Peer(ctx, learner.endpoint, f"p{k}")
+            p.join(learner, f"passer-{k}")
+            p.say("bye", f"passer-{k}")
+            p.pump(learner, 0.05)
+            p.close()
+        joins = learner.state.actor_joins
+        assert len(joins) <= 1 + 3, sorted(joins)
+        assert joins["good"] == 1                     # kept, though it is the oldest record
+
+
+# ---------------------------------------------------------------- epochs (issue 39, item 6)
+
+def test_a_resumed_learner_has_a_newer_epoch_even_after_the_clock_went_back(tmp_path, monkeypatch):
+    """The learner epoch is saved in the checkpoint, and a resumed learner takes a higher one
+    whatever the wall clock says; on 75409f3 the epoch was not saved, so after a clock step back
+    the resumed learner's epoch was lower and its weights were refused by the broadcaster."""
+    from asyncrl.roles import learner as lmod
+    with live_learner(tmp_path, run_id="epoch") as first:
+        old = first.epoch
+        first.finish()
+        run_dir = first.run_dir
+    real = time.time_ns
+    monkeypatch.setattr(lmod.time, "time_ns", lambda: real() - 3600 * 10**9)   # the clock went back an hour
+    from asyncrl import config
+    from asyncrl.launch import free_port
+    from hostile_helpers import SMALL
+    second = lmod.Learner(config.load(None, SMALL), run_dir, run_id="epoch-again", bind="tcp://127.0.0.1:0",
+                          broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None, resume=True)
+    try:
+        assert second.epoch > old
+    finally:
+        second.close()
+
+
+def test_broadcaster_takes_a_lower_epoch_once_the_held_one_is_silent(monkeypatch):
+    """A learner started after the wall clock stepped back (no checkpoint to continue) has a lower
+    epoch: the broadcaster takes its weights once the held epoch's learner has been silent for
+    STALE_EPOCH_S (on 75409f3: never, so actors waited for weights for ever)."""
+    from asyncrl.launch import free_port_pair
+    from asyncrl.roles import broadcaster as bmod
+    from asyncrl.security import read_weights_secret
+    monkeypatch.setattr(bmod, "STALE_EPOCH_S", 0.5)
+    b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
+    c = tp.context()
+    learner = tp.dealer(c, tp.snapshot_endpoint(b.endpoint), tp.route_identity("learner"))
+
+    def weights(epoch, version):
+        return tp.sign_weights(tp.encode_weights(run_id="r", epoch=epoch, version=version, publish_time=0.0,
+                                                 layout_hash="h", payload=np.ones(4, np.float32)),
+                               read_weights_secret(b.endpoint))
+
+    def serve_until(pred, seconds=10):
+        deadline = time.monotonic() + seconds
+        while not pred() and time.monotonic() < deadline:
+            b.serve(20)
+        return pred()
+
+    try:
+        tp.send(learner, weights(1000, 5))
+        assert serve_until(lambda: b.newest == (1000, 5))
+        tp.send(learner, weights(10, 0))        # at once: the held epoch's learner may still be there
+        serve_until(lambda: False, 0.2)
+        assert b.newest == (1000, 5)
+        time.sleep(0.6)
+        tp.send(learner, weights(10, 1))
+        assert serve_until(lambda: b.newest == (10, 1))
+    finally:
+        tp.close(learner)
+        c.term()
+        b.close()
