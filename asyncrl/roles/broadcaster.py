@@ -29,6 +29,7 @@ from ..security import (Security, advertised_with_source, create_weights_secret,
                         remove_weights_secret)
 
 log = logging.getLogger("asyncrl.broadcaster")
+ROUTER_HWM = 16               # messages queued per connection on the request ROUTER, each way
 SNAPSHOT_INTERVAL_S = 0.2     # one snapshot reply per connection per this many seconds
 MAX_SNAPSHOT_PEERS = 4096     # connections remembered for that rate limit
 MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
@@ -56,7 +57,9 @@ class Broadcaster:
             if not upstream:   # before the socket that takes weights exists
                 self.secret_file, self.secret = create_weights_secret(self.endpoint)
             request_ep = snapshot_endpoint(self.endpoint)
-            self.router = tp.router(self.ctx, request_ep, security=self.security.server(self.ctx, request_ep))
+            # a short queue per connection: it takes weights (the learner) and snapshot requests, one at a time
+            self.router = tp.router(self.ctx, request_ep, hwm=ROUTER_HWM,
+                                    security=self.security.server(self.ctx, request_ep))
             self.watches = [tp.handshakes(self.pub), tp.handshakes(self.router)]
             self.up_watches: list[tuple[str, tp.HandshakeWatch]] = []
             if upstream:
