@@ -202,7 +202,7 @@ class Broadcaster:
         """Take every version pending from upstream, in order (the actors' lag controls may want
         older ones); ask upstream for a snapshot every second until there is a first version."""
         replies = []
-        for frames in tp.drain_all(self.up_req):
+        for frames in tp.drain_all(self.up_req, max_messages=MAX_MESSAGES_PER_SERVE):
             if len(frames) == 3:
                 replies.append(frames)
                 continue
@@ -210,11 +210,14 @@ class Broadcaster:
                 tp.decode(frames)
             except tp.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
-        for frames in replies + tp.drain_all(self.up_sub):
+        for frames in replies + tp.drain_all(self.up_sub, max_messages=MAX_MESSAGES_PER_SERVE):
             try:
                 self.take(frames)
             except tp.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
+            except Exception as exc:  # noqa: BLE001 - upstream input must never end a relay: counted, logged
+                self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]),
+                                    self.upstream)
         now = time.monotonic()
         if self.latest is None and now >= self.next_ask:
             self.next_ask = now + 1.0

@@ -118,7 +118,8 @@ class Learner:
             raise
         self.endpoint = tp.endpoint_of(self.router)
         self.actor_watch, self.broadcaster_watch = tp.handshakes(self.router), tp.handshakes(self.weights_out)
-        self.next_check = 0.0
+        self.next_check = self.next_reap = 0.0
+        self.by_route: dict[bytes, set[str]] = {}   # connection -> the actor ids it speaks for
         self.broadcaster_handshakes = 0          # seen so far: a new one means a (re)connected broadcaster
         self.last_publish = 0.0
         self.warned_unsigned = False
@@ -177,8 +178,11 @@ class Learner:
             if handled >= MAX_MESSAGES_PER_SERVE:
                 break
             frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
-        self.reap_silent_actors()
-        self.reclaim_expired_leases()
+        now = time.monotonic()
+        if now >= self.next_reap:              # each scans every actor: at most 10 times a second
+            self.next_reap = now + 0.1
+            self.reap_silent_actors()
+            self.reclaim_expired_leases()
         self.grant_pending()
         self.check_connections()
 
@@ -268,7 +272,7 @@ class Learner:
         old = self.actors.get(actor_id)
         if old is not None and old.route == identity:
             return                             # a repeated hello from the same connection
-        if sum(1 for a in self.actors.values() if a.route == identity) >= MAX_IDS_PER_CONNECTION:
+        if len(self.by_route.get(identity, ())) >= MAX_IDS_PER_CONNECTION:
             reason = f"this connection already speaks for {MAX_IDS_PER_CONNECTION} actor ids"
             self.reply(identity, {"type": "refuse", "reason": reason})
             raise tp.ProtocolError("ids_per_connection", f"hello as {tp.printable(actor_id, 64)}: {reason}")
@@ -293,6 +297,7 @@ class Learner:
         now = time.monotonic()
         self.actors[actor_id] = ActorInfo(h["host"], h["pid"], now, route=identity, token=token, joined=now,
                                           lease_from=now)
+        self.by_route.setdefault(identity, set()).add(actor_id)
         self.peer_log(logging.INFO, "learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id),
                       tp.printable(h["host"]), h["pid"], f", restart {restart}" if restart else "")
         self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
@@ -324,7 +329,7 @@ class Learner:
 
     def outstanding(self, *, actor_id: str | None = None, route: bytes | None = None) -> int:
         """Grants held plus asked for, by ``actor_id``, or by every actor on connection ``route``."""
-        ids = [actor_id] if actor_id is not None else [a for a, i in self.actors.items() if i.route == route]
+        ids = [actor_id] if actor_id is not None else self.by_route.get(route, ())
         return sum(len(self.ledger.granted_to(a)) + self.actors[a].pending for a in ids if a in self.actors)
 
     def mismatch(self, h: dict) -> str:
@@ -424,7 +429,12 @@ class Learner:
         freed = self.ledger.reclaim(actor_id)
         for s in freed:
             self.ring.disarm(s)                    # the old writer must stop writing these
-        self.actors.pop(actor_id, None)
+        info = self.actors.pop(actor_id, None)
+        if info is not None:
+            ids = self.by_route.get(info.route, set())
+            ids.discard(actor_id)
+            if not ids:
+                self.by_route.pop(info.route, None)
         self.peer_log(logging.INFO, "learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why,
                       len(freed))
 
