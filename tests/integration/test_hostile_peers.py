@@ -658,3 +658,17 @@ def test_broadcaster_takes_a_lower_epoch_once_the_held_one_is_silent(monkeypatch
         tp.close(learner)
         c.term()
         b.close()
+
+
+def test_reject_counts_and_their_log_lines_are_bounded_whatever_the_senders(caplog):
+    """A peer that makes up a new sender name per message (a new connection identity, a new source
+    address at the authenticator) used to add a counter key and a log line each time: now the keys
+    stop at ``max_keys`` (the rest are counted under "(others)") and the lines at the budget."""
+    import logging
+    counter = tp.RejectCounter("learner", budget=tp.LogBudget(per_window=5, window_s=3600.0), max_keys=100)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.transport"):
+        for i in range(1000):
+            counter.reject(tp.ProtocolError("malformed", "junk"), f"peer-{i}")
+    assert len(counter.counts) == 101 and counter.total == 1000
+    assert counter.counts[("malformed", "(others)")] == 900
+    assert len([r for r in caplog.records if "rejected message" in r.getMessage()]) == 5
