@@ -24,6 +24,7 @@ Ray is an optional extra: ``pip install -e '.[ray]'``. Usage statistics stay off
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -38,6 +39,8 @@ from .config import Config
 from .launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair, new_run_id
 from .metrics import write_json_atomic
 from .pdeathsig import die_with_parent
+
+log = logging.getLogger("asyncrl.launch_ray")
 
 RAY_MISSING = "asyncrl run --launcher ray needs Ray: pip install -e '.[ray]' (make install installs it)"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024      # a local cluster's object store: the roles put nothing in it
@@ -70,6 +73,9 @@ def connect(address: str | None):
     ray = import_ray()
     kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
     if address:
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":   # Ray 2.60: `ray start` clusters are open unless
+            log.warning("joining the Ray cluster at %s without RAY_AUTH_MODE=token: unless the cluster was started "
+                        "with it, anyone who reaches it can run code on every node (README, Ray recipe)", address)
         ray.init(address=address, **kwargs)
     else:
         ray.init(object_store_memory=OBJECT_STORE_BYTES, **kwargs)
