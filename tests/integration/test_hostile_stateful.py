@@ -82,6 +82,7 @@ class HostilePeers(RuleBasedStateMachine):
         self.made = 0
         self.honest_reports = 0
         self.sent = 0                      # hostile messages sent to the learner
+        self.weights_sent = 0
         self.start_iteration = self.learner.state.iteration
         from asyncrl.launch import free_port_pair
         from asyncrl.roles.broadcaster import Broadcaster
@@ -90,7 +91,8 @@ class HostilePeers(RuleBasedStateMachine):
 
     # One rule draws the action, weighted toward hostile messages (hypothesis picks among rules
     # evenly, and a derandomised run then spends most steps on the cheapest one).
-    @rule(action=st.sampled_from(["hostile"] * 6 + ["connect", "disconnect", "honest", "snapshot"]), data=st.data())
+    @rule(action=st.sampled_from(["hostile"] * 6 + ["connect", "disconnect", "honest", "snapshot", "weights"]),
+          data=st.data())
     def step(self, action, data):
         if action == "connect" or action == "hostile" and not self.hostile:
             self.connect(data.draw(st.booleans(), label="joins"))
@@ -100,6 +102,10 @@ class HostilePeers(RuleBasedStateMachine):
             self.hostile_message(data)
         elif action == "honest":
             self.honest_round()
+        elif action == "weights":
+            self.weights_message(data.draw(st.sampled_from(["epoch", "version", "publish_time", "nbytes", "checksum",
+                                                            "layout_hash", "run_id", "unexpected"]), label="wkey"),
+                                 data.draw(extreme, label="wvalue"), data.draw(st.booleans(), label="signed"))
         elif action == "snapshot":
             self.snapshot_request(data.draw(st.sampled_from(["run_id", "actor_id", "type", "unexpected"]), label="key"),
                                   data.draw(extreme, label="value"))
@@ -178,6 +184,34 @@ class HostilePeers(RuleBasedStateMachine):
             while tp.recv_multipart_timeout(self.snap, 0) is not None:
                 answered += 1
         assert answered + self.broadcaster.rejects.total - before == 1, "a snapshot request neither answered nor counted"
+
+    def weights_message(self, key: str, value, signed: bool) -> None:
+        """Weights whose header holds one extreme value, signed with the broadcaster's secret (what its
+        learner would send) or not: each is published or rejected and counted, exactly once."""
+        import zlib
+        import numpy as np
+        from asyncrl.security import read_weights_secret
+        payload = np.ones(4, np.float32)
+        self.weights_sent += 1
+        header = {"proto": tp.PROTOCOL_VERSION, "type": "weights", "run_id": "r", "epoch": 1,
+                  "version": self.weights_sent, "publish_time": 0.0, "nbytes": payload.nbytes,
+                  "checksum": zlib.crc32(payload.tobytes()), "layout_hash": "h", key: value}
+        frames = [tp.WEIGHTS_TOPIC, msgpack.packb(header, use_bin_type=True), payload.tobytes()]
+        b = self.broadcaster
+        rejected, published = b.rejects.total, b.published
+        tp.send(self.snap, tp.sign_weights(frames, read_weights_secret(b.endpoint) if signed else None))
+        # barrier: a snapshot request is answered (or counted) after the weights were handled
+        time.sleep(0.2)                    # (the snapshot rate limit: one answer per 0.2 s per connection)
+        tp.send(self.snap, tp.encode({"type": "snapshot", "run_id": "", "actor_id": "barrier"}))
+        deadline, answered = time.monotonic() + 20, 0
+        while time.monotonic() < deadline and not answered:
+            b.serve(10)
+            while tp.recv_multipart_timeout(self.snap, 0) is not None:
+                answered += 1
+        assert answered, "the broadcaster did not answer the barrier snapshot request"
+        assert (b.rejects.total - rejected) + (b.published - published) <= 1, (key, value, signed)
+        if not signed or surely_bad("weights", key, value):   # (a good older version is ignored, not counted)
+            assert (b.rejects.total - rejected, b.published - published) == (1, 0), (key, value, signed)
 
     @invariant()
     def alive(self):
