@@ -110,8 +110,8 @@ def _plant_hostile_names(folder) -> dict[str, str]:
             (folder / "target-of-link").write_text("keep me")
         else:
             path.write_bytes(b"\0" * 64)
-            if name.startswith("asyncrl-other-"):
-                os.chown(path, 54321, 54321) if os.geteuid() == 0 else None
+            if name.startswith("asyncrl-other-") and os.geteuid() == 0:   # (only root can give a file away)
+                os.chown(path, 54321, 54321)
     return planted
 
 
