@@ -7,6 +7,7 @@ so each attack is deterministic and nothing needs killing; /dev/shm attacks use 
 (shm.SHM_DIR monkeypatched) so that no other run on this host sees the planted names."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -21,7 +22,7 @@ from click.testing import CliRunner
 from asyncrl import security, shm
 from asyncrl import transport as tp
 from asyncrl.roles.learner import ActorInfo, _gone_here
-from hostile_helpers import SPEC, STEPS, Peer, live_learner, raw_report, report
+from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -672,3 +673,61 @@ def test_reject_counts_and_their_log_lines_are_bounded_whatever_the_senders(capl
     assert len(counter.counts) == 101 and counter.total == 1000
     assert counter.counts[("malformed", "(others)")] == 900
     assert len([r for r in caplog.records if "rejected message" in r.getMessage()]) == 5
+
+
+# ---------------------------------------------------------------- (e) end to end, as the issue measured it
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
+    """The finding of issue 39 as it was measured, with real processes: a peer says hello, sends 100
+    requests and then only heartbeats; an honest actor joins afterwards. On 75409f3 the peer held
+    every slot and the run never got past its first iteration; now the run finishes."""
+    from mp_helpers import SMALL as MP_SMALL, free_port, free_port_pair, new_run_id, read_jsonl, wait_for
+    run_id, run_dir = new_run_id(), tmp_path / "run"
+    procs.run_ids.add(run_id)
+    learner_ep, broadcaster_ep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port_pair()}"
+    procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
+    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
+                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", "4000", *MP_SMALL])
+    hoarder = tp.dealer(ctx, learner_ep, tp.route_identity("hoarder"))
+    try:
+        tp.send(hoarder, tp.encode({"type": "hello", "run_id": "", "actor_id": "hoarder", "host": "elsewhere",
+                                    "pid": 1, "env_id": CORRIDOR, "spec": SPEC.to_dict(), "shm_token": None,
+                                    "token": None}))
+        frames = tp.recv_multipart_timeout(hoarder, 60_000)
+        assert frames is not None, procs.dump()
+        welcome, _ = tp.decode(frames)
+        assert welcome["type"] == "welcome", welcome
+        me = {"run_id": welcome["run_id"], "actor_id": "hoarder", "token": welcome["actor_token"]}
+        for _ in range(100):
+            tp.send(hoarder, tp.encode({"type": "request", **me}))
+        grants, deadline = 0, time.monotonic() + 5
+        while time.monotonic() < deadline:      # take what it is given
+            frames = tp.recv_multipart_timeout(hoarder, 200)
+            if frames is not None and tp.decode(frames)[0]["type"] == "grant":
+                grants += 1
+        procs.start("honest", ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep, "--actor-id",
+                               "honest", "--env", CORRIDOR, *MP_SMALL])
+        learner = procs.popen["learner"]
+        last_beat = 0.0
+
+        def finished() -> bool:
+            nonlocal last_beat
+            if time.monotonic() - last_beat > 0.5:            # only heartbeats from now on
+                tp.send(hoarder, tp.encode({"type": "heartbeat", **me}), block=False)
+                tp.drain_all(hoarder)
+                last_beat = time.monotonic()
+            return learner.poll() is not None
+
+        wait_for(finished, 180, "the run to finish beside the hoarding peer", procs=procs)
+    finally:
+        tp.close(hoarder)
+    assert procs.wait("learner", 10) == 0, procs.dump()
+    assert grants <= tp.GRANT_CREDITS, grants
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "finished" and summary["env_steps"] >= 4000, summary
+    assert summary["rejected_messages"].get("over_credit", 0) >= 100 - tp.GRANT_CREDITS, summary
+    assert {r["actor"] for r in read_jsonl(run_dir / "lag.jsonl")} == {"honest"}
+    procs.wait("honest", 30)
+    procs.shutdown()
