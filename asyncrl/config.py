@@ -169,6 +169,9 @@ class TransportConfig:
     actor_timeout_s: float = _f(10.0, "seconds of silence after which learner and actor give each other up")
     rejoin_timeout_s: float = _f(60.0, "seconds an actor whose learner ended its session (restarted, or dropped it) "
                                        "keeps saying hello before it gives up")
+    grant_lease_s: float = _f(0.0, "seconds a granted slot may go unreported before the learner takes it back (the "
+                                   "slot generation stops its writer); 0: derived, 6 x actor_timeout_s or 4 x the "
+                                   "slowest report interval seen, whichever is longer")
 
 
 @dataclass(frozen=True)

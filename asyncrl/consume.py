@@ -109,6 +109,9 @@ class Consumer:
         self.provenance = provenance()       # at the start: the load the run began under
         self.evaluate = PeriodicEval(cfg)    # run.eval_every: evaluation returns in metrics.jsonl
         self.last_eval: dict = {}
+        # the epoch of the learner role that writes the checkpoints (0: none, serial mode); a resumed
+        # learner starts at a higher one (roles/learner.learner_epoch) whatever the clock says
+        self.learner_epoch = int(own.get("learner_epoch", 0)) if own else 0
         if own:
             self.lag.load_state_dict(own["lag"])
             self.episodes.load_state_dict(own["episodes"])
@@ -209,7 +212,7 @@ class Consumer:
         plain values and tensors only)."""
         own = {"lag": self.lag.state_dict(), "episodes": self.episodes.state_dict(), "update_s": self.update_s,
                "rejected_slots": dict(self.rejected_slots), "slot_audit": dict(self.slot_audit),
-               "eval_next_at": self.evaluate.next_at,
+               "eval_next_at": self.evaluate.next_at, "learner_epoch": self.learner_epoch,
                "last_eval": dict(self.last_eval), "elapsed_s": self.clock.elapsed, "time": time.time()}
         return {**_copied(self.state.state_dict()), "consumer": own, "extra": _copied(extra)}
 

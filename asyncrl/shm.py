@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import struct
 import sys
 import threading
@@ -121,11 +122,12 @@ class SlotRing:
 
     @classmethod
     def create(cls, *, run_id: str, spec: RolloutSpec, num_slots: int) -> SlotRing:
-        """Create the zero-filled segment ``asyncrl-<run_id>-<os.getpid()>``.
+        """Create the zero-filled segment ``asyncrl-<run_id>-<os.getpid()>``, or, if that name is
+        taken (a stale segment of a recycled pid, or a file anyone put there: /dev/shm is
+        world-writable), ``asyncrl-<run_id>+<8 random hex>-<os.getpid()>`` (``_create_exclusive``).
 
         Raises ValueError for a run_id outside ``[A-Za-z0-9_.-]{1,200}`` or num_slots < 1;
-        ShmError if that name exists (a second ring of this run in this process, or a stale
-        segment from a dead process with a recycled pid: run ``asyncrl clean``); ShmSpaceError
+        ShmError if no free name was found in a few tries; ShmSpaceError
         if /dev/shm has less free space than the segment (checked with statvfs, then reserved
         with posix_fallocate, so writing into the ring never SIGBUSes for want of space).
         """
@@ -133,13 +135,10 @@ class SlotRing:
             raise ValueError(f"run_id must match [A-Za-z0-9_.-]{{1,200}}, got {run_id!r}")
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        name = f"{PREFIX}{run_id}-{os.getpid()}"
         nbytes = segment_nbytes(spec, num_slots)
         check_space(nbytes, spec, num_slots)
-        try:
-            shm = SharedMemory(name=name, create=True, size=nbytes)
-        except FileExistsError:
-            raise ShmError(f"shared-memory segment {name!r} already exists") from None
+        shm = _create_exclusive(run_id, nbytes)
+        name = shm.name
         try:   # commit the pages now: a later write can then never SIGBUS for want of space
             os.posix_fallocate(shm._fd, 0, nbytes)
         except OSError as exc:
@@ -149,7 +148,7 @@ class SlotRing:
                 raise ShmSpaceError(_space_message(nbytes, free_bytes(), spec, num_slots)) from None
             if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):   # no fallocate here: unreserved
                 raise ShmError(f"cannot reserve {nbytes:,} bytes for {name!r}: {exc.strerror}") from None
-            shm = SharedMemory(name=name, create=True, size=nbytes)
+            shm = SharedMemory(name=name.lstrip("/"), create=True, size=nbytes)
         token = secrets.token_bytes(TOKEN_NBYTES)
         _HEADER.pack_into(shm.buf, 0, MAGIC, num_slots, spec.slot_nbytes, _hash(spec), token)
         return cls(shm, spec, num_slots, token, owner=True)
@@ -375,32 +374,73 @@ def _open_untracked(name: str) -> SharedMemory:
             resource_tracker.register = register
 
 
+def _create_exclusive(run_id: str, nbytes: int, tries: int = 8) -> SharedMemory:
+    """A new segment (O_CREAT | O_EXCL: never one that exists, nor a symlink) of ``nbytes`` for
+    ``run_id``: the plain name first, then names with a random part ("+" is outside the run id's
+    characters, so ``remove_run`` cannot confuse runs). Raises ShmError after ``tries`` names."""
+    pid = os.getpid()
+    names = [f"{PREFIX}{run_id}-{pid}"] + [f"{PREFIX}{run_id}+{secrets.token_hex(4)}-{pid}" for _ in range(tries - 1)]
+    for name in names:
+        try:
+            return SharedMemory(name=name, create=True, size=nbytes)
+        except FileExistsError:
+            log.warning("shared-memory name %s is taken (a stale segment, or a file another process put in %s); "
+                        "trying another", name, SHM_DIR)
+    raise ShmError(f"no free shared-memory name for run {run_id!r} after {tries} tries (last {names[-1]!r})")
+
+
 # ---------------------------------------------------------------------------------- cleanup
 
+# /dev/shm is world-writable: any local user can put any name there (a 20-digit "pid", a
+# directory, a symlink, a file of its own). Clean-up acts only on regular files of this user whose
+# name ends in a pid this kernel could have given (1..MAX_PID), and never raises for a name.
+MAX_PID = 2**22          # Linux's PID_MAX_LIMIT
+
+
 def _creator_pid(name: str, prefix: str) -> int | None:
-    """pid at the end of ``<prefix>...-<pid>``, or None if the name is not of that form."""
+    """pid at the end of ``<prefix>...-<pid>`` (1..MAX_PID), or None if the name is not of that form."""
     if not name.startswith(prefix):
         return None
     tail = name.rpartition("-")[2]
-    return int(tail) if re.fullmatch(r"[0-9]{1,10}", tail) and int(tail) > 0 else None
+    if not re.fullmatch(r"[1-9][0-9]{0,6}", tail):
+        return None
+    return int(tail) if int(tail) <= MAX_PID else None
 
 
 def _alive(pid: int) -> bool:
+    """True unless no process of ``pid`` exists here (a pid it cannot judge counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # exists, owned by another user
+    except (OSError, OverflowError, ValueError):  # another user's (EPERM), or not a pid: not ours to judge
         return True
     return True
 
 
+def _ours(name: str) -> bool:
+    """True if ``SHM_DIR/name`` is a regular file (not a symlink, not a directory) of this user."""
+    try:
+        st = os.lstat(os.path.join(SHM_DIR, name))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def _unlink_names(names: list[str]) -> list[str]:
+    """Unlink each of ``names`` in SHM_DIR that is ours (``_ours``); returns those removed. A name
+    that cannot be removed (gone, not permitted) is logged and skipped, never raised."""
     removed = []
     for name in names:
+        if not _ours(name):
+            continue
         try:
             os.unlink(os.path.join(SHM_DIR, name))
         except FileNotFoundError:  # someone else cleaned it first
+            continue
+        except OSError as exc:
+            log.warning("could not remove shared-memory segment %s: %s", name.encode("unicode_escape").decode(),
+                        exc.strerror)
             continue
         removed.append(name)
         log.info("removed shared-memory segment %s", name)
@@ -408,11 +448,15 @@ def _unlink_names(names: list[str]) -> list[str]:
 
 
 def _listing() -> list[str]:
-    return sorted(os.listdir(SHM_DIR)) if os.path.isdir(SHM_DIR) else []
+    try:
+        return sorted(os.listdir(SHM_DIR))
+    except OSError:   # no /dev/shm here (or not readable): nothing to clean
+        return []
 
 
 def cleanup_stale(prefix: str = PREFIX) -> list[str]:
-    """Unlink segments ``<prefix>...-<pid>`` in /dev/shm whose creator pid is no longer alive.
+    """Unlink segments ``<prefix>...-<pid>`` in /dev/shm whose creator pid is no longer alive:
+    regular files of this user only, whatever else the folder holds (never raises for a name).
 
     Returns the names removed. Assumes the creators ran in this pid namespace (a pid reused by
     an unrelated live process keeps its segment: safe, merely not cleaned).
@@ -422,12 +466,18 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
     return _unlink_names(stale)
 
 
+def run_segment_pattern(run_id: str) -> re.Pattern:
+    """The names of ``run_id``'s segments: ``asyncrl-<run_id>-<pid>`` or, when that name was taken,
+    ``asyncrl-<run_id>+<8 hex>-<pid>`` (``SlotRing.create``)."""
+    return re.compile(re.escape(f"{PREFIX}{run_id}") + r"(\+[0-9a-f]{8})?-[0-9]+")
+
+
 def remove_run(run_id: str) -> list[str]:
-    """Unlink every segment of ``run_id`` (``asyncrl-<run_id>-<pid>``), live creator or not.
+    """Unlink every segment of ``run_id`` (``run_segment_pattern``) of this user, live creator or not.
 
     Returns the names removed. Processes that mapped them keep their mappings until they close.
     """
-    exact = re.compile(re.escape(f"{PREFIX}{run_id}-") + r"[0-9]+")
+    exact = run_segment_pattern(run_id)
     return _unlink_names([n for n in _listing() if exact.fullmatch(n)])
 
 

@@ -53,6 +53,19 @@ class SlotSpec:
         floats and behaviour versions every slot is checked for); None if they are fine."""
         return None
 
+    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float],
+                         lengths: list[int]) -> str | None:
+        """One line if a report's episode statistics (``returns``, ``lengths``: one per episode it
+        says the slot ended) cannot be those of the slot's ``arrays``; None if they can. Base rule:
+        one length (>= 1) per return, at most ``num_envs * rollout_length`` episodes."""
+        if len(returns) != len(lengths):
+            return f"{len(returns)} episode returns but {len(lengths)} lengths"
+        if len(returns) > self.num_envs * self.rollout_length:
+            return f"{len(returns)} episodes, a slot ends at most {self.num_envs * self.rollout_length}"
+        if any(n < 1 for n in lengths):
+            return "an episode of length 0"
+        return None
+
     @property
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
@@ -142,6 +155,18 @@ class RolloutSpec(SlotSpec):
     def to_dict(self) -> dict:
         return {"obs_dim": self.obs_dim, "action_dim": self.action_dim, "discrete": self.discrete,
                 "rollout_length": self.rollout_length, "num_envs": self.num_envs}
+
+    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float],
+                         lengths: list[int]) -> str | None:
+        """The base rule, and no more episodes than the slot's episode ends (terminated or truncated
+        steps). The actor leaves out episodes whose return is not finite, so fewer is legal."""
+        bad = super().episode_mismatch(arrays, returns, lengths)
+        if bad is not None:
+            return bad
+        ends = int(np.count_nonzero(arrays["terminated"] | arrays["truncated"]))
+        if len(returns) > ends:
+            return f"{len(returns)} episodes, the slot ends {ends}"
+        return None
 
     def invalid_values(self, arrays: dict[str, np.ndarray]) -> tuple[str, str] | None:
         if self.discrete:

@@ -14,6 +14,8 @@ import hmac
 import logging
 import math
 import secrets
+import threading
+import time
 import weakref
 import zlib
 from collections import Counter
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 3   # 2: welcome carries "restart"; 3: learner epoch, per-actor tokens, "rejoin", signed weights
 MAX_HEADER_BYTES = 64 * 1024
+GRANT_CREDITS = 2      # slot grants an actor asks for at the start (then one per report): the most it holds
 WEIGHTS_TOPIC = b"weights"
 DEFAULT_TIMEOUT_MS = 5000
 
@@ -116,19 +119,33 @@ def report_limits(num_envs: int, rollout_length: int) -> HeaderLimits:
                         max(DEFAULT_LIMITS.max_array_len, episodes))
 
 
-def _valid(value, kind) -> bool:
-    """Type check plus sanity: ints >= 0 (no bools), floats finite, dicts flat with str keys."""
+# Magnitude bounds of every number a peer sends (class fix of issue 39: a value that fits the type
+# but not the run, e.g. a pid of 2**40 or an env-step count of 2**63, must never reach the code
+# that acts on it). Ints are 0..MAX_INT (an int64: what numpy, torch and TensorBoard take) unless
+# INT_BOUNDS says less; floats are finite with |x| <= MAX_ABS_FLOAT (so +-3e38 is refused: it
+# overflows float32 arithmetic downstream). Bounds that depend on the run (slot index, env steps,
+# episode counts) are checked by the role that knows the run (roles/learner.py).
+MAX_INT = 2**63 - 1
+MAX_ABS_FLOAT = 1e15
+MAX_PID = 2**22          # Linux's largest pid_max (PID_MAX_LIMIT); pids are >= 1
+INT_BOUNDS: dict[str, tuple[int, int]] = {"pid": (1, MAX_PID)}
+
+
+def _valid(value, kind, key: str = "") -> bool:
+    """Type check plus sanity: ints in INT_BOUNDS[key] (default 0..MAX_INT; no bools), floats
+    finite with |x| <= MAX_ABS_FLOAT, dicts flat with str keys and values of those kinds."""
     if get_origin(kind) is list:
         (item,) = get_args(kind)
-        return isinstance(value, list) and all(_valid(v, item) for v in value)
+        return isinstance(value, list) and all(_valid(v, item, key) for v in value)
     if isinstance(value, bool) or not isinstance(value, kind):
         return False
     if isinstance(value, int):
-        return value >= 0
+        low, high = INT_BOUNDS.get(key, (0, MAX_INT))
+        return low <= value <= high
     if isinstance(value, float):
-        return math.isfinite(value)
+        return math.isfinite(value) and abs(value) <= MAX_ABS_FLOAT
     if isinstance(value, dict):
-        return all(isinstance(k, str) and isinstance(v, (bool, int, float, str))
+        return all(isinstance(k, str) and (isinstance(v, (bool, str)) or type(v) in (int, float) and _valid(v, type(v)))
                    for k, v in value.items())
     return True
 
@@ -154,7 +171,7 @@ def validate_header(header, *, run_id: str | None = None) -> dict:
         raise ProtocolError("schema", f"{kind}: unexpected keys {sorted(map(repr, extra))}")
     schema.update({k: v for k, v in optional.items() if k in header})
     for key, expected in schema.items():
-        if not _valid(header[key], expected):
+        if not _valid(header[key], expected, key):
             name = expected.__name__ if isinstance(expected, type) else str(expected)
             raise ProtocolError("schema",
                                 f"{kind}.{key}: {header[key]!r:.80} is not a valid {name}")
@@ -387,16 +404,48 @@ def printable(text, limit: int = 300) -> str:
     return out if len(out) <= limit else out[:limit] + "..."
 
 
-class RejectCounter:
-    """Counts rejected messages by (reason, sender) and logs them; never raises.
+class LogBudget:
+    """A rate limit for log lines caused by peers: at most ``per_window`` lines per ``window_s``
+    seconds, whatever the number of peers (a peer that makes up a new sender name per message
+    must not fill the disk). ``allow()`` says whether one more line may go out now; ``suppressed``
+    counts the lines held back since the last allowed one. Thread-safe."""
 
-    Logs the 1st, 2nd, 4th, 8th, ... reject of each (reason, sender), so a misbehaving peer
-    cannot flood the log. ``counts``: Counter of (reason, sender) -> rejects.
+    def __init__(self, per_window: int = 20, window_s: float = 10.0):
+        self.per_window, self.window_s = per_window, window_s
+        self.window_start, self.used, self.suppressed = -math.inf, 0, 0
+        self._lock = threading.Lock()
+
+    def allow(self) -> tuple[bool, int]:
+        """(may log now, lines suppressed before this one); the count restarts after an allowed line."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self.window_start >= self.window_s:
+                self.window_start, self.used = now, 0
+            if self.used >= self.per_window:
+                self.suppressed += 1
+                return False, 0
+            self.used += 1
+            held, self.suppressed = self.suppressed, 0
+            return True, held
+
+
+class RejectCounter:
+    """Counts rejected messages by (reason, sender) and logs them; never raises; thread-safe (the
+    CURVE authenticator's thread counts refused connections while the role's thread reads them).
+
+    Logs the 1st, 2nd, 4th, 8th, ... reject of each (reason, sender), and at most ``LogBudget``
+    lines a window over all senders, so misbehaving peers cannot flood the log. Keeps at most
+    ``max_keys`` (reason, sender) pairs: further senders are counted under sender "(others)".
+    ``counts``: Counter of (reason, sender) -> rejects (read it through ``snapshot()`` from another
+    thread).
     """
 
-    def __init__(self, role: str, logger: logging.Logger | None = None, *, what: str = "rejected message"):
-        self.role, self.log, self.what = role, logger or log, what
+    def __init__(self, role: str, logger: logging.Logger | None = None, *, what: str = "rejected message",
+                 max_keys: int = 4096, budget: LogBudget | None = None):
+        self.role, self.log, self.what, self.max_keys = role, logger or log, what, max_keys
         self.counts: Counter[tuple[str, str]] = Counter()
+        self.budget = budget or LogBudget()
+        self._lock = threading.Lock()
 
     def reject(self, error: Exception | str, sender: bytes | str | None = None) -> None:
         if isinstance(error, Exception):
@@ -404,18 +453,30 @@ class RejectCounter:
         else:
             reason = str(error)
         key = (printable(reason, 64), printable(sender or "?", 64))
-        self.counts[key] += 1
-        n = self.counts[key]
+        with self._lock:
+            if key not in self.counts and len(self.counts) >= self.max_keys:
+                key = (key[0], "(others)")
+            self.counts[key] += 1
+            n = self.counts[key]
         if n & (n - 1) == 0:
-            self.log.warning("%s: %s from %s: %s (%d so far)", self.role, self.what, key[1], printable(error), n)
+            allowed, held = self.budget.allow()
+            if allowed:
+                more = f"; {held} similar lines suppressed" if held else ""
+                self.log.warning("%s: %s from %s: %s (%d so far%s)", self.role, self.what, key[1], printable(error),
+                                 n, more)
+
+    def snapshot(self) -> Counter:
+        """A copy of ``counts``, taken under the lock."""
+        with self._lock:
+            return Counter(self.counts)
 
     @property
     def total(self) -> int:
-        return sum(self.counts.values())
+        return sum(self.snapshot().values())
 
     def by_reason(self) -> dict[str, int]:
         out: Counter[str] = Counter()
-        for (reason, _), n in self.counts.items():
+        for (reason, _), n in self.snapshot().items():
             out[reason] += n
         return dict(out)
 
@@ -484,7 +545,7 @@ def _bind_or_connect(sock: zmq.Socket, bind_to: str | None, connect: str | None)
     return sock
 
 
-def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000,
+def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000, max_message_bytes: int = -1,
            timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
     """Learner side of the actor channel. Received frames: [identity, header, *arrays].
     No ROUTER_HANDOVER: a second connection under an identity in use is refused by ZeroMQ, so no
@@ -492,10 +553,18 @@ def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000,
 
     ``security`` (every factory here): a ``security.Curve`` (CURVE server or client keys) or None
     for no encryption. Raises AddressError if the address cannot be bound (in use, not an
-    address of this host) or is malformed."""
+    address of this host) or is malformed. ``max_message_bytes`` (ZMQ_MAXMSGSIZE, set before the
+    bind: ZeroMQ copies the options into the listener there): a peer that sends a larger frame is
+    disconnected before the frame is buffered; -1: no limit."""
     sock = _socket(ctx, zmq.ROUTER, hwm, timeout_ms, security)
     sock.router_handover = 0
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
     return _bind_or_connect(sock, bind, None)
+
+
+def max_message_size(sock: zmq.Socket) -> int:
+    """The socket's ZMQ_MAXMSGSIZE (-1: no limit)."""
+    return sock.getsockopt(zmq.MAXMSGSIZE)
 
 
 def route_identity(name: str) -> str:

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import random
+import resource
 import sys
 import tempfile
 import threading
@@ -136,12 +137,15 @@ def random_frames(rng: random.Random) -> list[bytes]:
     return [rng.randbytes(rng.choice([0, 1, 7, 64, 2000, rng.randrange(0, 2000)])) for _ in range(rng.randint(1, 4))]
 
 
-def client(ctx: zmq.Context, endpoint: str, identity: str, curve) -> zmq.Socket:
-    """A hostile DEALER; ``curve``: (public, secret, server_key) of an allowed client, or None."""
+def client(ctx: zmq.Context, endpoint: str, identity: str, curve, sndhwm: int = 1000) -> zmq.Socket:
+    """A hostile DEALER; ``curve``: (public, secret, server_key) of an allowed client, or None;
+    ``sndhwm``: its own send queue (small for the resource cases: the attacker's queue lives in this
+    process too, and its RSS is what they measure)."""
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.identity = identity.encode()
     sock.sndtimeo = 30_000
+    sock.sndhwm = sndhwm
     sock.rcvhwm = 10
     if curve is not None:
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
@@ -199,6 +203,15 @@ def fuzz_port(name, role, endpoint, curve, n, seed, spec, run_id) -> dict:
             token = welcome_token(role, sock, run_id, spec) if kind == "hostile values" and spec is not None else None
             make = Hostile(rng, run_id, spec, "fuzz", token)
             messages = [random_frames(rng) if kind == "random bytes" else make.frames() for _ in range(n)]
+            # a frame over the socket's ZMQ_MAXMSGSIZE never reaches the role (ZeroMQ drops it and its
+            # connection): those are set aside here and sent by resource_cases instead
+            limit = tp.max_message_size(role.router)
+            if limit > 0:
+                kept = [m for m in messages if max(map(len, m), default=0) <= limit]
+                set_aside = len(messages) - len(kept)
+                messages = (kept * (n // max(len(kept), 1) + 1))[:n]
+            else:
+                set_aside = 0
             before, outcomes_before = counted.handled, Counter(counted.outcomes)
             sent = [0]
             t0 = time.perf_counter()
@@ -218,7 +231,8 @@ def fuzz_port(name, role, endpoint, curve, n, seed, spec, run_id) -> dict:
             out = counted.outcomes - outcomes_before
             results[kind] = {"sent": sent[0], "reached_role": handled, "rejected": out["rejected"],
                              "refused_hello": out["refused"], "accepted": out["accepted"], "raised": out["raised"],
-                             "wall_s": round(wall, 2), "msgs_per_s": round(handled / max(wall, 1e-9))}
+                             "wall_s": round(wall, 2), "msgs_per_s": round(handled / max(wall, 1e-9)),
+                             "over_maxmsgsize_set_aside": set_aside}
     finally:
         ctx.destroy(linger=0)
     results["rejects_by_reason"] = role.rejects.by_reason()
@@ -296,11 +310,113 @@ def fuzz_pub(role, endpoint, curve, n, seed) -> dict:
         ctx.destroy(linger=0)
 
 
+# ----------------------------------------------------------------------------- resource cases
+
+def rss_bytes() -> int:
+    """Resident set size of this process (the roles run in it), from /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _halves(role, attack, n: int) -> dict:
+    """Run ``attack(i)`` for i in 0..n-1 while serving ``role``; RSS before, after the first half and
+    after the second (the role served in between until it is quiet)."""
+    def serve_quiet(seconds=1.0):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            role.serve(10)
+
+    out = {"rss_before": rss_bytes()}
+    t0 = time.perf_counter()
+    for half in ("first", "second"):
+        for i in range(n // 2) if half == "first" else range(n // 2, n):
+            attack(i)
+            if i % 50 == 0:
+                role.serve(0)
+        serve_quiet()
+        out[f"rss_after_{half}_half"] = rss_bytes()
+    out["wall_s"] = round(time.perf_counter() - t0, 2)
+    out["growth_second_half"] = out["rss_after_second_half"] - out["rss_after_first_half"]
+    return out
+
+
+def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: str, n: int) -> dict:
+    """Big frames, many frames, many identities and many connections (both ROUTERs), and a snapshot
+    flood from a peer that never reads (broadcaster, holding weights of 16 MiB). Each runs in two
+    halves; the role must stay alive and the RSS of this process (roles and attackers alike) must
+    not grow in the second half by more than max(32 MiB, 10 %), plus 256 KiB per connection opened
+    in it (connections up to the fd limit are the attack)."""
+    ctx = zmq.Context()
+    results, socks = {}, []
+    limit = tp.max_message_size(role.router)
+    big = (limit + 1) if limit > 0 else (8 << 20)
+    try:
+        def send_serving(sock, frames) -> None:
+            """Send without blocking the role (it is served here while the attacker's queue is full)."""
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    sock.send_multipart(frames, zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    role.serve(5)
+
+        one = client(ctx, endpoint, "big", curve, sndhwm=2)
+        results["big frames"] = _halves(role, lambda i: send_serving(one, [b"\0" * big]), min(n, 200))
+        results["big frames"]["frame_bytes"] = big
+        many = client(ctx, endpoint, "frames", curve, sndhwm=2)
+        results["many frames"] = _halves(role, lambda i: send_serving(many, [b"x"] * 5000), min(n, 400))
+        ulimit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        conns = max(100, min(4000, (ulimit - 1000) // 2))   # each connection is two fds of this process
+
+        contexts = []
+
+        def connect(i):
+            if i % 900 == 0:         # a ZeroMQ context holds at most 1,023 sockets
+                contexts.append(zmq.Context())
+            s = client(contexts[-1], endpoint, f"conn{i}", curve)
+            socks.append(s)
+            if learner:   # a hello as a new id from each: the learner's per-id records
+                s.send_multipart(tp.encode(Hostile(random.Random(i), run_id, spec, f"id{i}").good_hello()))
+            else:
+                s.send_multipart(tp.encode({"type": "snapshot", "run_id": "", "actor_id": f"id{i}"}))
+        results["many connections and identities"] = _halves(role, connect, conns)
+        results["many connections and identities"]["connections"] = conns
+        if learner:
+            results["many connections and identities"]["actor_records"] = len(role.actors)
+            results["many connections and identities"]["join_records"] = len(role.state.actor_joins)
+        for s in socks:
+            s.close()
+        socks.clear()
+        for c in contexts:
+            c.term()
+        if not learner:
+            role.take(tp.encode_weights(run_id=run_id, epoch=2**62, version=1, publish_time=0.0, layout_hash="h",
+                                        payload=np.ones(4 << 20, np.float32)))
+            flood = client(ctx, endpoint, "flood", curve)
+            flood.rcvhwm = 1000
+            ask = tp.encode({"type": "snapshot", "run_id": "", "actor_id": "flood"})
+            results["snapshot flood (16 MiB weights, never read)"] = _halves(
+                role, lambda i: flood.send_multipart(ask), n)
+    finally:
+        ctx.destroy(linger=0)
+    for r in results.values():
+        # each half of the connections case opens conns/2 connections (both ends live in this
+        # process): they may cost up to 256 KiB each; no other case may grow in its second half
+        allowance = r.get("connections", 0) // 2 * (256 << 10)
+        r["bounded"] = r["growth_second_half"] <= max(32 << 20, r["rss_after_first_half"] // 10) + allowance
+    return results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=10_000, help="messages of each kind, per port and transport")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--no-resources", action="store_true", help="skip the resource cases (big messages, many "
+                                                                  "frames, connections, identities, snapshot flood)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)   # the roles' rate-limited reject lines are not the point here
     from asyncrl.roles.broadcaster import Broadcaster
@@ -333,6 +449,13 @@ def main() -> int:
                  "broadcaster ROUTER": fuzz_port("broadcaster", bc, f"tcp://{connect}:{bport + 1}", curve,
                                                  args.messages, args.seed + 1, learner.spec, run_id),
                  "broadcaster PUB": fuzz_pub(bc, f"tcp://{connect}:{bport}", curve, args.messages, args.seed + 2)}
+            if not args.no_resources:
+                t["learner ROUTER"]["resources"] = resource_cases(
+                    learner, f"tcp://{connect}:{lport}", curve, learner=True, spec=learner.spec, run_id=run_id,
+                    n=args.messages)
+                t["broadcaster ROUTER"]["resources"] = resource_cases(
+                    bc, f"tcp://{connect}:{bport + 1}", curve, learner=False, spec=learner.spec, run_id=run_id,
+                    n=args.messages)
             t["learner ROUTER"]["alive_after"] = alive_learner(learner, f"tcp://{connect}:{lport}", curve, learner.spec)
             t["broadcaster ROUTER"]["alive_after"] = alive_broadcaster(bc, f"tcp://{connect}:{bport + 1}", curve)
             t["broadcaster PUB"]["alive_after"] = t["broadcaster ROUTER"]["alive_after"]
@@ -341,7 +464,7 @@ def main() -> int:
             bc.close()
         report[transport] = t
         for port, r in t.items():
-            ok &= r["alive_after"]
+            ok &= r["alive_after"] and all(c["bounded"] for c in r.get("resources", {}).values())
             for kind in ("random bytes", "hostile values"):
                 if kind in r:
                     k = r[kind]
@@ -356,13 +479,21 @@ def main() -> int:
                     print(f"    {kind:14} sent {k['sent']:>6}  reached {k['reached_role']:>6}  rejected {k['rejected']:>6}"
                           f"  refused hello {k['refused_hello']:>5}  accepted {k['accepted']:>5}  raised {k['raised']}"
                           f"  {k['wall_s']:6.1f} s ({k['msgs_per_s']:,}/s)")
+            for case, c in r.get("resources", {}).items():
+                mib = 1 << 20
+                extra = "".join(f", {k} {c[k]:,}" for k in ("frame_bytes", "connections", "actor_records",
+                                                              "join_records") if k in c)
+                print(f"    resources: {case:45} RSS {c['rss_before'] / mib:7.1f} -> {c['rss_after_first_half'] / mib:7.1f}"
+                      f" -> {c['rss_after_second_half'] / mib:7.1f} MiB (second half {c['growth_second_half'] / mib:+.1f});"
+                      f" {'bounded' if c['bounded'] else 'GREW'}{extra}; {c['wall_s']} s")
             if "rejects_by_reason" in r:
                 print(f"    rejects by reason: {dict(sorted(r['rejects_by_reason'].items()))}")
                 for line in r["raised_examples"]:
                     print(f"    RAISED: {line}")
             if "random bytes" not in r:
                 print(f"    subscription frames sent {r['sent']}, reached the role {r['reached_role']}")
-    print("PASS: no role ended, every message that reached a role was counted" if ok else "FAIL")
+    print("PASS: no role ended, every message that reached a role was counted, RSS bounded under the resource "
+          "cases" if ok else "FAIL")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if ok else 1

@@ -117,7 +117,8 @@ def test_writing_to_a_full_device_is_one_line(tmp_path):
 
 def _report(episodes: int) -> dict:
     return {"type": "ready", "run_id": "r", "actor_id": "a0", "token": bytes(32), "grant_id": 1, "env_steps": episodes, "slot": 0,
-            "episode_returns": [-1.2345678901234e300] * episodes, "episode_lengths": [2 ** 63] * episodes,
+            # the longest msgpack numbers the schema takes: float64 (9 bytes), an int up to 2**63 - 1 (9 bytes)
+            "episode_returns": [-1.2345678901234e14] * episodes, "episode_lengths": [2 ** 63 - 1] * episodes,
             "timing": {"env_s": 0.1}}
 
 

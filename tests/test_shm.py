@@ -12,8 +12,8 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from asyncrl.shm import (HEADER_NBYTES, Grant, ShmError, SlotLedger, SlotRing, cleanup_stale,
-                         remove_run)
+from asyncrl.shm import (HEADER_NBYTES, Grant, ShmError, SlotLedger, SlotRing, _creator_pid, cleanup_stale,
+                         remove_run, run_segment_pattern)
 from asyncrl.spec import RolloutSpec
 
 pytestmark = pytest.mark.timeout(30)
@@ -134,7 +134,7 @@ def test_attach_mismatches_raise(run_id):
         SlotRing.attach(name=f"asyncrl-{run_id}-1", spec=SPEC, num_slots=2)
 
 
-def test_not_a_ring_and_duplicate_create_raise(run_id):
+def test_not_a_ring_raises_and_a_taken_name_gets_another(run_id):
     name = f"asyncrl-{run_id}-{_dead_pid()}"
     _raw_segment(name)
     try:
@@ -142,9 +142,15 @@ def test_not_a_ring_and_duplicate_create_raise(run_id):
             SlotRing.attach(name=name, spec=SPEC, num_slots=1)
     finally:
         os.unlink(f"/dev/shm/{name}")
-    with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=1):
-        with pytest.raises(ShmError, match="exists"):
-            SlotRing.create(run_id=run_id, spec=SPEC, num_slots=1)
+    # a name that is taken (here a second ring of the run in this process; a stale segment or a
+    # file anyone put in /dev/shm alike) is never opened: the second ring gets a name of its own,
+    # one that run_segment_pattern (asyncrl clean --run-id, the tests' leak checks) still finds
+    with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=1) as first:
+        with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=1) as second:
+            assert second.name != first.name
+            assert run_segment_pattern(run_id).fullmatch(second.name), second.name
+            assert _creator_pid(second.name, "asyncrl-") == os.getpid()
+    assert not _segments(f"asyncrl-{run_id}")
     with pytest.raises(ValueError):
         SlotRing.create(run_id="a/b", spec=SPEC, num_slots=1)
 

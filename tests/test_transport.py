@@ -28,7 +28,7 @@ HEADERS = {
     "heartbeat": dict(actor_id="a0", token=b"k" * 16),
     "bye": dict(actor_id="a0", token=b"k" * 16),
     "welcome": dict(shm_name="asyncrl-run-1-42", num_slots=4, spec=SPEC.to_dict(), restart=0,
-                    token=b"t" * 16, config='{"env": {"id": "CartPole-v1"}}', epoch=2**63, actor_token=b"k" * 16),
+                    token=b"t" * 16, config='{"env": {"id": "CartPole-v1"}}', epoch=2**63 - 1, actor_token=b"k" * 16),
     "rejoin": dict(reason="learner restarted"),
     "snapshot": dict(actor_id="a0"),
     "refuse": dict(reason="spec differs"),

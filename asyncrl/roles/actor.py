@@ -35,6 +35,9 @@ from ..tasks import make_task
 log = logging.getLogger("asyncrl.actor")
 
 
+MAX_SLOTS = 1 << 16   # the most slots a welcome may name (a ring is one segment of S slots)
+
+
 class ActorError(RuntimeError):
     """The actor cannot go on (refused by the learner, no learner, mismatched config)."""
 
@@ -100,6 +103,7 @@ class Actor:
         self.step_sleep_s = cfg.actor.slowdown_s / self.spec.rollout_length
         self.stopped = ""
         self.num_params = 0
+        self.num_slots = 0                # slots of the learner's ring (from its welcome)
 
     # ---- token ----
     def read_token(self) -> bytes | None:
@@ -135,7 +139,7 @@ class Actor:
                   "actor_id": self.opts.actor_id, "host": self.opts.host_label or socket.gethostname(),
                   "pid": os.getpid(), "env_id": self.task.id, "spec": self.spec.to_dict(),
                   "shm_token": None, "token": self.token, "spaces": self.producer.spaces}
-        next_hello, said_waiting = 0.0, False
+        next_hello, said_waiting, bad_welcome = 0.0, False, ""
         while time.monotonic() < deadline:
             if not said_waiting and deadline - time.monotonic() < timeout_s - 3:
                 said_waiting = True    # only once the learner is clearly not there yet
@@ -156,17 +160,32 @@ class Actor:
             if reply["type"] == "refuse":
                 raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {tp.printable(reply['reason'], 1000)}")
             if reply["type"] == "welcome":
-                return self._welcome(reply)
+                try:
+                    return self._welcome(reply)
+                except ActorError:
+                    raise
+                except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:   # the learner's config
+                    # is not one this actor can build: counted, logged, and the hello goes on (until its timeout)
+                    bad_welcome = tp.printable(f"{type(exc).__name__}: {exc}")
+                    self.rejects.reject(tp.ProtocolError("bad_welcome", bad_welcome), "learner")
+                    self.run_id, self.epoch, self.policy = "", -1, None
+                    continue
             # anything else (a "rejoin" or heartbeat answer of the session before): not for this hello
+        if bad_welcome:
+            raise ActorError(f"actor {self.opts.actor_id}: the learner at {self.opts.learner} sent a welcome this "
+                             f"actor cannot use: {bad_welcome}")
         raise ActorError(f"actor {self.opts.actor_id}: no learner answered at {self.opts.learner} "
                          f"within {timeout_s:.0f} s")
 
     def _welcome(self, reply: dict) -> None:
+        learner_cfg = from_dict(json.loads(reply["config"]))   # ValueError etc. before anything changes
+        if not 1 <= reply["num_slots"] <= MAX_SLOTS:
+            raise ValueError(f"welcome names {reply['num_slots']} slots, outside 1..{MAX_SLOTS}")
         self.run_id, self.epoch = reply["run_id"], reply["epoch"]
         self.sessions += 1
         self.keep_token(reply["actor_token"])
         self.last_learner_message = time.monotonic()
-        learner_cfg = from_dict(json.loads(reply["config"]))
+        self.num_slots = reply["num_slots"]
         run_seed = self.opts.seed if self.opts.seed is not None else learner_cfg.run.seed
         self.seeds = actor_seeds(run_seed, self.opts.actor_id, reply["restart"], self.cfg.env.num_envs)
         self.producer.bind(learner_cfg, self.seeds)    # the policy copy, in the learner's layout
@@ -187,12 +206,13 @@ class Actor:
             self.ring = SlotRing.attach(name=reply["shm_name"], spec=self.spec, num_slots=reply["num_slots"],
                                         token=reply["token"])
             log.info("actor %s: attached to shared memory %s", self.opts.actor_id, reply["shm_name"])
-        except ShmError as exc:
+        except (ShmError, OSError, ValueError) as exc:   # any attach error: missing, EACCES (another user's), EINVAL, ...
+            why = tp.printable(f"{type(exc).__name__}: {exc}")
             if mode == "shm":
                 raise ActorError(f"actor {self.opts.actor_id}: actor.rollout_transport is shm, but the learner's "
-                                 f"shared memory is not reachable from here: {exc}") from None
+                                 f"shared memory is not reachable from here: {why}") from None
             log.info("actor %s: learner's shared memory not reachable (%s); shipping rollouts over TCP",
-                     self.opts.actor_id, exc)
+                     self.opts.actor_id, why)
             self.local_slot = self.spec.allocate()
 
     def check_connections(self) -> None:
@@ -306,7 +326,11 @@ class Actor:
             else:
                 self.last_learner_message = time.monotonic()
                 if header["type"] == "grant":
-                    self.grants.append((header["slot"], header["grant_id"]))
+                    if header["slot"] >= self.num_slots or header["grant_id"] < 1:
+                        self.rejects.reject(tp.ProtocolError("bad_grant", f"slot {header['slot']} of {self.num_slots}, "
+                                                                          f"grant {header['grant_id']}"), "learner")
+                    else:
+                        self.grants.append((header["slot"], header["grant_id"]))
                 elif header["type"] == "stop":
                     self.stopped = header["reason"]
                 elif header["type"] == "rejoin":
@@ -377,7 +401,7 @@ class Actor:
         """One session: first weights, then collect until stop or max_rollouts. Raises Rejoin."""
         self.first_weights()
         self.producer.reset()
-        for _ in range(2):                      # two credits: fill one slot while the next is granted
+        for _ in range(tp.GRANT_CREDITS):       # two credits: fill one slot while the next is granted
             self._send("request")
         while not self.stopped and (self.opts.max_rollouts == 0 or self.sent < self.opts.max_rollouts):
             self.poll_learner(0)

@@ -16,6 +16,7 @@ Rejects are counted by reason in ``--summary FILE`` (JSON, rewritten every 2 s a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -28,6 +29,11 @@ from ..security import (Security, advertised_with_source, create_weights_secret,
                         remove_weights_secret)
 
 log = logging.getLogger("asyncrl.broadcaster")
+ROUTER_HWM = 16               # messages queued per connection on the request ROUTER, each way
+SNAPSHOT_INTERVAL_S = 0.2     # one snapshot reply per connection per this many seconds
+MAX_SNAPSHOT_PEERS = 4096     # connections remembered for that rate limit
+MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
+STALE_EPOCH_S = 10.0          # a learner republishes every 2 s: silent this long, its epoch gives way to any
 
 
 class BroadcasterError(RuntimeError):
@@ -51,7 +57,9 @@ class Broadcaster:
             if not upstream:   # before the socket that takes weights exists
                 self.secret_file, self.secret = create_weights_secret(self.endpoint)
             request_ep = snapshot_endpoint(self.endpoint)
-            self.router = tp.router(self.ctx, request_ep, security=self.security.server(self.ctx, request_ep))
+            # a short queue per connection: it takes weights (the learner) and snapshot requests, one at a time
+            self.router = tp.router(self.ctx, request_ep, hwm=ROUTER_HWM,
+                                    security=self.security.server(self.ctx, request_ep))
             self.watches = [tp.handshakes(self.pub), tp.handshakes(self.router)]
             self.up_watches: list[tuple[str, tp.HandshakeWatch]] = []
             if upstream:
@@ -69,6 +77,7 @@ class Broadcaster:
             raise
         self.latest = None                   # frames [topic, header, payload] of the newest weights
         self.newest, self.run_id = (-1, -1), None   # (learner epoch, version) of self.latest
+        self.epoch_heard = 0.0               # monotonic time of the last weights of the held epoch
         # With CURVE, weights come from the learner's key only: an actor host's key must not be
         # able to hand every actor weights of its own.
         self.learner_key = self.security.learner_key
@@ -76,6 +85,7 @@ class Broadcaster:
         self.published = 0
         self.next_check = self.next_ask = 0.0
         self.next_summary, self.summary_written = 0.0, None
+        self.last_snapshot: dict[bytes, float] = {}   # connection -> monotonic time of its last snapshot reply
 
     @property
     def version(self) -> int:
@@ -84,17 +94,25 @@ class Broadcaster:
     def take(self, frames) -> bool:
         """Publish a weights message if its (learner epoch, version) is newer than the last one's
         (a restarted learner has a higher epoch and starts again at version 0, whatever its run
-        id). Only for weights known to come from the learner. Raises ProtocolError for an invalid
-        message."""
+        id), or if it is of another epoch while the held epoch's learner has been silent for
+        STALE_EPOCH_S (a learner started after the wall clock went back has a lower epoch). Only
+        for weights known to come from the learner. Raises ProtocolError for an invalid message."""
         header, _ = tp.decode_weights(frames)
-        key = (header["epoch"], header["version"])
+        key, now = (header["epoch"], header["version"]), time.monotonic()
+        if key[0] == self.newest[0]:
+            self.epoch_heard = now            # the learner of the held epoch is alive (it republishes)
         if key <= self.newest:
-            return False
+            if key[0] == self.newest[0] or now - self.epoch_heard <= STALE_EPOCH_S:
+                return False
+            # a lower epoch, from the learner (only its weights get here), while the learner of the held
+            # epoch is silent: a new learner started after the wall clock stepped back; take it
+            log.warning("broadcaster: learner epoch %d is silent for %.0f s; taking epoch %d (a lower one: the "
+                        "clock went back)", self.newest[0], now - self.epoch_heard, key[0])
         if key[0] != self.newest[0] and self.run_id is not None:
             log.info("broadcaster: weights of learner epoch %d (run %s) replace those of epoch %d (run %s)", key[0],
                      tp.printable(header["run_id"]), self.newest[0], tp.printable(self.run_id))
         self.latest = [bytes(f) for f in frames]
-        self.newest, self.run_id = key, header["run_id"]
+        self.newest, self.run_id, self.epoch_heard = key, header["run_id"], now
         tp.send(self.pub, self.latest, block=False)
         self.published += 1
         return True
@@ -118,21 +136,38 @@ class Broadcaster:
             header, _ = tp.decode(body)
             if header["type"] != "snapshot":
                 raise tp.ProtocolError("unexpected_type", header["type"])
-            if self.latest is not None:
-                tp.send(self.router, [identity, *self.latest], block=False)
-            else:
-                tp.send(self.router, [identity, *tp.encode({"type": "refuse", "run_id": header["run_id"],
-                                                            "reason": "no weights yet"})], block=False)
+            self.answer_snapshot(identity, header)
         except tp.ProtocolError as exc:
             self.rejects.reject(exc, sender)
+        except Exception as exc:  # noqa: BLE001 - peer input must never end the broadcaster: counted, logged
+            self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
+            if self.rejects.budget.allow()[0]:
+                log.warning("broadcaster: a message from %s raised in its handler", tp.printable(sender), exc_info=True)
+
+    def answer_snapshot(self, identity, header: dict) -> None:
+        """Send the newest weights (zero-copy: every reply shares the one buffer of ``self.latest``)
+        or "no weights yet" to ``identity``, at most once per SNAPSHOT_INTERVAL_S per connection
+        (an actor asks every 0.5 s while it waits); more often is refused ("snapshot_rate")."""
+        key, now = bytes(identity), time.monotonic()
+        if now - self.last_snapshot.get(key, -math.inf) < SNAPSHOT_INTERVAL_S:
+            raise tp.ProtocolError("snapshot_rate", f"more than one snapshot request per {SNAPSHOT_INTERVAL_S} s")
+        if len(self.last_snapshot) >= MAX_SNAPSHOT_PEERS:   # forget peers not heard of for a while
+            self.last_snapshot = {k: t for k, t in self.last_snapshot.items() if now - t < SNAPSHOT_INTERVAL_S}
+        self.last_snapshot[key] = now
+        if self.latest is not None:
+            tp.send(self.router, [identity, *self.latest], block=False, copy=False)
+        else:
+            tp.send(self.router, [identity, *tp.encode({"type": "refuse", "run_id": header["run_id"],
+                                                        "reason": "no weights yet"})], block=False)
 
     def serve(self, timeout_ms: int = 200) -> None:
         socks = [self.router, self.up_sub, self.up_req] if self.upstream else [self.router]
         ready = tp.poll(socks, timeout_ms)
-        frames = tp.recv_multipart_timeout(self.router, 0, copy=False) if self.router in ready else None
-        while frames is not None:
-            self.handle(frames)
+        for _ in range(MAX_MESSAGES_PER_SERVE if self.router in ready else 0):
             frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
+            if frames is None:
+                break
+            self.handle(frames)
         if self.upstream:
             self.relay()
         self.check_connections()
@@ -167,7 +202,7 @@ class Broadcaster:
         """Take every version pending from upstream, in order (the actors' lag controls may want
         older ones); ask upstream for a snapshot every second until there is a first version."""
         replies = []
-        for frames in tp.drain_all(self.up_req):
+        for frames in tp.drain_all(self.up_req, max_messages=MAX_MESSAGES_PER_SERVE):
             if len(frames) == 3:
                 replies.append(frames)
                 continue
@@ -175,11 +210,14 @@ class Broadcaster:
                 tp.decode(frames)
             except tp.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
-        for frames in replies + tp.drain_all(self.up_sub):
+        for frames in replies + tp.drain_all(self.up_sub, max_messages=MAX_MESSAGES_PER_SERVE):
             try:
                 self.take(frames)
             except tp.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
+            except Exception as exc:  # noqa: BLE001 - upstream input must never end a relay: counted, logged
+                self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]),
+                                    self.upstream)
         now = time.monotonic()
         if self.latest is None and now >= self.next_ask:
             self.next_ask = now + 1.0

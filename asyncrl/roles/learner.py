@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import transport as tp
@@ -36,6 +37,15 @@ _SESSION_TYPES = ("request", "ready", "rollout", "heartbeat")
 # Seconds without a publish after which the learner publishes its current weights again (cheap):
 # a broadcaster that lost them (restarted) must not wait for an iteration that waits for it.
 REPUBLISH_S = 2.0
+# Per-peer bounds (issue 39): an actor asks for tp.GRANT_CREDITS slots and one more per report, so
+# an honest actor never holds more; a peer asking for more (to hoard the ring) is held to it, per
+# actor id and per connection (one connection may speak for several ids).
+MAX_IDS_PER_CONNECTION = 4
+ROUTER_HWM = 64                       # messages queued per actor connection, each way
+MAX_MESSAGES_PER_SERVE = 256          # serve() returns after this many: a flood cannot keep it from training
+LEASE_TIMEOUTS = 6                    # derived lease: this many actor timeouts ...
+LEASE_SLOT_TIMES = 4                  # ... or this many of the slowest report interval seen, whichever is longer
+MAX_UNDELIVERED_IDS = 1024            # join records kept for ids that never delivered a trained slot
 
 
 class LearnerError(RuntimeError):
@@ -61,6 +71,8 @@ class ActorInfo:
     pending: int = 0                       # grants asked for and not yet given
     mode: str = "shm"
     meta: dict = field(default_factory=dict)
+    joined: float = 0.0                    # monotonic time of its welcome
+    lease_from: float = 0.0                # monotonic: its welcome, last accepted report, or first grant since
 
 
 class Learner:
@@ -72,18 +84,29 @@ class Learner:
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
         ``advertise``: the address actors on other hosts use, when not the bound one; ``resume``:
         go on from the run directory's newest checkpoint (asyncrl.consume.Consumer); ``epoch``:
-        this learner's epoch (default: ``learner_epoch()``, newer at every start, resumed or not).
+        this learner's epoch (default: ``learner_epoch(epoch of the checkpoint resumed)``, newer at
+        every start, resumed or not; saved in every checkpoint).
 
         Raises SecurityError (keys missing for a non-loopback address), transport.AddressError
         (address in use, not of this host), ShmError, EnvError."""
         self.cfg, self.run_dir, self.run_id, self.echo = cfg, Path(run_dir), run_id, echo
         self.security, self.advertise, self.broadcaster = security or Security("learner"), advertise, broadcaster
-        self.epoch = learner_epoch() if epoch is None else int(epoch)
-        # Sockets first: a refused key or a busy port must not leave a shared-memory segment behind.
+        # The task first (no file, no segment): the router's frame limit comes from its slot layout.
+        torch.set_num_threads(cfg.learner.torch_threads)
+        self.task = make_task(cfg)
+        self.spec = self.task.spec
+        self.spaces = self.task.spaces
+        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
+        # no frame larger than a report's header or one field of a slot is ever buffered
+        max_frame = max(self.wire_limits.max_bytes,
+                        *(int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields))
+        # Sockets next: a refused key or a busy port must not leave a shared-memory segment behind.
         self.ctx = tp.context()
         try:
             weights_ep = snapshot_endpoint(broadcaster)
-            self.router = tp.router(self.ctx, bind, security=self.security.server(self.ctx, bind))
+            # a small queue per actor connection: an honest actor has a few messages in flight
+            self.router = tp.router(self.ctx, bind, hwm=ROUTER_HWM, max_message_bytes=max_frame,
+                                    security=self.security.server(self.ctx, bind))
             self.weights_curve = self.security.client(weights_ep)
             # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
             # hold any more); it gets the weights when it (re)connects, see check_connections
@@ -95,20 +118,19 @@ class Learner:
             raise
         self.endpoint = tp.endpoint_of(self.router)
         self.actor_watch, self.broadcaster_watch = tp.handshakes(self.router), tp.handshakes(self.weights_out)
-        self.next_check = 0.0
+        self.next_check = self.next_reap = 0.0
+        self.by_route: dict[bytes, set[str]] = {}   # connection -> the actor ids it speaks for
         self.broadcaster_handshakes = 0          # seen so far: a new one means a (re)connected broadcaster
         self.last_publish = 0.0
         self.warned_unsigned = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        torch.set_num_threads(cfg.learner.torch_threads)
-        self.task = make_task(cfg)
-        self.spec = self.task.spec
-        self.spaces = self.task.spaces
-        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
         # /dev/shm too small: one line before any file of the run exists (it can be rerun in the same directory)
         check_space(segment_nbytes(self.spec, cfg.learner.num_slots), self.spec, cfg.learner.num_slots)
         self.consumer = Consumer(cfg, self.spec, self.run_dir, resume=resume, task=self.task)
         self.state = self.consumer.state
+        # newer than the epoch the checkpoint it resumes was written under, even after a clock step back
+        self.epoch = learner_epoch(self.consumer.learner_epoch) if epoch is None else int(epoch)
+        self.consumer.learner_epoch = self.epoch
         for name in cleanup_stale():
             log.warning("learner: removed shared-memory segment %s left by a dead run", name)
         self.ring = SlotRing.create(run_id=run_id, spec=self.spec, num_slots=cfg.learner.num_slots)
@@ -117,6 +139,9 @@ class Learner:
         self.full_meta: dict[int, tuple[str, dict]] = {}
         self.copied: list[SlotData] = []         # slots copied out of the ring, not yet trained on
         self.rejects = tp.RejectCounter("learner")
+        self.session_log = tp.LogBudget(per_window=50, window_s=10.0)   # joins, leaves, refusals (peer_log)
+        self.undelivered: dict[str, None] = {}   # ids joined in this life that delivered no trained slot yet, oldest first
+        self.slowest_report_s = 0.0               # longest time an actor held grants before an accepted report
         self.timing: Counter[str] = Counter()   # seconds: where the time goes
         self.rollouts_by_transport: Counter[str] = Counter()   # "shm" / "tcp"
         self.publish()
@@ -142,11 +167,22 @@ class Learner:
 
     # ---- messages ----
     def serve(self, timeout_ms: int) -> None:
+        """Handle the messages that come within ``timeout_ms`` (at most MAX_MESSAGES_PER_SERVE, so a
+        flood cannot keep the learner from training), then reap silent actors and expired leases,
+        grant, and check connections."""
         frames = tp.recv_multipart_timeout(self.router, timeout_ms, copy=False)
+        handled = 0
         while frames is not None:
             self.handle(frames)
+            handled += 1
+            if handled >= MAX_MESSAGES_PER_SERVE:
+                break
             frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
-        self.reap_silent_actors()
+        now = time.monotonic()
+        if now >= self.next_reap:              # each scans every actor: at most 10 times a second
+            self.next_reap = now + 0.1
+            self.reap_silent_actors()
+            self.reclaim_expired_leases()
         self.grant_pending()
         self.check_connections()
 
@@ -189,6 +225,10 @@ class Learner:
                                                     f"connection or without its token")
             actor.last_seen = time.monotonic()
             if kind == "request":
+                if self.outstanding(actor_id=header["actor_id"]) >= tp.GRANT_CREDITS or \
+                        self.outstanding(route=identity) >= tp.GRANT_CREDITS:
+                    raise tp.ProtocolError("over_credit", f"request beyond the {tp.GRANT_CREDITS} outstanding grants "
+                                                          f"an actor (and a connection) may hold")
                 actor.pending += 1
             elif kind in ("ready", "rollout"):
                 self.on_report(header["actor_id"], header, arrays)
@@ -205,8 +245,12 @@ class Learner:
             if raw.get("type") == "hello":    # tell an actor of another version why it gets nothing
                 reason = tp.printable(f"proto: actor has protocol {raw.get('proto')!r}, learner has "
                                       f"{tp.PROTOCOL_VERSION}", 1000)
-                log.warning("learner: refused actor %s: %s", tp.printable(sender), reason)
+                self.peer_log(logging.WARNING, "learner: refused actor %s: %s", tp.printable(sender), reason)
                 self.reply(identity, {"type": "refuse", "reason": reason})
+        except Exception as exc:  # noqa: BLE001 - peer input must never end the learner: counted, logged, refused
+            self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
+            if self.rejects.budget.allow()[0]:
+                log.warning("learner: a message from %s raised in its handler", tp.printable(sender), exc_info=True)
 
     def ask_rejoin(self, identity: bytes, kind: str, why: str) -> None:
         """Tell the sender of a session message this learner cannot place (an actor of a learner
@@ -221,13 +265,17 @@ class Learner:
         actor_id = h["actor_id"]
         mismatch = tp.printable(self.mismatch(h), 1000)   # it quotes the actor's values: keep it sendable
         if mismatch:
-            log.warning("learner: refused actor %s from %s: %s", tp.printable(actor_id), tp.printable(h["host"]),
-                        mismatch)
+            self.peer_log(logging.WARNING, "learner: refused actor %s from %s: %s", tp.printable(actor_id),
+                          tp.printable(h["host"]), mismatch)
             self.reply(identity, {"type": "refuse", "reason": mismatch})
             return
         old = self.actors.get(actor_id)
         if old is not None and old.route == identity:
             return                             # a repeated hello from the same connection
+        if len(self.by_route.get(identity, ())) >= MAX_IDS_PER_CONNECTION:
+            reason = f"this connection already speaks for {MAX_IDS_PER_CONNECTION} actor ids"
+            self.reply(identity, {"type": "refuse", "reason": reason})
+            raise tp.ProtocolError("ids_per_connection", f"hello as {tp.printable(actor_id, 64)}: {reason}")
         proved = old is not None and h["token"] is not None and hmac.compare_digest(h["token"], old.token)
         if old is not None and not proved and _gone_here(old):   # it died on this host (e.g. restarted by asyncrl run)
             self.forget(actor_id, f"its process {old.pid} is gone")
@@ -235,8 +283,8 @@ class Learner:
         if old is not None and not proved and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
             reason = tp.printable(f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another "
                                   f"--actor-id", 1000)
-            log.warning("learner: refused a second actor %s from %s: %s", tp.printable(actor_id),
-                        tp.printable(h["host"]), reason)
+            self.peer_log(logging.WARNING, "learner: refused a second actor %s from %s: %s",
+                          tp.printable(actor_id), tp.printable(h["host"]), reason)
             self.reply(identity, {"type": "refuse", "reason": reason})
             return
         if old is not None:
@@ -244,14 +292,45 @@ class Learner:
         self.state.reward_scaler.reset(actor_id)   # a new incarnation: its envs start afresh
         restart = self.state.actor_joins.get(actor_id, 0)    # a seed input: a rejoin draws new streams
         self.state.actor_joins[actor_id] = restart + 1
+        self.note_undelivered(actor_id, restart)
         token = old.token if proved else secrets.token_bytes(16)
-        self.actors[actor_id] = ActorInfo(h["host"], h["pid"], time.monotonic(), route=identity, token=token)
-        log.info("learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id), tp.printable(h["host"]), h["pid"],
-                 f", restart {restart}" if restart else "")
+        now = time.monotonic()
+        self.actors[actor_id] = ActorInfo(h["host"], h["pid"], now, route=identity, token=token, joined=now,
+                                          lease_from=now)
+        self.by_route.setdefault(identity, set()).add(actor_id)
+        self.peer_log(logging.INFO, "learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id),
+                      tp.printable(h["host"]), h["pid"], f", restart {restart}" if restart else "")
         self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
                               "spec": self.spec.to_dict(), "token": self.ring.token,
                               "config": json.dumps(self.cfg.to_dict()), "restart": restart,
                               "epoch": self.epoch, "actor_token": token})
+
+    def peer_log(self, level: int, msg: str, *args) -> None:
+        """A log line caused by a peer (joins, leaves, refusals): at most ``session_log``'s budget a
+        window, with a count of the lines held back, so that peers cannot fill the disk."""
+        allowed, held = self.session_log.allow()
+        if allowed:
+            log.log(level, msg + (f" ({held} similar lines suppressed)" if held else ""), *args)
+
+    def note_undelivered(self, actor_id: str, restart: int) -> None:
+        """Keep the join records (``state.actor_joins``, checkpointed) of at most MAX_UNDELIVERED_IDS
+        ids that joined in this learner's life and never delivered a trained slot: the oldest such
+        record not in use goes. Its restart count may then start again at 0, which is harmless: no
+        sample of its streams was ever trained on. Ids that delivered, or come from the checkpoint,
+        keep their monotonic count (seeding needs it)."""
+        if restart == 0:                       # a new id (ids of the checkpoint or that delivered have joined before)
+            self.undelivered[actor_id] = None
+        while len(self.undelivered) > MAX_UNDELIVERED_IDS:
+            victim = next((a for a in self.undelivered if a not in self.actors and a != actor_id), None)
+            if victim is None:
+                return
+            del self.undelivered[victim]
+            self.state.actor_joins.pop(victim, None)
+
+    def outstanding(self, *, actor_id: str | None = None, route: bytes | None = None) -> int:
+        """Grants held plus asked for, by ``actor_id``, or by every actor on connection ``route``."""
+        ids = [actor_id] if actor_id is not None else self.by_route.get(route, ())
+        return sum(len(self.ledger.granted_to(a)) + self.actors[a].pending for a in ids if a in self.actors)
 
     def mismatch(self, h: dict) -> str:
         """'' if the actor's run id (when it names one), env, rollout shape and spaces match this
@@ -281,32 +360,62 @@ class Learner:
         if not held:
             raise tp.ProtocolError("stale_grant", f"{h['type']} for slot {slot} grant {h['grant_id']} "
                                                   f"not held by {actor_id}")
+        info = self.actors[actor_id]
         try:
+            env_steps = self.check_report(info, h)
             if h["type"] == "rollout":
                 received = tp.decode_rollout_frames(arrays, self.spec)
                 self.validate_slot(received, h["grant_id"])
+                self.check_episodes(received, h)
                 views = self.ring.views(slot)
                 for name, a in received.items():
                     views[name][...] = a
                 del views
-                self.actors[actor_id].mode = "tcp"
+                info.mode = "tcp"
                 self.rollouts_by_transport["tcp"] += 1
             else:
+                views = self.ring.views(slot)
+                self.validate_slot(views, h["grant_id"])
+                self.check_episodes(views, h)
+                del views
                 self.rollouts_by_transport["shm"] += 1
-                self.validate_slot(self.ring.views(slot), h["grant_id"])
         except tp.ProtocolError:
             if self.ledger.void(actor_id, slot, h["grant_id"]):
                 self.ring.disarm(slot)
-            self.actors[actor_id].pending += 1     # the grant it held is void: it may ask again
+            info.pending += 1     # the grant it held is void: it may ask again
             self.state.reward_scaler.reset(actor_id)   # the stream has a gap now
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
-        self.full_meta[slot] = (actor_id, {"host": self.actors[actor_id].host, "env_steps": h["env_steps"],
+        now = time.monotonic()
+        self.slowest_report_s = max(self.slowest_report_s, now - info.lease_from)
+        info.lease_from = now
+        self.full_meta[slot] = (actor_id, {"host": info.host, "env_steps": env_steps,
                                            "episode_returns": h["episode_returns"], "grant_id": h["grant_id"]})
         for key in ("env_s", "inference_s", "wait_s"):
-            value = h["timing"].get(key, 0.0)
-            if isinstance(value, (int, float)):
-                self.timing["actors_" + key] += float(value)
+            self.timing["actors_" + key] += float(h["timing"].get(key, 0.0))
+
+    def check_report(self, info: ActorInfo, h: dict) -> int:
+        """The env steps a report's slot holds, E * T of the slot's shape (what the learner knows;
+        llm: completions). Raises ProtocolError "env_steps" if the report says another number,
+        "timing" unless each of its timing values is a number of seconds in 0..(seconds since the
+        actor's welcome + 1)."""
+        steps = self.spec.num_envs * self.spec.rollout_length
+        if h["env_steps"] != steps:
+            raise tp.ProtocolError("env_steps", f"report of {h['env_steps']} env steps, a slot holds {steps}")
+        limit = time.monotonic() - info.joined + 1.0
+        for key, value in h["timing"].items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= limit:
+                raise tp.ProtocolError("timing", f"timing {tp.printable(key, 40)} = {tp.printable(repr(value), 40)}: "
+                                                 f"not seconds in 0..{limit:.0f}")
+        return steps
+
+    def check_episodes(self, views: dict, h: dict) -> None:
+        """Raise ProtocolError "episodes" unless the report's episode returns and lengths can be
+        those of the slot (``spec.episode_mismatch``: counts against the slot's episode ends; llm:
+        the returns are the slot's rewards)."""
+        bad = self.spec.episode_mismatch(views, h["episode_returns"], h["episode_lengths"])
+        if bad is not None:
+            raise tp.ProtocolError("episodes", bad)
 
     def validate_slot(self, views: dict, grant_id: int) -> None:
         """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot, written under
@@ -320,8 +429,44 @@ class Learner:
         freed = self.ledger.reclaim(actor_id)
         for s in freed:
             self.ring.disarm(s)                    # the old writer must stop writing these
-        self.actors.pop(actor_id, None)
-        log.info("learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why, len(freed))
+        info = self.actors.pop(actor_id, None)
+        if info is not None:
+            ids = self.by_route.get(info.route, set())
+            ids.discard(actor_id)
+            if not ids:
+                self.by_route.pop(info.route, None)
+        self.peer_log(logging.INFO, "learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why,
+                      len(freed))
+
+    def lease_s(self) -> float:
+        """Seconds an actor may hold grants without an accepted report: transport.grant_lease_s, or
+        (0) the longer of LEASE_TIMEOUTS actor timeouts and LEASE_SLOT_TIMES x the longest time an
+        actor held grants before an accepted report so far (an llm slot can take minutes)."""
+        t = self.cfg.transport
+        if t.grant_lease_s > 0:
+            return t.grant_lease_s
+        return max(LEASE_TIMEOUTS * t.actor_timeout_s, LEASE_SLOT_TIMES * self.slowest_report_s)
+
+    def reclaim_expired_leases(self) -> None:
+        """Take back the grants of actors that hold some and delivered no accepted report for
+        ``lease_s`` (a peer that only heartbeats): the slots' generations change, so a late writer
+        can never land in them once they are granted again; the actor gets its credits back."""
+        now, lease = time.monotonic(), self.lease_s()
+        for actor_id, info in self.actors.items():
+            if now - info.lease_from <= lease:
+                continue
+            info.lease_from = now                  # the next lease starts now
+            freed = self.ledger.reclaim(actor_id)
+            if not freed:
+                continue
+            for s in freed:
+                self.ring.disarm(s)
+            self.ledger.counters["lease_expired"] += len(freed)
+            info.pending += len(freed)
+            self.state.reward_scaler.reset(actor_id)   # its stream has a gap now
+            if self.rejects.budget.allow()[0]:
+                log.warning("learner: actor %s held %d granted slots for %.0f s without a report (lease); taken back",
+                            tp.printable(actor_id), len(freed), lease)
 
     def reap_silent_actors(self) -> None:
         now = time.monotonic()
@@ -342,6 +487,8 @@ class Learner:
                 return
             info = self.actors.pop(actor_id)
             info.pending -= 1
+            if len(self.ledger.granted_to(actor_id)) == 1:   # it held none: its lease starts now
+                info.lease_from = time.monotonic()
             self.actors[actor_id] = info
             self.ring.arm(g.slot, g.grant_id)      # before the actor can know of the grant
             self.reply(info.route, {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
@@ -403,6 +550,8 @@ class Learner:
             return False
         batch, self.copied = self.copied[:B], self.copied[B:]
         trained = self.consumer.consume(batch) is not None
+        for sd in batch:                       # these ids' join records are now kept for good (seeding)
+            self.undelivered.pop(sd.actor, None)
         # The snapshot (and every learner.checkpoint_every iterations the checkpoint) is taken before
         # the weights go out, not after: after the publish, its 0.5-1 ms delayed the next grants just
         # long enough for the new weights (one hop longer, through the broadcaster) to reach the actors
@@ -495,13 +644,13 @@ class Learner:
 
 def _gone_here(actor: ActorInfo) -> bool:
     """True if ``actor`` said it runs on this host and no process of its pid exists here."""
-    if actor.host != socket.gethostname():
+    if actor.host != socket.gethostname() or not 1 <= actor.pid <= tp.MAX_PID:   # declared: not trusted as a pid
         return False
     try:
         os.kill(actor.pid, 0)
     except ProcessLookupError:
         return True
-    except OSError:   # it exists (another user's): not ours to judge
+    except (OSError, OverflowError, ValueError):   # it exists (another user's), or no pid: not ours to judge
         return False
     return False
 

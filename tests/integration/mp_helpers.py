@@ -22,6 +22,7 @@ import pytest
 
 from asyncrl.launch import free_port, free_port_pair  # noqa: F401  (used by the tests)
 from asyncrl.pdeathsig import sigint_as_in_a_terminal
+from asyncrl.shm import run_segment_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 SHM_DIR = "/dev/shm"
@@ -36,8 +37,9 @@ def new_run_id() -> str:
 
 
 def shm_segments(run_id: str) -> list[str]:
-    """Names in /dev/shm that belong to ``run_id`` (``asyncrl-<run id>-<pid>``)."""
-    pattern = re.compile(re.escape(f"asyncrl-{run_id}-") + r"[0-9]+")
+    """Names in /dev/shm that belong to ``run_id`` (``asyncrl-<run id>-<pid>``, or the fallback name
+    ``asyncrl-<run id>+<hex>-<pid>`` when that was taken: shm.run_segment_pattern)."""
+    pattern = run_segment_pattern(run_id)
     try:
         return sorted(n for n in os.listdir(SHM_DIR) if pattern.fullmatch(n))
     except FileNotFoundError:

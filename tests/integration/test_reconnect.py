@@ -192,7 +192,7 @@ def test_forged_weights_and_bye_under_asyncrl_run(procs, tmp_path):
     ctx = tp.context()
     forger = tp.dealer(ctx, tp.snapshot_endpoint(broadcaster_ep), "forger")
     try:
-        weights = tp.encode_weights(run_id=run_id, epoch=2**63, version=2**62, publish_time=0.0, layout_hash="x",
+        weights = tp.encode_weights(run_id=run_id, epoch=2**63 - 1, version=2**62, publish_time=0.0, layout_hash="x",
                                     payload=np.zeros(4, np.float32))
         tp.send(forger, weights)
         tp.send(forger, tp.sign_weights(weights, b"a guessed secret"))
@@ -216,7 +216,7 @@ def test_forged_weights_and_bye_under_asyncrl_run(procs, tmp_path):
     assert summary["rejected_messages"] == {"bad_token": 1}, summary
     assert summary["broadcaster"]["rejected_messages"] == {"not_learner": 2}, summary
     own = json.loads((run_dir / "broadcaster-summary.json").read_text())
-    assert own["rejected_messages"] == {"not_learner": 2} and own["epoch"] < 2**63, own
+    assert own["rejected_messages"] == {"not_learner": 2} and own["epoch"] < 2**63 - 1, own
     assert "the broadcaster rejected messages" in procs.out("run") + procs.err("run")
     assert "actor actor0 left" not in (run_dir / "logs" / "learner.log").read_text()
     assert {r["actor"] for r in read_jsonl(run_dir / "lag.jsonl")} == {"actor0"}

@@ -67,6 +67,21 @@ class TokenSpec(SlotSpec):
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "vocab_size": self.vocab_size}
 
+    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float],
+                         lengths: list[int]) -> str | None:
+        """Every row is one episode whose return is its reward: the report must list exactly the
+        slot's rewards (as float32), with lengths of 1..L completion tokens."""
+        bad = super().episode_mismatch(arrays, returns, lengths)
+        if bad is not None:
+            return bad
+        if len(returns) != self.rows:
+            return f"{len(returns)} episode returns, the slot has {self.rows} rows"
+        if any(n > self.completion_tokens for n in lengths):
+            return f"an episode longer than {self.completion_tokens} completion tokens"
+        if not np.array_equal(np.asarray(returns, np.float64).astype(np.float32), arrays["rewards"]):
+            return "episode returns differ from the slot's rewards"
+        return None
+
     def invalid_values(self, arrays: dict[str, np.ndarray]) -> tuple[str, str] | None:
         for name in ("prompt_ids", "completion_ids"):
             a = arrays[name]
