@@ -15,25 +15,11 @@ from asyncrl.envs import env_spaces
 from asyncrl.launch import free_port
 from asyncrl.roles.learner import Learner, handshake_mismatch
 from asyncrl.shm import SlotRing
-from asyncrl.spec import RolloutSpec
+from slot_examples import SPEC, example_slot
 
 CORRIDOR = "asyncrl/Corridor-v0"
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
          "algo.num_minibatches=4", "algo.num_epochs=2", f"env.id={CORRIDOR}"]
-SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)
-
-
-def _slot_arrays(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    a = SPEC.allocate()
-    a["obs"][...] = rng.normal(size=a["obs"].shape)
-    a["actions"][...] = rng.normal(size=a["actions"].shape)
-    a["behavior_log_prob"][...] = -rng.random(a["behavior_log_prob"].shape)
-    a["rewards"][...] = rng.normal(size=a["rewards"].shape)
-    a["truncated"][5, 1] = True
-    a["final_obs"][5, 1] = rng.normal(size=2)
-    a["terminated"][9, 0] = True
-    return a
 
 
 class Client:
@@ -78,7 +64,7 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
             grants[name] = c.wait(learner, "grant")
         ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
                                token=welcome["token"])
-        arrays = _slot_arrays(seed=4)
+        arrays = example_slot(seed=4)
         tagged = {name: {**arrays, "grant_id": np.full_like(arrays["grant_id"], g["grant_id"])}
                   for name, g in grants.items()}         # each writer tags its rows with its grant
         report = dict(env_steps=32, episode_returns=[], episode_lengths=[], timing={})
@@ -163,7 +149,7 @@ def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
     cfg = config.load(None, SMALL)
     with _joined_learner(cfg, tmp_path, "utest-audit") as (learner, c, ring):
         report = dict(env_steps=32, episode_returns=[], episode_lengths=[], timing={})
-        arrays = _slot_arrays(seed=5)
+        arrays = example_slot(seed=5)
 
         def write_and_report(foreign_row: int | None, tamper_after_report: bool) -> None:
             g = _fill_granted_slot(c, learner, ring, arrays)
@@ -231,7 +217,7 @@ def test_full_slots_beyond_the_next_batch_stay_in_the_ring(tmp_path):
     copied out and freed, and with fast actors the copies piled up without bound."""
     cfg = config.load(None, SMALL)       # 2 slots per batch, 6 slots
     with _joined_learner(cfg, tmp_path, "utest-queue") as (learner, c, ring):
-        arrays = _slot_arrays(seed=7)
+        arrays = example_slot(seed=7)
         for _ in range(5):                 # five rollouts ready before the learner trains once
             g = _fill_granted_slot(c, learner, ring, arrays)
             c.send("ready", slot=g["slot"], grant_id=g["grant_id"], env_steps=32, episode_returns=[],

@@ -15,12 +15,11 @@ from asyncrl import transport as tp
 from asyncrl.envs import env_spaces
 from asyncrl.launch import free_port
 from asyncrl.roles.learner import Learner
-from asyncrl.spec import RolloutSpec
+from slot_examples import SPEC, example_slot
 
 CORRIDOR = "asyncrl/Corridor-v0"
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
          "algo.num_minibatches=4", "algo.num_epochs=2", f"env.id={CORRIDOR}"]
-SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)   # = SMALL
 STEPS = SPEC.num_envs * SPEC.rollout_length    # env steps of one slot
 
 
@@ -101,19 +100,8 @@ class Peer:
 
 
 def valid_slot(grant_id: int, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """A slot of SPEC the learner trains on: finite numbers, behaviour version 0, every row tagged
-    ``grant_id``, and two episode ends (env 1 truncated at t=5, env 0 terminated at t=9)."""
-    rng = np.random.default_rng(seed)
-    a = SPEC.allocate()
-    a["obs"][...] = rng.normal(size=a["obs"].shape)
-    a["actions"][...] = rng.normal(size=a["actions"].shape)
-    a["behavior_log_prob"][...] = -rng.random(a["behavior_log_prob"].shape)
-    a["rewards"][...] = rng.normal(size=a["rewards"].shape)
-    a["truncated"][5, 1] = True
-    a["final_obs"][5, 1] = rng.normal(size=2)
-    a["terminated"][9, 0] = True
-    a["grant_id"][...] = grant_id
-    return a
+    """A slot of SPEC the learner trains on, every row tagged ``grant_id`` (slot_examples.example_slot)."""
+    return example_slot(seed, grant_id)
 
 
 def report(peer: Peer, actor_id: str, grant_id: int, arrays=None, **fields) -> list:
