@@ -254,7 +254,7 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
     if cfg.run.launcher == "ray" and not serial:
         from .launch_ray import LauncherError, import_ray
         try:
-            import_ray()
+            import_ray(cfg.run.ray_address or None)   # first: Ray reads its auth mode when imported
         except LauncherError as exc:
             raise UserError(str(exc)) from None
     out, resume = prepare_run_dir(run_dir, cfg, restart)

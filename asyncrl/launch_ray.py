@@ -54,8 +54,12 @@ class LauncherError(RuntimeError):
     """The cluster cannot run this job (Ray missing, no node alive, a role cannot be placed)."""
 
 
-def import_ray():
-    """The ray module; raises LauncherError (one line naming the extra) when it is not installed."""
+def import_ray(address: str | None = None):
+    """The ray module, imported with Ray's token authentication on for a cluster at ``address`` (a
+    running one) or a local one (None): :func:`require_token_auth` runs first, since Ray reads
+    RAY_AUTH_MODE once, when it is imported. Raises LauncherError (one line) when Ray is not
+    installed or token authentication would be off."""
+    require_token_auth(address)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # set before ray is imported: no outside host
     try:
         import ray
@@ -92,8 +96,7 @@ def connect(address: str | None):
     with a capped object store when it is None or ""; returns the ray module. Ray's token
     authentication is on either way (:func:`require_token_auth`). Raises LauncherError when Ray is
     not installed or token authentication would be off. (asyncrl run and asyncrl study --launcher ray.)"""
-    require_token_auth(address)
-    ray = import_ray()
+    ray = import_ray(address)
     kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
     if address:
         ray.init(address=address, **kwargs)
