@@ -111,7 +111,42 @@ def private_endpoint_dir() -> Path:
     base = tempfile.gettempdir()
     if len(base) + len("/asyncrl-ep-xxxxxxxx/weights.snapshot") > IPC_PATH_MAX:
         base = "/tmp"
-    return Path(tempfile.mkdtemp(prefix="asyncrl-ep-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=ENDPOINT_DIR_PREFIX, dir=base))
+
+
+ENDPOINT_DIR_PREFIX = "asyncrl-ep-"
+
+
+def remove_stale_endpoint_dirs(min_age_s: float = 60.0) -> list[str]:
+    """Remove this user's private endpoint directories (:func:`private_endpoint_dir`) that no run
+    uses any more: older than ``min_age_s`` (a run that is starting may not have bound yet) and
+    without a socket that accepts a connection (those of a supervisor killed by SIGKILL). Returns
+    the directories removed; never raises for one it cannot read or remove (skipped)."""
+    removed = []
+    now = time.time()
+    for base in sorted({tempfile.gettempdir(), "/tmp"}):
+        for d in sorted(Path(base).glob(f"{ENDPOINT_DIR_PREFIX}*")):
+            try:
+                st = d.lstat()
+                if not d.is_dir() or d.is_symlink() or st.st_uid != os.getuid() or now - st.st_mtime < min_age_s:
+                    continue
+                if any(_accepts(p) for p in d.iterdir()):
+                    continue
+                shutil.rmtree(d)
+                removed.append(str(d))
+            except OSError:
+                continue
+    return removed
+
+
+def _accepts(path: Path) -> bool:
+    """True if ``path`` is a Unix socket that a process listens on."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
 
 
 def new_run_id() -> str:

@@ -4,6 +4,7 @@ The multi-process versions are in tests/integration/test_resource_faults.py."""
 import errno
 import json
 import os
+import shutil
 import uuid
 
 import pytest
@@ -46,6 +47,7 @@ def test_created_ring_has_its_pages_reserved():
 def test_supervisor_names_sigbus_a_shared_memory_failure(tmp_path):
     from asyncrl.launch import Supervisor
     sup = Supervisor(config.Config(), tmp_path, print)
+    shutil.rmtree(sup.endpoint_dir)   # no role is started here
     (sup.logs / "actor0.log").write_text("Fatal Python error: Bus error\n")
     failure = sup.role_failed("actor0", -7)
     assert "shared-memory failure (SIGBUS)" in failure.reason and "/dev/shm" in failure.reason

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import stat
 from pathlib import Path
@@ -78,3 +79,25 @@ def test_another_local_user_cannot_reach_a_runs_roles(procs, tmp_path):
         s.connect(str(path))
     assert procs.wait("run", 120) == 0, procs.dump()
     assert not path.parent.exists()             # removed with the run
+
+
+def test_clean_removes_endpoint_dirs_of_killed_runs_only():
+    """`asyncrl clean`: a directory whose sockets no one listens on (a supervisor killed by SIGKILL)
+    goes; one with a listening socket, or one just made (a run starting), stays."""
+    from asyncrl.launch import remove_stale_endpoint_dirs
+    dead, live, young = private_endpoint_dir(), private_endpoint_dir(), private_endpoint_dir()
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(dead / "learner"))          # closed: the file stays, no one listens
+        listener.bind(str(live / "learner"))
+        listener.listen(1)
+        for d in (dead, live):
+            os.utime(d, (0, 0))
+        removed = remove_stale_endpoint_dirs()
+        assert str(dead) in removed and not dead.exists()
+        assert live.exists() and young.exists() and str(live) not in removed and str(young) not in removed
+    finally:
+        listener.close()
+        for d in (dead, live, young):
+            shutil.rmtree(d, ignore_errors=True)
