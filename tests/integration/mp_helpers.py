@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -203,6 +204,14 @@ class Procs:
                 except ProcessLookupError:
                     pass
 
+    def _remove_endpoint_dirs(self) -> None:
+        """The private ipc:// directories of the `asyncrl run`s this test started (a run killed by
+        SIGKILL cannot remove its own), named in their "run ...: learner ipc://DIR/learner" line."""
+        for f in self.logs.glob("*.out"):
+            for d in re.findall(r"learner ipc://(/\S+)/learner\b", f.read_text(errors="replace")):
+                if Path(d).name.startswith("asyncrl-ep-"):
+                    shutil.rmtree(d, ignore_errors=True)
+
     def shutdown(self, grace_s: float = 5.0) -> None:
         """Stop our processes (SIGTERM, SIGKILL after ``grace_s``), reap them, then assert that none
         is alive and that no segment of this test's run ids remains in /dev/shm."""
@@ -229,6 +238,7 @@ class Procs:
         while any(shm_segments(r) for r in self.run_ids) and time.monotonic() < deadline:
             time.sleep(0.1)
         left = [n for r in sorted(self.run_ids) for n in shm_segments(r)]
+        self._remove_endpoint_dirs()
         for name in left:                        # never leak into the next test, but still fail
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
