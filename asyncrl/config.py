@@ -315,14 +315,14 @@ TASK_KIND_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # per-minibatch normalisation of token advantages breaks the group's zero mean and averaging weights
     "llm": {"algo": {"realign_from_version": 0, "normalize_advantages": False}},
 }
-SOURCES = ("built-in", "task kind", "preset", "user")   # where a resolved value came from
 
 
 class Resolved(typing.NamedTuple):
     """A resolved config and how it was resolved.
 
     config: the Config. user: {section: {key: value}} as the user set them (file, flags, --set).
-    source: {"section.key": one of SOURCES plus the layer's name, e.g. "preset vaco_paper"}.
+    source: {"section.key": the layer that set it, "task kind K", "preset P", "user", or "resolved config"
+    (taken from a config.json); keys at their built-in default are absent}.
     overridden: lines, one per user value that replaced a task-kind or preset value.
     unused: lines, one per user value (other than the default it would have) that the chosen preset or
     task kind does not use: it has no effect.
@@ -347,12 +347,6 @@ class Resolved(typing.NamedTuple):
         return {"precedence": "built-in < task kind < preset < user",
                 "user": {s: kv for s, kv in self.user.items() if kv},
                 "overridden": self.overridden, "unused": self.unused}
-
-
-def preset_settings(preset: str, task_kind: str) -> dict[str, Any]:
-    """The [algo] values of the task-kind and preset layers for ``preset`` and ``task_kind`` (the
-    preset's pins over the task kind's), i.e. what a user value of these keys overrides."""
-    return {**TASK_KIND_SETTINGS.get(task_kind, {}).get("algo", {}), **PRESET_SETTINGS.get(preset, {})}
 
 
 def _layers(preset: str, kind: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
