@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from .config import Config
-from .evaluate import PeriodicEval
 from .provenance import provenance
 from .lag import LagTracker
 from .metrics import (Clock, EpisodeTracker, JsonlWriter, RunDirError, is_event, progress_line, rewrite_jsonl,
@@ -77,14 +76,14 @@ def own_rows(arrays: dict[str, np.ndarray], grant_id: int) -> bool:
 
 
 class Consumer:
-    def __init__(self, cfg: Config, spec: SlotSpec, run_dir: str | Path, *, resume: bool = False, task=None):
+    def __init__(self, cfg: Config, spec: SlotSpec, run_dir: str | Path, *, task, resume: bool = False):
         """``resume``: go on with the run of ``run_dir`` from its newest readable checkpoint (an
         older one when the newest is damaged; iteration 0 when there is none): the learner's and
         this object's state come back, the metrics and lag rows logged after that checkpoint are
         removed (each iteration appears once), and metrics.jsonl and lag.jsonl get a resume record
         (``{"event": "resume", ...}``). ``resumed_extra`` then holds what the caller stored with
-        the checkpoint (serial mode: its envs), or None. ``task``: the task interface (default:
-        ``asyncrl.tasks.make_task(cfg, spec=spec)``)."""
+        the checkpoint (serial mode: its envs), or None. ``task``: the task interface
+        (:func:`asyncrl.tasks.make_task`)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.state = LearnerState(cfg, spec, task)
@@ -107,7 +106,7 @@ class Consumer:
         # the row-tag audit of slot integrity (Learner.collect_full), kept apart from rejected_slots
         self.slot_audit: Counter[str] = Counter()
         self.provenance = provenance()       # at the start: the load the run began under
-        self.evaluate = PeriodicEval(cfg)    # run.eval_every: evaluation returns in metrics.jsonl
+        self.evaluate = self.state.task.periodic_eval()    # run.eval_every: evaluation returns in metrics.jsonl
         self.last_eval: dict = {}
         # the epoch of the learner role that writes the checkpoints (0: none, serial mode); a resumed
         # learner starts at a higher one (roles/learner.learner_epoch) whatever the clock says

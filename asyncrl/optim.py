@@ -10,7 +10,7 @@ class GuardedAdam(torch.optim.Adam):
     the current run of them (reset by the next good step).
 
     ``step(grad_norm=n)`` takes the gradients' global norm when the caller has it already (as
-    :func:`asyncrl.update.optimizer_step` has from gradient clipping, before the clip): the step is
+    :func:`asyncrl.iteration.optimizer_step` has from gradient clipping, before the clip): the step is
     skipped when ``n`` is not finite. Without it the norm is computed here."""
 
     def __init__(self, params, **kwargs):

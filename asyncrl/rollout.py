@@ -5,20 +5,12 @@ No sockets here, so it is testable alone and shared by the actor role and serial
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
 from .envs import VecEnv
-
-
-class RolloutStats(NamedTuple):
-    env_steps: int                 # T * E
-    episode_returns: list[float]   # undiscounted, raw rewards, episodes that ended in this rollout
-    episode_lengths: list[int]
-    env_s: float                   # seconds spent in env.step (simulation, clipping, bookkeeping)
-    inference_s: float             # seconds spent choosing actions
-    revoked: bool = False          # the guard stopped it: the slot was no longer this writer's
+from .tasks.base import RolloutStats
 
 
 ActFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]

@@ -15,10 +15,9 @@ import torch
 from .config import Config
 from .device import check_device, forward_context, to_device
 from .metrics import RunDirError, write_atomic
-from .optim import GuardedAdam  # noqa: F401  (asyncrl.state.GuardedAdam, as before)
-from .policy import RunningMeanStd
+from .optim import GuardedAdam
+from .algo.running_stats import RunningMeanStd
 from .spec import SlotSpec
-from .tasks import make_task
 
 
 class NonFiniteError(RuntimeError):
@@ -92,13 +91,13 @@ class RewardScaler:
 
 class LearnerState:
     """Everything the learner owns. ``version`` is the policy version the weights carry.
-    ``task``: the task interface (default: ``make_task(cfg, spec=spec)``). The policy and optimizer
+    ``task``: the task interface (:func:`asyncrl.tasks.make_task`). The policy and optimizer
     live on ``learner.device``; batches are made on the CPU and moved there by :meth:`iterate`.
     Raises ConfigError when this machine lacks that device (asyncrl.device.check_device)."""
 
-    def __init__(self, cfg: Config, spec: SlotSpec, task=None):
+    def __init__(self, cfg: Config, spec: SlotSpec, task):
         self.cfg, self.spec = cfg, spec
-        self.task = task if task is not None else make_task(cfg, spec=spec)
+        self.task = task
         # ConfigError before anything is built when this machine lacks the device
         self.device = check_device(cfg.learner.device, cfg.learner.precision)
         self.forward_context = forward_context(self.device, cfg.learner.precision)   # bf16 autocast or none

@@ -55,7 +55,7 @@ def control_case(cfg: Config, device, fwd, seed: int = 0):
     """(one-iteration callable, samples per iteration) for the control learner on ``cfg``'s batch."""
     from asyncrl.policy import build_policy
     from asyncrl.spec import RolloutSpec
-    from asyncrl.state import GuardedAdam
+    from asyncrl.optim import GuardedAdam
     from asyncrl.update import learner_iteration
     torch.manual_seed(seed)
     policy = build_policy(cfg.policy, HALFCHEETAH_OBS_DIM, HALFCHEETAH_ACTION_DIM, discrete=False).to(device)
@@ -85,7 +85,7 @@ def control_case(cfg: Config, device, fwd, seed: int = 0):
 
 def llm_case(cfg: Config, device, fwd, model_dir: Path, seed: int = 0):
     """(one-iteration callable, counts per iteration) for the llm learner on ``cfg``'s batch."""
-    from asyncrl.state import GuardedAdam
+    from asyncrl.optim import GuardedAdam
     from asyncrl.tasks.llm import model as m
     from asyncrl.tasks.llm.learn import _token_log_probs, llm_iteration
     t = cfg.task

@@ -214,6 +214,7 @@ def _iteration_weights(overrides):
     from asyncrl.policy import InferencePolicy
     from asyncrl.rollout import collect
     from asyncrl.state import LearnerState
+    from asyncrl.tasks import make_task
     cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=4", "env.rollout_length=16",
                              "env.max_episode_steps=12", "learner.slots_per_batch=2", "learner.num_slots=2",
                              "algo.num_epochs=2", "algo.num_minibatches=2", "algo.lr=3e-3", "policy.hidden_sizes=[16]",
@@ -221,9 +222,11 @@ def _iteration_weights(overrides):
     torch.manual_seed(0)
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=12)
     env.reset()
-    state = LearnerState(cfg, env.spec(cfg.env.rollout_length))
+    spec = env.spec(cfg.env.rollout_length)
+    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
     state.version = 200
-    other = LearnerState(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=7)), state.spec)
+    cfg7 = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=7))
+    other = LearnerState(cfg7, spec, make_task(cfg7, spec=spec))
     actor = InferencePolicy(other.policy, activation="tanh", seed=0)   # β far from π_T: ratios away from 1
     slots = []
     for i in range(2):

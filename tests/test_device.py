@@ -16,6 +16,7 @@ from asyncrl.envs import VecEnv
 from asyncrl.policy import InferencePolicy
 from asyncrl.rollout import collect
 from asyncrl.state import LearnerState
+from asyncrl.tasks import make_task
 
 SMALL = ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=12", "env.num_envs=4", "env.rollout_length=16",
          "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=4", "algo.num_epochs=2"]
@@ -83,7 +84,7 @@ def test_learner_state_refuses_before_building(no_cuda):
     cfg = config.load(None, SMALL + ["learner.device=cuda"])
     spec = VecEnv(cfg.env.id, 1, seed=0, max_episode_steps=12).spec(16)
     with pytest.raises(ConfigError, match="sees no CUDA device"):
-        LearnerState(cfg, spec)
+        LearnerState(cfg, spec, make_task(cfg, spec=spec))
 
 
 @pytest.mark.parametrize("args", [
@@ -112,7 +113,7 @@ def _state_and_batch(*extra):
     cfg = config.load(None, SMALL + list(extra))
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=12)
     env.reset(seeds=list(range(cfg.env.num_envs)))
-    state = LearnerState(cfg, env.spec(cfg.env.rollout_length))
+    state = LearnerState(cfg, env.spec(cfg.env.rollout_length), make_task(cfg, spec=env.spec(cfg.env.rollout_length)))
     actor = InferencePolicy(state.policy, activation="tanh", seed=0)
     slots = []
     for i in range(2):

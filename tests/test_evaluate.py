@@ -17,6 +17,7 @@ from asyncrl.envs import resolve_env_id
 from asyncrl.evaluate import load_checkpoint
 from asyncrl.serial import run_serial
 from asyncrl.state import LearnerState
+from asyncrl.tasks import make_task
 from asyncrl.envs import rollout_spec
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
@@ -35,7 +36,8 @@ def _direct_rollout(run_dir, *, episodes, seed, stochastic=False):
     """What eval must reproduce, written out by hand: the checkpoint's policy on a fresh env."""
     d = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     cfg = config.from_dict(d["config"])
-    state = LearnerState(cfg, rollout_spec(cfg.env.id, num_envs=1, rollout_length=1))
+    spec = rollout_spec(cfg.env.id, num_envs=1, rollout_length=1)
+    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
     state.policy.load_state_dict(d["policy"])
     env = gym.make(cfg.env.id, max_episode_steps=cfg.env.max_episode_steps)
     gen = torch.Generator().manual_seed(seed)
@@ -128,7 +130,8 @@ def test_video_of_a_toy_env_is_a_playable_mp4(toy_run, tmp_path):
 def _mujoco_checkpoint(tmp_path):
     """An untrained HalfCheetah policy with 5-step episodes, saved as the learner saves it."""
     cfg = config.load(None, SMALL + ["env.id=HalfCheetah-v5", "env.max_episode_steps=5"])
-    state = LearnerState(cfg, rollout_spec(cfg.env.id, num_envs=2, rollout_length=16, max_episode_steps=5))
+    spec = rollout_spec(cfg.env.id, num_envs=2, rollout_length=16, max_episode_steps=5)
+    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
     state.save(tmp_path / "checkpoint.pt")
     return tmp_path
 

@@ -8,9 +8,11 @@ import torch
 
 from asyncrl import config
 from asyncrl.consume import Consumer, SlotData, SlotError, check_slot
+from asyncrl.tasks import make_task
 from asyncrl.serial import run_serial
 from asyncrl.spec import RolloutSpec
-from asyncrl.state import GuardedAdam, LearnerState, NonFiniteError, RewardScaler
+from asyncrl.optim import GuardedAdam
+from asyncrl.state import LearnerState, NonFiniteError, RewardScaler
 
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=8, num_envs=2)
 SMALL = ["env.id=asyncrl/Corridor-v0", "env.num_envs=2", "env.rollout_length=8", "learner.slots_per_batch=1",
@@ -40,7 +42,7 @@ def test_guarded_adam_skips_nonfinite_steps_and_counts_them():
 
 def test_nonfinite_loss_skips_every_step_then_fails_the_run():
     cfg = config.load(None, SMALL + ["learner.reward_scaling=false", "learner.max_consecutive_skips=100"])
-    state = LearnerState(cfg, SPEC)
+    state = LearnerState(cfg, SPEC, make_task(cfg, spec=SPEC))
     before = {k: v.clone() for k, v in state.policy.state_dict().items()}
     rewards = np.ones((8, 2), np.float32)
     rewards[3, 1] = np.nan
@@ -49,14 +51,15 @@ def test_nonfinite_loss_skips_every_step_then_fails_the_run():
     for k, v in state.policy.state_dict().items():
         if not k.startswith("obs_"):    # the normaliser statistics do move; the weights must not
             assert torch.equal(v, before[k]), k
-    strict = LearnerState(config.load(None, SMALL + ["learner.reward_scaling=false",
-                                                     "learner.max_consecutive_skips=3"]), SPEC)
+    strict_cfg = config.load(None, SMALL + ["learner.reward_scaling=false", "learner.max_consecutive_skips=3"])
+    strict = LearnerState(strict_cfg, SPEC, make_task(strict_cfg, spec=SPEC))
     with pytest.raises(NonFiniteError, match="4 optimizer steps in a row skipped"):
         strict.iterate(_batch(strict, rewards=rewards))
 
 
 def test_checkpoint_never_written_with_nonfinite_values(tmp_path):
-    state = LearnerState(config.load(None, SMALL), SPEC)
+    cfg = config.load(None, SMALL)
+    state = LearnerState(cfg, SPEC, make_task(cfg, spec=SPEC))
     path = tmp_path / "checkpoint.pt"
     state.save(path)
     good = path.read_bytes()
@@ -65,7 +68,8 @@ def test_checkpoint_never_written_with_nonfinite_values(tmp_path):
     with pytest.raises(NonFiniteError, match=r"policy\.pi\.0\.weight \(1\)"):
         state.save(path)
     assert path.read_bytes() == good and not path.with_suffix(".pt.tmp").exists()
-    state = LearnerState(config.load(None, SMALL), SPEC)
+    cfg = config.load(None, SMALL)
+    state = LearnerState(cfg, SPEC, make_task(cfg, spec=SPEC))
     state.reward_scaler.rms.var = np.array(np.inf)
     with pytest.raises(NonFiniteError, match="reward_scaler"):
         state.save(path)
@@ -111,7 +115,7 @@ def test_slot_dropped_for_lag_leaves_a_gap(tmp_path):
     whether the dropped one came in an earlier batch or earlier in the same batch."""
     cfg = config.load(None, SMALL + ["learner.max_policy_lag=0", "learner.slots_per_batch=2",
                                      "learner.num_slots=2", "algo.num_minibatches=4"])
-    c = Consumer(cfg, SPEC, tmp_path)
+    c = Consumer(cfg, SPEC, tmp_path, task=make_task(cfg, spec=SPEC))
     try:
         def slot(version):
             a = SPEC.allocate()

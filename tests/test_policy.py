@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.policy import ActorCritic, InferencePolicy, RunningMeanStd, flatten_weights, layout_hash, load_flat_weights
+from asyncrl.algo.running_stats import RunningMeanStd
+from asyncrl.policy import ActorCritic, InferencePolicy, flatten_weights, layout_hash, load_flat_weights
 
 
 @pytest.mark.parametrize("discrete, activation", [(False, "tanh"), (False, "relu"), (True, "tanh"), (True, "elu")])

@@ -94,8 +94,10 @@ def test_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 def test_checkpoint_that_cannot_be_written_keeps_the_last_good_one(tmp_path, monkeypatch):
     from asyncrl.state import LearnerState
+    from asyncrl.tasks import make_task
     cfg = config.Config()
-    state = LearnerState(cfg, RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=4, num_envs=2))
+    spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=4, num_envs=2)
+    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
     path = tmp_path / "checkpoint.pt"
     state.save(path)
     state.iteration = 99

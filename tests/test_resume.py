@@ -12,6 +12,7 @@ from asyncrl.cli import UserError, prepare_run_dir, write_config_json
 from asyncrl.envs import VecEnv, env_state
 from asyncrl.serial import run_serial
 from asyncrl.state import checkpoint_files, read_checkpoint, write_checkpoint, LearnerState
+from asyncrl.tasks import make_task
 from asyncrl.envs import rollout_spec
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
@@ -71,7 +72,8 @@ def test_serial_resume_bit_identical(tmp_path, env_id, stop_at):
 
 def test_checkpoints_kept_and_corrupt_newest_falls_back(tmp_path):
     cfg = config.load(None, SMALL + ["env.id=asyncrl/Corridor-v0", "learner.keep_checkpoints=2"])
-    state = LearnerState(cfg, rollout_spec(cfg.env.id, num_envs=2, rollout_length=16))
+    spec = rollout_spec(cfg.env.id, num_envs=2, rollout_length=16)
+    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
     for it in (1, 2, 3):
         state.iteration = it
         write_checkpoint(tmp_path / "checkpoint.pt", state.state_dict(), keep=2)

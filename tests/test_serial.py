@@ -6,6 +6,7 @@ import torch
 from asyncrl import config
 from asyncrl.serial import run_serial
 from asyncrl.state import LearnerState
+from asyncrl.tasks import make_task
 from asyncrl.envs import VecEnv
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
@@ -48,7 +49,7 @@ def _value_of_start(preset_overrides, tmp_path, name):
                              "run.num_actors=1", "run.log_every_s=1000", *preset_overrides])
     run_serial(cfg, tmp_path / name, max_iterations=60, echo=lambda *_: None)
     env = VecEnv(cfg.env.id, 1, seed=0)
-    state = LearnerState(cfg, env.spec(cfg.env.rollout_length))
+    state = LearnerState(cfg, env.spec(cfg.env.rollout_length), make_task(cfg, spec=env.spec(cfg.env.rollout_length)))
     state.load(tmp_path / name / "checkpoint.pt")
     with torch.no_grad():
         return float(state.policy.value(torch.zeros(1, 2))[0]), 1 / (1 - gamma)

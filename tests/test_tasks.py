@@ -32,7 +32,7 @@ def test_make_task_picks_control_by_default_and_takes_a_given_spec():
 def test_control_producer_writes_what_collect_wrote():
     cfg = config.load(None, SMALL)
     seeds = actor_seeds(cfg.run.seed, "actor0", 0, cfg.env.num_envs)
-    state = LearnerState(cfg, make_task(cfg).spec)
+    state = LearnerState(cfg, make_task(cfg).spec, make_task(cfg, spec=make_task(cfg).spec))
     flat = state.flat_weights()
     # the interface
     prod = make_task(cfg).producer()

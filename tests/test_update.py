@@ -10,6 +10,7 @@ from asyncrl.envs import VecEnv
 from asyncrl.policy import InferencePolicy
 from asyncrl.rollout import collect
 from asyncrl.state import LearnerState
+from asyncrl.tasks import make_task
 
 
 def _batch(state, env, slots=2):
@@ -30,7 +31,7 @@ def test_preset_iteration(preset, env_id):
                              "algo.num_epochs=2", f"env.id={env_id}", "env.max_episode_steps=12"])
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=12)
     env.reset()
-    state = LearnerState(cfg, env.spec(cfg.env.rollout_length))
+    state = LearnerState(cfg, env.spec(cfg.env.rollout_length), make_task(cfg, spec=env.spec(cfg.env.rollout_length)))
     before = [p.detach().clone() for p in state.policy.parameters()]
     stats = state.iterate(_batch(state, env))
     assert state.version == 1
@@ -50,7 +51,8 @@ def _reference_iteration(policy, optimizer, batch, cfg, generator):
     """The learner iteration written the plain way (a gather per minibatch, policy(obs), zero_grad,
     clip_grad_norm_, step): asyncrl.update must train exactly as this does, bit for bit."""
     from asyncrl.algo import losses
-    from asyncrl.update import advantages, normalize_advantages, policy_loss
+    from asyncrl.iteration import normalize_advantages, policy_loss
+    from asyncrl.update import advantages
     T, N = batch["rewards"].shape
     with torch.no_grad():
         out = policy(batch["obs"].reshape((T + 1) * N, -1))
@@ -98,7 +100,7 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
                              "algo.realign_from_version=0"])   # the reference realigns from the first iteration
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
     env.reset()
-    state = LearnerState(cfg, env.spec(cfg.env.rollout_length))
+    state = LearnerState(cfg, env.spec(cfg.env.rollout_length), make_task(cfg, spec=env.spec(cfg.env.rollout_length)))
     with torch.no_grad():   # non-trivial observation statistics, as after a few iterations
         state.policy.obs_mean.normal_(0, 0.5)
         state.policy.obs_var.uniform_(0.5, 2.0)
@@ -116,7 +118,7 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
 
 
 def test_filter_split_per_minibatch_and_stacked_agree():
-    from asyncrl.update import filter_split
+    from asyncrl.iteration import filter_split
     g = torch.Generator().manual_seed(0)
     keep = torch.rand(5, 64, generator=g) > 0.3
     stale = torch.rand(5, 64, generator=g) > 0.5
@@ -139,7 +141,7 @@ def test_filter_split_per_minibatch_and_stacked_agree():
 
 def test_optimizer_step_returns_the_norm_before_clipping_and_skips_a_nonfinite_one():
     from asyncrl.optim import GuardedAdam
-    from asyncrl.update import optimizer_step
+    from asyncrl.iteration import optimizer_step
     w = torch.nn.Parameter(torch.zeros(4))
     opt = GuardedAdam([w], lr=0.1)
     norm = optimizer_step(opt, (w * torch.tensor([3.0, 4.0, 0.0, 0.0])).sum(), 0.5)

@@ -12,17 +12,39 @@ Implementations: :mod:`asyncrl.tasks.control` (gymnasium / MuJoCo, the MLP actor
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:   # annotations only: importing these here would pull gymnasium into every task
     import torch
-    from ..rollout import RolloutStats
     from ..seeding import ActorSeeds
-    from ..shm import WriteGuard
     from ..spec import SlotSpec
     from ..state import LearnerState
+
+
+class RolloutStats(NamedTuple):
+    """What filling one slot gave (:meth:`Producer.collect`)."""
+
+    env_steps: int                 # T * E
+    episode_returns: list[float]   # undiscounted, raw rewards, episodes that ended in this rollout
+    episode_lengths: list[int]
+    env_s: float                   # seconds spent in env.step (simulation, clipping, bookkeeping)
+    inference_s: float             # seconds spent choosing actions
+    revoked: bool = False          # the guard stopped it: the slot was no longer this writer's
+
+
+
+class RowGuard(Protocol):
+    """The writer's check of a slot's ownership around each row (the slot ring's write guard):
+    ``may_write()`` before a row, ``wrote()`` after it; both False once the grant is no longer the
+    slot's, and the producer then stops writing."""
+
+    grant_id: int
+
+    def may_write(self) -> bool: ...
+
+    def wrote(self) -> bool: ...
 
 
 class Producer(Protocol):
@@ -43,8 +65,8 @@ class Producer(Protocol):
     def reset(self) -> None:
         """Start the session's streams (envs reset / prompt stream started) from the bound seeds."""
 
-    def collect(self, slot: dict[str, np.ndarray], *, version: int, guard: "WriteGuard | None" = None,
-                grant_id: int = 0, tick: Callable[[], None] | None = None) -> "RolloutStats":
+    def collect(self, slot: dict[str, np.ndarray], *, version: int, guard: RowGuard | None = None,
+                grant_id: int = 0, tick: Callable[[], None] | None = None) -> RolloutStats:
         """Fill one slot (row by row, ``grant_id`` written last in each row, ``guard`` asked around
         every row) with data of policy ``version``; ``tick`` is called while it works (the
         actor's heartbeat and straggler sleep)."""
@@ -58,6 +80,34 @@ class Producer(Protocol):
     def load_rng_state(self, rng: Any) -> None: ...
 
     def close(self) -> None: ...
+
+
+class PeriodicEvaluation(Protocol):
+    """``run.eval_every``'s evaluation during training, owned by the learner's consumer."""
+
+    next_at: int                     # env steps at which the next evaluation is due (checkpointed)
+
+    def due(self, env_steps: int) -> bool: ...
+
+    def __call__(self, policy, env_steps: int) -> dict[str, float]:
+        """Evaluate ``policy`` now: the ``eval_*`` scalars written to metrics.jsonl."""
+
+    def close(self) -> None: ...
+
+
+class NoPeriodicEvaluation:
+    """A task without evaluation during training: never due."""
+
+    next_at = 0
+
+    def due(self, env_steps: int) -> bool:
+        return False
+
+    def __call__(self, policy, env_steps: int) -> dict[str, float]:
+        raise RuntimeError("this task has no evaluation during training")
+
+    def close(self) -> None:
+        pass
 
 
 class Task(Protocol):
@@ -91,6 +141,10 @@ class Task(Protocol):
 
     def after_iteration(self, state: "LearnerState", batch: dict) -> None:
         """What the learner updates besides the weights (control: observation statistics)."""
+
+    def periodic_eval(self) -> PeriodicEvaluation:
+        """The evaluation of ``run.eval_every`` (control: episodes with the mean action on an env of
+        its own; a task without one returns :class:`NoPeriodicEvaluation`)."""
 
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None]) -> None:
         """Before the roles start (``asyncrl run``, serial or not): e.g. make and warm up a model."""

@@ -10,7 +10,7 @@ import torch
 
 from asyncrl import config
 from asyncrl.algo.losses import impala_policy_loss, ppo_clip_loss, vaco_policy_loss
-from asyncrl.update import policy_loss
+from asyncrl.iteration import policy_loss
 
 F64 = torch.float64
 

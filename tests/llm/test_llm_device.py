@@ -42,7 +42,8 @@ def test_bf16_llm_iteration_keeps_float32_log_probs_and_weights(micro_dir):
     cfg = _cfg(micro_dir, "learner.precision=bf16")
     task = make_task(cfg)
     slots = _slots(cfg, task)
-    bf16, fp32 = LearnerState(cfg, task.spec, task=task), LearnerState(_cfg(micro_dir), task.spec)
+    cfg32 = _cfg(micro_dir)
+    bf16, fp32 = LearnerState(cfg, task.spec, task), LearnerState(cfg32, task.spec, make_task(cfg32, spec=task.spec))
     batch = bf16.make_batch(slots)
     from asyncrl.tasks.llm.learn import _token_log_probs
     with torch.no_grad(), bf16.forward_context():

@@ -28,7 +28,7 @@ from asyncrl.serial import run_serial  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
 from asyncrl.tasks.llm import grpo, model as m, task as llm_task  # noqa: E402
 from asyncrl.tasks.llm.learn import _token_log_probs  # noqa: E402
-from asyncrl.update import policy_loss  # noqa: E402
+from asyncrl.iteration import policy_loss  # noqa: E402
 
 EPS = grpo.DEFAULT_EPS
 

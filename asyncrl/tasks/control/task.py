@@ -17,6 +17,7 @@ from ...envs import VecEnv, env_spaces, rollout_spec
 from ...policy import InferencePolicy, build_policy, flatten_weights, layout_hash
 from ...rollout import RolloutStats, collect
 from ...spec import RolloutSpec
+from ...evaluate import PeriodicEval
 from ...update import learner_iteration
 
 
@@ -136,6 +137,9 @@ class ControlTask:
         if self.cfg.policy.normalize_obs:
             state.obs_rms.update(batch["obs"][:-1].reshape(-1, self.spec.obs_dim).numpy())
             state.policy.set_obs_stats(state.obs_rms)
+
+    def periodic_eval(self) -> PeriodicEval:
+        return PeriodicEval(self.cfg)
 
     def prepare_run(self, run_dir: Path, echo) -> None:
         return None

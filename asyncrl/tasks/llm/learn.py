@@ -1,6 +1,6 @@
 """One learner iteration of the llm task: GRPO advantages, then epochs x minibatches of the preset's
 policy loss on completion tokens, through the same dispatch as the control task
-(:func:`asyncrl.update.policy_loss`: ``grpo`` -> ``ppo_clip_loss``, ``vaco`` -> ``vaco_policy_loss``
+(:func:`asyncrl.iteration.policy_loss`: ``grpo`` -> ``ppo_clip_loss``, ``vaco`` -> ``vaco_policy_loss``
 with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward ratio π_θ/π_T).
 
 1. With the weights at iteration start (π_T): log π_T of the completion tokens of the rows that can
@@ -35,7 +35,7 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from ...update import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps,
+from ...iteration import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps,
                        step_means, step_record)
 from . import grpo
 from .sampling import completion_log_probs

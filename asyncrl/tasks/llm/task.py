@@ -28,7 +28,7 @@ import torch
 
 from ...metrics import strict_json
 from ...wording import count_of
-from ...rollout import RolloutStats
+from ..base import NoPeriodicEvaluation, RolloutStats
 from . import gsm
 from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_THREADS as WARMUP_THREADS
 from .spec import TokenSpec
@@ -399,6 +399,11 @@ class LLMTask:
         """"greedy" or "sampled T=<task.temperature>": what initial and final accuracy measure."""
         t = self.cfg.task
         return "greedy" if t.eval_mode == "greedy" else f"sampled T={t.temperature:g}"
+
+    def periodic_eval(self) -> NoPeriodicEvaluation:
+        """None during training (``run.eval_every`` is a control-task key): the llm task evaluates
+        its start and final models on held-out problems instead (:meth:`final_summary`)."""
+        return NoPeriodicEvaluation()
 
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
         """Make the start model, then (once per run directory) its held-out accuracy before RL.
