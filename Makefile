@@ -9,7 +9,7 @@ STAMP     := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 EXTRAS    := dev,plot,video,tensorboard,llm,ray,docs
 
-.PHONY: install run test test-fast bench clean constraints docs docs-check
+.PHONY: install run test test-fast lint format bench clean constraints docs docs-check
 
 install: $(STAMP)
 
@@ -37,6 +37,15 @@ test: install
 # Unit tests only: no multi-process or network-namespace runs (tests/integration).
 test-fast: install
 	$(PY) -m pytest -q --ignore=tests/integration $(ARGS)
+
+# ruff (pyproject.toml): lint and check the format; `make format` rewrites the files.
+lint: install
+	$(VENV)/bin/ruff check asyncrl tests bench
+	$(VENV)/bin/ruff format --check asyncrl tests bench
+
+format: install
+	$(VENV)/bin/ruff check --fix asyncrl tests bench
+	$(VENV)/bin/ruff format asyncrl tests bench
 
 bench: install
 	$(PY) bench/throughput.py $(ARGS)
