@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import exit_status
 from .. import transport as tp
 from ..transport import snapshot_endpoint
 from ..config import Config, from_dict
@@ -141,6 +142,7 @@ class Actor:
                   "shm_token": None, "token": self.token, "spaces": self.producer.spaces}
         next_hello, said_waiting, bad_welcome = 0.0, False, ""
         while time.monotonic() < deadline:
+            exit_status.check_stop()      # an interrupt a library swallowed during start-up
             if not said_waiting and deadline - time.monotonic() < timeout_s - 3:
                 said_waiting = True    # only once the learner is clearly not there yet
                 log.info("actor %s: waiting for the learner at %s (up to %.0f s)", self.opts.actor_id,
@@ -270,6 +272,7 @@ class Actor:
         Rejoin if the learner ends the session."""
         deadline = time.monotonic() + self.opts.connect_timeout_s
         while self.history.newest < 0 and not self.stopped:
+            exit_status.check_stop()
             if time.monotonic() > deadline:
                 raise ActorError(f"actor {self.opts.actor_id}: no weights from the broadcaster "
                                  f"at {self.opts.broadcaster}")
@@ -354,6 +357,7 @@ class Actor:
     def wait_for_grant(self) -> tuple[int, int] | None:
         """The next grant, or None once the learner said stop. Raises Rejoin."""
         while not self.grants and not self.stopped:
+            exit_status.check_stop()
             self.heartbeat()
             self.poll_learner(100)
             self.check_learner_silence()
