@@ -67,7 +67,7 @@ def build_report(run_dir: str | Path) -> dict:
         report["forward_lag"] = {
             "optimizer_steps": len(steps),
             "tv_estimate": _stats([s[1] for s in steps], [1] * len(steps)),
-            # rows of runs before issue 38 had 4 columns [step, tv, filtered, clip]: another definition
+            # rows of older runs had 4 columns [step, tv, filtered, clip]: another definition
             "no_grad_fraction_mean": (float(np.mean([s[2] for s in steps if len(s) == 3]))
                                       if any(len(s) == 3 for s in steps) else None),
         }

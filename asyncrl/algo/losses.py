@@ -9,7 +9,7 @@ outside it the ratio carries no gradient).
 Each policy loss returns a :class:`PolicyLoss`: the scalar loss plus detached 0-dim diagnostics,
 so logging needs no extra forward pass (call ``.item()`` when logging).
 
-One definition of "share of samples without gradient", the same for every loss (issue 38):
+One definition of "share of samples without gradient", the same for every loss:
 ``no_grad_fraction`` is the fraction of the N samples whose policy-gradient term the loss's own rule
 sets to exactly zero: PPO-clip's mask (A_i (r_i - 1) > 0 and |r_i - 1| > ε), VACO's per-sample band
 (the same mask on the ratio it bounds) and TV filter. A sample counts once whatever removed it.
