@@ -102,10 +102,13 @@ def prepare_run_dir(run_dir, cfg: Config, restart: str = "resume") -> tuple[Path
         raise UserError(f"run directory {out} holds a run without config.json, which cannot be resumed; "
                         f"--restart overwrite, or choose another --run-dir")
     try:
-        saved = config_mod.load(out / "config.json").to_dict()
+        saved_res = config_mod.load_resolved(out / "config.json")
     except (ConfigError, ValueError) as exc:
         raise UserError(f"run directory {out}: its config.json does not load, so the run cannot be resumed: "
                         f"{exc}") from None
+    for line in saved_res.translated:   # an older run's config.json: keys read under their new names
+        click.echo(f"config: {line}", err=True)
+    saved = saved_res.config.to_dict()
     ours = cfg.to_dict()
     diff = [f"{section}.{key} ({saved[section][key]!r} there, {value!r} now)" for section, keys in ours.items()
             for key, value in keys.items() if (section, key) != ("run", "run_dir") and saved[section][key] != value]
@@ -720,7 +723,8 @@ def config_show(config_file, overrides, preset):
     """Print the resolved config as TOML (usable with --config), each key with its meaning, its default
     and the layer that set it. Precedence, lowest first: built-in defaults < task kind < preset < your
     config file, flags and --set; lines before the keys say which of your values override a preset or
-    task-kind value and which have no effect."""
+    task-kind value and which have no effect. Study-only options (experimental: the studies' lag
+    conditions and ablations) come last in their section, each marked [study-only]."""
     res = load_config(config_file, overrides, {("algo", "preset"): preset}, env=False, resolved=True,
                       notes=False)
     head = ["# asyncrl config: built-in defaults < task kind < preset < your config file and --set"]

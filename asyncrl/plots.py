@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .config import ConfigError, translate_moved_keys
 from .metrics import read_jsonl
 
 GRID_POINTS = 200
@@ -224,7 +225,9 @@ def read_run(run_dir: str | Path, *, returns: str = "auto") -> dict:
     cfg = {}
     try:
         cfg = json.loads((run_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        if isinstance(cfg, dict):   # an older run's llm keys under [task]: --group-by names their new names
+            cfg, _record, _lines = translate_moved_keys(cfg, None, where=str(run_dir / "config.json"))
+    except (OSError, json.JSONDecodeError, ConfigError):
         pass
     evals = [r for r in rows if r.get("eval_return_mean") is not None]
     use_eval = returns == "eval" or (returns == "auto" and evals)

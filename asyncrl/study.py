@@ -145,14 +145,15 @@ class Cell:
         return cmd + self._absolute_paths()
 
     def _absolute_paths(self) -> list[str]:
-        """A cell runs in its own directory, so an llm cell's relative task.cache_dir and task.model
+        """A cell runs in its own directory, so an llm cell's relative llm.cache_dir and llm.model_dir
         are made absolute against the study's working directory (every cell then shares one cached
         warm-up). Command line only: the cell's key keeps the paths as the study file gives them."""
-        task = self.resolved_config()["task"]
-        if task["kind"] != "llm":
+        resolved = self.resolved_config()
+        if resolved["task"]["kind"] != "llm":
             return []
-        return [a for key in ("cache_dir", "model") if task[key] and not Path(task[key]).is_absolute()
-                for a in ("--set", f"task.{key}={Path(task[key]).resolve()}")]
+        llm = resolved["llm"]
+        return [a for key in ("cache_dir", "model_dir") if llm[key] and not Path(llm[key]).is_absolute()
+                for a in ("--set", f"llm.{key}={Path(llm[key]).resolve()}")]
 
     def resolved_config(self) -> dict:
         cfg = config_mod.load(self.config_file, self.overrides, {
@@ -306,7 +307,7 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
             "diagnostics": diag, "curve": _downsample(curve),
             # no finished episode (final None) is not divergence: a NaN score, or a NaN loss of an
             # iteration that stepped the optimizer, is (an llm iteration whose groups were all silent
-            # takes no step and reports a NaN loss: task.silent_groups). metrics.jsonl writes NaN as
+            # takes no step and reports a NaN loss: llm.silent_groups). metrics.jsonl writes NaN as
             # null (asyncrl.metrics.strict_json): a policy_loss key holding null is a NaN loss.
             "diverged": (final is not None and final != final) or any(
                 "policy_loss" in r and _not_a_number(r["policy_loss"]) and r.get("optimizer_steps", 1) > 0

@@ -27,6 +27,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from asyncrl.limits import MAX_STR_BYTES   # of any one string in a header (config.validate keeps the welcome's config under it)
 from asyncrl.spec import RolloutSpec
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,6 @@ SCHEMAS: dict[str, dict[str, object]] = {
 OPTIONAL: dict[str, dict[str, object]] = {
     "hello": {"spaces": dict},   # {"observation": ..., "action": ...}: envs.describe_spaces
 }
-MAX_STR_BYTES = 4096    # of any one string in a header (config.validate keeps the welcome's config JSON under it)
 _UNPACK_LIMITS = dict(max_str_len=MAX_STR_BYTES, max_bin_len=4096, max_map_len=64, max_ext_len=0)
 
 

@@ -88,14 +88,14 @@ def llm_case(cfg: Config, device, fwd, model_dir: Path, seed: int = 0):
     from asyncrl.optim import GuardedAdam
     from asyncrl.tasks.llm import model as m
     from asyncrl.tasks.llm.learn import _token_log_probs, llm_iteration
-    t = cfg.task
+    llm = cfg.llm
     model = m.load(model_dir).model.to(device)
     model.train()
     opt = GuardedAdam(model.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
-    rows, S, L = t.prompts_per_slot * t.group_size * cfg.learner.slots_per_batch, t.max_prompt_tokens, t.max_new_tokens
+    rows, S, L = llm.prompts_per_slot * llm.group_size * cfg.learner.slots_per_batch, llm.max_prompt_tokens, llm.max_new_tokens
     vocab = model.config.vocab_size
     rng = np.random.default_rng(seed)
-    prompt_len = np.repeat(rng.integers(40, 73, rows // t.group_size), t.group_size)   # prompts <= 72 tokens
+    prompt_len = np.repeat(rng.integers(40, 73, rows // llm.group_size), llm.group_size)   # prompts <= 72 tokens
     comp_len = rng.integers(20, 138, rows)                                              # solutions <= 137
     pos = np.arange(S)
     batch = {"prompt_ids": torch.from_numpy(rng.integers(1, vocab, (rows, S))),
@@ -107,12 +107,12 @@ def llm_case(cfg: Config, device, fwd, model_dir: Path, seed: int = 0):
              "rewards": torch.from_numpy((np.arange(rows) % 2).astype(np.float32))}
     with torch.no_grad():   # behaviour log-probs of the same weights: a zero-lag batch
         dev_batch = to_device(batch, device)
-        lp = _token_log_probs(model, dev_batch, torch.arange(rows, device=device), temperature=t.temperature)
+        lp = _token_log_probs(model, dev_batch, torch.arange(rows, device=device), temperature=llm.temperature)
     batch["behavior_log_prob"] = lp.cpu()
     gen = torch.Generator().manual_seed(seed)
 
     def step():
-        return llm_iteration(model, opt, to_device(batch, device), algo=cfg.algo, task=t, generator=gen, version=0,
+        return llm_iteration(model, opt, to_device(batch, device), algo=cfg.algo, llm=llm, generator=gen, version=0,
                              forward_context=fwd)
     return step, {"samples": rows, "tokens": rows * (S + L), "completion_tokens": int(comp_len.sum())}
 

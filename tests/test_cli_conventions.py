@@ -48,7 +48,7 @@ def test_config_show_lists_every_key_and_reads_back(tmp_path):
     text = res.stdout
     for k in config.describe():
         assert f"\n{k.key} = " in text or text.startswith(f"{k.key} = "), k
-        assert f"# {k.help} (default " in text, k
+        assert f"# {'[study-only] ' if k.study_only else ''}{k.help} (default " in text, k
     assert "# Adam learning rate (default 0.0003; CHANGED)\nlr = 0.0001" in text
     (tmp_path / "shown.toml").write_text(text)
     assert config.load(tmp_path / "shown.toml") == config.load(None, ["algo.lr=1e-4", "env.id=Hopper-v5"])

@@ -185,8 +185,8 @@ def test_llm_values_the_task_does_not_use_are_said():
 
 
 def test_control_run_says_llm_keys_have_no_effect():
-    res = config.load_resolved(None, ["task.group_size=4"])
-    assert res.unused == ["task.group_size = 4 has no effect: task.kind = control does not use it "
+    res = config.load_resolved(None, ["llm.group_size=4"])
+    assert res.unused == ["llm.group_size = 4 has no effect: task.kind = control does not use it "
                           "(used by task kinds: llm)"]
 
 

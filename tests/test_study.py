@@ -203,7 +203,7 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
     assert {c.resolved_config()["task"]["kind"] for c in st.cells} == {"llm"}
     assert len(st.cells) == 2 * 4 * 5 + 2 * 5
     cmd = st.cells[0].command(tmp_path / "cell")      # cells run in their own directory: one shared cache
-    assert cmd[-2:] == ["--set", f"task.cache_dir={Path('runs/llm').resolve()}"]
+    assert cmd[-2:] == ["--set", f"llm.cache_dir={Path('runs/llm').resolve()}"]
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({

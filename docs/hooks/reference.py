@@ -1,8 +1,9 @@
 """mkdocs hook: the reference pages, generated from the code at every build so they cannot drift.
 
 - ``reference/config.md``: every key of ``asyncrl.config`` (``describe()`` and each field's
-  metadata: help, default, the presets and task kinds that use it, the condition it needs), then the
-  task-kind and preset layers (``TASK_KIND_SETTINGS``, ``PRESET_SETTINGS``);
+  metadata: help, default, the presets and task kinds that use it, the condition it needs, the
+  study-only options apart), the moved keys (``MOVED_KEYS``), then the task-kind and preset layers
+  (``TASK_KIND_SETTINGS``, ``PRESET_SETTINGS``);
 - ``reference/cli.md``: the click command tree of ``asyncrl.cli:main``, every command and option;
 - ``reference/wire.md``: the message table of ``asyncrl/transport.py`` (``SCHEMAS``, ``OPTIONAL``,
   the comments beside each entry) and the rollout fields of ``asyncrl/spec.py``.
@@ -52,11 +53,17 @@ def config_page() -> str:
            "reported in one line at start.\n"]
     fields = {(sec.name, f.name): f for sec in dataclasses.fields(cfgmod.Config)
               for f in dataclasses.fields(type(getattr(cfgmod.Config(), sec.name)))}
-    section = None
-    for info in cfgmod.describe():
-        if info.section != section:
-            section = info.section
-            out.append(f"\n## `[{section}]`\n")
+    section, study_only = None, False
+    for info in cfgmod.describe():   # in each section the study-only keys come last
+        if info.section != section or info.study_only != study_only:
+            if info.section != section:
+                out.append(f"\n## `[{info.section}]`\n")
+            if info.study_only:
+                out.append(f"\n### Study-only options of `[{info.section}]`\n")
+                out.append("Experimental: kept for the lag conditions and ablations of the studies, not for "
+                           "training; `asyncrl config show` lists them last in their section, marked "
+                           "`[study-only]`.\n")
+            section, study_only = info.section, info.study_only
             out.append("| key | default | meaning | used by |")
             out.append("|---|---|---|---|")
         meta = fields[(info.section, info.key)].metadata
@@ -67,6 +74,14 @@ def config_page() -> str:
         if meta.get("when"):
             used += f"; only when {meta['when'][0]}"
         out.append(f"| `{info.section}.{info.key}` | {_cell(_value(info.default))} | {_cell(info.help)} | {_cell(used)} |")
+    out.append("\n## Moved keys\n")
+    out.append("A config file, flag or `--set` that names a key by its old name is refused with one line naming "
+               "the new one. A run's `config.json` written before the move is read with its keys under the new "
+               "names (a line at start says so), so older runs still resume, evaluate and plot.\n")
+    out.append("| old name | new name |")
+    out.append("|---|---|")
+    for old, new in cfgmod.MOVED_KEYS.items():
+        out.append(f"| `{old}` | `{new}` |")
     out.append("\n## Task-kind layer (`TASK_KIND_SETTINGS`)\n")
     out.append("Set by `task.kind` above the built-in defaults and below the preset and your own values.\n")
     out.append("| task kind | key | value |")

@@ -28,9 +28,9 @@ def _llm_args(tmp_path) -> list[str]:
     cfg = tmp_path / "micro.json"
     cfg.write_text(json.dumps(MICRO))
     micro, _ = model.prepare(tmp_path / "micro", seed=0, config_path=cfg, vocab_size=400, n_texts=300)
-    return ["--set", "task.kind=llm", "--set", f"task.model={micro}", "--set", "task.warmup_steps=0",
-            "--set", "task.group_size=2", "--set", "task.prompts_per_slot=2", "--set", "task.max_prompt_tokens=160",
-            "--set", "task.max_new_tokens=12", "--set", "task.eval_size=8", "--set", "algo.preset=grpo",
+    return ["--set", "task.kind=llm", "--set", f"llm.model_dir={micro}", "--set", "llm.warmup_steps=0",
+            "--set", "llm.group_size=2", "--set", "llm.prompts_per_slot=2", "--set", "llm.max_prompt_tokens=160",
+            "--set", "llm.max_new_tokens=12", "--set", "llm.eval_size=8", "--set", "algo.preset=grpo",
             "--set", "algo.num_epochs=1", "--set", "algo.num_minibatches=2", "--set", "learner.reward_scaling=false",
             # as configs/gsm-tiny.toml: heartbeats wait for a generation or an iteration (tens of seconds under load)
             "--set", "transport.actor_timeout_s=120", "--total-steps", "48"]

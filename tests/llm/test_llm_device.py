@@ -18,9 +18,9 @@ from asyncrl.tasks import make_task  # noqa: E402
 
 
 def _cfg(micro_dir, *extra):
-    return config.load(None, ["task.kind=llm", f"task.model={micro_dir}", "task.warmup_steps=0",
-                              "task.group_size=2", "task.prompts_per_slot=2", "task.max_prompt_tokens=160",
-                              "task.max_new_tokens=12", "task.eval_size=0", "algo.num_epochs=2",
+    return config.load(None, ["task.kind=llm", f"llm.model_dir={micro_dir}", "llm.warmup_steps=0",
+                              "llm.group_size=2", "llm.prompts_per_slot=2", "llm.max_prompt_tokens=160",
+                              "llm.max_new_tokens=12", "llm.eval_size=0", "algo.num_epochs=2",
                               "algo.num_minibatches=2", "algo.lr=1e-3", "learner.slots_per_batch=2",
                               "learner.num_slots=2", "run.num_actors=1", *extra])
 

@@ -148,7 +148,7 @@ def test_sequence_weights_leave_vaco_filter_decisions_unchanged():
     assert b.loss.item() == pytest.approx(-((2 + 3) / 2 - 0.5) / 2)
 
 
-# ---- advantage realignment without a critic (task.realign = "is_baseline"; docs/llm-realignment.md) ----
+# ---- advantage realignment without a critic (llm.realign = "is_baseline"; docs/llm-realignment.md) ----
 
 # 2 prompts x G = 3, rho_bar = 1. Sequence log-ratios log π_T/β -> weights w = min(1, π_T/β):
 #   prompt 0: rewards [1, 0, 0], π_T/β [0.5, 1, 1]  -> w [0.5, 1, 1]
@@ -239,7 +239,7 @@ def test_sequence_log_ratio_sums_policy_tokens_only():
         grpo.sequence_log_ratio(target, behavior[:, :2], policy_mask)
 
 
-# ---- KL penalty toward the reference (task.kl_coef) ----
+# ---- KL penalty toward the reference (llm.kl_coef) ----
 
 def test_kl_k3_value_and_gradient_by_hand():
     # d = log π_ref - log π_θ = [0, ln 2, -ln 2, 30 (clamped to 20)]

@@ -34,9 +34,9 @@ EPS = grpo.DEFAULT_EPS
 
 
 def _tiny_cfg(micro_dir, *extra):
-    return config.load(None, ["task.kind=llm", f"task.model={micro_dir}", "task.warmup_steps=0",
-                              "task.group_size=2", "task.prompts_per_slot=2", "task.max_prompt_tokens=160",
-                              "task.max_new_tokens=12", "task.eval_size=8", "algo.num_epochs=2",
+    return config.load(None, ["task.kind=llm", f"llm.model_dir={micro_dir}", "llm.warmup_steps=0",
+                              "llm.group_size=2", "llm.prompts_per_slot=2", "llm.max_prompt_tokens=160",
+                              "llm.max_new_tokens=12", "llm.eval_size=8", "algo.num_epochs=2",
                               "algo.num_minibatches=2", "algo.lr=1e-3",
                               "learner.slots_per_batch=2", "learner.num_slots=2",
                               "run.num_actors=2", "run.total_env_steps=24", "run.log_every_s=1000", *extra])
@@ -125,29 +125,29 @@ def test_config_keeps_presets_to_their_task():
         config.load(None, ["algo.preset=grpo"])
     assert config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.num_minibatches=4"]).batch_size == 4 * 8 * 4
     for key in ("algo.value_targets=vtrace", "algo.realign_min_lag=2", "algo.realign_from_version=10"):   # control-only: an error, not ignored
-        with pytest.raises(ConfigError, match="control-task options .* task.realign"):
+        with pytest.raises(ConfigError, match="control-task options .* llm.realign"):
             config.load(None, ["task.kind=llm", "algo.num_minibatches=4", key])
 
 
 def test_config_checks_realign_and_kl_coef():
     llm = ["task.kind=llm", "algo.num_minibatches=4"]
     cfg = config.load(None, llm)
-    assert cfg.task.realign == "none" and cfg.task.kl_coef == 0.0
-    assert config.load(None, [*llm, "task.realign=is_baseline", "task.kl_coef=0.04"]).task.realign == "is_baseline"
-    with pytest.raises(ConfigError, match=r"^task.realign must be one of none, is_baseline, got 'vtrace'$"):
-        config.load(None, [*llm, "task.realign=vtrace"])
-    with pytest.raises(ConfigError, match=r"^task.kl_coef must be a finite number >= 0, got -0.1$"):
-        config.load(None, [*llm, "task.kl_coef=-0.1"])
-    with pytest.raises(ConfigError, match=r"^task.kl_coef must be a finite number >= 0, got inf$"):
-        config.load(None, [*llm, "task.kl_coef=inf"])
-    assert cfg.task.negative_weight == 1.0 and config.load(None, [*llm, "task.negative_weight=0"]).task.negative_weight == 0
-    with pytest.raises(ConfigError, match=r"^task.negative_weight must be a finite number >= 0, got -1.0$"):
-        config.load(None, [*llm, "task.negative_weight=-1"])
-    with pytest.raises(ConfigError, match=r"^task.realign = is_baseline truncates .* algo.rho_bar"):
-        config.load(None, [*llm, "task.realign=is_baseline", "algo.rho_bar=0"])
-    assert cfg.task.eval_mode == "sampled" and config.load(None, [*llm, "task.eval_mode=greedy"]).task.eval_mode == "greedy"
-    with pytest.raises(ConfigError, match=r"^task.eval_mode must be one of sampled, greedy, got 'beam'$"):
-        config.load(None, [*llm, "task.eval_mode=beam"])
+    assert cfg.llm.realign == "none" and cfg.llm.kl_coef == 0.0
+    assert config.load(None, [*llm, "llm.realign=is_baseline", "llm.kl_coef=0.04"]).llm.realign == "is_baseline"
+    with pytest.raises(ConfigError, match=r"^llm.realign must be one of none, is_baseline, got 'vtrace'$"):
+        config.load(None, [*llm, "llm.realign=vtrace"])
+    with pytest.raises(ConfigError, match=r"^llm.kl_coef must be a finite number >= 0, got -0.1$"):
+        config.load(None, [*llm, "llm.kl_coef=-0.1"])
+    with pytest.raises(ConfigError, match=r"^llm.kl_coef must be a finite number >= 0, got inf$"):
+        config.load(None, [*llm, "llm.kl_coef=inf"])
+    assert cfg.llm.negative_weight == 1.0 and config.load(None, [*llm, "llm.negative_weight=0"]).llm.negative_weight == 0
+    with pytest.raises(ConfigError, match=r"^llm.negative_weight must be a finite number >= 0, got -1.0$"):
+        config.load(None, [*llm, "llm.negative_weight=-1"])
+    with pytest.raises(ConfigError, match=r"^llm.realign = is_baseline truncates .* algo.rho_bar"):
+        config.load(None, [*llm, "llm.realign=is_baseline", "algo.rho_bar=0"])
+    assert cfg.llm.eval_mode == "sampled" and config.load(None, [*llm, "llm.eval_mode=greedy"]).llm.eval_mode == "greedy"
+    with pytest.raises(ConfigError, match=r"^llm.eval_mode must be one of sampled, greedy, got 'beam'$"):
+        config.load(None, [*llm, "llm.eval_mode=beam"])
 
 
 # ---- the generator's slot --------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_generator_writes_whole_groups_and_learner_log_probs_match_at_zero_lag(m
     state_model = task.build_policy()
     batch = {k: torch.from_numpy(v) for k, v in slot.items()}
     with torch.no_grad():
-        lp = _token_log_probs(state_model, batch, torch.arange(4), temperature=cfg.task.temperature)
+        lp = _token_log_probs(state_model, batch, torch.arange(4), temperature=cfg.llm.temperature)
     mask = batch["policy_mask"]
     assert (lp[mask] - batch["behavior_log_prob"][mask]).abs().max() < 1e-4
 
@@ -209,7 +209,7 @@ def _update(task, cfg, batch, **kw):
     from asyncrl.tasks.llm.learn import llm_iteration
     model = task.build_policy()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    stats = llm_iteration(model, opt, batch, algo=cfg.algo, task=cfg.task, generator=torch.Generator().manual_seed(0),
+    stats = llm_iteration(model, opt, batch, algo=cfg.algo, llm=cfg.llm, generator=torch.Generator().manual_seed(0),
                           version=0, **kw)
     return model.state_dict(), stats
 
@@ -244,7 +244,7 @@ def test_realigned_baseline_in_the_iteration(micro_dir):
     """A batch made by the learner's own weights (zero lag, up to float rounding), then one completion made
     stale by hand: log β of its first policy token + ln 2, so its weight is min(1, π_T/β) = 1/2. Group
     [1, 0] with weights [1/2, 1]: b_T = 1/2 / 3/2 = 1/3 against b_β = 1/2; group [0, 1]: no move."""
-    cfg = _tiny_cfg(micro_dir, "task.realign=is_baseline")
+    cfg = _tiny_cfg(micro_dir, "llm.realign=is_baseline")
     task = make_task(cfg)
     batch = _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0])
     _, fresh = _update(task, cfg, batch)
@@ -274,7 +274,7 @@ def test_kl_coef_zero_leaves_the_update_unchanged_and_holds_no_reference(micro_d
 
 
 def test_kl_penalty_to_the_frozen_start_model(micro_dir):
-    cfg = _tiny_cfg(micro_dir, "task.kl_coef=0.5")
+    cfg = _tiny_cfg(micro_dir, "llm.kl_coef=0.5")
     task = make_task(cfg)
     ref = task.reference()
     assert ref is task.reference() and not any(p.requires_grad for p in ref.parameters()) and not ref.training
@@ -403,8 +403,8 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
 
     monkeypatch.setattr(sampling, "evaluate", fake_evaluate)
     monkeypatch.setattr(llm_task, "WARMUP_CHECK_EVERY", 2)
-    cfg = _tiny_cfg(micro_dir, f"task.cache_dir={tmp_path}", "task.warmup_steps=9", "task.warmup_target=0.3",
-                    "task.train_problems=50", "task.warmup_batch_size=4")
+    cfg = _tiny_cfg(micro_dir, f"llm.cache_dir={tmp_path}", "llm.warmup_steps=9", "llm.warmup_target=0.3",
+                    "llm.train_problems=50", "llm.warmup_batch_size=4")
     task = make_task(cfg)
     start = task.prepare_model(echo=lambda *_: None)
     assert start == task.start_dir() and start.name.endswith("-n9-b4-t0.3")
@@ -413,8 +413,8 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
     assert stamp["steps_taken"] == 6 and stamp["validation_checks"] == [[4, 0.1], [6, 0.35]]
     assert stamp["settings"]["target"] == 0.3 and stamp["settings"]["batch_size"] == 4 and seen == [(llm_task.WARMUP_VALIDATION, True, False)] * 2
     assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2   # cached
-    with pytest.raises(ConfigError, match=r"^task.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
-        config.load(None, ["task.kind=llm", "task.warmup_target=1.5"])
+    with pytest.raises(ConfigError, match=r"^llm.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
+        config.load(None, ["task.kind=llm", "llm.warmup_target=1.5"])
 
 
 def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tmp_path):
@@ -422,25 +422,25 @@ def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tm
     before = torch.get_num_threads()
     torch.set_num_threads(1)   # as under OMP_NUM_THREADS=1, or a launcher that set a learner's threads
     try:
-        base = [f"task.cache_dir={tmp_path}", "task.warmup_steps=2", "task.train_problems=20", "task.warmup_batch_size=4"]
+        base = [f"llm.cache_dir={tmp_path}", "llm.warmup_steps=2", "llm.train_problems=20", "llm.warmup_batch_size=4"]
         task = make_task(_tiny_cfg(micro_dir, *base))
         start = task.prepare_model(echo=lambda *_: None)
         stamp = json.loads((start / llm_task.WARMUP_STAMP).read_text())
         assert stamp["torch_threads"] == 2 and "threads" not in stamp["settings"] and torch.get_num_threads() == 1
         # another thread count is another start model: its own directory and cache key
-        other = make_task(_tiny_cfg(micro_dir, *base, "task.warmup_threads=3"))
+        other = make_task(_tiny_cfg(micro_dir, *base, "llm.warmup_threads=3"))
         assert other.start_dir().name == start.name.replace("-b4", "-b4-th3")
         assert json.loads((other.prepare_model(echo=lambda *_: None) / llm_task.WARMUP_STAMP).read_text())["torch_threads"] == 3
-        # a cache made (before task.warmup_threads) at another thread count is not taken for this one
+        # a cache made (before llm.warmup_threads) at another thread count is not taken for this one
         stamp["torch_threads"] = 1
         (start / llm_task.WARMUP_STAMP).write_text(json.dumps(stamp))
         with pytest.raises(FileExistsError, match="was not warmed up with these settings"):
             make_task(_tiny_cfg(micro_dir, *base)).prepare_model(echo=lambda *_: None)
-        assert make_task(_tiny_cfg(micro_dir, *base, "task.warmup_threads=0")).start_dir().name.endswith("-th0")
+        assert make_task(_tiny_cfg(micro_dir, *base, "llm.warmup_threads=0")).start_dir().name.endswith("-th0")
     finally:
         torch.set_num_threads(before)
-    with pytest.raises(ConfigError, match=r"^task.warmup_threads must be >= 0, got -1$"):
-        config.load(None, ["task.kind=llm", "task.warmup_threads=-1"])
+    with pytest.raises(ConfigError, match=r"^llm.warmup_threads must be >= 0, got -1$"):
+        config.load(None, ["task.kind=llm", "llm.warmup_threads=-1"])
 
 
 def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, monkeypatch, tmp_path):
@@ -449,7 +449,7 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     # the untrained micro model solves nothing: score the completions' length parity to see them
     monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: texts.append(text) or float(len(text) % 2))
     model = m.load(micro_dir).model
-    sampled = make_task(_tiny_cfg(micro_dir, "task.temperature=1.5"))
+    sampled = make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5"))
     assert sampled.eval_label() == "sampled T=1.5"
     first = sampled.evaluate(model)
     first_texts, texts[:] = list(texts), []
@@ -457,7 +457,7 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     acc, n, correct = first
     assert n == 8 and len(correct) == 8 and acc == sum(correct) / 8
     texts[:] = []
-    greedy = make_task(_tiny_cfg(micro_dir, "task.eval_mode=greedy", "task.temperature=1.5"))
+    greedy = make_task(_tiny_cfg(micro_dir, "llm.eval_mode=greedy", "llm.temperature=1.5"))
     assert greedy.eval_label() == "greedy"
     greedy.evaluate(model)
     heldout = llm_task.gsm.make_splits(seed=0, n_train=0, n_heldout=8).heldout
@@ -471,10 +471,10 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
     # a sampled start record made with another evaluation batch drew other numbers: not paired either
     (tmp_path / "b").mkdir()
-    make_task(_tiny_cfg(micro_dir, "task.temperature=1.5", "task.eval_batch_size=3")).prepare_run(tmp_path / "b", echo=lambda *_: None)
+    make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).prepare_run(tmp_path / "b", echo=lambda *_: None)
     out = sampled.final_summary(model, tmp_path / "b")
     assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
-    same = make_task(_tiny_cfg(micro_dir, "task.temperature=1.5", "task.eval_batch_size=3")).final_summary(model, tmp_path / "b")
+    same = make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).final_summary(model, tmp_path / "b")
     assert same["initial_accuracy"] is not None and "accuracy_difference_ci95_paired" in same
 
 
@@ -482,21 +482,21 @@ def test_the_start_evaluation_is_reused_across_runs_of_one_start_model(micro_dir
     calls = []
     real = llm_task.LLMTask.evaluate
     monkeypatch.setattr(llm_task.LLMTask, "evaluate", lambda self, model: calls.append(1) or real(self, model))
-    base = [f"task.cache_dir={tmp_path / 'cache'}", "task.warmup_steps=2", "task.train_problems=20", "task.warmup_batch_size=4"]
+    base = [f"llm.cache_dir={tmp_path / 'cache'}", "llm.warmup_steps=2", "llm.train_problems=20", "llm.warmup_batch_size=4"]
     made = lambda *extra: make_task(_tiny_cfg(micro_dir, *base, *extra))   # noqa: E731 - a start model made in the cache
     quiet = dict(echo=lambda *_: None)
     a = made().prepare_run(tmp_path / "a", **quiet)
     b = made().prepare_run(tmp_path / "b", **quiet)
     assert len(calls) == 1 and "initial_eval_cached" not in a and b.pop("initial_eval_cached").endswith(".json")
     assert a == b and len(a["initial_correct"]) == 8
-    made("task.eval_batch_size=3").prepare_run(tmp_path / "c", **quiet)   # another evaluation: measured again
+    made("llm.eval_batch_size=3").prepare_run(tmp_path / "c", **quiet)   # another evaluation: measured again
     assert len(calls) == 2
     weights = next(p for p in made().start_dir().iterdir() if p.suffix == ".safetensors")
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))   # a rewritten model
     made().prepare_run(tmp_path / "d", **quiet)
     assert len(calls) == 3
     # a user's own model directory: evaluated every time, nothing cached beside it or in the cache
-    user = lambda: make_task(_tiny_cfg(micro_dir, f"task.cache_dir={tmp_path / 'cache2'}"))   # noqa: E731
+    user = lambda: make_task(_tiny_cfg(micro_dir, f"llm.cache_dir={tmp_path / 'cache2'}"))   # noqa: E731
     user().prepare_run(tmp_path / "e", **quiet)
     user().prepare_run(tmp_path / "f", **quiet)
     assert len(calls) == 5 and not (tmp_path / "cache2").exists()
@@ -511,7 +511,7 @@ def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):
     monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: 1.0)
     got = {}
     for mode in ("score", "zero"):
-        cfg = _tiny_cfg(micro_dir, f"task.truncated_reward={mode}")
+        cfg = _tiny_cfg(micro_dir, f"llm.truncated_reward={mode}")
         task = make_task(cfg)
         prod = task.producer()
         prod.bind(cfg, actor_seeds(cfg.run.seed, "actor0", 0, cfg.env.num_envs))
@@ -524,7 +524,7 @@ def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):
     assert (got["score"] == 1).all()
     assert list(got["zero"]) == [0.0 if c else 1.0 for c in cut]
     with pytest.raises(ConfigError, match="truncated_reward"):
-        _tiny_cfg(micro_dir, "task.truncated_reward=drop")
+        _tiny_cfg(micro_dir, "llm.truncated_reward=drop")
 
 
 def test_silent_groups_skip_stops_momentum_steps(micro_dir):
@@ -533,12 +533,12 @@ def test_silent_groups_skip_stops_momentum_steps(micro_dir):
     from asyncrl.tasks.llm.learn import llm_iteration
 
     def two_iterations(mode):
-        cfg = _tiny_cfg(micro_dir, f"task.silent_groups={mode}")
+        cfg = _tiny_cfg(micro_dir, f"llm.silent_groups={mode}")
         task = make_task(cfg)
         model = task.build_policy()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         gen = torch.Generator().manual_seed(0)
-        kw = dict(algo=cfg.algo, task=cfg.task, generator=gen, version=0)
+        kw = dict(algo=cfg.algo, llm=cfg.llm, generator=gen, version=0)
         llm_iteration(model, opt, _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0]), **kw)
         after_first = {k: v.clone() for k, v in model.state_dict().items()}
         stats = llm_iteration(model, opt, _slot_batch(cfg, task, [1.0, 1.0, 0.0, 0.0]), **kw)
@@ -556,7 +556,7 @@ def test_silent_groups_skip_stops_momentum_steps(micro_dir):
 def test_silent_groups_drop_is_the_batch_without_them(micro_dir):
     """drop (DAPO's dynamic-sampling filter): the update from groups [1, 0] + [1, 1] equals the update
     from group [1, 0] alone, and num_minibatches splits the rows that are left."""
-    cfg = _tiny_cfg(micro_dir, "task.silent_groups=drop")
+    cfg = _tiny_cfg(micro_dir, "llm.silent_groups=drop")
     task = make_task(cfg)
     both = _slot_batch(cfg, task, [1.0, 0.0, 1.0, 1.0])
     alone = {k: v[:2] for k, v in both.items()}
@@ -565,16 +565,16 @@ def test_silent_groups_drop_is_the_batch_without_them(micro_dir):
     assert all(torch.equal(w_both[k], w_alone[k]) for k in w_both)
     assert s_both["zero_advantage_groups"] == 0.5 and s_both["optimizer_steps"] == 4   # 2 epochs x 2 rows of 1
     assert s_both["policy_loss"] == s_alone["policy_loss"]
-    kept, _ = _update(task, _tiny_cfg(micro_dir, "task.silent_groups=step"), both)   # silent rows stay in
+    kept, _ = _update(task, _tiny_cfg(micro_dir, "llm.silent_groups=step"), both)   # silent rows stay in
     assert any(not torch.equal(w_both[k], kept[k]) for k in w_both)
     with pytest.raises(ConfigError, match="silent_groups"):
-        _tiny_cfg(micro_dir, "task.silent_groups=ignore")
+        _tiny_cfg(micro_dir, "llm.silent_groups=ignore")
 
 
 @pytest.mark.parametrize("sets, forwards", [
     (("algo.num_epochs=1", "algo.num_minibatches=1"), [(True, 4, 0)]),   # one forward, no separate π_T pass
     (("algo.num_epochs=2", "algo.num_minibatches=2"), [(False, 2, 0), (True, 2, 0), (True, 2, 1), (True, 2, 2), (True, 2, 3)]),
-    (("algo.num_epochs=1", "algo.num_minibatches=1", "task.silent_groups=drop"), [(True, 2, 0)]),
+    (("algo.num_epochs=1", "algo.num_minibatches=1", "llm.silent_groups=drop"), [(True, 2, 0)]),
 ])
 def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets, forwards):
     """log π_T is taken at the iteration's start weights: a no-gradient forward of the rows outside
@@ -582,7 +582,7 @@ def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets
     before any step); rows of silent groups that drop removes get none. Records (grad enabled, rows,
     optimizer steps taken so far) of every forward."""
     from asyncrl.tasks.llm.learn import llm_iteration
-    cfg = _tiny_cfg(micro_dir, "task.silent_groups=step", *sets)
+    cfg = _tiny_cfg(micro_dir, "llm.silent_groups=step", *sets)
     task = make_task(cfg)
     batch = _slot_batch(cfg, task, [1.0, 0.0, 1.0, 1.0])
     model = task.build_policy()
@@ -592,7 +592,7 @@ def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets
     opt.step = lambda *a, **k: (taken.__setitem__(0, taken[0] + 1), step(*a, **k))[1]
     model.register_forward_pre_hook(
         lambda mod, args, kw: log.append((torch.is_grad_enabled(), kw["input_ids"].shape[0], taken[0])), with_kwargs=True)
-    stats = llm_iteration(model, opt, batch, algo=cfg.algo, task=cfg.task, generator=torch.Generator().manual_seed(0),
+    stats = llm_iteration(model, opt, batch, algo=cfg.algo, llm=cfg.llm, generator=torch.Generator().manual_seed(0),
                           version=0)
     assert log == forwards
     assert stats["minibatches"][0][1] == 0.0          # the first step's TV estimate: π_θ is π_T there, exactly

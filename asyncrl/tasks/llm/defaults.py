@@ -1,9 +1,11 @@
 """Defaults of the supervised warm-up, shared by :mod:`asyncrl.tasks.llm.warmup` and the ``llm`` CLI
-(kept free of imports so the CLI does not load torch to build its options). Measured in lab/llm-gsm-tiny/warmup.md."""
+(importing only the config, so the CLI does not load torch to build its options). Those a run can
+set are the config's ``[llm]`` defaults (:class:`asyncrl.config.LLMConfig`), read from there."""
+from ...config import LLMConfig
 
 WARMUP_STAMP = "asyncrl-warmup.json"   # settings and measured figures of a warmed-up directory (its cache key)
-DEFAULT_STEPS = 1000  # seed 0: 23.2 % held-out (5.5 % at 500, 19 % at 750: copying arrives in a jump); lab/llm-gsm-tiny/warmup.md
-DEFAULT_BATCH_SIZE = 32
-DEFAULT_THREADS = 2   # torch threads of a warm-up: the result depends on it (lab/llm-gsm-tiny/README.md, "a lottery between runs")
-DEFAULT_LR = 3e-3
-DEFAULT_WARMUP_STEPS = 30
+DEFAULT_STEPS = LLMConfig.warmup_steps              # llm.warmup_steps
+DEFAULT_BATCH_SIZE = LLMConfig.warmup_batch_size    # llm.warmup_batch_size
+DEFAULT_THREADS = LLMConfig.warmup_threads          # llm.warmup_threads
+DEFAULT_LR = 3e-3             # peak AdamW learning rate of the warm-up (not a run's key)
+DEFAULT_WARMUP_STEPS = 30     # linear learning-rate warm-up steps of the supervised warm-up (not a run's key)

@@ -23,11 +23,11 @@ r A are positively homogeneous in A, and VACO's filter and band read only the si
 The diagnostics the losses return (tv_estimate, no_grad_fraction, clip_fraction_two_sided, approx_kl) stay
 unweighted token means.
 
-Advantage realignment without a critic (``task.realign = "is_baseline"``, docs/llm-realignment.md):
+Advantage realignment without a critic (``llm.realign = "is_baseline"``, docs/llm-realignment.md):
 :func:`realigned_group_advantages` replaces the group mean of β's rewards by the self-normalised,
 ρ̄-truncated importance-weighted mean under π_T, the group's fixed point of one-step V-trace (VACO,
 arXiv:2603.01365; V-trace, arXiv:1802.01561). :func:`kl_k3` is the per-token penalty toward a
-reference model (``task.kl_coef``; DeepSeekMath eq. 4).
+reference model (``llm.kl_coef``; DeepSeekMath eq. 4).
 
 Paper: DeepSeekMath (GRPO), arXiv:2402.03300; Dr. GRPO, arXiv:2503.20783.
 """

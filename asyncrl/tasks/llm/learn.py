@@ -4,25 +4,25 @@ policy loss on completion tokens, through the same dispatch as the control task
 with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward ratio π_θ/π_T).
 
 1. With the weights at iteration start (π_T): log π_T of the completion tokens of the rows that can
-   train, once (every row with ``task.realign``, whose advantages need it; otherwise the rows of
-   informative groups, or all rows with ``task.silent_groups`` "step" / "skip"). The first
+   train, once (every row with ``llm.realign``, whose advantages need it; otherwise the rows of
+   informative groups, or all rows with ``llm.silent_groups`` "step" / "skip"). The first
    minibatch of the first epoch takes its log π_T from its own forward, taken before any optimizer
    step of the iteration and hence at π_T: with one minibatch and one epoch (the gsm-tiny default)
    the learner makes no separate forward at all. A forward of every row took twice the time of the
    training step on the informative fifth (lab/llm-gsm-tiny/README.md).
 2. Group-normalised advantages per row (:func:`asyncrl.tasks.llm.grpo.group_advantages`; with
-   ``task.realign = "is_baseline"`` against the baseline of π_T instead,
+   ``llm.realign = "is_baseline"`` against the baseline of π_T instead,
    :func:`asyncrl.tasks.llm.grpo.realigned_group_advantages` with ``algo.rho_bar``; docs/llm-realignment.md),
    broadcast over the tokens the policy chose (``policy_mask``: padding and calculator-written tokens
-   get none), times the averaging weights (``task.averaging``); negative advantages are scaled by
-   ``task.negative_weight`` (1: GRPO; 0: positive-sample reinforcement, arXiv:2506.01347).
+   get none), times the averaging weights (``llm.averaging``); negative advantages are scaled by
+   ``llm.negative_weight`` (1: GRPO; 0: positive-sample reinforcement, arXiv:2506.01347).
 3. ``algo.num_epochs`` x ``algo.num_minibatches`` optimizer steps; minibatches are random sets of
    rows (completions), drawn from the learner's generator (serial runs are bit-reproducible). Groups
-   whose rewards are all equal have zero advantage (``task.silent_groups``: ``step`` keeps them, and
+   whose rewards are all equal have zero advantage (``llm.silent_groups``: ``step`` keeps them, and
    a minibatch of them alone still moves Adam on its momentum; ``skip`` takes no optimizer step for
    such a minibatch; ``drop`` removes them first, as DAPO's dynamic sampling, arXiv:2503.14476, and
    splits the rest into at most num_minibatches parts). With
-   ``task.kl_coef > 0`` each step's loss adds kl_coef times the k3 estimate of KL(π_θ || π_ref) per
+   ``llm.kl_coef > 0`` each step's loss adds kl_coef times the k3 estimate of KL(π_θ || π_ref) per
    policy token (:func:`asyncrl.tasks.llm.grpo.kl_k3`), averaged with the loss's token weights; π_ref
    is the frozen start model, its log-probs computed once per iteration (DeepSeekMath, arXiv:2402.03300).
 
@@ -47,28 +47,28 @@ def _token_log_probs(model, batch: dict[str, torch.Tensor], rows, *, temperature
     return completion_log_probs(model, ids, mask, batch["completion_mask"][rows], temperature=temperature)
 
 
-def _advantages(batch: dict[str, torch.Tensor], target: torch.Tensor, *, algo, task) -> tuple[torch.Tensor, dict]:
-    """[R'] sequence advantages (``task.realign``, then ``task.negative_weight``) and the realignment's
+def _advantages(batch: dict[str, torch.Tensor], target: torch.Tensor, *, algo, llm) -> tuple[torch.Tensor, dict]:
+    """[R'] sequence advantages (``llm.realign``, then ``llm.negative_weight``) and the realignment's
     statistics."""
-    rewards = batch["rewards"].to(torch.float32).view(-1, task.group_size)
-    if task.realign == "none":
-        adv = grpo.group_advantages(rewards, scale_by_std=task.scale_by_std).reshape(-1)
-        return grpo.weight_negatives(adv, task.negative_weight), {}
+    rewards = batch["rewards"].to(torch.float32).view(-1, llm.group_size)
+    if llm.realign == "none":
+        adv = grpo.group_advantages(rewards, scale_by_std=llm.scale_by_std).reshape(-1)
+        return grpo.weight_negatives(adv, llm.negative_weight), {}
     log_ratio = grpo.sequence_log_ratio(target, batch["behavior_log_prob"], batch["policy_mask"])
     r = grpo.realigned_group_advantages(rewards, log_ratio.view_as(rewards), rho_bar=algo.rho_bar,
-                                        scale_by_std=task.scale_by_std)
-    adv = grpo.weight_negatives(r.advantages.reshape(-1), task.negative_weight)
+                                        scale_by_std=llm.scale_by_std)
+    adv = grpo.weight_negatives(r.advantages.reshape(-1), llm.negative_weight)
     return adv, {"realign_baseline_shift": float(r.baseline_shift.abs().mean()),
                                       "realign_weight_mean": float(r.weights.mean()),
                                       "realign_weight_min": float(r.weights.min())}
 
 
-def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor, *, task,
+def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor, *, llm,
                 max_len: int) -> tuple[torch.Tensor, float]:
     """(the token-weighted mean of the k3 KL to the reference over the [N] policy tokens of ``mask``,
     its unweighted mean for the statistics)."""
     kl = grpo.kl_k3(log_prob, ref_log_prob)
-    w = grpo.token_weights(mask, averaging=task.averaging, max_len=max_len).to(kl.dtype)[mask]
+    w = grpo.token_weights(mask, averaging=llm.averaging, max_len=max_len).to(kl.dtype)[mask]
     return (w * kl).mean(), float(kl.detach().mean())
 
 
@@ -85,7 +85,7 @@ def _minibatches(perm: torch.Tensor, n: int, *, exact: bool) -> list[torch.Tenso
     return [part for part in torch.tensor_split(perm, min(n, len(perm))) if len(part)] if len(perm) else []
 
 
-def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, task, generator: torch.Generator,
+def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm, generator: torch.Generator,
                   version: int | None = None, reference=None,
                   forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
     """Run one learner iteration in place on ``model`` and ``optimizer``.
@@ -94,10 +94,10 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         batch: prompt_ids / prompt_mask [R', S_p], completion_ids / completion_mask / policy_mask /
             behavior_log_prob [R', L], behavior_version and rewards [R'] (asyncrl.tasks.llm.spec).
         algo: AlgoConfig (preset grpo, vaco or vaco_no_filter; clip_eps, tv_threshold, ...).
-        task: TaskConfig (group_size, temperature, averaging, scale_by_std, realign, kl_coef).
+        llm: LLMConfig (group_size, temperature, averaging, scale_by_std, realign, kl_coef).
         generator: minibatch shuffling.
         reference: the frozen reference model π_ref of the KL penalty, on the model's device; needed
-            when task.kl_coef > 0, unused otherwise.
+            when llm.kl_coef > 0, unused otherwise.
         version: the learner's version; splits no_grad_fraction into stale / fresh tokens and
             gives the generator-vs-learner log-prob mismatch of fresh rows (zero lag).
         forward_context: the context of the model's forwards (asyncrl.device.forward_context: bf16
@@ -110,23 +110,23 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         gradient grpo's clip or vaco's band and filter removed: asyncrl.algo.losses), grad_norm,
         clip_fraction_two_sided (grpo),
         rho_mean, rho_max, reward_mean, completion_tokens_mean, logprob_mismatch_fresh, ...; with
-        task.realign: realign_baseline_shift = mean over groups of |b_T - b_β| in reward units,
-        realign_weight_mean / _min of the sequence weights min(ρ̄, π_T/β); with task.kl_coef > 0: kl_ref,
+        llm.realign: realign_baseline_shift = mean over groups of |b_T - b_β| in reward units,
+        realign_weight_mean / _min of the sequence weights min(ρ̄, π_T/β); with llm.kl_coef > 0: kl_ref,
         the mean k3 estimate per policy token, nats; zero_advantage_groups and
         zero_advantage_groups_solved, the fractions of groups with equal rewards and with every reward
-        > 0; optimizer_steps taken and skipped_minibatches, task.silent_groups) and ``minibatches`` rows
+        > 0; optimizer_steps taken and skipped_minibatches, llm.silent_groups) and ``minibatches`` rows
         [step, tv_estimate, no_grad_fraction]. The per-step scalars are NaN when no
         step was taken.
 
     Raises:
-        ValueError: rows not a multiple of group_size, task.kl_coef > 0 without a reference, or as
+        ValueError: rows not a multiple of group_size, llm.kl_coef > 0 without a reference, or as
             grpo.flatten_tokens / grpo.realigned_group_advantages.
     """
-    rows, G = batch["rewards"].shape[0], task.group_size
+    rows, G = batch["rewards"].shape[0], llm.group_size
     if rows % G:
         raise ValueError(f"{rows} rows are not whole groups of {G}")
-    if task.kl_coef > 0 and reference is None:
-        raise ValueError(f"task.kl_coef = {task.kl_coef} needs the reference model (llm_iteration(reference=...))")
+    if llm.kl_coef > 0 and reference is None:
+        raise ValueError(f"llm.kl_coef = {llm.kl_coef} needs the reference model (llm_iteration(reference=...))")
     cmask = batch["completion_mask"]
     pmask = batch["policy_mask"]   # the policy's own tokens: loss, ratios, TV estimate and counts
     device = cmask.device
@@ -138,29 +138,29 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
     def fill_target(idx: torch.Tensor) -> None:   # a forward at π_T, without gradient
         if len(idx):
             with torch.no_grad(), forward_context():
-                target[idx] = _token_log_probs(model, batch, idx, temperature=task.temperature)
+                target[idx] = _token_log_probs(model, batch, idx, temperature=llm.temperature)
             known[idx] = True
 
-    if task.realign != "none":
+    if llm.realign != "none":
         fill_target(everything)
-    adv, realign_stats = _advantages(batch, target, algo=algo, task=task)
+    adv, realign_stats = _advantages(batch, target, algo=algo, llm=llm)
     stale_rows = batch["behavior_version"] < version if version is not None else None
     silent = (adv.view(-1, G) == 0).all(1)                                     # [groups]
     pool = everything
-    if task.silent_groups == "drop":
+    if llm.silent_groups == "drop":
         pool = everything[~silent.repeat_interleave(G)]
-    exact = task.silent_groups != "drop"
+    exact = llm.silent_groups != "drop"
     first_perm = pool[torch.randperm(len(pool), generator=generator).to(device)]   # epoch 1's shuffle
     first = (_minibatches(first_perm, algo.num_minibatches, exact=exact) or [first_perm[:0]])[0]
-    if task.silent_groups == "skip" and not bool((adv[first] != 0).any()):
+    if llm.silent_groups == "skip" and not bool((adv[first] != 0).any()):
         first = first[:0]   # it may be skipped: its rows get π_T from a forward of their own
     fill_target(pool[~known[pool] & ~torch.isin(pool, first)])   # the first minibatch fills its own at its forward
     ref = None                                     # log π_ref [R', L] on the pool's rows
-    if task.kl_coef > 0:
+    if llm.kl_coef > 0:
         ref = torch.zeros_like(behavior)
         if len(pool):
             with torch.no_grad(), forward_context():
-                ref[pool] = _token_log_probs(reference, batch, pool, temperature=task.temperature)
+                ref[pool] = _token_log_probs(reference, batch, pool, temperature=llm.temperature)
     steps: list[dict] = []
     skipped = 0
     fired = torch.zeros((), dtype=torch.bool, device=device)
@@ -168,24 +168,24 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, tas
         perm = first_perm if epoch == 0 else pool[torch.randperm(len(pool), generator=generator).to(device)]
         for idx in _minibatches(perm, algo.num_minibatches, exact=exact):
             m = pmask[idx]
-            if task.silent_groups == "skip" and ref is None and not bool((adv[idx] != 0).any()):
+            if llm.silent_groups == "skip" and ref is None and not bool((adv[idx] != 0).any()):
                 skipped += 1   # nothing to learn here: no Adam step on momentum alone
                 continue
             with forward_context():
-                log_prob = _token_log_probs(model, batch, idx, temperature=task.temperature)
+                log_prob = _token_log_probs(model, batch, idx, temperature=llm.temperature)
             if not bool(known[idx].all()):   # the first minibatch, before any step: these weights are π_T
                 target[idx] = log_prob.detach()
                 known[idx] = True
             tb = grpo.flatten_tokens(m, log_prob=log_prob, behavior_log_prob=behavior[idx], advantages=adv[idx],
-                                     averaging=task.averaging, max_len=cmask.shape[1])
+                                     averaging=llm.averaging, max_len=cmask.shape[1])
             a = normalize_advantages(tb.advantages, algo.normalize_advantages)
             pl = policy_loss(algo, log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
                              target_log_prob=target[idx][m], adv=a,
                              force=fired if algo.tv_filter_trigger == "iteration" else False)
             loss, kl = pl.loss, {}
             if ref is not None:
-                penalty, kl["kl_ref"] = _kl_penalty(tb.log_prob, ref[idx][m], m, task=task, max_len=cmask.shape[1])
-                loss = loss + task.kl_coef * penalty
+                penalty, kl["kl_ref"] = _kl_penalty(tb.log_prob, ref[idx][m], m, llm=llm, max_len=cmask.shape[1])
+                loss = loss + llm.kl_coef * penalty
             grad_norm = optimizer_step(optimizer, loss, algo.max_grad_norm)
             step = step_record(len(steps), pl, grad_norm, **kl)
             if pl.filter_fired is not None:

@@ -4,10 +4,10 @@ whole prompt groups into a slot (asyncrl.tasks.llm.spec); the learner runs GRPO 
 preset's loss on tokens (asyncrl.tasks.llm.learn). Weights travel as the flat float32 buffer of the
 model's parameters (tied embeddings once), as the control policy's do.
 
-The model every role starts from (:meth:`LLMTask.start_dir`): ``task.model`` or the tiny model of
-``asyncrl llm prepare`` (cached in ``task.cache_dir``), after ``task.warmup_steps`` supervised
+The model every role starts from (:meth:`LLMTask.start_dir`): ``llm.model_dir`` or the tiny model of
+``asyncrl llm prepare`` (cached in ``llm.cache_dir``), after ``llm.warmup_steps`` supervised
 warm-up steps (cached beside it). :meth:`LLMTask.prepare_run` makes it before the roles start and
-records the held-out accuracy before RL (``task.eval_mode``: sampled at ``task.temperature`` by
+records the held-out accuracy before RL (``llm.eval_mode``: sampled at ``llm.temperature`` by
 default, or greedy); a finished run adds the accuracy after RL (summary.json ``initial_accuracy``,
 ``final_accuracy``, the same evaluation with the same random draws).
 """
@@ -41,7 +41,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 START_FILE = "llm-start.json"     # in the run directory: the start model and its accuracy before RL
 START_EVAL_FIELDS = ("initial_accuracy", "eval_problems", "initial_eval_s", "initial_correct")
 WARMUP_STAMP = "asyncrl-rl-warmup.json"
-WARMUP_VALIDATION = 200         # task.warmup_target: problems after the train split, greedy accuracy checked
+WARMUP_VALIDATION = 200         # llm.warmup_target: problems after the train split, greedy accuracy checked
 WARMUP_CHECK_EVERY = 100        # steps between those checks
 
 
@@ -101,9 +101,9 @@ class LLMProducer:
         self.gen = torch.Generator(device=self.device)
         self.layout_hash = layout_hash(self.model)
         self.num_params = sum(p.numel() for _, p in param_layout(self.model))
-        t = self.cfg.task
+        llm = self.cfg.llm
         if not self.problems:
-            self.problems = gsm.make_splits(seed=t.model_seed, n_train=t.train_problems, n_heldout=0).train
+            self.problems = gsm.make_splits(seed=llm.model_seed, n_train=llm.train_problems, n_heldout=0).train
         self.seeds = seeds
 
     def load(self, flat: np.ndarray) -> None:
@@ -124,23 +124,23 @@ class LLMProducer:
             tick()
         if guard is not None and not guard.may_write():
             return RolloutStats(0, [], [], 0.0, 0.0, revoked=True)
-        s, t = self.spec, self.cfg.task
+        s, llm = self.spec, self.cfg.llm
         chosen = [self.problems[self.rng.randrange(len(self.problems))] for _ in range(s.prompts)]
         t0 = time.perf_counter()
         out = generate_group(self.model, self.tokenizer, [gsm.format_prompt(p) for p in chosen], s.group_size,
-                             temperature=t.temperature, max_new_tokens=s.completion_tokens, generator=self.gen)
+                             temperature=llm.temperature, max_new_tokens=s.completion_tokens, generator=self.gen)
         out = out._replace(**{k: getattr(out, k).cpu() for k in ("input_ids", "attention_mask", "completion_mask",
                                                                   "behavior_log_prob", "policy_mask")})
         t1 = time.perf_counter()
         texts = decode_completions(self.tokenizer, out)
         rewards = [gsm.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
-        if t.truncated_reward == "zero":
+        if llm.truncated_reward == "zero":
             rewards = [0.0 if cut else x for x, cut in zip(rewards, truncated(out, self.tokenizer.eos_token_id))]
         if tick is not None:
             tick()
         sp, width = out.prompt_len, out.completion_mask.shape[1]
         if sp > s.prompt_tokens:
-            raise ValueError(f"a prompt of {sp} tokens is longer than task.max_prompt_tokens = {s.prompt_tokens}")
+            raise ValueError(f"a prompt of {sp} tokens is longer than llm.max_prompt_tokens = {s.prompt_tokens}")
         pad = self.tokenizer.pad_token_id
         prompt_ids, prompt_mask = out.input_ids[:, :sp].numpy(), out.attention_mask[:, :sp].numpy().astype(bool)
         comp_ids, comp_mask = out.input_ids[:, sp:].numpy(), out.completion_mask.numpy()
@@ -211,47 +211,47 @@ class LLMTask:
 
     # ---- the start model ----
     def base_dir(self) -> Path:
-        t = self.cfg.task
-        return Path(t.model) if t.model else Path(t.cache_dir) / f"tiny-qwen2-s{t.model_seed}"
+        llm = self.cfg.llm
+        return Path(llm.model_dir) if llm.model_dir else Path(llm.cache_dir) / f"tiny-qwen2-s{llm.model_seed}"
 
     def start_dir(self) -> Path:
         """The model directory every role loads at its start: the base model, warmed up when
-        task.warmup_steps > 0 (made by :meth:`prepare_model`)."""
-        t = self.cfg.task
+        llm.warmup_steps > 0 (made by :meth:`prepare_model`)."""
+        llm = self.cfg.llm
         base = self.base_dir()
-        if t.warmup_steps == 0:
+        if llm.warmup_steps == 0:
             return base
-        target = f"-t{t.warmup_target:g}" if t.warmup_target else ""
-        batch = f"-b{t.warmup_batch_size}" if t.warmup_batch_size != DEFAULT_BATCH_SIZE else ""
-        threads = f"-th{t.warmup_threads}" if t.warmup_threads != WARMUP_THREADS else ""
-        return Path(t.cache_dir) / f"{base.name}-warm-s{t.model_seed}-n{t.warmup_steps}{batch}{threads}{target}"
+        target = f"-t{llm.warmup_target:g}" if llm.warmup_target else ""
+        batch = f"-b{llm.warmup_batch_size}" if llm.warmup_batch_size != DEFAULT_BATCH_SIZE else ""
+        threads = f"-th{llm.warmup_threads}" if llm.warmup_threads != WARMUP_THREADS else ""
+        return Path(llm.cache_dir) / f"{base.name}-warm-s{llm.model_seed}-n{llm.warmup_steps}{batch}{threads}{target}"
 
     def prepare_model(self, echo: Callable[[str], None] = print) -> Path:
-        """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when task.model is
-        '', then task.warmup_steps of :func:`asyncrl.tasks.llm.warmup.warmup` with its defaults
-        (cached, keyed by the settings). Raises model.ModelLoadError for a missing task.model."""
+        """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when llm.model_dir is
+        '', then llm.warmup_steps of :func:`asyncrl.tasks.llm.warmup.warmup` with its defaults
+        (cached, keyed by the settings). Raises model.ModelLoadError for a missing llm.model_dir."""
         from . import model as m, warmup as w
-        t = self.cfg.task
-        if not t.model:
-            path, reused = m.prepare(self.base_dir(), seed=t.model_seed)
+        llm = self.cfg.llm
+        if not llm.model_dir:
+            path, reused = m.prepare(self.base_dir(), seed=llm.model_seed)
             echo(f"llm: {'reused' if reused else 'prepared'} the tiny model {path}")
         start = self.start_dir()
-        if t.warmup_steps == 0:
+        if llm.warmup_steps == 0:
             m.load(start)   # one line if it is not a model directory
             return start
-        settings = {"base": str(self.base_dir().resolve()), "seed": t.model_seed, "steps": t.warmup_steps,
-                    "train_problems": t.train_problems, "generator_version": gsm.GENERATOR_VERSION,
+        settings = {"base": str(self.base_dir().resolve()), "seed": llm.model_seed, "steps": llm.warmup_steps,
+                    "train_problems": llm.train_problems, "generator_version": gsm.GENERATOR_VERSION,
                     "calculator_mask": True}
-        if t.warmup_batch_size != DEFAULT_BATCH_SIZE:
-            settings["batch_size"] = t.warmup_batch_size
-        if t.warmup_threads != WARMUP_THREADS:
-            settings["threads"] = t.warmup_threads
-        if t.warmup_target:
-            settings.update(target=t.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY)
+        if llm.warmup_batch_size != DEFAULT_BATCH_SIZE:
+            settings["batch_size"] = llm.warmup_batch_size
+        if llm.warmup_threads != WARMUP_THREADS:
+            settings["threads"] = llm.warmup_threads
+        if llm.warmup_target:
+            settings.update(target=llm.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY)
         try:
             stamp = json.loads((start / WARMUP_STAMP).read_text())
-            # a cache made before task.warmup_threads existed ran at whatever torch had: it counts only if that matched
-            if stamp["settings"] == settings and (not t.warmup_threads or stamp["torch_threads"] == t.warmup_threads):
+            # a cache made before llm.warmup_threads existed ran at whatever torch had: it counts only if that matched
+            if stamp["settings"] == settings and (not llm.warmup_threads or stamp["torch_threads"] == llm.warmup_threads):
                 echo(f"llm: reused the warmed-up model {start}")
                 return start
         except (OSError, ValueError, KeyError, TypeError):
@@ -259,30 +259,30 @@ class LLMTask:
         if start.exists():
             raise FileExistsError(f"{start} exists and was not warmed up with these settings; remove it")
         loaded = m.load(self.base_dir())
-        n_val = WARMUP_VALIDATION if t.warmup_target else 0
-        problems = gsm.make_splits(seed=t.model_seed, n_train=t.train_problems + n_val, n_heldout=0).train
-        train, validation = problems[:t.train_problems], problems[t.train_problems:]
+        n_val = WARMUP_VALIDATION if llm.warmup_target else 0
+        problems = gsm.make_splits(seed=llm.model_seed, n_train=llm.train_problems + n_val, n_heldout=0).train
+        train, validation = problems[:llm.train_problems], problems[llm.train_problems:]
         checks: list[tuple[int, float]] = []
 
         def reached(steps: int) -> bool:   # the warm-up's early stop: greedy accuracy on the validation problems
             from .sampling import evaluate
-            if steps < t.warmup_steps // 2:   # checked from half the budget on (each check costs seconds)
+            if steps < llm.warmup_steps // 2:   # checked from half the budget on (each check costs seconds)
                 return False
             loaded.model.eval()
             checks.append((steps, evaluate(loaded.model, loaded.tokenizer, validation, greedy=True,
-                                           max_new_tokens=t.max_new_tokens)))
+                                           max_new_tokens=llm.max_new_tokens)))
             loaded.model.train()
-            echo(f"llm: warm-up step {steps}: validation accuracy {checks[-1][1]:.3f} (target {t.warmup_target:g})")
-            return checks[-1][1] >= t.warmup_target
+            echo(f"llm: warm-up step {steps}: validation accuracy {checks[-1][1]:.3f} (target {llm.warmup_target:g})")
+            return checks[-1][1] >= llm.warmup_target
 
-        echo(f"llm: warming up {self.base_dir()} for {count_of(t.warmup_steps, 'step')}"
-             f"{f' or until validation accuracy {t.warmup_target:g}' if t.warmup_target else ''} (supervised, cached in {start})")
+        echo(f"llm: warming up {self.base_dir()} for {count_of(llm.warmup_steps, 'step')}"
+             f"{f' or until validation accuracy {llm.warmup_target:g}' if llm.warmup_target else ''} (supervised, cached in {start})")
         threads = torch.get_num_threads()
-        if t.warmup_threads:
-            torch.set_num_threads(t.warmup_threads)
+        if llm.warmup_threads:
+            torch.set_num_threads(llm.warmup_threads)
         try:
-            result = w.warmup(loaded.model, loaded.tokenizer, train, steps=t.warmup_steps, seed=t.model_seed,
-                              calculator_mask=True, batch_size=t.warmup_batch_size, stop=reached if t.warmup_target else None,
+            result = w.warmup(loaded.model, loaded.tokenizer, train, steps=llm.warmup_steps, seed=llm.model_seed,
+                              calculator_mask=True, batch_size=llm.warmup_batch_size, stop=reached if llm.warmup_target else None,
                               check_every=WARMUP_CHECK_EVERY)
             warm_threads = torch.get_num_threads()
         finally:
@@ -304,7 +304,7 @@ class LLMTask:
             return json.loads(path.read_text())
         except OSError:
             raise FileNotFoundError(f"no model at {self.start_dir()}: run `asyncrl run --config ...` (it prepares "
-                                    f"and warms up the model first) or set task.model") from None
+                                    f"and warms up the model first) or set llm.model_dir") from None
 
     # ---- the interface ----
     @property
@@ -314,9 +314,9 @@ class LLMTask:
     @property
     def spec(self) -> TokenSpec:
         if self._spec is None:
-            t = self.cfg.task
-            self._spec = TokenSpec(prompts=t.prompts_per_slot, group_size=t.group_size,
-                                   prompt_tokens=t.max_prompt_tokens, completion_tokens=t.max_new_tokens,
+            llm = self.cfg.llm
+            self._spec = TokenSpec(prompts=llm.prompts_per_slot, group_size=llm.group_size,
+                                   prompt_tokens=llm.max_prompt_tokens, completion_tokens=llm.max_new_tokens,
                                    vocab_size=int(self._model_config()["vocab_size"]))
         return self._spec
 
@@ -324,7 +324,7 @@ class LLMTask:
     def spaces(self) -> dict[str, str]:
         s = self.spec
         return {"observation": f"prompt tokens [{s.prompt_tokens}] of a vocabulary of {s.vocab_size}",
-                "action": f"completion tokens [{s.completion_tokens}] at temperature {self.cfg.task.temperature}"}
+                "action": f"completion tokens [{s.completion_tokens}] at temperature {self.cfg.llm.temperature}"}
 
     def producer(self) -> LLMProducer:
         return LLMProducer(self)
@@ -334,9 +334,9 @@ class LLMTask:
         return m.load(self.start_dir()).model
 
     def reference(self):
-        """The KL penalty's reference π_ref (task.kl_coef > 0): the start model, frozen (no gradient, eval
-        mode), loaded on first use, so only the learner holds it; None when task.kl_coef = 0."""
-        if self.cfg.task.kl_coef == 0:
+        """The KL penalty's reference π_ref (llm.kl_coef > 0): the start model, frozen (no gradient, eval
+        mode), loaded on first use, so only the learner holds it; None when llm.kl_coef = 0."""
+        if self.cfg.llm.kl_coef == 0:
             return None
         if self._reference is None:
             from . import model as m
@@ -359,7 +359,7 @@ class LLMTask:
         reference = self.reference()
         if reference is not None:
             reference.to(state.device)   # in place; a no-op after the first iteration and on the CPU
-        return llm_iteration(state.policy, state.optimizer, batch, algo=self.cfg.algo, task=self.cfg.task,
+        return llm_iteration(state.policy, state.optimizer, batch, algo=self.cfg.algo, llm=self.cfg.llm,
                              generator=state.generator, version=state.version, reference=reference,
                              forward_context=state.forward_context)
 
@@ -368,37 +368,37 @@ class LLMTask:
 
     def evaluate(self, model) -> tuple[float, int, list[int]]:
         """(exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the first
-        task.eval_size held-out problems, one completion each (calculator on, as :func:`sampling.evaluate`).
+        llm.eval_size held-out problems, one completion each (calculator on, as :func:`sampling.evaluate`).
 
-        task.eval_mode "sampled": at task.temperature (the policy RL trains, and DeepSeek-R1's pass@1
-        with one sample, arXiv:2501.12948) from a generator seeded with task.model_seed, so the
+        llm.eval_mode "sampled": at llm.temperature (the policy RL trains, and DeepSeek-R1's pass@1
+        with one sample, arXiv:2501.12948) from a generator seeded with llm.model_seed, so the
         evaluations before and after RL use the same random draws (common random numbers: the paired
         interval then measures the policy's change, not the draws'); "greedy": argmax decoding.
         Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
         instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
         from . import model as m
         from .sampling import eval_completions
-        t = self.cfg.task
-        heldout = gsm.make_splits(seed=t.model_seed, n_train=0, n_heldout=t.eval_size).heldout
+        llm = self.cfg.llm
+        heldout = gsm.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
-        greedy = t.eval_mode == "greedy"
+        greedy = llm.eval_mode == "greedy"
         device = next(model.parameters()).device   # the draws come from the model's device (cuda: its own stream)
-        generator = None if greedy else torch.Generator(device=device).manual_seed(t.model_seed)
+        generator = None if greedy else torch.Generator(device=device).manual_seed(llm.model_seed)
         threads = torch.get_num_threads()
         torch.set_num_threads(self.cfg.learner.torch_threads)
         try:
-            texts = eval_completions(model, tokenizer, heldout, greedy=greedy, temperature=t.temperature,
-                                     generator=generator, max_new_tokens=t.max_new_tokens,
-                                     batch_size=t.eval_batch_size)
+            texts = eval_completions(model, tokenizer, heldout, greedy=greedy, temperature=llm.temperature,
+                                     generator=generator, max_new_tokens=llm.max_new_tokens,
+                                     batch_size=llm.eval_batch_size)
         finally:
             torch.set_num_threads(threads)
         correct = [int(gsm.reward(text, p.target)) for text, p in zip(texts, heldout)]
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
     def eval_label(self) -> str:
-        """"greedy" or "sampled T=<task.temperature>": what initial and final accuracy measure."""
-        t = self.cfg.task
-        return "greedy" if t.eval_mode == "greedy" else f"sampled T={t.temperature:g}"
+        """"greedy" or "sampled T=<llm.temperature>": what initial and final accuracy measure."""
+        llm = self.cfg.llm
+        return "greedy" if llm.eval_mode == "greedy" else f"sampled T={llm.temperature:g}"
 
     def periodic_eval(self) -> NoPeriodicEvaluation:
         """None during training (``run.eval_every`` is a control-task key): the llm task evaluates
@@ -418,8 +418,8 @@ class LLMTask:
         if path.exists():
             return json.loads(path.read_text())
         record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0, "eval_mode": self.eval_label(),
-                  "eval_batch_size": self.cfg.task.eval_batch_size}
-        if self.cfg.task.eval_size:
+                  "eval_batch_size": self.cfg.llm.eval_batch_size}
+        if self.cfg.llm.eval_size:
             record.update(self._start_evaluation(start, echo))
             how = "reused from " + record["initial_eval_cached"] if "initial_eval_cached" in record else "measured"
             echo(f"llm: held-out accuracy before RL {record['initial_accuracy']:.3f} on {record['eval_problems']} "
@@ -429,14 +429,14 @@ class LLMTask:
 
     def _start_evaluation(self, start: Path, echo: Callable[[str], None]) -> dict:
         """initial_accuracy, eval_problems, initial_eval_s and initial_correct of the start model; for a
-        start model asyncrl made in task.cache_dir (never for a user's own directory) reused from, or
-        saved to, task.cache_dir/start-evals/KEY.json (:meth:`start_eval_key`; adds initial_eval_cached
+        start model asyncrl made in llm.cache_dir (never for a user's own directory) reused from, or
+        saved to, llm.cache_dir/start-evals/KEY.json (:meth:`start_eval_key`; adds initial_eval_cached
         when reused). A cache that cannot be written costs the next run an evaluation, nothing else."""
         from . import model as m
-        t = self.cfg.task
+        llm = self.cfg.llm
         cache = None
-        if Path(start).resolve().is_relative_to(Path(t.cache_dir).resolve()):
-            cache = Path(t.cache_dir) / "start-evals" / f"{self.start_eval_key(start)}.json"
+        if Path(start).resolve().is_relative_to(Path(llm.cache_dir).resolve()):
+            cache = Path(llm.cache_dir) / "start-evals" / f"{self.start_eval_key(start)}.json"
             try:
                 cached = json.loads(cache.read_text())
                 return {k: cached[k] for k in START_EVAL_FIELDS} | {"initial_eval_cached": str(cache)}
@@ -461,16 +461,16 @@ class LLMTask:
         (name, size, modification time), the llm task's code (sampler, problems, this evaluation) and
         every setting the evaluation reads. The same key means the same computation on this machine
         (one torch thread, seeded draws), so :meth:`prepare_run` reuses its result across runs."""
-        t = self.cfg.task
+        llm = self.cfg.llm
         h = hashlib.sha256()
         for f in sorted(p for p in Path(start).iterdir() if p.is_file()):
             st = f.stat()
             h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
         for f in sorted(Path(__file__).parent.glob("*.py")):
             h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-        h.update(json.dumps({"eval_size": t.eval_size, "eval_mode": t.eval_mode, "temperature": t.temperature,
-                             "model_seed": t.model_seed, "eval_batch_size": t.eval_batch_size,
-                             "max_new_tokens": t.max_new_tokens, "threads": self.cfg.learner.torch_threads,
+        h.update(json.dumps({"eval_size": llm.eval_size, "eval_mode": llm.eval_mode, "temperature": llm.temperature,
+                             "model_seed": llm.model_seed, "eval_batch_size": llm.eval_batch_size,
+                             "max_new_tokens": llm.max_new_tokens, "threads": self.cfg.learner.torch_threads,
                              "generator_version": gsm.GENERATOR_VERSION, "torch": torch.__version__},
                             sort_keys=True).encode())
         return h.hexdigest()[:16]
@@ -485,12 +485,12 @@ class LLMTask:
             start = {"model": str(self.start_dir()), "initial_accuracy": None, "eval_problems": 0}
         out = {"task": "llm", "model": start["model"], "initial_accuracy": start["initial_accuracy"],
                "final_accuracy": None, "eval_problems": start["eval_problems"], "eval_mode": self.eval_label()}
-        sampled = self.cfg.task.eval_mode == "sampled"   # its draws follow the batch: row r of a batch, step t
+        sampled = self.cfg.llm.eval_mode == "sampled"   # its draws follow the batch: row r of a batch, step t
         if start.get("eval_mode", "greedy") != self.eval_label() or (
-                sampled and start.get("eval_batch_size", 64) != self.cfg.task.eval_batch_size):   # 64: records before the key
+                sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size):   # 64: records before the key
             # a start record of another evaluation (a run directory resumed under other settings): not comparable
             out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
-        if not self.cfg.task.eval_size:
+        if not self.cfg.llm.eval_size:
             return out
         t0 = time.perf_counter()
         acc, n, correct = self.evaluate(policy)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.config import translate_moved_keys
 from asyncrl.tasks.llm import gsm, model as m
 from asyncrl.tasks.llm.sampling import eval_completions
 
@@ -24,7 +25,7 @@ def breakdown(model_dir: str, state: dict | None, cfg: dict) -> dict:
     loaded = m.load(model_dir)
     if state is not None:
         loaded.model.load_state_dict(state)
-    t = cfg["task"]
+    t = cfg["llm"]
     heldout = gsm.make_splits(seed=t["model_seed"], n_train=0, n_heldout=t["eval_size"]).heldout
     texts = eval_completions(loaded.model, loaded.tokenizer, heldout, greedy=True, max_new_tokens=t["max_new_tokens"])
     b = gsm.error_breakdown(heldout, texts)
@@ -41,7 +42,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     for i, run in enumerate(a.runs):
-        cfg = json.loads((run / "config.json").read_text())
+        cfg, _record, _lines = translate_moved_keys(json.loads((run / "config.json").read_text()), None,
+                                                    where=str(run / "config.json"))   # older runs: llm keys in [task]
         start = json.loads((run / "summary.json").read_text())["model"]
         if a.start and i == 0:
             print(json.dumps({"run": "start", "model": start, **breakdown(start, None, cfg)}))
