@@ -29,8 +29,14 @@ from .common import UserError, _interrupted, main
               help="Run the cells on this machine, or as Ray tasks on a cluster (--jobs cells in flight).")
 @click.option("--address", "ray_address", help="--launcher ray: the Ray cluster, e.g. 10.0.0.1:6379 (default: "
                                                "a local one for this study).")
+@click.option("--archive", is_flag=True,
+              help="Pack the finished cells' records into OUT/cells.tar.xz (read in place by --report-only and "
+                   "a resumed study); run nothing.")
+@click.option("--alias-code", "alias_revision", metavar="REV",
+              help="Let the cells finished under git revision REV's training code count as this checkout's, "
+                   "if the two differ only by modules moved (checked; refused otherwise); run nothing.")
 def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_conditions, retry_failed, any_code,
-          dry_run, report_only, launcher, ray_address):
+          dry_run, report_only, launcher, ray_address, archive, alias_revision):
     """Run a grid of envs x presets x lag conditions x seeds (resumable) and report it.
 
     Finished cells (same study, resolved config and training code) are skipped, so a killed
@@ -51,10 +57,18 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
                         retry_failed=retry_failed)
     except StudyError as exc:
         raise UserError(str(exc)) from None
+    if archive:
+        in_archive, packed = runner.store.pack()
+        click.echo(f"packed {count_of(packed, 'cell record')} into {runner.store.archive_path} "
+                   f"({count_of(in_archive, 'cell')} in it)")
+        return
+    if alias_revision:
+        _alias(runner, alias_revision)
+        return
     if dry_run:
         seen: set[str] = set()
         for c in st.cells:
-            state = "finished" if runner.record_path(c).exists() else "pending"
+            state = "finished" if runner.finished(c) is not None else "pending"
             shared = " | the same run as an earlier cell" if runner.keys[c] in seen else ""
             seen.add(runner.keys[c])
             click.echo(f"{state:8} {runner.keys[c]} {c.label} | {c.env} | {c.condition} | seed {c.seed} | {c.mode}{shared}")
@@ -78,3 +92,20 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
     results = write_report(st, runner.finished_records(any_code=any_code and report_only), runner.out)
     click.echo(f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {count_of(len(st.cells), 'cell')} "
                "finished)")
+
+
+def _alias(runner, revision: str) -> None:
+    """--alias-code REV: record REV's training-code fingerprint as this checkout's (modules moved only)."""
+    from ..study_code import AliasError, alias_check
+    try:
+        entry = alias_check(revision)
+    except AliasError as exc:
+        raise UserError(str(exc)) from None
+    if entry["old"] == entry["new"]:
+        click.echo(f"revision {entry['revision'][:12]} has this checkout's training code ({entry['new']}): "
+                   "nothing to alias")
+        return
+    runner.store.add_alias({**entry, "checked": "modules moved, syntax trees unchanged (asyncrl.study_code)"})
+    carried = sum(r.get("code_fingerprint") == entry["old"] for r in runner.store.records().values())
+    click.echo(f"aliased training code {entry['old']} (revision {entry['revision'][:12]}) to {entry['new']}: "
+               f"{count_of(carried, 'finished cell')} of {runner.out} ran under it")
