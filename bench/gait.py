@@ -62,10 +62,12 @@ def _checkpoint_index(p: Path) -> int:
 def runs_of(path: Path):
     """(label, run_dir, cell record or None) for a run directory or every cell of a study."""
     if (path / "cells").is_dir():
+        from asyncrl.study_store import CellStore
+        store = CellStore(path)                   # a packed record (cells.tar.xz) keeps its run directory
         for cell in sorted((path / "cells").iterdir()):
-            rec = cell / "cell.json"
-            if rec.is_file() and (cell / "run").is_dir():
-                yield cell.name, cell / "run", json.loads(rec.read_text())
+            rec = store.get(cell.name)
+            if rec is not None and (cell / "run").is_dir():
+                yield cell.name, cell / "run", rec
     elif path.is_dir():
         yield path.name, path, None
     else:

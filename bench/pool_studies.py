@@ -4,9 +4,9 @@ main-job goals per study run and over all of them.
     .venv/bin/python bench/pool_studies.py bench/results/studies/main-job-forward \
         bench/results/studies/main-job-lag-restored bench/results/studies/main-job-speed
 
-Reads every finished cell (``cells/*/cell.json``) of the given study directories. Multi-process cells
-are not reproducible, so each study run is a fresh draw of every seed; serial cells are (on one CPU
-model), so a serial cell whose final return repeats one already read is counted once.
+Reads every finished cell (``cells/*/cell.json`` and the packed ``cells.tar.xz``) of the given study
+directories. Multi-process cells are not reproducible, so each study run is a fresh draw of every seed;
+serial cells are (on one CPU model), so a serial cell whose final return repeats one already read is counted once.
 
 Per study run: each label's median final return, and whether the three main-job criteria hold
 (``--x`` median >= ``--split``, >= ``--fraction`` of ``--serial``'s median, >= ``--y``'s median).
@@ -20,13 +20,13 @@ signed-rank test from scipy).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 from scipy import stats as st
 
+from asyncrl.study_store import CellStore
 from asyncrl.stats import _poi, iqm   # _poi: P(X > Y) + 0.5 P(X = Y), the Mann-Whitney statistic
 
 RESAMPLES = 2000
@@ -38,8 +38,7 @@ def read(studies: list[Path]) -> dict[str, dict[str, dict[int, list[float]]]]:
     seen_serial: set = set()
     for study in studies:
         runs: dict = defaultdict(lambda: defaultdict(list))
-        for f in sorted(study.glob("cells/*/cell.json")):
-            d = json.loads(f.read_text())
+        for _, d in sorted(CellStore(study).records().items()):   # record files and cells.tar.xz
             if d.get("final_return") is None or d.get("status") not in (None, "done", "finished", "ok"):
                 continue
             if d.get("mode") == "serial":

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl import study as study_mod
+from asyncrl import study_code, study_record
 from asyncrl.study import StudyError, cell_key, condition_settings, load_study
 from asyncrl.study_report import group_rows, comparisons
 
@@ -79,7 +80,7 @@ def test_missing_study_file(tmp_path):
         load_study(tmp_path / "nope.toml")
 
 
-def test_key_follows_config_and_training_code_not_reporting_code(tmp_path, monkeypatch):
+def test_key_follows_config_and_training_code_not_reporting_code(tmp_path):
     st = load_study(write(tmp_path, GRID))
     a, b = st.cells[0], st.cells[1]
     fp = study_mod.training_code_fingerprint()
@@ -89,16 +90,15 @@ def test_key_follows_config_and_training_code_not_reporting_code(tmp_path, monke
     # the fingerprint covers training modules, not the reporting ones
     pkg = tmp_path / "pkg"
     shutil.copytree(study_mod.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(study_mod, "PACKAGE", pkg)
-    base = study_mod.training_code_fingerprint()
+    assert study_code.training_code_fingerprint(pkg) == fp      # the path of the package does not count
     (pkg / "study_report.py").write_text((pkg / "study_report.py").read_text() + "\n# reporting only\n")
-    assert study_mod.training_code_fingerprint() == base
+    assert study_code.training_code_fingerprint(pkg) == fp
     (pkg / "algo" / "losses.py").write_text((pkg / "algo" / "losses.py").read_text() + "\n# changes runs\n")
-    assert study_mod.training_code_fingerprint() != base
+    assert study_code.training_code_fingerprint(pkg) != fp
 
 
 def _rec(label, env, cond, seed, final, status="ok"):
-    diag = {k: {"mean": 0.1, "last": 0.1} for k in study_mod.DIAGNOSTICS}
+    diag = {k: {"mean": 0.1, "last": 0.1} for k in study_record.DIAGNOSTICS}
     return {"label": label, "env": env, "condition": cond, "seed": seed, "final_return": final, "auc": final,
             "status": status, "diagnostics": diag, "lag_p50": 1, "lag_p95": 2, "lag_seconds_p50": 0.1,
             "lag_seconds_p95": 0.2, "wall_time_s": 1.0, "env_steps_per_s": 1.0}
@@ -210,25 +210,25 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
         "task": "llm", "final_average_return": 0.4, "initial_accuracy": 0.12, "final_accuracy": 0.18,
         "accuracy_difference": 0.06, "accuracy_difference_ci95_paired": [0.03, 0.09], "eval_problems": 500}))
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
-    rec = study_mod.cell_record(st.cells[0], run)
+    rec = study_record.cell_record(st.cells[0], run)
     assert rec["final_return"] == 0.18 and rec["score_kind"] == "accuracy" and rec["initial_accuracy"] == 0.12
     assert not rec["diverged"]
     silent = {"env_steps": 128, "wall_time_s": 2.0, "average_return": 0.0, "policy_loss": float("nan")}
     with open(run / "metrics.jsonl", "a") as f:     # every group silent: no optimizer step, NaN loss
         f.write(json.dumps({**silent, "optimizer_steps": 0}) + "\n")
-    assert not study_mod.cell_record(st.cells[0], run)["diverged"]
+    assert not study_record.cell_record(st.cells[0], run)["diverged"]
     with open(run / "metrics.jsonl", "a") as f:     # a NaN loss that stepped the optimizer
         f.write(json.dumps({**silent, "optimizer_steps": 1}) + "\n")
-    assert study_mod.cell_record(st.cells[0], run)["diverged"]
+    assert study_record.cell_record(st.cells[0], run)["diverged"]
     from asyncrl.metrics import strict_json    # as a run writes it: the NaN loss is null
     good = json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n"
     (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 0}) + "\n")
-    assert not study_mod.cell_record(st.cells[0], run)["diverged"]
+    assert not study_record.cell_record(st.cells[0], run)["diverged"]
     (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 1}) + "\n")
     assert '"policy_loss": null' in (run / "metrics.jsonl").read_text()
-    assert study_mod.cell_record(st.cells[0], run)["diverged"]
+    assert study_record.cell_record(st.cells[0], run)["diverged"]
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
-    rec = study_mod.cell_record(st.cells[0], run)
+    rec = study_record.cell_record(st.cells[0], run)
     assert rec["accuracy_difference_ci95_paired"] == [0.03, 0.09] and rec["curve"] == [[64, 1.0, 0.4]]
     recs = [{**_rec(c.label, c.env, c.condition, c.seed, 0.1 + c.seed / 1000), "score_kind": "accuracy",
              "code_fingerprint": "f", "commit": "c"}

@@ -23,11 +23,11 @@ run on different machines are independent draws, not paired runs.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 from asyncrl import stats
+from asyncrl.study_store import CellStore
 
 STUDIES = Path("bench/results/studies")
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
@@ -51,8 +51,7 @@ def returns(study: str, label: str, fingerprint: str | None = None,
             condition: str = "age-32") -> dict[str, dict[int, float]]:
     """env -> seed -> final return of the finished ``condition`` cells of ``label`` in ``study``."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
-    for path in sorted((STUDIES / study / "cells").glob("*/cell.json")):
-        c = json.loads(path.read_text())
+    for _, c in sorted(CellStore(STUDIES / study).records().items()):   # record files and cells.tar.xz
         if (c["label"] != label or c["condition"] != condition or c.get("final_return") is None
                 or (fingerprint and c["code_fingerprint"] != fingerprint)):
             continue

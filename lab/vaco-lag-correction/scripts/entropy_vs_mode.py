@@ -16,11 +16,12 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from asyncrl.study_store import CellStore
+
 
 def cells(study: Path):
-    for cell_json in sorted(study.glob("cells/*/cell.json")):
-        d = json.loads(cell_json.read_text())
-        metrics = cell_json.parent / "run" / "metrics.jsonl"
+    for key, d in sorted(CellStore(study).records().items()):   # record files and cells.tar.xz
+        metrics = study / "cells" / key / "run" / "metrics.jsonl"
         if not metrics.exists() or d.get("final_return") is None:
             continue
         recs = [r for r in map(json.loads, metrics.read_text().splitlines()) if "entropy" in r and "env_steps" in r]

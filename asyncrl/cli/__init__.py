@@ -1,0 +1,21 @@
+"""Command line: ``asyncrl run | learner | actor | broadcaster | eval | plot | lag | config | keys | clean
+| study | llm``.
+
+One module per command group: :mod:`.run`, :mod:`.roles` (learner, actor, broadcaster, keys),
+:mod:`.results` (lag, eval, plot), :mod:`.config_cmd`, :mod:`.clean`, :mod:`.study`; what they share
+is in :mod:`.common` (the click group ``main``, errors, config loading) and :mod:`.rundir` (run
+directories, the outcome line). ``python -m asyncrl.cli`` runs ``main``.
+
+Shell completion (click): ``eval "$(_ASYNCRL_COMPLETE=bash_source asyncrl)"`` in ~/.bashrc
+(``zsh_source`` / ``fish_source`` for zsh and fish)."""
+from __future__ import annotations
+
+from . import clean, config_cmd, results, roles, run, study  # noqa: F401 - each adds its commands to main
+from .common import RunFailed, UserError, load_config, main
+from .rundir import holds_run, prepare_run_dir, summary_line, write_config_json
+from ..tasks.llm.cli import llm as _llm_group   # imports transformers only when a command runs
+
+main.add_command(_llm_group)
+
+__all__ = ["main", "UserError", "RunFailed", "load_config", "holds_run", "prepare_run_dir", "summary_line",
+           "write_config_json"]

@@ -1,0 +1,27 @@
+"""``asyncrl clean``: remove what killed runs left behind."""
+from __future__ import annotations
+
+
+
+import click
+
+from .common import main
+
+
+@main.command()
+@click.option("--run-id", help="Remove this run's segments (default: those of dead processes).")
+def clean(run_id):
+    """Remove shared-memory segments left by killed runs and, without --run-id, the weights secrets
+    of killed broadcasters (files of ports no socket listens on) and the private endpoint
+    directories of killed `asyncrl run`s (no socket in them accepts a connection)."""
+    from ..launch import remove_stale_endpoint_dirs
+    from ..security import remove_stale_weights_secrets
+    from ..shm import cleanup_stale, remove_run
+    removed = remove_run(run_id) if run_id else cleanup_stale()
+    click.echo(f"removed {len(removed)} segment(s)" + (": " + ", ".join(removed) if removed else ""))
+    if not run_id:
+        secrets_removed = remove_stale_weights_secrets()
+        click.echo("weights secrets: listening ports unknown (no /proc/net/tcp), none removed"
+                   if secrets_removed is None else f"removed {len(secrets_removed)} stale weights secret(s)")
+        dirs = remove_stale_endpoint_dirs()
+        click.echo(f"removed {len(dirs)} stale endpoint director{'y' if len(dirs) == 1 else 'ies'}")
