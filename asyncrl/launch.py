@@ -3,7 +3,7 @@ wire their endpoints, supervise them (a dead role is restarted, a dead learner r
 checkpoint), and stop them all at the step budget, on Ctrl-C, or when a role died more often than
 ``run.max_restarts`` (then exit non-zero with that role's error).
 
-Each role is started as its own command (``python -m asyncrl.cli learner ...``), exactly as a
+Each role is started as its own command (``python -m asyncrl learner ...``), exactly as a
 user starts it by hand, so the processes share nothing but the endpoints, the run directory and
 the learner's shared-memory segment. No fork after ZeroMQ or torch are initialised: the children
 are fresh interpreters.
@@ -190,7 +190,7 @@ class Supervisor:
                 "--actor-id", name, "--token-file", str(self.run_dir / "tokens" / name), *self._straggler(i)]   # seeds: from run.seed, id and restart count
 
     def start(self, name: str) -> None:
-        cmd = [sys.executable, "-m", "asyncrl.cli", *self.role_args(name)]
+        cmd = [sys.executable, "-m", "asyncrl", *self.role_args(name)]
         log = open(self.logs / f"{name}.log", "a" if name in self.procs else "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.procs[name] = subprocess.Popen(cmd, stdout=sys.stdout if name == "learner" else log, stderr=log, env=env,

@@ -1,7 +1,7 @@
 """``asyncrl run --launcher ray``: the same roles as ``asyncrl run``, placed, started, restarted and
 stopped by a Ray cluster (https://docs.ray.io) instead of the local supervisor.
 
-Each role is the same ``python -m asyncrl.cli ROLE ...`` command, run as a child process of one
+Each role is the same ``python -m asyncrl ROLE ...`` command, run as a child process of one
 Ray actor (:class:`RoleHost`) on the node Ray put it on, so the data path stays ZeroMQ (CURVE
 across nodes, shared memory where an actor shares the learner's node and /dev/shm). Placement:
 the learner and the broadcaster on the node with a ``learner`` custom resource (else the head
@@ -118,7 +118,7 @@ def node_workdir(run_id: str, name: str) -> Path:
 class RoleHost:
     """One role's process on one node; a Ray actor (made with ``ray.remote`` in :func:`launch_ray`).
 
-    ``argv``: the role's ``asyncrl.cli`` arguments, where ``{dir}`` stands for this role's private
+    ``argv``: the role's ``asyncrl`` arguments, where ``{dir}`` stands for this role's private
     directory. ``files``: {path relative to that directory: bytes} written there first (mode 0600).
     ``run_files``: {absolute path: bytes} written only where missing (the learner's config.json on
     its node). A learner started again by Ray resumes (``--restart resume``)."""
@@ -146,7 +146,7 @@ class RoleHost:
             argv[argv.index("--restart") + 1] = "resume"
         self.stopping = False
         log = open(self.dir / "role.log", "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", *argv], stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "asyncrl", *argv], stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                      preexec_fn=die_with_parent())
         log.close()

@@ -143,7 +143,7 @@ class Runner:
         """Run the cell's command on this machine; {"rc", "machine", "load_start", "load_end"}."""
         load0 = os.getloadavg()[0]
         with open(cell_dir / "log.txt", "w") as log:
-            # cwd = the cell's directory: `python -m asyncrl.cli` puts its cwd first on sys.path, so
+            # cwd = the cell's directory: `python -m asyncrl` puts its cwd first on sys.path, so
             # a checkout in the study's cwd would otherwise shadow the code the study was started with
             proc = subprocess.Popen(cell.command(run_dir), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=cell_dir, env=_child_env(),

@@ -80,7 +80,7 @@ class Cell:
 
     def command(self, run_dir: Path) -> list[str]:
         """The `asyncrl run` command line of this cell."""
-        cmd = [sys.executable, "-m", "asyncrl.cli", "run", *(["--serial"] if self.mode == "serial" else []),
+        cmd = [sys.executable, "-m", "asyncrl", "run", *(["--serial"] if self.mode == "serial" else []),
                "--env", self.env, "--preset", self.preset, "--seed", str(self.seed),
                "--total-steps", str(self.total_env_steps), "--run-dir", str(run_dir)]
         if self.config_file:

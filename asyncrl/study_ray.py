@@ -25,7 +25,7 @@ MAX_FILE_BYTES = 64 * 2 ** 20  # a run directory's file larger than this stays o
 
 
 def run_cell_on_node(argv: list[str], fingerprint: str) -> dict:
-    """A Ray task: run ``python -m asyncrl.cli ARGV`` (RUN_DIR replaced by a fresh directory of this
+    """A Ray task: run ``python -m asyncrl ARGV`` (RUN_DIR replaced by a fresh directory of this
     node) and return {"rc", "log" (bytes), "files" ({relative path: bytes}), "machine", "load_start",
     "load_end"}; the directory is removed. rc is None, and nothing runs, when this node's training
     code differs from ``fingerprint``."""
@@ -41,7 +41,7 @@ def run_cell_on_node(argv: list[str], fingerprint: str) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="asyncrl-cell-"))
     try:
         run_dir = tmp / "run"
-        cmd = [sys.executable, "-m", "asyncrl.cli", *(str(run_dir) if a == RUN_DIR else a for a in argv)]
+        cmd = [sys.executable, "-m", "asyncrl", *(str(run_dir) if a == RUN_DIR else a for a in argv)]
         load0 = os.getloadavg()[0]
         with open(tmp / "log.txt", "wb") as log:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp,

@@ -87,7 +87,7 @@ def one_run(args, ns: Namespaces, keys: Path, out: Path, mode: str, i: int) -> t
     (actors on the learner's host) or "tcp" (actors in the other namespace)."""
     run_dir = out / f"{mode}{i}"
     run_dir.mkdir()
-    py = [sys.executable, "-m", "asyncrl.cli"]
+    py = [sys.executable, "-m", "asyncrl"]
     at_host = ["ip", "netns", "exec", ns.host]
     learner_ep, broadcaster_ep = f"tcp://{LEARNER_IP}:5555", f"tcp://{LEARNER_IP}:5556"
     sets = sum((["--set", s] for s in args.set), [])
@@ -136,7 +136,7 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="asyncrl-tcp-vs-shm-"))
     out.mkdir(parents=True, exist_ok=True)
     keys = out / "keys"
-    subprocess.run([sys.executable, "-m", "asyncrl.cli", "keys", "generate", str(keys)], check=True,
+    subprocess.run([sys.executable, "-m", "asyncrl", "keys", "generate", str(keys)], check=True,
                    capture_output=True)
     rates: dict[str, list[tuple[float, float]]] = {"shm": [], "tcp": []}
     with Namespaces() as ns:

@@ -17,7 +17,7 @@ import pytest
     (["--set", "env.max_episode_steps=-3"], "env.max_episode_steps must be >= 0"),
 ])
 def test_bad_config_input_one_line(args, words, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--run-dir", str(tmp_path / "r"), *args],
+    p = subprocess.run([sys.executable, "-m", "asyncrl", "run", "--serial", "--run-dir", str(tmp_path / "r"), *args],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
@@ -30,7 +30,7 @@ def test_bad_config_input_one_line(args, words, tmp_path):
 def test_run_dir_holding_a_run_is_refused(tmp_path, restart, words):
     """--restart refuse, or a run that cannot be resumed (no config.json): one line, nothing lost."""
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--run-dir", str(tmp_path),
+    p = subprocess.run([sys.executable, "-m", "asyncrl", "run", "--serial", "--run-dir", str(tmp_path),
                         "--restart", restart], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"          # nothing lost

@@ -120,7 +120,7 @@ def test_max_policy_lag_drops_exactly_the_samples_over_it(tmp_path):
 def test_lag_command_text_json_and_errors(tmp_path):
     cfg = config.load(None, SMALL)
     run_serial(cfg, tmp_path / "run", max_iterations=3, echo=lambda *_: None)
-    cmd = [sys.executable, "-m", "asyncrl.cli", "lag"]
+    cmd = [sys.executable, "-m", "asyncrl", "lag"]
     text = subprocess.run(cmd + [str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
     assert text.returncode == 0 and "backward lag, versions" in text.stdout and "per_actor" not in text.stdout
     js = subprocess.run(cmd + [str(tmp_path / "run"), "--json"], capture_output=True, text=True, timeout=60)

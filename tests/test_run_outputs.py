@@ -83,7 +83,7 @@ def test_interrupted_serial_run_one_outcome_line_130_and_resume_checkpoint(tmp_p
     """`asyncrl run --serial` stopped by SIGINT: exit status 130, one outcome line naming the resume
     checkpoint; summary.json names it too, and a resume starts exactly there."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--env", "asyncrl/Corridor-v0",
+    cmd = [sys.executable, "-m", "asyncrl", "run", "--serial", "--env", "asyncrl/Corridor-v0",
            "--total-steps", "100000000", "--run-dir", str(run_dir), *(x for kv in SMALL for x in ("--set", kv))]
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out, "w") as fo, open(err, "w") as fe:
@@ -127,7 +127,7 @@ def test_a_signal_during_start_up_is_an_interruption_too(tmp_path, delay_s):
     learner that is not there) ends it like any interrupted command: exit 130, one ``interrupted:``
     line, no "Aborted!" and no traceback (the moment does not matter, so load cannot change the outcome).
     Only a signal before the interpreter has run any Python kills it the OS's way (-SIGINT, silent)."""
-    cmd = [sys.executable, "-m", "asyncrl.cli", "actor", "--learner", "tcp://127.0.0.1:9", "--broadcaster",
+    cmd = [sys.executable, "-m", "asyncrl", "actor", "--learner", "tcp://127.0.0.1:9", "--broadcaster",
            "tcp://127.0.0.1:11", "--env", "asyncrl/Corridor-v0"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True,

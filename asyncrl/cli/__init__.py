@@ -4,7 +4,7 @@
 One module per command group: :mod:`.run`, :mod:`.roles` (learner, actor, broadcaster, keys),
 :mod:`.results` (lag, eval, plot), :mod:`.config_cmd`, :mod:`.clean`, :mod:`.study`; what they share
 is in :mod:`.common` (the click group ``main``, errors, config loading) and :mod:`.rundir` (run
-directories, the outcome line). ``python -m asyncrl.cli`` runs ``main``.
+directories, the outcome line). ``python -m asyncrl`` runs ``main`` (asyncrl.__main__).
 
 Shell completion (click): ``eval "$(_ASYNCRL_COMPLETE=bash_source asyncrl)"`` in ~/.bashrc
 (``zsh_source`` / ``fish_source`` for zsh and fish)."""

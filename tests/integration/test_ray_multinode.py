@@ -93,7 +93,7 @@ def test_ray_launcher_on_three_nodes(tmp_path):
 
         run_dir = tmps["L"] / "run"          # on the head's private mount: only the head sees it
         total = 100000
-        cmd = [*head.enter(), sys.executable, "-m", "asyncrl.cli", "run", "--launcher", "ray", "--address",
+        cmd = [*head.enter(), sys.executable, "-m", "asyncrl", "run", "--launcher", "ray", "--address",
                f"{lan.ip['L']}:6379", "--env", CORRIDOR, "--num-actors", "4", "--total-steps", str(total),
                "--run-dir", str(run_dir), *SMALL, "--set", "transport.actor_timeout_s=5",
                # actors at most 320 env steps/s each: the run lasts over a minute, long enough for the
@@ -109,7 +109,7 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         run_id = re.search(r"^run (\S+) on Ray: ", text(), re.M).group(1)
 
         # an actor on worker node A, once it has joined: SIGKILL its process (not its Ray actor)
-        victim = lambda: _node_procs(["asyncrl.cli", " actor ", run_id, f"--host-label {lan.ip['A']}"])  # noqa: E731
+        victim = lambda: _node_procs(["-m asyncrl ", " actor ", run_id, f"--host-label {lan.ip['A']}"])  # noqa: E731
         wait_for(lambda: len(victim()) >= 2 or driver.poll() is not None, 240, "the actors on node A")
         before = {p: _ppid(p) for p in victim()}       # pid -> parent pid, for the rejoin diagnosis below
         killed = victim()[0]
@@ -139,7 +139,7 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         assert {summary["nodes"][f"actor{i}"] for i in range(4)} == {lan.ip["A"], lan.ip["B"]}, summary["nodes"]
         assert summary["nodes"]["learner"] == lan.ip["L"]
         assert summary["rollouts_by_transport"].get("tcp", 0) > 0 and "shm" not in summary["rollouts_by_transport"]
-        lag = subprocess.run([*head.enter(), sys.executable, "-m", "asyncrl.cli", "lag", str(run_dir), "--json"],
+        lag = subprocess.run([*head.enter(), sys.executable, "-m", "asyncrl", "lag", str(run_dir), "--json"],
                              capture_output=True, text=True, timeout=60)
         assert lag.returncode == 0, lag.stderr
         per_host = json.loads(lag.stdout)["per_host"]
@@ -151,7 +151,7 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         study.write_text(study_text())
         local = Runner(load_study(study), tmp_path / "local", jobs=2, echo=lambda *_: None)
         assert local.run() == 3
-        res = subprocess.run([*head.enter(), sys.executable, "-m", "asyncrl.cli", "study", str(study), "--launcher",
+        res = subprocess.run([*head.enter(), sys.executable, "-m", "asyncrl", "study", str(study), "--launcher",
                               "ray", "--address", f"{lan.ip['L']}:6379", "--jobs", "3", "--out", str(tmp_path / "ray")],
                              capture_output=True, text=True, timeout=300, cwd=tmp_path,
                              env=dict(os.environ, **auth, RAY_USAGE_STATS_ENABLED="0"))
@@ -197,7 +197,7 @@ def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_pa
     if reason:
         pytest.skip(reason)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", "--launcher", "ray", "--env", CORRIDOR, "--num-actors", "2",
+    cmd = [sys.executable, "-m", "asyncrl", "run", "--launcher", "ray", "--env", CORRIDOR, "--num-actors", "2",
            "--total-steps", "30000", "--run-dir", str(run_dir), *SMALL, "--set", "learner.checkpoint_every=10",
            "--set", "actor.slowdown_s=0.1"]
     out = open(tmp_path / "driver.log", "w")

@@ -70,7 +70,7 @@ def test_serial_cells_equal_separate_serial_runs_bit_for_bit(tmp_path):
         rec = json.loads(runner.record_path(cell).read_text())
         assert rec["status"] == "ok", rec
         by_hand = tmp_path / f"by-hand-{cell.condition}"
-        cmd = [sys.executable, "-m", "asyncrl.cli", "run", "--serial", "--env", "asyncrl/Corridor-v0", "--preset",
+        cmd = [sys.executable, "-m", "asyncrl", "run", "--serial", "--env", "asyncrl/Corridor-v0", "--preset",
                "vaco", "--seed", "1", "--total-steps", "1024", "--run-dir", str(by_hand),
                *sum((["--set", s] for s in SMALL + ["algo.tv_threshold=0.2"]), [])]
         if cell.condition == "age-3":
@@ -88,7 +88,7 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text(study_text(steps=3072, seeds=(1, 2)))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "study", str(path), "--jobs", "1", "--out", str(out)]
+    cmd = [sys.executable, "-m", "asyncrl", "study", str(path), "--jobs", "1", "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     children: dict = {}
@@ -137,7 +137,7 @@ def test_full_profile_smoke_at_a_tiny_budget(tmp_path):
     """configs/studies/full.toml: every preset, serial and multi-process conditions, one toy env,
     one seed, one learner iteration per cell; every cell finishes and the report is written."""
     out = tmp_path / "full"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "study", str(REPO / "configs/studies/full.toml"), "--jobs", "2",
+    cmd = [sys.executable, "-m", "asyncrl", "study", str(REPO / "configs/studies/full.toml"), "--jobs", "2",
            "--out", str(out), "--envs", "asyncrl/Corridor-v0", "--seeds", "1", "--total-steps", "512",
            "--conditions", "none,delay-1,async-2"]
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=580)
@@ -180,7 +180,7 @@ def test_sigterm_stops_the_running_cells_and_records_none(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text(study_text(steps=200_000, conditions=("none",)))   # cells far longer than the test
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "study", str(path), "--jobs", "2", "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "study", str(path), "--jobs", "2", "--out", str(out)],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     children: dict = {}
     try:
@@ -205,7 +205,7 @@ def test_a_study_through_ray_gives_the_local_studys_serial_cells_bit_for_bit(tmp
     st = load_study(path)
     local = Runner(st, tmp_path / "local", jobs=2, echo=lambda *_: None)
     assert local.run() == 3
-    res = subprocess.run([sys.executable, "-m", "asyncrl.cli", "study", str(path), "--launcher", "ray", "--jobs", "3",
+    res = subprocess.run([sys.executable, "-m", "asyncrl", "study", str(path), "--launcher", "ray", "--jobs", "3",
                           "--out", str(tmp_path / "ray")], cwd=tmp_path, capture_output=True, text=True, timeout=360,
                          env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
