@@ -110,8 +110,10 @@ class Learner:
             self.weights_curve = self.security.client(weights_ep)
             # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
             # hold any more); it gets the weights when it (re)connects, see check_connections
+            # it receives nothing (the broadcaster answers snapshot requests only): any frame is small
             self.weights_out = tp.dealer(self.ctx, weights_ep, tp.route_identity(f"learner-{run_id}"),
-                                         security=self.weights_curve, immediate=True)
+                                         security=self.weights_curve, immediate=True,
+                                         max_message_bytes=tp.MAX_HEADER_BYTES)
         except BaseException:
             self.security.close()
             self.ctx.destroy(linger=0)
