@@ -66,6 +66,12 @@ class SlotSpec:
             return "an episode of length 0"
         return None
 
+    def episode_statistics(self, arrays: dict[str, np.ndarray], returns: list[float],
+                           lengths: list[int]) -> tuple[list[float], list[int]]:
+        """The episode returns and lengths to record for a report ``episode_mismatch`` accepted
+        (base: the report's own)."""
+        return list(returns), list(lengths)
+
     @property
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
@@ -158,15 +164,54 @@ class RolloutSpec(SlotSpec):
 
     def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float],
                          lengths: list[int]) -> str | None:
-        """The base rule, and no more episodes than the slot's episode ends (terminated or truncated
-        steps). The actor leaves out episodes whose return is not finite, so fewer is legal."""
+        """The base rule, no more episodes than the slot's episode ends (terminated or truncated
+        steps), and, when the report lists one episode per end (in the order the actor finds them:
+        step-major, env-minor), each episode checked against the slot: one that starts inside it
+        (after an earlier end of its env) has exactly the steps between the two ends and their
+        reward sum as return (within 1e-6 of the rewards' absolute sum: the slot holds them as
+        float32); one that started before the slot (its first end in its env) is at least as long
+        as the steps of it in the slot (its earlier rewards are not here to check). The actor leaves
+        out episodes whose return is not finite, so fewer episodes are legal: then
+        ``episode_statistics`` keeps only what the slot shows."""
         bad = super().episode_mismatch(arrays, returns, lengths)
         if bad is not None:
             return bad
-        ends = int(np.count_nonzero(arrays["terminated"] | arrays["truncated"]))
-        if len(returns) > ends:
-            return f"{len(returns)} episodes, the slot ends {ends}"
+        steps, envs = np.nonzero(arrays["terminated"] | arrays["truncated"])
+        if len(returns) > len(steps):
+            return f"{len(returns)} episodes, the slot ends {len(steps)}"
+        if len(returns) < len(steps):
+            return None
+        rewards = arrays["rewards"]
+        last_end: dict[int, int] = {}
+        for k, (t, i) in enumerate(zip(steps.tolist(), envs.tolist())):
+            if i in last_end:
+                start = last_end[i] + 1
+                if lengths[k] != t + 1 - start:
+                    return f"episode {k} (env {i}, ends at step {t}): length {lengths[k]}, the slot holds {t + 1 - start}"
+                span = rewards[start:t + 1, i].astype(np.float64)
+                if abs(returns[k] - float(span.sum())) > 1e-6 * float(np.abs(span).sum()) + 1e-6:
+                    return f"episode {k} (env {i}, ends at step {t}): return {returns[k]!r:.20}, its rewards in the " \
+                           f"slot sum to {float(span.sum())!r:.20}"
+            elif lengths[k] < t + 1:
+                return f"episode {k} (env {i}, ends at step {t}): length {lengths[k]} < its {t + 1} steps in the slot"
+            last_end[i] = t
         return None
+
+    def episode_statistics(self, arrays: dict[str, np.ndarray], returns: list[float],
+                           lengths: list[int]) -> tuple[list[float], list[int]]:
+        """The episode returns and lengths to record for a report ``episode_mismatch`` accepted: the
+        report's when it lists one episode per end (checked there), else (the actor left some out)
+        only the episodes that start and end inside the slot, recomputed from its rewards."""
+        steps, envs = np.nonzero(arrays["terminated"] | arrays["truncated"])
+        if len(returns) == len(steps):
+            return list(returns), list(lengths)
+        out_r, out_l, last_end = [], [], {}
+        for t, i in zip(steps.tolist(), envs.tolist()):
+            if i in last_end:
+                out_r.append(float(arrays["rewards"][last_end[i] + 1:t + 1, i].astype(np.float64).sum()))
+                out_l.append(t - last_end[i])
+            last_end[i] = t
+        return out_r, out_l
 
     def invalid_values(self, arrays: dict[str, np.ndarray]) -> tuple[str, str] | None:
         if self.discrete:

@@ -574,25 +574,39 @@ def route_identity(name: str) -> str:
 
 
 def dealer(ctx: zmq.Context, connect: str, identity: str | bytes, *, hwm: int = 1000,
-           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None, immediate: bool = False) -> zmq.Socket:
+           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None, immediate: bool = False,
+           max_message_bytes: int = -1) -> zmq.Socket:
     """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes.
-    ``immediate``: queue messages only while connected (ZMQ_IMMEDIATE), none for a peer to come."""
+    ``immediate``: queue messages only while connected (ZMQ_IMMEDIATE), none for a peer to come.
+    ``max_message_bytes``: ZMQ_MAXMSGSIZE (bytes per received frame; -1: no limit), as ``router``."""
     sock = _socket(ctx, zmq.DEALER, hwm, timeout_ms, security)
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
     sock.identity = identity.encode() if isinstance(identity, str) else identity
     sock.immediate = int(immediate)
     return _bind_or_connect(sock, None, connect)
 
 
+# ZMQ_MAXMSGSIZE of a PUB socket: it receives subscriptions only (1 + topic bytes), but the limit also
+# applies to the handshake's commands (CURVE's INITIATE: about 300 bytes with its metadata)
+MAX_SUBSCRIPTION_BYTES = 4096
+
+
 def pub(ctx: zmq.Context, bind: str, *, hwm: int = 8,
         timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
-    """Broadcaster's weights publisher. A small HWM: only the newest weights matter."""
-    return _bind_or_connect(_socket(ctx, zmq.PUB, hwm, timeout_ms, security), bind, None)
+    """Broadcaster's weights publisher. A small HWM: only the newest weights matter. It receives
+    only subscription frames (1 + topic bytes) after the handshake: a frame larger than
+    MAX_SUBSCRIPTION_BYTES (ZMQ_MAXMSGSIZE) disconnects its peer."""
+    sock = _socket(ctx, zmq.PUB, hwm, timeout_ms, security)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
+    return _bind_or_connect(sock, bind, None)
 
 
 def sub(ctx: zmq.Context, connect: str, *, topic: bytes = WEIGHTS_TOPIC, hwm: int = 8,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
-    """Actor's weights subscriber; read it with ``drain_latest``."""
+        timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None, max_message_bytes: int = -1) -> zmq.Socket:
+    """Actor's weights subscriber; read it with ``drain_latest``. ``max_message_bytes``:
+    ZMQ_MAXMSGSIZE (bytes per received frame; -1: no limit), as ``router``."""
     sock = _socket(ctx, zmq.SUB, hwm, timeout_ms, security)
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
     sock.subscribe(topic)
     return _bind_or_connect(sock, None, connect)
 

@@ -29,11 +29,22 @@ from ..security import (Security, advertised_with_source, create_weights_secret,
                         remove_weights_secret)
 
 log = logging.getLogger("asyncrl.broadcaster")
-ROUTER_HWM = 16               # messages queued per connection on the request ROUTER, each way
+ROUTER_HWM = 4                # messages queued per connection on the request ROUTER, each way (weights:
+                              # only the newest matter; an actor has one snapshot request out at a time)
 SNAPSHOT_INTERVAL_S = 0.2     # one snapshot reply per connection per this many seconds
 MAX_SNAPSHOT_PEERS = 4096     # connections remembered for that rate limit
 MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
 STALE_EPOCH_S = 10.0          # a learner republishes every 2 s: silent this long, its epoch gives way to any
+# The largest weights payload a broadcaster takes when not told the run's (``max_weights_bytes``):
+# 1 GiB, 268M float32 parameters (the tiny llm model and every control policy are far smaller).
+DEFAULT_MAX_WEIGHTS_BYTES = 1 << 30
+
+
+def weights_frame_limit(weights_bytes: int) -> int:
+    """ZMQ_MAXMSGSIZE (bytes per frame) of the sockets that receive weights of ``weights_bytes``
+    (a weights message's largest frame is its payload; its header, like a snapshot request, is at
+    most transport.MAX_HEADER_BYTES)."""
+    return max(int(weights_bytes), tp.MAX_HEADER_BYTES)
 
 
 class BroadcasterError(RuntimeError):
@@ -42,14 +53,20 @@ class BroadcasterError(RuntimeError):
 
 class Broadcaster:
     def __init__(self, bind: str, *, upstream: str | None = None, security: Security | None = None,
-                 advertise: str | None = None, echo=print, summary: str | Path | None = None):
+                 advertise: str | None = None, echo=print, summary: str | Path | None = None,
+                 max_weights_bytes: int | None = None):
         """``summary``: a JSON file for this role's counts (rejects by reason, refused connections,
-        weights published). Raises SecurityError (keys missing for a non-loopback address, an
+        weights published). ``max_weights_bytes``: the run's weights payload (4 x parameters; default
+        DEFAULT_MAX_WEIGHTS_BYTES): every socket that takes weights refuses a larger frame
+        (ZMQ_MAXMSGSIZE, ``weights_frame_limit``; its peer is disconnected before the frame is
+        buffered), the PUB socket takes subscription frames only. Raises SecurityError (keys missing for a non-loopback address, an
         unsafe secret directory), transport.AddressError (address in use, not of this host)."""
         self.security, self.upstream, self.advertise, self.echo = \
             security or Security("broadcaster"), upstream, advertise, echo
         self.summary_path = Path(summary) if summary else None
         self.secret_file, self.secret = None, None
+        self.max_weights_bytes = DEFAULT_MAX_WEIGHTS_BYTES if max_weights_bytes is None else int(max_weights_bytes)
+        frame_limit = weights_frame_limit(self.max_weights_bytes)
         self.ctx = tp.context()
         try:
             self.pub = tp.pub(self.ctx, bind, security=self.security.server(self.ctx, bind))
@@ -58,15 +75,17 @@ class Broadcaster:
                 self.secret_file, self.secret = create_weights_secret(self.endpoint)
             request_ep = snapshot_endpoint(self.endpoint)
             # a short queue per connection: it takes weights (the learner) and snapshot requests, one at a time
-            self.router = tp.router(self.ctx, request_ep, hwm=ROUTER_HWM,
+            self.router = tp.router(self.ctx, request_ep, hwm=ROUTER_HWM, max_message_bytes=frame_limit,
                                     security=self.security.server(self.ctx, request_ep))
             self.watches = [tp.handshakes(self.pub), tp.handshakes(self.router)]
             self.up_watches: list[tuple[str, tp.HandshakeWatch]] = []
             if upstream:
                 up_request = snapshot_endpoint(upstream)
-                self.up_sub = tp.sub(self.ctx, upstream, security=self.security.client(upstream))
+                self.up_sub = tp.sub(self.ctx, upstream, security=self.security.client(upstream),
+                                     max_message_bytes=frame_limit)
                 self.up_req = tp.dealer(self.ctx, up_request, tp.route_identity(f"relay-{socket.gethostname()}-{os.getpid()}"),
-                                        security=self.security.client(up_request))
+                                        security=self.security.client(up_request), hwm=ROUTER_HWM,
+                                        max_message_bytes=frame_limit)
                 self.up_watches = [(upstream, tp.handshakes(self.up_sub)),
                                    (up_request, tp.handshakes(self.up_req))]
         except BaseException:

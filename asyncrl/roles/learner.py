@@ -110,8 +110,10 @@ class Learner:
             self.weights_curve = self.security.client(weights_ep)
             # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
             # hold any more); it gets the weights when it (re)connects, see check_connections
+            # it receives nothing (the broadcaster answers snapshot requests only): any frame is small
             self.weights_out = tp.dealer(self.ctx, weights_ep, tp.route_identity(f"learner-{run_id}"),
-                                         security=self.weights_curve, immediate=True)
+                                         security=self.weights_curve, immediate=True,
+                                         max_message_bytes=tp.MAX_HEADER_BYTES)
         except BaseException:
             self.security.close()
             self.ctx.destroy(linger=0)
@@ -366,7 +368,7 @@ class Learner:
             if h["type"] == "rollout":
                 received = tp.decode_rollout_frames(arrays, self.spec)
                 self.validate_slot(received, h["grant_id"])
-                self.check_episodes(received, h)
+                episode_returns = self.check_episodes(received, h)
                 views = self.ring.views(slot)
                 for name, a in received.items():
                     views[name][...] = a
@@ -376,7 +378,7 @@ class Learner:
             else:
                 views = self.ring.views(slot)
                 self.validate_slot(views, h["grant_id"])
-                self.check_episodes(views, h)
+                episode_returns = self.check_episodes(views, h)
                 del views
                 self.rollouts_by_transport["shm"] += 1
         except tp.ProtocolError:
@@ -390,7 +392,7 @@ class Learner:
         self.slowest_report_s = max(self.slowest_report_s, now - info.lease_from)
         info.lease_from = now
         self.full_meta[slot] = (actor_id, {"host": info.host, "env_steps": env_steps,
-                                           "episode_returns": h["episode_returns"], "grant_id": h["grant_id"]})
+                                           "episode_returns": episode_returns, "grant_id": h["grant_id"]})
         for key in ("env_s", "inference_s", "wait_s"):
             self.timing["actors_" + key] += float(h["timing"].get(key, 0.0))
 
@@ -409,13 +411,16 @@ class Learner:
                                                  f"not seconds in 0..{limit:.0f}")
         return steps
 
-    def check_episodes(self, views: dict, h: dict) -> None:
-        """Raise ProtocolError "episodes" unless the report's episode returns and lengths can be
-        those of the slot (``spec.episode_mismatch``: counts against the slot's episode ends; llm:
-        the returns are the slot's rewards)."""
+    def check_episodes(self, views: dict, h: dict) -> list[float]:
+        """The episode returns to record for a report: raise ProtocolError "episodes" unless the
+        report's returns and lengths can be those of the slot (``spec.episode_mismatch``: control:
+        counts against the slot's episode ends, episodes inside the slot recomputed from its rewards;
+        llm: the returns are the slot's rewards); then ``spec.episode_statistics`` (what the slot
+        shows, when the report left episodes out)."""
         bad = self.spec.episode_mismatch(views, h["episode_returns"], h["episode_lengths"])
         if bad is not None:
             raise tp.ProtocolError("episodes", bad)
+        return self.spec.episode_statistics(views, h["episode_returns"], h["episode_lengths"])[0]
 
     def validate_slot(self, views: dict, grant_id: int) -> None:
         """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot, written under

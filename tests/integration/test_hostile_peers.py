@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from asyncrl import security, shm
 from asyncrl import transport as tp
 from asyncrl.roles.learner import ActorInfo, _gone_here
-from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report
+from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report, valid_slot
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -297,6 +297,47 @@ def test_report_episode_returns_are_bounded_and_checked_against_the_slot(tmp_pat
         assert learner.ledger.num_full == 0
         assert learner.consumer.episodes.average_return is None or \
             abs(learner.consumer.episodes.average_return) < 1e6
+
+
+def _slot_with_an_episode_inside(grant_id: int) -> tuple[dict, list[float], list[int]]:
+    """A valid slot whose env 0 also ends at step 3, so its episode of steps 4..9 lies inside the slot,
+    and the honest report's (returns, lengths) for its three ends, in the actor's order (step-major)."""
+    a = valid_slot(grant_id)
+    a["terminated"][3, 0] = True
+    inside = float(a["rewards"][4:10, 0].astype(np.float64).sum())
+    return a, [0.5, -1.5, inside], [4, 6, 6]
+
+
+@pytest.mark.parametrize("lie", ["none", "return", "tiny_return", "length", "boundary_length", "one_left_out"])
+def test_episode_returns_inside_the_slot_are_recomputed_from_its_rewards(tmp_path, ctx, lie):
+    """A report's episode that starts and ends inside its slot is checked against the slot's rewards
+    and done flags (a lie about its return or length is refused, counted "episodes"); an episode that
+    began in an earlier slot must be at least as long as its steps in this one. A report that leaves
+    an episode out (the actor drops non-finite returns) gets only what the slot shows recorded."""
+    with live_learner(tmp_path) as learner:
+        peer = _joined(learner, ctx)
+        g = peer.wait(learner, "grant")
+        arrays, returns, lengths = _slot_with_an_episode_inside(g["grant_id"])
+        if lie == "return":
+            returns[2] += 1e6
+        elif lie == "tiny_return":
+            returns[2] += 1e-3
+        elif lie == "length":
+            lengths[2] = 7
+        elif lie == "boundary_length":
+            lengths[0] = 3
+        elif lie == "one_left_out":
+            returns, lengths = [1e12, 1e12], [100, 100]    # unverifiable: nothing of it is recorded
+        peer.send(report(peer, "liar", g["grant_id"], arrays, episode_returns=returns, episode_lengths=lengths))
+        peer.pump(learner)
+        if lie in ("none", "one_left_out"):
+            assert learner.rejects.total == 0, learner.rejects.counts
+            (_, meta), = learner.full_meta.values()
+            expected = returns if lie == "none" else [float(arrays["rewards"][4:10, 0].astype(np.float64).sum())]
+            assert meta["episode_returns"] == pytest.approx(expected, rel=1e-9)
+        else:
+            assert learner.rejects.by_reason() == {"episodes": 1}, learner.rejects.counts
+            assert learner.ledger.num_full == 0
 
 
 @pytest.mark.parametrize("timing", [{"env_s": math.nan}, {"env_s": -1.0}, {"wait_s": 1e300}, {"env_s": math.inf},
