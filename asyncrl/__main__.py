@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from asyncrl import exit_status
+from asyncrl.core import exit_status
 
 # commands that import torch (and the roles' libraries) anyway: imported here, under the deferral
 _PRELOAD = {"run", "learner", "actor", "broadcaster", "eval", "study", "llm"}

@@ -25,7 +25,7 @@ snapshot answer from the broadcaster).
 
 Resource cases (skip with --no-resources): big frames, many frames, snapshot floods, many
 identities, many connections up to ``ulimit -n``, each printed with the bound
-``asyncrl.resource_bounds.memory_bound_bytes`` computes for it before it runs; and, reported but
+``asyncrl.roles.resource_bounds.memory_bound_bytes`` computes for it before it runs; and, reported but
 not judged, an endless multipart message from a peer past the handshake (``endless_multipart``),
 which libzmq buffers without limit (docs/multi-host.md, trust model).
 """
@@ -50,11 +50,11 @@ import zmq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from asyncrl import transport as tp  # noqa: E402
-from asyncrl.config import load as load_config  # noqa: E402
-from asyncrl.launch import free_port, free_port_pair  # noqa: E402
-from asyncrl.resource_bounds import memory_bound_bytes  # noqa: E402
-from asyncrl.security import Security, generate  # noqa: E402
+from asyncrl.wire import transport as tp  # noqa: E402
+from asyncrl.core.config import load as load_config  # noqa: E402
+from asyncrl.run.launch import free_port, free_port_pair  # noqa: E402
+from asyncrl.roles.resource_bounds import memory_bound_bytes  # noqa: E402
+from asyncrl.wire.security import Security, generate  # noqa: E402
 
 ENV = "asyncrl/Corridor-v0"
 
@@ -511,7 +511,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="asyncrl-fuzz-"))
     generate(tmp / "keys", 1)
-    from asyncrl.security import _load
+    from asyncrl.wire.security import _load
     cpub, csec = _load(tmp / "keys" / "client-1" / "client.key_secret", secret=True, why="fuzz")
     spub, _ = _load(tmp / "keys" / "client-1" / "server.key", secret=False, why="fuzz")
     cfg = load_config(None, ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2",

@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncrl.envs import make_env                        # noqa: E402
-from asyncrl.evaluate import load_checkpoint, run_episodes   # noqa: E402
+from asyncrl.tasks.control.envs import make_env                        # noqa: E402
+from asyncrl.tasks.control.evaluate import load_checkpoint, run_episodes   # noqa: E402
 
 PLANAR = ("HalfCheetah", "Hopper", "Walker2d")
 
@@ -62,7 +62,7 @@ def _checkpoint_index(p: Path) -> int:
 def runs_of(path: Path):
     """(label, run_dir, cell record or None) for a run directory or every cell of a study."""
     if (path / "cells").is_dir():
-        from asyncrl.study_store import CellStore
+        from asyncrl.analysis.study_store import CellStore
         store = CellStore(path)                   # a packed record (cells.tar.xz) keeps its run directory
         for cell in sorted((path / "cells").iterdir()):
             rec = store.get(cell.name)

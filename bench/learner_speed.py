@@ -1,8 +1,8 @@
 """Learner-iteration speed on one device (``bench/gpu_check.sh`` runs it; see docs/gpu-check.md).
 
 Times the learner iteration alone (no envs, no generation, no sockets) on a synthetic batch of the
-shape a run would consume, the way :meth:`asyncrl.state.LearnerState.iterate` runs it: the CPU batch
-moved to the device (:func:`asyncrl.device.to_device`), then the task's iteration under the
+shape a run would consume, the way :meth:`asyncrl.core.state.LearnerState.iterate` runs it: the CPU batch
+moved to the device (:func:`asyncrl.core.device.to_device`), then the task's iteration under the
 ``learner.precision`` forward context, with the learner's optimizer (fused GuardedAdam).
 
   control  the default config's batch (HalfCheetah-v5 shapes, T x B*E = 64 x 32 = 2048 env steps,
@@ -12,7 +12,7 @@ moved to the device (:func:`asyncrl.device.to_device`), then the task's iteratio
            per second (rows x 256 per iteration) and completions per second.
 
 It imports only torch, numpy, transformers and tokenizers (what a lent GPU machine has): the
-config files are read without asyncrl.config.load (whose checks import pyzmq), and the control
+config files are read without asyncrl.core.config.load (whose checks import pyzmq), and the control
 shapes are HalfCheetah-v5's, written below (tests/test_device.py checks them against gymnasium).
 
     python bench/learner_speed.py --task control --device cpu --repeats 5 --out results.jsonl
@@ -36,16 +36,16 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from asyncrl import config as config_mod  # noqa: E402
-from asyncrl.config import Config  # noqa: E402
-from asyncrl.device import check_device, forward_context, to_device  # noqa: E402
+from asyncrl.core import config as config_mod  # noqa: E402
+from asyncrl.core.config import Config  # noqa: E402
+from asyncrl.core.device import check_device, forward_context, to_device  # noqa: E402
 
 HALFCHEETAH_OBS_DIM, HALFCHEETAH_ACTION_DIM = 17, 6   # HalfCheetah-v5's observation and action sizes
 FORBIDDEN = ("zmq", "gymnasium", "mujoco")             # not on a lent GPU machine
 
 
 def read_config(path: str | Path | None) -> Config:
-    """A config file's Config as :func:`asyncrl.config.load` resolves it, without its checks (they
+    """A config file's Config as :func:`asyncrl.core.config.load` resolves it, without its checks (they
     import pyzmq). For the files this benchmark reads (tests/test_device.py compares the two)."""
     raw = tomllib.loads(Path(path).read_text()) if path else {}
     return config_mod.resolve(raw, check=False).config
@@ -53,10 +53,10 @@ def read_config(path: str | Path | None) -> Config:
 
 def control_case(cfg: Config, device, fwd, seed: int = 0):
     """(one-iteration callable, samples per iteration) for the control learner on ``cfg``'s batch."""
-    from asyncrl.policy import build_policy
-    from asyncrl.spec import RolloutSpec
-    from asyncrl.optim import GuardedAdam
-    from asyncrl.update import learner_iteration
+    from asyncrl.tasks.control.policy import build_policy
+    from asyncrl.core.spec import RolloutSpec
+    from asyncrl.core.optim import GuardedAdam
+    from asyncrl.tasks.control.update import learner_iteration
     torch.manual_seed(seed)
     policy = build_policy(cfg.policy, HALFCHEETAH_OBS_DIM, HALFCHEETAH_ACTION_DIM, discrete=False).to(device)
     opt = GuardedAdam(policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
@@ -85,7 +85,7 @@ def control_case(cfg: Config, device, fwd, seed: int = 0):
 
 def llm_case(cfg: Config, device, fwd, model_dir: Path, seed: int = 0):
     """(one-iteration callable, counts per iteration) for the llm learner on ``cfg``'s batch."""
-    from asyncrl.optim import GuardedAdam
+    from asyncrl.core.optim import GuardedAdam
     from asyncrl.tasks.llm import model as m
     from asyncrl.tasks.llm.learn import _token_log_probs, llm_iteration
     llm = cfg.llm

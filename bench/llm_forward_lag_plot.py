@@ -6,7 +6,7 @@ completions, from a study's results.json. (Held-out accuracy is measured before 
     .venv/bin/python bench/llm_forward_lag_plot.py bench/results/studies/llm-forward-lag
 
 Writes DIR/plots/forward-lag.png and prints a markdown table: per (preset, N) the seeds' held-out
-accuracies, their IQM with the 95 % bootstrap CI (asyncrl.stats, as the study report), the mean
+accuracies, their IQM with the 95 % bootstrap CI (asyncrl.analysis.stats, as the study report), the mean
 paired gain over the start model, P(vaco > grpo) at each N, and the diagnostics' means over
 learner iterations. Cells of other conditions (async-2) appear as one more column, "async-2".
 """
@@ -18,9 +18,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from asyncrl import stats
-from asyncrl.study_report import cell_diagnostic
-from asyncrl.plots import _pyplot
+from asyncrl.analysis import stats
+from asyncrl.analysis.study_report import cell_diagnostic
+from asyncrl.analysis.plots import _pyplot
 
 PRESETS = ("grpo", "vaco")
 SMOOTH = 10   # iterations of the training reward's running mean
@@ -51,7 +51,7 @@ def _columns(by: dict) -> list[str]:
 
 
 def _diag(cells: list, key: str) -> float | None:
-    """Mean over cells of a diagnostic (asyncrl.study_report.cell_diagnostic: cells recorded before
+    """Mean over cells of a diagnostic (asyncrl.analysis.study_report.cell_diagnostic: cells recorded before
     issue 38 have no one-sided no_grad_fraction for grpo, n/a here)."""
     xs = [x for x in (cell_diagnostic(c, key) for c in cells) if x is not None]
     return statistics.mean(xs) if xs else None

@@ -13,7 +13,7 @@ Per study run: each label's median final return, and whether the three main-job 
 Pooled: each label's median and IQM with a 95 % bootstrap CI that resamples *seeds* (all runs of a
 resampled seed go in together: runs of one seed share its initial weights and env seeds, so they
 are not independent draws), runs below / at or above the split, P(X > Y) over all runs (the
-Mann-Whitney statistic, as :func:`asyncrl.stats.probability_of_improvement`) with the same seed
+Mann-Whitney statistic, as :func:`asyncrl.analysis.stats.probability_of_improvement`) with the same seed
 bootstrap, and per seed the mean of X's runs against the mean of Y's (wins, and the Wilcoxon
 signed-rank test from scipy).
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as st
 
-from asyncrl.study_store import CellStore
-from asyncrl.stats import _poi, iqm   # _poi: P(X > Y) + 0.5 P(X = Y), the Mann-Whitney statistic
+from asyncrl.analysis.study_store import CellStore
+from asyncrl.analysis.stats import _poi, iqm   # _poi: P(X > Y) + 0.5 P(X = Y), the Mann-Whitney statistic
 
 RESAMPLES = 2000
 

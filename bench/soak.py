@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from asyncrl.pdeathsig import sigint_as_in_a_terminal
+from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chaos import ASYNCRL, REPO, end_run, read_summary, roles, segments  # noqa: E402

@@ -1,5 +1,5 @@
 """Per env, X against Y in one study's results table: each arm's IQM with its 95 % bootstrap CI and
-P(X > Y) with its CI (asyncrl.stats), for the conditions named; then P(X > Y) over the envs.
+P(X > Y) with its CI (asyncrl.analysis.stats), for the conditions named; then P(X > Y) over the envs.
 
     .venv/bin/python bench/study_pairs.py bench/results/studies/quick --x vaco --y ppo --conditions age-8,age-32
     .venv/bin/python bench/study_pairs.py bench/results/studies/quick --x vaco --y vaco_paper --conditions none
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from asyncrl import stats
+from asyncrl.analysis import stats
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from asyncrl.pdeathsig import sigint_as_in_a_terminal
+from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
 
 LEARNER_IP, REMOTE_IP = "10.77.0.1", "10.77.0.2"
 EMPTY_SHM = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"]

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from asyncrl.pdeathsig import sigint_as_in_a_terminal
+from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
 
 REWARD = re.compile(r"Avg episode reward: \[\(0, '([-0-9.eE+]+)'\)\]")
 FRAMES = re.compile(r"Total num frames: (\d+)")
@@ -137,7 +137,7 @@ def main() -> None:
           f"{statistics.median(sf_same) if sf_same else float('nan'):,.0f}")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
     try:
-        from asyncrl.plots import plot_curves
+        from asyncrl.analysis.plots import plot_curves
     except ImportError:
         return
     series = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncrl.spec import RolloutSpec
+from asyncrl.core.spec import RolloutSpec
 
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)   # Corridor at SMALL
 

@@ -6,13 +6,13 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl import config
-from asyncrl import transport as tp
-from asyncrl.lag_control import WeightHistory
-from asyncrl.launch import free_port_pair
+from asyncrl.core import config
+from asyncrl.wire import transport as tp
+from asyncrl.core.lag_control import WeightHistory
+from asyncrl.run.launch import free_port_pair
 from asyncrl.roles.actor import Actor, ActorOptions
 from asyncrl.roles.broadcaster import Broadcaster
-from asyncrl.security import read_weights_secret
+from asyncrl.wire.security import read_weights_secret
 
 
 def test_bad_weights_and_escaped_printing_never_raise():

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl import transport as tp
-from asyncrl.launch import free_port_pair
+from asyncrl.wire import transport as tp
+from asyncrl.run.launch import free_port_pair
 from asyncrl.roles.broadcaster import Broadcaster
-from asyncrl.security import read_weights_secret, remove_stale_weights_secrets, weights_secret_path
+from asyncrl.wire.security import read_weights_secret, remove_stale_weights_secrets, weights_secret_path
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from asyncrl import __version__, config
+from asyncrl import __version__
+from asyncrl.core import config
 from asyncrl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

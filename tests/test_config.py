@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl import config
-from asyncrl.config import Config, ConfigError
+from asyncrl.core import config
+from asyncrl.core.config import Config, ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

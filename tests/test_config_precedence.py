@@ -11,9 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asyncrl import config
+from asyncrl.core import config
 from asyncrl.cli import main
-from asyncrl.config import LLM_PRESETS, PRESETS, Config, ConfigError
+from asyncrl.core.config import LLM_PRESETS, PRESETS, Config, ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOML = ROOT / "configs" / "default.toml"
@@ -53,7 +53,7 @@ def test_config_show_prints_the_papers_pins_through_the_default_file():
 
 
 def test_study_base_config_resolves_each_cell_as_its_preset_alone(tmp_path):
-    from asyncrl.study import load_study
+    from asyncrl.analysis.study import load_study
     text = 'name = "p"\ntotal_env_steps = 4096\nseeds = [1]\nenvs = ["HalfCheetah-v5"]\n{}' \
            '[[arm]]\nname = "all"\npresets = [{}]\nconditions = ["none"]\n'
     presets = ", ".join(f'"{p}"' for p in PRESETS)
@@ -210,10 +210,10 @@ def test_llm_task_defaults_to_no_minibatch_advantage_normalisation_and_refuses_i
 def _iteration_weights(overrides):
     """The weights after two learner iterations on one batch of another policy's data (ratios away
     from 1) of a tiny control config, at learner version 200 (past any realignment warm-up)."""
-    from asyncrl.envs import VecEnv
-    from asyncrl.policy import InferencePolicy
-    from asyncrl.rollout import collect
-    from asyncrl.state import LearnerState
+    from asyncrl.tasks.control.envs import VecEnv
+    from asyncrl.tasks.control.policy import InferencePolicy
+    from asyncrl.tasks.control.rollout import collect
+    from asyncrl.core.state import LearnerState
     from asyncrl.tasks import make_task
     cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=4", "env.rollout_length=16",
                              "env.max_episode_steps=12", "learner.slots_per_batch=2", "learner.num_slots=2",

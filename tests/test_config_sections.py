@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from asyncrl import config, limits, transport
+from asyncrl.core import config, limits
+from asyncrl.wire import transport
 from asyncrl.cli import main, prepare_run_dir, write_config_json
-from asyncrl.config import Config, ConfigError
-from asyncrl.serial import run_serial
+from asyncrl.core.config import Config, ConfigError
+from asyncrl.run.serial import run_serial
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "asyncrl" / "config"
@@ -117,7 +118,7 @@ def test_an_older_run_directory_resumes_with_a_line(tmp_path, capsys):
 
 
 def test_plot_reads_an_older_config_json_under_the_new_names(tmp_path):
-    from asyncrl import plots
+    from asyncrl.analysis import plots
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"env_steps": 1, "wall_time_s": 1.0, "average_return": 0.0})
                                             + "\n")
     (tmp_path / "config.json").write_text(json.dumps(_old_layout(config.load(None, ["llm.temperature=0.6"]).to_dict())))
@@ -157,20 +158,20 @@ def test_the_reference_page_has_the_study_only_options_and_the_moved_keys():
 # ---- what the config package imports, and its size ----
 
 def test_config_imports_no_wire_no_task_no_heavy_library():
-    code = ("import sys, asyncrl.config; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('zmq', 'gymnasium', 'torch', 'msgpack', 'transformers') or m.startswith(('asyncrl.transport', "
-            "'asyncrl.tasks', 'asyncrl.security', 'asyncrl.shm'))))")
+    code = ("import sys, asyncrl.core.config; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('zmq', 'gymnasium', 'torch', 'msgpack', 'transformers') or m.startswith(('asyncrl.wire.transport', "
+            "'asyncrl.tasks', 'asyncrl.wire.security', 'asyncrl.wire.shm'))))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert p.stdout.strip() == "[]"
 
 
 def test_config_sources_import_only_the_standard_library_limits_and_each_other():
     """Every import statement, inside functions too."""
-    allowed_asyncrl = {"asyncrl.limits"} | {f"asyncrl.config.{p.stem}" for p in PACKAGE.glob("*.py")}
+    allowed_asyncrl = {"asyncrl.core.limits"} | {f"asyncrl.core.config.{p.stem}" for p in PACKAGE.glob("*.py")}
     for path in PACKAGE.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:
-                base = "asyncrl.config" if node.level == 1 else "asyncrl"
+                base = "asyncrl.core.config" if node.level == 1 else "asyncrl"
                 names = [f"{base}.{node.module}" if node.module else f"{base}.{a.name}" for a in node.names]
                 assert all(n in allowed_asyncrl for n in names), (path.name, names)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):

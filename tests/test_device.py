@@ -8,14 +8,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asyncrl import config, update
+from asyncrl.core import config
+from asyncrl.tasks.control import update
 from asyncrl.cli import main
-from asyncrl.config import ConfigError
-from asyncrl.device import check_device, forward_context, to_device
-from asyncrl.envs import VecEnv
-from asyncrl.policy import InferencePolicy
-from asyncrl.rollout import collect
-from asyncrl.state import LearnerState
+from asyncrl.core.config import ConfigError
+from asyncrl.core.device import check_device, forward_context, to_device
+from asyncrl.tasks.control.envs import VecEnv
+from asyncrl.tasks.control.policy import InferencePolicy
+from asyncrl.tasks.control.rollout import collect
+from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
 
 SMALL = ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=12", "env.num_envs=4", "env.rollout_length=16",
@@ -186,7 +187,7 @@ def test_learner_speed_reads_configs_as_config_load_does():
 
 
 def test_learner_speed_halfcheetah_shapes():
-    from asyncrl.envs import rollout_spec
+    from asyncrl.tasks.control.envs import rollout_spec
     mod, _ = _learner_speed()
     spec = rollout_spec("HalfCheetah-v5", num_envs=1, rollout_length=1)
     assert (spec.obs_dim, spec.action_dim, spec.discrete) == (mod.HALFCHEETAH_OBS_DIM, mod.HALFCHEETAH_ACTION_DIM, False)

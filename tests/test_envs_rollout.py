@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from asyncrl.envs import EnvError, VecEnv, check_env_id
-from asyncrl.rollout import collect
+from asyncrl.tasks.control.envs import EnvError, VecEnv, check_env_id
+from asyncrl.tasks.control.rollout import collect
 
 
 def fixed_act(value):

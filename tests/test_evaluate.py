@@ -11,14 +11,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asyncrl import config, render
+from asyncrl.core import config
+from asyncrl.tasks.control import render
 from asyncrl.cli import main
-from asyncrl.envs import resolve_env_id
-from asyncrl.evaluate import load_checkpoint
-from asyncrl.serial import run_serial
-from asyncrl.state import LearnerState
+from asyncrl.tasks.control.envs import resolve_env_id
+from asyncrl.tasks.control.evaluate import load_checkpoint
+from asyncrl.run.serial import run_serial
+from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
-from asyncrl.envs import rollout_spec
+from asyncrl.tasks.control.envs import rollout_spec
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
          "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=1", "run.log_every_s=1000"]
@@ -79,7 +80,7 @@ def test_eval_text_line_and_checkpoint_path(toy_run):
 
 
 def test_count_of_says_one_in_the_singular():
-    from asyncrl.wording import count_of
+    from asyncrl.core.wording import count_of
     assert [count_of(n, "episode") for n in (0, 1, 2, 2048)] == ["0 episodes", "1 episode", "2 episodes",
                                                                   "2,048 episodes"]
     assert count_of(1, "actor") == "1 actor" and count_of(3, "process", "processes") == "3 processes"
@@ -202,7 +203,7 @@ def test_load_checkpoint_gives_policy_and_config(toy_run):
 
 
 def test_mujoco_video_follows_the_body():
-    from asyncrl.envs import follow_with_camera, make_env
+    from asyncrl.tasks.control.envs import follow_with_camera, make_env
     cheetah, corridor = make_env("HalfCheetah-v5", render_mode="rgb_array"), make_env("asyncrl/Corridor-v0")
     try:
         assert follow_with_camera(cheetah) and cheetah.unwrapped.mujoco_renderer.camera_id == 0

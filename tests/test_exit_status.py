@@ -1,4 +1,4 @@
-"""Stop signals during a command's start-up (asyncrl.exit_status): recorded while libraries import,
+"""Stop signals during a command's start-up (asyncrl.core.exit_status): recorded while libraries import,
 raised once the command is armed; an interrupt a library swallowed still ends a waiting role. Each
 case runs in a child process, so pytest's own signal handlers stay untouched."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _child(body: str) -> subprocess.CompletedProcess:
-    code = "import os, signal\nimport asyncrl.exit_status as exit_status\n" + textwrap.dedent(body)
+    code = "import os, signal\nimport asyncrl.core.exit_status as exit_status\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
 
 

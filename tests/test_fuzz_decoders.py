@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncrl import transport as tp
-from asyncrl.consume import SlotError, check_slot
+from asyncrl.wire import transport as tp
+from asyncrl.core.consume import SlotError, check_slot
 from asyncrl.roles.learner import handshake_mismatch
-from asyncrl.shm import HEADER_NBYTES, MAGIC, ShmError, _check_header, _HEADER, _hash
-from asyncrl.spec import RolloutSpec
+from asyncrl.wire.shm import HEADER_NBYTES, MAGIC, ShmError, _check_header, _HEADER, _hash
+from asyncrl.core.spec import RolloutSpec
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -249,7 +249,7 @@ def test_segment_header_check(data):
 @FUZZ
 @given(st.binary(max_size=80), hostile_text)
 def test_zap_key_check_of_any_key(key, address):
-    from asyncrl.security import Security, _AllowedKeys
+    from asyncrl.wire.security import Security, _AllowedKeys
 
     class _Auth:
         pass

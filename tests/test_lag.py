@@ -6,11 +6,11 @@ import sys
 import numpy as np
 import pytest
 
-from asyncrl import config
-from asyncrl.lag import weighted_percentiles
-from asyncrl.lag_control import WeightHistory
-from asyncrl.lag_report import build_report, format_report
-from asyncrl.serial import run_serial
+from asyncrl.core import config
+from asyncrl.core.lag import weighted_percentiles
+from asyncrl.core.lag_control import WeightHistory
+from asyncrl.analysis.lag_report import build_report, format_report
+from asyncrl.run.serial import run_serial
 
 SMALL = ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=10", "env.num_envs=2", "env.rollout_length=8",
          "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=2", "algo.num_epochs=1",
@@ -131,7 +131,7 @@ def test_lag_command_text_json_and_errors(tmp_path):
 
 def test_lag_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    from asyncrl.lag_report import plot_report
+    from asyncrl.analysis.lag_report import plot_report
     run_serial(config.load(None, SMALL), tmp_path, max_iterations=3, echo=lambda *_: None)
     plot_report(tmp_path, tmp_path / "lag.png")
     assert (tmp_path / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -141,7 +141,7 @@ def test_whole_run_lag_in_seconds_stays_bounded_and_survives_a_checkpoint():
     """A long run's whole-run record of lag in seconds is a count per whole millisecond: it does not
     grow with the number of slots (the soak's learner grew by it), its percentiles are the exact
     ones to within 1 ms, and a checkpoint of the old format (one value per slot) still loads."""
-    from asyncrl.lag import LagTracker
+    from asyncrl.core.lag import LagTracker
     rng = np.random.default_rng(0)
     t = LagTracker(None)
     t.published(0, 0.0)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from asyncrl import config
+from asyncrl.core import config
 from asyncrl.cli import main
-from asyncrl.launch_ray import RAY_MISSING, LauncherError, choose_nodes, import_ray, key_files
+from asyncrl.run.launch_ray import RAY_MISSING, LauncherError, choose_nodes, import_ray, key_files
 
 
 def _node(i, ip, *, head=False, learner=False, alive=True):
@@ -64,7 +64,7 @@ def test_a_study_cell_on_a_node_with_other_training_code_does_not_run(tmp_path):
     """asyncrl study --launcher ray: a node whose asyncrl differs from the driver's (fingerprint)
     runs nothing for the cell and says why (the function is what the Ray task runs on the node)."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
-    from asyncrl.study_ray import run_cell_on_node
+    from asyncrl.analysis.study_ray import run_cell_on_node
     out = run_cell_on_node(["run", "--serial", "--run-dir", "{run_dir}"], "0000000000000000")
     assert out["rc"] is None and out["files"] == {}
     assert b"runs other asyncrl training code" in out["log"] and b"0000000000000000" in out["log"]
@@ -72,8 +72,8 @@ def test_a_study_cell_on_a_node_with_other_training_code_does_not_run(tmp_path):
 
 def test_a_study_cell_on_a_node_sends_back_its_run_directory(tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
-    from asyncrl.study import training_code_fingerprint
-    from asyncrl.study_ray import run_cell_on_node
+    from asyncrl.analysis.study import training_code_fingerprint
+    from asyncrl.analysis.study_ray import run_cell_on_node
     argv = ["run", "--serial", "--env", "asyncrl/Corridor-v0", "--total-steps", "256", "--run-dir", "{run_dir}",
             "--set", "env.num_envs=2", "--set", "env.rollout_length=16", "--set", "learner.slots_per_batch=2",
             "--set", "algo.num_minibatches=2", "--set", "algo.num_epochs=1"]
@@ -86,7 +86,7 @@ def test_a_study_cell_on_a_node_sends_back_its_run_directory(tmp_path):
 
 
 def test_ray_token_authentication_is_turned_on_or_the_launch_refused(monkeypatch, tmp_path):
-    from asyncrl.launch_ray import require_token_auth
+    from asyncrl.run.launch_ray import require_token_auth
     monkeypatch.setenv("HOME", str(tmp_path))               # no ~/.ray/auth_token
     env = {}
     require_token_auth(None, env)                          # a local cluster: Ray makes its own token
@@ -106,7 +106,7 @@ def test_ray_token_authentication_is_turned_on_or_the_launch_refused(monkeypatch
 
 
 def test_files_from_a_remote_node_land_inside_the_run_directory_only(tmp_path):
-    from asyncrl.study_ray import inside
+    from asyncrl.analysis.study_ray import inside
     run = tmp_path / "run"
     run.mkdir()
     (tmp_path / "elsewhere").mkdir()

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl import config
-from asyncrl.consume import Consumer, SlotData, SlotError, check_slot
+from asyncrl.core import config
+from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot
 from asyncrl.tasks import make_task
-from asyncrl.serial import run_serial
-from asyncrl.spec import RolloutSpec
-from asyncrl.optim import GuardedAdam
-from asyncrl.state import LearnerState, NonFiniteError, RewardScaler
+from asyncrl.run.serial import run_serial
+from asyncrl.core.spec import RolloutSpec
+from asyncrl.core.optim import GuardedAdam
+from asyncrl.core.state import LearnerState, NonFiniteError, RewardScaler
 
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=8, num_envs=2)
 SMALL = ["env.id=asyncrl/Corridor-v0", "env.num_envs=2", "env.rollout_length=8", "learner.slots_per_batch=1",

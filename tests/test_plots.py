@@ -1,4 +1,4 @@
-"""asyncrl.plots and `asyncrl plot`: the expected series, group means with a t-interval band,
+"""asyncrl.analysis.plots and `asyncrl plot`: the expected series, group means with a t-interval band,
 legend colours matching the lines; `asyncrl lag --plot` panels."""
 import json
 import subprocess
@@ -13,10 +13,11 @@ from scipy import stats
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from asyncrl import config, plots  # noqa: E402
+from asyncrl.core import config
+from asyncrl.analysis import plots  # noqa: E402
 from asyncrl.cli import main, write_config_json  # noqa: E402
-from asyncrl.lag_report import plot_report  # noqa: E402
-from asyncrl.serial import run_serial  # noqa: E402
+from asyncrl.analysis.lag_report import plot_report  # noqa: E402
+from asyncrl.run.serial import run_serial  # noqa: E402
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
          "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=2", "run.log_every_s=1000",

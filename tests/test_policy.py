@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from asyncrl.algo.running_stats import RunningMeanStd
-from asyncrl.policy import ActorCritic, InferencePolicy, flatten_weights, layout_hash, load_flat_weights
+from asyncrl.tasks.control.policy import ActorCritic, InferencePolicy, flatten_weights, layout_hash, load_flat_weights
 
 
 @pytest.mark.parametrize("discrete, activation", [(False, "tanh"), (False, "relu"), (True, "tanh"), (True, "elu")])

@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl import config
-from asyncrl import transport as tp
-from asyncrl.envs import env_spaces
-from asyncrl.launch import free_port
+from asyncrl.core import config
+from asyncrl.wire import transport as tp
+from asyncrl.tasks.control.envs import env_spaces
+from asyncrl.run.launch import free_port
 from asyncrl.roles.learner import Learner, handshake_mismatch
-from asyncrl.shm import SlotRing
+from asyncrl.wire.shm import SlotRing
 from slot_examples import SPEC, example_slot
 
 CORRIDOR = "asyncrl/Corridor-v0"

@@ -10,13 +10,13 @@ import uuid
 import pytest
 import torch
 
-from asyncrl import config
-from asyncrl import metrics
-from asyncrl import shm
-from asyncrl import transport as tp
-from asyncrl.config import ConfigError
-from asyncrl.metrics import JsonlWriter, RunDirError, write_atomic
-from asyncrl.spec import RolloutSpec
+from asyncrl.core import config
+from asyncrl.core import metrics
+from asyncrl.wire import shm
+from asyncrl.wire import transport as tp
+from asyncrl.core.config import ConfigError
+from asyncrl.core.metrics import JsonlWriter, RunDirError, write_atomic
+from asyncrl.core.spec import RolloutSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +45,7 @@ def test_created_ring_has_its_pages_reserved():
 
 
 def test_supervisor_names_sigbus_a_shared_memory_failure(tmp_path):
-    from asyncrl.launch import Supervisor
+    from asyncrl.run.launch import Supervisor
     sup = Supervisor(config.Config(), tmp_path, print)
     shutil.rmtree(sup.endpoint_dir)   # no role is started here
     (sup.logs / "actor0.log").write_text("Fatal Python error: Bus error\n")
@@ -93,7 +93,7 @@ def test_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_checkpoint_that_cannot_be_written_keeps_the_last_good_one(tmp_path, monkeypatch):
-    from asyncrl.state import LearnerState
+    from asyncrl.core.state import LearnerState
     from asyncrl.tasks import make_task
     cfg = config.Config()
     spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=4, num_envs=2)

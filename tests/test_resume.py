@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl import config
+from asyncrl.core import config
 from asyncrl.cli import UserError, prepare_run_dir, write_config_json
-from asyncrl.envs import VecEnv, env_state
-from asyncrl.serial import run_serial
-from asyncrl.state import checkpoint_files, read_checkpoint, write_checkpoint, LearnerState
+from asyncrl.tasks.control.envs import VecEnv, env_state
+from asyncrl.run.serial import run_serial
+from asyncrl.core.state import checkpoint_files, read_checkpoint, write_checkpoint, LearnerState
 from asyncrl.tasks import make_task
-from asyncrl.envs import rollout_spec
+from asyncrl.tasks.control.envs import rollout_spec
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
          "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=2", "run.log_every_s=1000"]

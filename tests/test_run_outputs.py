@@ -15,11 +15,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asyncrl import config
+from asyncrl.core import config
 from asyncrl.cli import main
-from asyncrl.metrics import loads_strict, read_jsonl, strict_json
-from asyncrl.pdeathsig import sigint_as_in_a_terminal
-from asyncrl.serial import run_serial
+from asyncrl.core.metrics import loads_strict, read_jsonl, strict_json
+from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
+from asyncrl.run.serial import run_serial
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",

@@ -1,4 +1,4 @@
-"""asyncrl.security: the loopback rule, key files, and CURVE sockets that accept only listed clients."""
+"""asyncrl.wire.security: the loopback rule, key files, and CURVE sockets that accept only listed clients."""
 from __future__ import annotations
 
 import logging
@@ -8,9 +8,9 @@ import time
 import pytest
 import zmq
 
-from asyncrl import security as sec
-from asyncrl import transport as tp
-from asyncrl.security import Curve, Security, SecurityError
+from asyncrl.wire import security as sec
+from asyncrl.wire import transport as tp
+from asyncrl.wire.security import Curve, Security, SecurityError
 
 LAN = "tcp://192.0.2.1:5555"     # never bound or connected to: only selects CURVE
 
@@ -128,7 +128,7 @@ def _exchange(ctx, endpoint, curve: Curve | None, identity: str) -> tuple[bool, 
 
 
 def test_curve_router_accepts_listed_client_and_refuses_the_others(keys, tmp_path, ctx, caplog):
-    caplog.set_level(logging.WARNING, logger="asyncrl.security")
+    caplog.set_level(logging.WARNING, logger="asyncrl.wire.security")
     server_sec = Security("learner", keys / "server")
     router = tp.router(ctx, "tcp://127.0.0.1:0", security=server_sec.server(ctx, LAN))
     endpoint = tp.endpoint_of(router)

@@ -1,9 +1,9 @@
-"""Seeds from (run seed, actor id, restart count, env index) through SeedSequence (asyncrl.seeding)."""
+"""Seeds from (run seed, actor id, restart count, env index) through SeedSequence (asyncrl.core.seeding)."""
 import numpy as np
 import pytest
 
-from asyncrl.envs import VecEnv
-from asyncrl.seeding import actor_seeds, fingerprint, stream_seed
+from asyncrl.tasks.control.envs import VecEnv
+from asyncrl.core.seeding import actor_seeds, fingerprint, stream_seed
 
 
 def test_no_two_streams_of_a_run_share_a_seed():

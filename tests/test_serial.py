@@ -3,11 +3,11 @@ import json
 
 import torch
 
-from asyncrl import config
-from asyncrl.serial import run_serial
-from asyncrl.state import LearnerState
+from asyncrl.core import config
+from asyncrl.run.serial import run_serial
+from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
-from asyncrl.envs import VecEnv
+from asyncrl.tasks.control.envs import VecEnv
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
          "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=2", "run.log_every_s=1000"]
@@ -70,7 +70,7 @@ def _corridor(tmp_path):
 def test_summary_records_how_the_run_ended(tmp_path, monkeypatch):
     """summary.json says finished, interrupted (Ctrl-C) or failed (with the role and the reason)."""
     import pytest
-    from asyncrl import consume
+    from asyncrl.core import consume
 
     finished = run_serial(_corridor(tmp_path), tmp_path / "f", max_iterations=1, echo=lambda *_: None)
     assert finished["outcome"] == "finished" and finished["failure"] is None

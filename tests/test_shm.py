@@ -12,9 +12,8 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from asyncrl.shm import (HEADER_NBYTES, Grant, ShmError, SlotLedger, SlotRing, _creator_pid, cleanup_stale,
-                         remove_run, run_segment_pattern)
-from asyncrl.spec import RolloutSpec
+from asyncrl.wire.shm import (HEADER_NBYTES, Grant, ShmError, SlotLedger, SlotRing, _creator_pid, cleanup_stale, remove_run, run_segment_pattern)
+from asyncrl.core.spec import RolloutSpec
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -104,7 +103,7 @@ def test_attach_in_independent_process_does_not_unlink_at_exit(run_id):
     own command, like a real actor) that merely attached must not unlink the learner's ring."""
     with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
         ring.views(0)["rewards"][:] = 7.0
-        code = (f"from asyncrl.shm import SlotRing; from asyncrl.spec import RolloutSpec\n"
+        code = (f"from asyncrl.wire.shm import SlotRing; from asyncrl.core.spec import RolloutSpec\n"
                 f"r = SlotRing.attach(name={ring.name!r}, spec=RolloutSpec(**{SPEC.to_dict()!r}),"
                 f" num_slots=2, token={ring.token!r})\n"
                 f"assert (r.views(0)['rewards'] == 7.0).all(); r.views(1)['rewards'][:] = 3.0\n"
@@ -340,8 +339,8 @@ def test_revoked_writer_stops_and_its_late_row_is_caught(run_id):
 
 def test_collect_stops_when_its_grant_is_revoked(run_id):
     """collect() with a guard stops writing the moment the grant is revoked, and says so."""
-    from asyncrl.envs import VecEnv
-    from asyncrl.rollout import collect
+    from asyncrl.tasks.control.envs import VecEnv
+    from asyncrl.tasks.control.rollout import collect
     env = VecEnv("asyncrl/Corridor-v0", 2, seed=0)
     spec = env.spec(8)
     env.reset()

@@ -1,11 +1,11 @@
-"""asyncrl.stats against hand computations and against scipy called directly (STUDY.md)."""
+"""asyncrl.analysis.stats against hand computations and against scipy called directly (STUDY.md)."""
 import math
 
 import numpy as np
 import pytest
 from scipy import stats as st
 
-from asyncrl import stats
+from asyncrl.analysis import stats
 
 
 def test_iqm_of_a_hand_made_input():

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl import study as study_mod
-from asyncrl import study_code, study_record
-from asyncrl.study import StudyError, cell_key, condition_settings, load_study
-from asyncrl.study_report import group_rows, comparisons
+from asyncrl.analysis import study as study_mod
+from asyncrl.analysis import study_code, study_record
+from asyncrl.analysis.study import StudyError, cell_key, condition_settings, load_study
+from asyncrl.analysis.study_report import group_rows, comparisons
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=4",
          "algo.num_minibatches=2", "algo.num_epochs=2", "env.max_episode_steps=20"]
@@ -91,7 +91,8 @@ def test_key_follows_config_and_training_code_not_reporting_code(tmp_path):
     pkg = tmp_path / "pkg"
     shutil.copytree(study_mod.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     assert study_code.training_code_fingerprint(pkg) == fp      # the path of the package does not count
-    (pkg / "study_report.py").write_text((pkg / "study_report.py").read_text() + "\n# reporting only\n")
+    report = pkg / "analysis" / "study_report.py"
+    report.write_text(report.read_text() + "\n# reporting only\n")
     assert study_code.training_code_fingerprint(pkg) == fp
     (pkg / "algo" / "losses.py").write_text((pkg / "algo" / "losses.py").read_text() + "\n# changes runs\n")
     assert study_code.training_code_fingerprint(pkg) != fp
@@ -135,7 +136,7 @@ presets = ["vaco"]'''))
 
 
 def test_report_can_take_records_of_other_training_code(tmp_path):
-    from asyncrl.study import Runner
+    from asyncrl.analysis.study import Runner
     st = load_study(write(tmp_path, GRID))
     runner = Runner(st, tmp_path / "out", echo=lambda *_: None)
     cell = st.cells[0]
@@ -162,7 +163,7 @@ sweep = {"algo.tv_threshold" = [0.2, 0.1]}"""
 def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
     """A sweep value equal to the default resolves to the plain arm's run (one key): the report lists
     it under each arm's label, not twice under the arm that ran it."""
-    from asyncrl.study import Runner
+    from asyncrl.analysis.study import Runner
     st = load_study(write(tmp_path, SHARED_RUN))
     runner = Runner(st, tmp_path / "out", echo=lambda *_: None)
     plain = next(c for c in st.cells if c.label == "vaco")
@@ -180,7 +181,7 @@ def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
 
 def test_the_start_line_counts_a_shared_run_once(tmp_path):
     """A run shared by two arms is neither 'already finished' before it ran nor counted twice."""
-    from asyncrl.study import Runner
+    from asyncrl.analysis.study import Runner
     st = load_study(write(tmp_path, SHARED_RUN))
     lines = []
     runner = Runner(st, tmp_path / "out", echo=lines.append)
@@ -197,7 +198,7 @@ def test_the_start_line_counts_a_shared_run_once(tmp_path):
 
 def test_llm_study_scores_held_out_accuracy(tmp_path):
     """A language-model cell's score is summary.json's final_accuracy; the report prints accuracies."""
-    from asyncrl.study_report import markdown
+    from asyncrl.analysis.study_report import markdown
     st = load_study("configs/studies/llm-forward-lag.toml")
     assert {c.preset for c in st.cells} == {"grpo", "vaco"} and {c.env for c in st.cells} == {"gsm-tiny"}
     assert {c.resolved_config()["task"]["kind"] for c in st.cells} == {"llm"}
@@ -220,7 +221,7 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:     # a NaN loss that stepped the optimizer
         f.write(json.dumps({**silent, "optimizer_steps": 1}) + "\n")
     assert study_record.cell_record(st.cells[0], run)["diverged"]
-    from asyncrl.metrics import strict_json    # as a run writes it: the NaN loss is null
+    from asyncrl.core.metrics import strict_json    # as a run writes it: the NaN loss is null
     good = json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n"
     (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 0}) + "\n")
     assert not study_record.cell_record(st.cells[0], run)["diverged"]
@@ -252,8 +253,8 @@ def test_cells_record_the_cpu_kernels_and_the_report_names_them():
     """Serial cells repeat bit for bit only under one CPU model and kernel set (ATEN_CPU_CAPABILITY
     gives other rounding): the record keeps the kernels torch picks, the report's CPU line names them."""
     import torch
-    from asyncrl.study import machine_info
-    from asyncrl.study_report import _cpu
+    from asyncrl.analysis.study import machine_info
+    from asyncrl.analysis.study_report import _cpu
     info = machine_info()
     assert info["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     assert _cpu({"cpu_model": "AMD EPYC", "cpu_kernels": "AVX2"}) == "AMD EPYC, AVX2 kernels"
@@ -264,7 +265,7 @@ def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
     """'no grad' is no_grad_fraction for every preset; a cell recorded before it existed (issue 38)
     keeps its vaco share (the same definition) and has none for ppo, whose old clip_fraction counted
     both directions and is shown only as 'clip 2-sided'."""
-    from asyncrl.study_report import cell_diagnostic, markdown
+    from asyncrl.analysis.study_report import cell_diagnostic, markdown
     st = load_study(write(tmp_path, '''[[arm]]\npresets=["vaco", "ppo"]'''))
     new_ppo = _rec("ppo", "E", "none", 1, 10.0)
     new_ppo["preset"] = "ppo"

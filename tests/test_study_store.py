@@ -5,11 +5,11 @@ import tarfile
 
 from click.testing import CliRunner
 
-from asyncrl import study as study_mod
+from asyncrl.analysis import study as study_mod
 from asyncrl.cli import main
-from asyncrl.study import Runner, load_study
-from asyncrl.study_record import DIAGNOSTICS
-from asyncrl.study_store import CellStore
+from asyncrl.analysis.study import Runner, load_study
+from asyncrl.analysis.study_record import DIAGNOSTICS
+from asyncrl.analysis.study_store import CellStore
 
 STUDY = """name = "s"
 total_env_steps = 2048

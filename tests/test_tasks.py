@@ -4,15 +4,15 @@ spec the learner's task has."""
 import numpy as np
 import pytest
 
-from asyncrl import config
-from asyncrl.config import ConfigError
-from asyncrl.envs import VecEnv
-from asyncrl.policy import InferencePolicy, build_policy
+from asyncrl.core import config
+from asyncrl.core.config import ConfigError
+from asyncrl.tasks.control.envs import VecEnv
+from asyncrl.tasks.control.policy import InferencePolicy, build_policy
 from asyncrl.roles.learner import handshake_mismatch
-from asyncrl.rollout import collect
-from asyncrl.seeding import actor_seeds
-from asyncrl.spec import RolloutSpec
-from asyncrl.state import LearnerState
+from asyncrl.tasks.control.rollout import collect
+from asyncrl.core.seeding import actor_seeds
+from asyncrl.core.spec import RolloutSpec
+from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
 from asyncrl.tasks.control import ControlTask
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from asyncrl import config
-from asyncrl.metrics import scalars
-from asyncrl.serial import run_serial
+from asyncrl.core import config
+from asyncrl.core.metrics import scalars
+from asyncrl.run.serial import run_serial
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
          "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=1", "run.log_every_s=1000",

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import zmq
 
-from asyncrl import transport as tp
-from asyncrl.spec import RolloutSpec
-from asyncrl.transport import ProtocolError
+from asyncrl.wire import transport as tp
+from asyncrl.core.spec import RolloutSpec
+from asyncrl.wire.transport import ProtocolError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -241,7 +241,7 @@ def test_weights_rejections():
 
 def test_reject_counter_counts_and_logs_without_raising(caplog):
     rejects = tp.RejectCounter("learner")
-    with caplog.at_level(logging.WARNING, logger="asyncrl.transport"):
+    with caplog.at_level(logging.WARNING, logger="asyncrl.wire.transport"):
         for _ in range(5):
             try:
                 tp.decode([b"garbage"])
@@ -351,7 +351,7 @@ def test_push_pull_and_timeouts(ctx):
 def test_free_ports_lie_outside_the_ephemeral_range(tmp_path, monkeypatch):
     """A listening port the supervisor picks is never one the kernel can give a connect() as its
     source port, so an actor reconnecting to a learner not yet bound cannot connect to itself."""
-    from asyncrl import launch
+    from asyncrl.run import launch
     lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     for _ in range(20):
         p, q = launch.free_port(), launch.free_port_pair()

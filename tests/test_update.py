@@ -4,12 +4,12 @@ import math
 import pytest
 import torch
 
-from asyncrl import config
-from asyncrl.config import PRESETS
-from asyncrl.envs import VecEnv
-from asyncrl.policy import InferencePolicy
-from asyncrl.rollout import collect
-from asyncrl.state import LearnerState
+from asyncrl.core import config
+from asyncrl.core.config import PRESETS
+from asyncrl.tasks.control.envs import VecEnv
+from asyncrl.tasks.control.policy import InferencePolicy
+from asyncrl.tasks.control.rollout import collect
+from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
 
 
@@ -49,10 +49,10 @@ def test_preset_iteration(preset, env_id):
 
 def _reference_iteration(policy, optimizer, batch, cfg, generator):
     """The learner iteration written the plain way (a gather per minibatch, policy(obs), zero_grad,
-    clip_grad_norm_, step): asyncrl.update must train exactly as this does, bit for bit."""
+    clip_grad_norm_, step): asyncrl.tasks.control.update must train exactly as this does, bit for bit."""
     from asyncrl.algo import losses
-    from asyncrl.iteration import normalize_advantages, policy_loss
-    from asyncrl.update import advantages
+    from asyncrl.core.iteration import normalize_advantages, policy_loss
+    from asyncrl.tasks.control.update import advantages
     T, N = batch["rewards"].shape
     with torch.no_grad():
         out = policy(batch["obs"].reshape((T + 1) * N, -1))
@@ -93,7 +93,7 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
     converted once per iteration, no entropy term at entropy_coef 0) change no bit of training."""
     import copy
 
-    from asyncrl.update import learner_iteration
+    from asyncrl.tasks.control.update import learner_iteration
     cfg = config.load(None, [f"algo.preset={preset}", "env.num_envs=4", "env.rollout_length=16",
                              "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=4",
                              "algo.num_epochs=2", "env.id=HalfCheetah-v5",
@@ -118,7 +118,7 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
 
 
 def test_filter_split_per_minibatch_and_stacked_agree():
-    from asyncrl.iteration import filter_split
+    from asyncrl.core.iteration import filter_split
     g = torch.Generator().manual_seed(0)
     keep = torch.rand(5, 64, generator=g) > 0.3
     stale = torch.rand(5, 64, generator=g) > 0.5
@@ -140,8 +140,8 @@ def test_filter_split_per_minibatch_and_stacked_agree():
 
 
 def test_optimizer_step_returns_the_norm_before_clipping_and_skips_a_nonfinite_one():
-    from asyncrl.optim import GuardedAdam
-    from asyncrl.iteration import optimizer_step
+    from asyncrl.core.optim import GuardedAdam
+    from asyncrl.core.iteration import optimizer_step
     w = torch.nn.Parameter(torch.zeros(4))
     opt = GuardedAdam([w], lr=0.1)
     norm = optimizer_step(opt, (w * torch.tensor([3.0, 4.0, 0.0, 0.0])).sum(), 0.5)
@@ -164,7 +164,7 @@ def _lagged_inputs(T=12, N=3, seed=0):
 @pytest.mark.parametrize("preset", ["vaco", "vaco_no_realign", "ppo"])
 def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset):
     from asyncrl.algo.returns import gae, next_state_values, vtrace
-    from asyncrl.update import advantages
+    from asyncrl.tasks.control.update import advantages
     batch, target, values, final = _lagged_inputs()
     kw = dict(preset=preset, batch=batch, target_log_prob=target, values=values, final_values=final,
               gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=1.0, traces="uncorrected")
@@ -195,7 +195,7 @@ def test_value_targets_are_checked():
 def test_realign_min_lag_realigns_only_the_samples_that_old():
     """algo.realign_min_lag: samples at least that many versions behind get the realigned advantage
     and V-trace's target, the others GAE's and its λ-returns (vaco_no_realign's), element by element."""
-    from asyncrl.update import advantages
+    from asyncrl.tasks.control.update import advantages
     batch, target, values, final = _lagged_inputs()
     kw = dict(preset="vaco", batch=batch, target_log_prob=target, values=values, final_values=final,
               gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=1.0, traces="uncorrected")

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import checks
+from asyncrl.algo import checks
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 

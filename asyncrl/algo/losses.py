@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import checks
+from asyncrl.algo import checks
 
 LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp: e^20 ~ 4.9e8, far beyond any useful ratio
 BAND_RATIOS = ("full", "backward", "forward")  # the ratio vaco_policy_loss's behavior_band bounds

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import checks
+from asyncrl.algo import checks
 
 
 class VTraceReturns(NamedTuple):

@@ -10,10 +10,10 @@ Shell completion (click): ``eval "$(_ASYNCRL_COMPLETE=bash_source asyncrl)"`` in
 (``zsh_source`` / ``fish_source`` for zsh and fish)."""
 from __future__ import annotations
 
-from . import clean, config_cmd, results, roles, run, study  # noqa: F401 - each adds its commands to main
-from .common import RunFailed, UserError, load_config, main
-from .rundir import holds_run, prepare_run_dir, summary_line, write_config_json
-from ..tasks.llm.cli import llm as _llm_group   # imports transformers only when a command runs
+from asyncrl.cli import clean, config_cmd, results, roles, run, study  # noqa: F401 - each adds its commands to main
+from asyncrl.cli.common import RunFailed, UserError, load_config, main
+from asyncrl.cli.rundir import holds_run, prepare_run_dir, summary_line, write_config_json
+from asyncrl.cli.llm import llm as _llm_group   # imports transformers only when a command runs
 
 main.add_command(_llm_group)
 

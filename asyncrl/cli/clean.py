@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from .common import main
+from asyncrl.cli.common import main
 
 
 @main.command()
@@ -14,9 +14,9 @@ def clean(run_id):
     """Remove shared-memory segments left by killed runs and, without --run-id, the weights secrets
     of killed broadcasters (files of ports no socket listens on) and the private endpoint
     directories of killed `asyncrl run`s (no socket in them accepts a connection)."""
-    from ..launch import remove_stale_endpoint_dirs
-    from ..security import remove_stale_weights_secrets
-    from ..shm import cleanup_stale, remove_run
+    from asyncrl.run.launch import remove_stale_endpoint_dirs
+    from asyncrl.wire.security import remove_stale_weights_secrets
+    from asyncrl.wire.shm import cleanup_stale, remove_run
     removed = remove_run(run_id) if run_id else cleanup_stale()
     click.echo(f"removed {len(removed)} segment(s)" + (": " + ", ".join(removed) if removed else ""))
     if not run_id:

@@ -9,18 +9,19 @@ from typing import NoReturn
 
 import click
 
-from .. import __version__, config as config_mod, exit_status
-from ..config import Config, ConfigError
+from asyncrl import __version__
+from asyncrl.core import config as config_mod, exit_status
+from asyncrl.core.config import Config, ConfigError
 
 
 class UserError(click.ClickException):
-    """One clear line on stderr, exit status 2 (refused: asyncrl.exit_status), no traceback."""
+    """One clear line on stderr, exit status 2 (refused: asyncrl.core.exit_status), no traceback."""
 
     exit_code = exit_status.REFUSED
 
 
 class RunFailed(click.ClickException):
-    """A run or role that failed while running: one line on stderr, exit status 1 (asyncrl.exit_status)."""
+    """A run or role that failed while running: one line on stderr, exit status 1 (asyncrl.core.exit_status)."""
 
     exit_code = exit_status.FAILED
 
@@ -33,10 +34,10 @@ def _interrupted(line: str) -> NoReturn:
 
 def load_config(config_file, overrides, flags: dict | None = None, *, env: bool = True, resolved: bool = False,
                 notes: bool = True):
-    """Defaults <- --config FILE <- CLI flags <- --set overrides (asyncrl.config.resolve: presets and
+    """Defaults <- --config FILE <- CLI flags <- --set overrides (asyncrl.core.config.resolve: presets and
     the task kind set their keys unless the user does); each user value that overrides a preset or
     task-kind value, or has no effect, is said once on stderr (with ``notes``). With ``env``, the env must be one
-    asyncrl can make here. Returns the Config, or with ``resolved`` the asyncrl.config.Resolved.
+    asyncrl can make here. Returns the Config, or with ``resolved`` the asyncrl.core.config.Resolved.
     Raises UserError."""
     extra: dict[str, dict] = {}
     for (section, key), value in (flags or {}).items():
@@ -45,7 +46,7 @@ def load_config(config_file, overrides, flags: dict | None = None, *, env: bool 
     try:
         res = config_mod.load_resolved(config_file, overrides, extra)
         if env and res.config.task.kind == "control":
-            from ..envs import check_env
+            from asyncrl.tasks.control.envs import check_env
             check_env(res.config.env.id, res.config.env.max_episode_steps, res.config.env.module)
     except (ConfigError, ValueError) as exc:  # EnvError is a ValueError
         raise UserError(str(exc)) from None
@@ -113,7 +114,7 @@ def _device_option(key: str, what: str):
 def _check_devices(cfg: Config, *, learner: bool = True, actor: bool = True) -> None:
     """Raise UserError (one line) unless this machine has the devices the roles started here use:
     learner.device (and learner.precision), and actor.device of llm generators."""
-    from ..device import check_device
+    from asyncrl.core.device import check_device
     try:
         if learner:
             check_device(cfg.learner.device, cfg.learner.precision)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
-from .. import config as config_mod
-from .common import _common, load_config, main
+from asyncrl.core import config as config_mod
+from asyncrl.cli.common import _common, load_config, main
 
 
 @main.group("config")

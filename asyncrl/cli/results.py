@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import click
 
-from ..wording import count_of
-from .common import UserError, _env_module, _interrupted, main
+from asyncrl.core.wording import count_of
+from asyncrl.cli.common import UserError, _env_module, _interrupted, main
 
 
 @main.command()
@@ -16,12 +16,12 @@ from .common import UserError, _env_module, _interrupted, main
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also write a PNG of the lag.")
 def lag(run_dir, as_json, plot_path):
     """Policy-lag report of a run: versions and seconds, overall, per actor, per host."""
-    from ..lag_report import ReportError, build_report, format_report, plot_report
+    from asyncrl.analysis.lag_report import ReportError, build_report, format_report, plot_report
     try:
         report = build_report(run_dir)
     except ReportError as exc:
         raise UserError(str(exc)) from None
-    from ..metrics import strict_json
+    from asyncrl.core.metrics import strict_json
     click.echo(strict_json(report, indent=2) if as_json else format_report(report))
     if plot_path:
         try:
@@ -47,9 +47,9 @@ def lag(run_dir, as_json, plot_path):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with every episode's return).")
 def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, video_episodes, as_json):
     """Evaluate a trained policy: mean ± std of return and length over N episodes; optionally an MP4."""
-    from ..envs import EnvError, follow_with_camera, is_mujoco, make_env
-    from ..evaluate import EvalError, check_spaces, load_checkpoint, run_episodes
-    from ..render import INSTALL_GL, RenderError, VideoWriter, choose_gl_backend
+    from asyncrl.tasks.control.envs import EnvError, follow_with_camera, is_mujoco, make_env
+    from asyncrl.tasks.control.evaluate import EvalError, check_spaces, load_checkpoint, run_episodes
+    from asyncrl.tasks.control.render import INSTALL_GL, RenderError, VideoWriter, choose_gl_backend
     if episodes < 1 or video_episodes < 1:
         raise UserError(f"--episodes and --video-episodes must be >= 1, got {episodes}, {video_episodes}")
     if video and not video.lower().endswith(".mp4"):
@@ -99,7 +99,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
            "seed": seed, "actions": "sampled" if stochastic else "mean", **s,
            "returns": result.returns, "lengths": result.lengths, "video": video}
     if as_json:
-        from ..metrics import strict_json
+        from asyncrl.core.metrics import strict_json
         click.echo(strict_json(out, indent=2))
     else:
         seeds = f"seed {seed}" if episodes == 1 else f"seeds {seed}..{seed + episodes - 1}"
@@ -125,7 +125,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
 @click.option("--title", help="Figure title.")
 def plot(run_dirs, out, labels, group_by, returns, title):
     """Learning curves of runs: return vs env steps and wall-clock time, TV estimate, no_grad_fraction, lag."""
-    from ..plots import PlotError, plot_runs, read_run
+    from asyncrl.analysis.plots import PlotError, plot_runs, read_run
     if labels and len(labels) != len(run_dirs):
         raise UserError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     try:

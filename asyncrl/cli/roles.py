@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from .. import exit_status
-from ..wording import count_of
-from .common import RunFailed, UserError, _check_devices, _common, _device_option, _env_module, _interrupted, load_config, main
-from .rundir import _restart_option, prepare_run_dir, summary_line, write_config_json
+from asyncrl.core import exit_status
+from asyncrl.core.wording import count_of
+from asyncrl.cli.common import (RunFailed, UserError, _check_devices, _common, _device_option, _env_module, _interrupted, load_config, main)
+from asyncrl.cli.rundir import _restart_option, prepare_run_dir, summary_line, write_config_json
 
 
 def _run_role(role, errors) -> tuple[Any, bool]:
@@ -28,7 +28,7 @@ def _run_role(role, errors) -> tuple[Any, bool]:
 
 
 def _network(f):
-    """--keys and --insecure: CURVE for every socket on a non-loopback address (asyncrl.security)."""
+    """--keys and --insecure: CURVE for every socket on a non-loopback address (asyncrl.wire.security)."""
     f = click.option("--insecure", is_flag=True,
                      help="No CURVE encryption or authentication, even across hosts (prints a warning).")(f)
     f = click.option("--keys", "keys_dir", type=click.Path(file_okay=False),
@@ -39,7 +39,7 @@ def _network(f):
 
 def _endpoint(value: str | None, default: str) -> str:
     """--bind/--learner/--broadcaster/--upstream: HOST:PORT or tcp://HOST:PORT. Raises UserError."""
-    from ..security import normalize_endpoint
+    from asyncrl.wire.security import normalize_endpoint
     try:
         return normalize_endpoint(value or default)
     except ValueError as exc:
@@ -47,7 +47,7 @@ def _endpoint(value: str | None, default: str) -> str:
 
 
 def _security(role: str, keys_dir, insecure: bool):
-    from ..security import Security
+    from asyncrl.wire.security import Security
     if keys_dir and not Path(keys_dir).is_dir():
         raise UserError(f"{role}: --keys {keys_dir}: no such directory")
     return Security(role, keys_dir, insecure=insecure)
@@ -82,11 +82,11 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
     """The learner: owns the nets and shared memory, consumes rollouts, publishes weights.
 
     Exit status 0 finished, 1 failed, 2 refused to start, 130 / 143 interrupted by SIGINT / SIGTERM;
-    the last line says how it ended (asyncrl.exit_status)."""
-    from ..launch import new_run_id
-    from ..roles.learner import Learner, LearnerError
-    from ..security import SecurityError
-    from ..shm import ShmError
+    the last line says how it ended (asyncrl.core.exit_status)."""
+    from asyncrl.run.launch import new_run_id
+    from asyncrl.roles.learner import Learner, LearnerError
+    from asyncrl.wire.security import SecurityError
+    from asyncrl.wire.shm import ShmError
     exit_status.install_stop_handlers()
     res = load_config(config_file, overrides, {**_role_flags(env_id, None, seed, total_steps, env_module),
                                                ("learner", "device"): device}, resolved=True)
@@ -103,8 +103,8 @@ def learner(config_file, overrides, keys_dir, insecure, env_id, env_module, bind
                        security=_security("learner", keys_dir, insecure), advertise=advertise, resume=resume)
     except (SecurityError, ValueError, OSError, ShmError) as exc:   # OSError: transport.AddressError
         raise UserError(f"learner: {exc}" if isinstance(exc, (OSError, ShmError)) else str(exc)) from None
-    from ..metrics import RunDirError
-    from ..state import NonFiniteError
+    from asyncrl.core.metrics import RunDirError
+    from asyncrl.core.state import NonFiniteError
     interrupted = False
     try:
         summary = role.run()
@@ -157,10 +157,10 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
     """An actor: steps envs with the newest weights it has and fills slots for the learner.
 
     Exit status 0 when its learner told it to stop, 2 refused (by its learner, or bad config), 130 /
-    143 interrupted by SIGINT / SIGTERM; the last line says how it ended (asyncrl.exit_status)."""
+    143 interrupted by SIGINT / SIGTERM; the last line says how it ended (asyncrl.core.exit_status)."""
     import os
     import socket
-    from ..roles.actor import Actor, ActorError, ActorOptions
+    from asyncrl.roles.actor import Actor, ActorError, ActorOptions
     exit_status.install_stop_handlers()
     flags = _role_flags(env_id, num_envs, None, env_module=env_module)
     flags.update({("actor", "policy_delay"): policy_delay, ("actor", "policy_age_buffer"): policy_age_buffer,
@@ -174,7 +174,7 @@ def actor(config_file, overrides, keys_dir, insecure, learner_ep, broadcaster, e
                         actor_id=actor_id, seed=seed,
                         run_id=run_id or "", host_label=host_label or "", token_file=token_file,
                         security=_security(f"actor {actor_id}", keys_dir, insecure))
-    from ..security import SecurityError
+    from asyncrl.wire.security import SecurityError
     try:
         role = Actor(cfg, opts)
     except SecurityError as exc:
@@ -204,9 +204,9 @@ def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, con
     """The weight broadcaster: republishes the learner's newest weights to all actors.
 
     It runs until stopped: exit status 130 / 143 after SIGINT / SIGTERM (its normal end), 2 refused
-    to start (asyncrl.exit_status); the last line says how many weight versions it published."""
-    from ..roles.broadcaster import Broadcaster, BroadcasterError
-    from ..security import SecurityError
+    to start (asyncrl.core.exit_status); the last line says how many weight versions it published."""
+    from asyncrl.roles.broadcaster import Broadcaster, BroadcasterError
+    from asyncrl.wire.security import SecurityError
     exit_status.install_stop_handlers()
     cfg = load_config(config_file, overrides, env=False)
     bind = _endpoint(bind, cfg.transport.broadcaster_bind)
@@ -253,7 +253,7 @@ def keys_generate(directory, clients):
     Existing keys are never overwritten: run it again with a larger --clients to add hosts
     (then restart the learner and broadcaster so they accept them).
     """
-    from ..security import generate
+    from asyncrl.wire.security import generate
     try:
         created = generate(directory, clients)
     except (ValueError, OSError) as exc:

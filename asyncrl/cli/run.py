@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import click
 
-from .. import config as config_mod, exit_status
-from .common import RunFailed, UserError, _check_devices, _common, _device_option, _env_module, _interrupted, load_config, main
-from .rundir import _prepare_task, _read_summary, _restart_option, prepare_run_dir, summary_line, write_config_json
+from asyncrl.core import config as config_mod, exit_status
+from asyncrl.cli.common import (RunFailed, UserError, _check_devices, _common, _device_option, _env_module, _interrupted, load_config, main)
+from asyncrl.cli.rundir import (_prepare_task, _read_summary, _restart_option, prepare_run_dir, summary_line, write_config_json)
 
 
 @main.command()
@@ -33,7 +33,7 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
     """Train: learner, broadcaster and actors as local processes, on a Ray cluster, or --serial.
 
     Exit status 0 finished, 1 failed, 2 refused to start, 130 / 143 interrupted by SIGINT / SIGTERM;
-    the last line says how it ended (asyncrl.exit_status)."""
+    the last line says how it ended (asyncrl.core.exit_status)."""
     exit_status.install_stop_handlers()   # `kill`, `timeout` and CI cancel stop the whole run, like Ctrl-C
     res = load_config(config_file, overrides, {("env", "id"): env_id, ("env", "module"): env_module,
                                                   ("algo", "preset"): preset,
@@ -46,7 +46,7 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
     if cfg.run.launcher == "ray" and not serial:
-        from ..launch_ray import LauncherError, import_ray
+        from asyncrl.run.launch_ray import LauncherError, import_ray
         try:
             import_ray(cfg.run.ray_address or None)   # first: Ray reads its auth mode when imported
         except LauncherError as exc:
@@ -58,9 +58,9 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
     _prepare_task(cfg, out)
     try:
         if serial:
-            from ..metrics import RunDirError
-            from ..serial import run_serial
-            from ..state import NonFiniteError
+            from asyncrl.core.metrics import RunDirError
+            from asyncrl.run.serial import run_serial
+            from asyncrl.core.state import NonFiniteError
             try:
                 summary = run_serial(cfg, out, echo=click.echo, resume=resume)
             except NonFiniteError as exc:
@@ -68,14 +68,14 @@ def run(config_file, overrides, env_id, env_module, preset, num_actors, total_st
             except RunDirError as exc:   # disk full or read-only: the last good checkpoint stays
                 raise RunFailed(f"asyncrl: {exc}") from None
         elif cfg.run.launcher == "ray":
-            from ..launch import RoleFailed
-            from ..launch_ray import LauncherError, launch_ray
+            from asyncrl.run.launch import RoleFailed
+            from asyncrl.run.launch_ray import LauncherError, launch_ray
             try:
                 summary = launch_ray(cfg, out, address=cfg.run.ray_address or None, echo=click.echo, resume=resume)
             except (RoleFailed, LauncherError) as exc:
                 raise RunFailed(str(exc)) from None
         else:
-            from ..launch import RoleFailed, launch
+            from asyncrl.run.launch import RoleFailed, launch
             try:
                 summary = launch(cfg, out, echo=click.echo, resume=resume)
             except RoleFailed as exc:

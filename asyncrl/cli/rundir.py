@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from .. import config as config_mod
-from ..config import Config, ConfigError
-from ..wording import count_of
-from .common import UserError
+from asyncrl.core import config as config_mod
+from asyncrl.core.config import Config, ConfigError
+from asyncrl.core.wording import count_of
+from asyncrl.cli.common import UserError
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "lag.jsonl", "lag_histograms.jsonl", "summary.json", "checkpoint.pt")
@@ -82,8 +82,8 @@ def _restart_option(f):
 def write_config_json(out: Path, res: config_mod.Resolved) -> None:
     """The run's resolved config, how it was resolved (what the user set; overrides of a preset or
     task-kind value; values without effect) and where it ran (code commit, package versions, load)."""
-    from ..metrics import RunDirError, write_json_atomic
-    from ..provenance import provenance
+    from asyncrl.core.metrics import RunDirError, write_json_atomic
+    from asyncrl.core.provenance import provenance
     try:
         # infinities ("off", e.g. algo.behavior_band) as "inf": strict JSON that config.load reads back
         write_json_atomic(out / "config.json", {**res.config.to_dict(), "resolution": res.record(),
@@ -109,7 +109,7 @@ def _read_summary(run_dir: Path) -> dict:
 def _prepare_task(cfg: Config, out: Path) -> None:
     """What the task needs before its roles start (llm: the start model, made and warmed up once and
     cached, and its held-out accuracy before RL); nothing for control tasks. Raises UserError."""
-    from ..tasks import make_task
+    from asyncrl.tasks import make_task
     try:
         make_task(cfg).prepare_run(out, click.echo)
     except (OSError, ValueError) as exc:   # a missing model directory, a cache made with other settings

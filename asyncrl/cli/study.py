@@ -5,9 +5,9 @@ from pathlib import Path
 
 import click
 
-from .. import exit_status
-from ..wording import count_of
-from .common import UserError, _interrupted, main
+from asyncrl.core import exit_status
+from asyncrl.core.wording import count_of
+from asyncrl.cli.common import UserError, _interrupted, main
 
 
 @main.command()
@@ -42,8 +42,8 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
     Finished cells (same study, resolved config and training code) are skipped, so a killed
     study re-run continues. Writes OUT/results.json, results.csv, report.md and plots/.
     """
-    from ..study import Runner, StudyError, load_study
-    from ..study_report import write_report
+    from asyncrl.analysis.study import Runner, StudyError, load_study
+    from asyncrl.analysis.study_report import write_report
     try:
         seed_list = [int(x) for x in seeds.split(",")] if seeds else None
     except ValueError:
@@ -76,8 +76,8 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
     if not report_only:
         exit_status.install_stop_handlers()
         if launcher == "ray":
-            from ..launch_ray import LauncherError
-            from ..study_ray import RayCells
+            from asyncrl.run.launch_ray import LauncherError
+            from asyncrl.analysis.study_ray import RayCells
             try:
                 runner.executor = RayCells(ray_address, runner.fingerprint, echo=click.echo)
             except LauncherError as exc:
@@ -96,7 +96,7 @@ def study(study_file, jobs, out, total_steps, seeds, envs, only_presets, only_co
 
 def _alias(runner, revision: str) -> None:
     """--alias-code REV: record REV's training-code fingerprint as this checkout's (modules moved only)."""
-    from ..study_code import AliasError, alias_check
+    from asyncrl.analysis.study_code import AliasError, alias_check
     try:
         entry = alias_check(revision)
     except AliasError as exc:
@@ -105,7 +105,7 @@ def _alias(runner, revision: str) -> None:
         click.echo(f"revision {entry['revision'][:12]} has this checkout's training code ({entry['new']}): "
                    "nothing to alias")
         return
-    runner.store.add_alias({**entry, "checked": "modules moved, syntax trees unchanged (asyncrl.study_code)"})
+    runner.store.add_alias({**entry, "checked": "modules moved, syntax trees unchanged (asyncrl.analysis.study_code)"})
     carried = sum(r.get("code_fingerprint") == entry["old"] for r in runner.store.records().values())
     click.echo(f"aliased training code {entry['old']} (revision {entry['revision'][:12]}) to {entry['new']}: "
                f"{count_of(carried, 'finished cell')} of {runner.out} ran under it")

@@ -22,16 +22,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import exit_status
-from .. import transport as tp
-from ..transport import snapshot_endpoint
-from ..config import Config, from_dict
-from ..lag_control import WeightHistory
-from ..seeding import ActorSeeds, actor_seeds, fingerprint
-from ..security import Security
-from ..shm import ShmError, SlotRing
-from ..spec import SlotSpec
-from ..tasks import make_task
+from asyncrl.core import exit_status
+from asyncrl.wire import transport as tp
+from asyncrl.wire.transport import snapshot_endpoint
+from asyncrl.core.config import Config, from_dict
+from asyncrl.core.lag_control import WeightHistory
+from asyncrl.core.seeding import ActorSeeds, actor_seeds, fingerprint
+from asyncrl.wire.security import Security
+from asyncrl.wire.shm import ShmError, SlotRing
+from asyncrl.core.spec import SlotSpec
+from asyncrl.tasks import make_task
 
 log = logging.getLogger("asyncrl.actor")
 

@@ -22,11 +22,10 @@ import socket
 import time
 from pathlib import Path
 
-from .. import transport as tp
-from ..metrics import write_json_atomic
-from ..transport import snapshot_endpoint
-from ..security import (Security, advertised_with_source, create_weights_secret, is_loopback,
-                        remove_weights_secret)
+from asyncrl.wire import transport as tp
+from asyncrl.core.metrics import write_json_atomic
+from asyncrl.wire.transport import snapshot_endpoint
+from asyncrl.wire.security import (Security, advertised_with_source, create_weights_secret, is_loopback, remove_weights_secret)
 
 log = logging.getLogger("asyncrl.broadcaster")
 ROUTER_HWM = 4                # messages queued per connection on the request ROUTER, each way (weights:

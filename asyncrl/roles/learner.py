@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import transport as tp
-from ..transport import snapshot_endpoint
-from ..config import Config, EnvConfig
-from ..security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
-from ..consume import Consumer, SlotData, SlotError, check_slot, own_rows
-from ..shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
-from ..tasks import make_task
+from asyncrl.wire import transport as tp
+from asyncrl.wire.transport import snapshot_endpoint
+from asyncrl.core.config import Config, EnvConfig
+from asyncrl.wire.security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
+from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot, own_rows
+from asyncrl.wire.shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
+from asyncrl.tasks import make_task
 
 log = logging.getLogger("asyncrl.learner")
 
@@ -83,7 +83,7 @@ class Learner:
                  resume: bool = False, epoch: int | None = None):
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
         ``advertise``: the address actors on other hosts use, when not the bound one; ``resume``:
-        go on from the run directory's newest checkpoint (asyncrl.consume.Consumer); ``epoch``:
+        go on from the run directory's newest checkpoint (asyncrl.core.consume.Consumer); ``epoch``:
         this learner's epoch (default: ``learner_epoch(epoch of the checkpoint resumed)``, newer at
         every start, resumed or not; saved in every checkpoint).
 

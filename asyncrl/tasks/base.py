@@ -4,7 +4,7 @@ task only through these two objects.
 
 ``Task`` is the learner's side (and the handshake's description); ``Producer`` is an actor's side:
 the source of rollouts (gymnasium envs, a stream of prompts) and its copy of the policy. Both are
-made from a :class:`asyncrl.config.Config` by :func:`asyncrl.tasks.make_task`.
+made from a :class:`asyncrl.core.config.Config` by :func:`asyncrl.tasks.make_task`.
 
 Implementations: :mod:`asyncrl.tasks.control` (gymnasium / MuJoCo, the MLP actor-critic) and
 :mod:`asyncrl.tasks.llm.task` (a causal language model, verifiable math rewards, GRPO advantages).
@@ -18,9 +18,9 @@ import numpy as np
 
 if TYPE_CHECKING:   # annotations only: importing these here would pull gymnasium into every task
     import torch
-    from ..seeding import ActorSeeds
-    from ..spec import SlotSpec
-    from ..state import LearnerState
+    from asyncrl.core.seeding import ActorSeeds
+    from asyncrl.core.spec import SlotSpec
+    from asyncrl.core.state import LearnerState
 
 
 class RolloutStats(NamedTuple):

@@ -6,7 +6,7 @@
 import cProfile, pstats, sys, time, torch
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/bench")
 import learner_speed as ls
-from asyncrl.device import check_device, forward_context
+from asyncrl.core.device import check_device, forward_context
 dev = check_device("cpu", "fp32"); fwd = forward_context(dev, "fp32")
 cfg = ls.read_config(None)
 step, _ = ls.control_case(cfg, dev, fwd)

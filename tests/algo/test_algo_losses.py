@@ -6,9 +6,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.algo.losses import (PolicyLoss, TVFilter, explained_variance, impala_policy_loss,
-                                 ppo_clip_loss, ppo_kl_loss, ratio_policy_loss, spo_loss,
-                                 tv_estimate, tv_filter, vaco_policy_loss, value_loss)
+from asyncrl.algo.losses import (PolicyLoss, TVFilter, explained_variance, impala_policy_loss, ppo_clip_loss, ppo_kl_loss, ratio_policy_loss, spo_loss, tv_estimate, tv_filter, vaco_policy_loss, value_loss)
 
 F64 = torch.float64
 

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from asyncrl import config
+from asyncrl.core import config
 from asyncrl.algo.losses import ppo_clip_loss, tv_filter, vaco_policy_loss
-from asyncrl.update import _surrogate_steps
+from asyncrl.tasks.control.update import _surrogate_steps
 
 F64 = torch.float64
 
@@ -76,7 +76,7 @@ def _fire_sequence(trigger):
     cfg = config.load(None, ["algo.num_epochs=4", "algo.num_minibatches=4", "algo.tv_threshold=0.05",
                              "algo.lr=0.01", f"algo.tv_filter_trigger={trigger}", "algo.ratio_anchor=learning",
                              "algo.surrogate_rho_bar=1.0", "env.id=asyncrl/Corridor-v0"])
-    from asyncrl.policy import build_policy
+    from asyncrl.tasks.control.policy import build_policy
     torch.manual_seed(0)
     policy = build_policy(cfg.policy, 2, 1, discrete=False)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.algo.lr)

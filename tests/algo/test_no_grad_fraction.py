@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from asyncrl import config
+from asyncrl.core import config
 from asyncrl.algo.losses import impala_policy_loss, ppo_clip_loss, vaco_policy_loss
-from asyncrl.iteration import policy_loss
+from asyncrl.core.iteration import policy_loss
 
 F64 = torch.float64
 

@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 
-from asyncrl import config
-from asyncrl import transport as tp
-from asyncrl.envs import env_spaces
-from asyncrl.launch import free_port
+from asyncrl.core import config
+from asyncrl.wire import transport as tp
+from asyncrl.tasks.control.envs import env_spaces
+from asyncrl.run.launch import free_port
 from asyncrl.roles.learner import Learner
 from slot_examples import SPEC, example_slot
 

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # slot_examples
 
 import numpy as np  # noqa: E402
 
-from asyncrl import config  # noqa: E402
-from asyncrl import transport as tp  # noqa: E402
-from asyncrl.launch import free_port_pair  # noqa: E402
-from asyncrl.security import Security  # noqa: E402
+from asyncrl.core import config  # noqa: E402
+from asyncrl.wire import transport as tp  # noqa: E402
+from asyncrl.run.launch import free_port_pair  # noqa: E402
+from asyncrl.wire.security import Security  # noqa: E402
 
 SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
          "algo.num_minibatches=4", "algo.num_epochs=2", "env.id=asyncrl/Corridor-v0", "run.log_every_s=100000",

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.launch import free_port, free_port_pair  # noqa: F401  (used by the tests)
-from asyncrl.pdeathsig import sigint_as_in_a_terminal
-from asyncrl.shm import run_segment_pattern
+from asyncrl.run.launch import free_port, free_port_pair  # noqa: F401  (used by the tests)
+from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
+from asyncrl.wire.shm import run_segment_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 SHM_DIR = "/dev/shm"
@@ -248,18 +248,18 @@ class Procs:
         assert not left, f"shared-memory segments left behind: {left}"
 
 
-OUTCOME_HEADS = ("done:", "interrupted:", "failed:", "Error:")   # asyncrl.exit_status
+OUTCOME_HEADS = ("done:", "interrupted:", "failed:", "Error:")   # asyncrl.core.exit_status
 
 
 def outcome_lines(text: str) -> list[str]:
-    """The lines of a command's output that say how it ended (asyncrl.exit_status: exactly one)."""
+    """The lines of a command's output that say how it ended (asyncrl.core.exit_status: exactly one)."""
     return [ln for ln in text.splitlines() if ln.startswith(OUTCOME_HEADS)]
 
 
 def assert_strict_json_files(run_dir: Path) -> list[Path]:
     """Parse every .json and .jsonl file under ``run_dir`` with a strict parser (no NaN / Infinity
     literals); returns them."""
-    from asyncrl.metrics import loads_strict
+    from asyncrl.core.metrics import loads_strict
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
     for p in files:
         text = p.read_text()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import zmq
 
-from asyncrl import transport as tp
-from asyncrl.spec import RolloutSpec
+from asyncrl.wire import transport as tp
+from asyncrl.core.spec import RolloutSpec
 from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, shm_segments, wait_for
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from asyncrl import security, shm
-from asyncrl import transport as tp
+from asyncrl.wire import security, shm
+from asyncrl.wire import transport as tp
 from asyncrl.roles.learner import ActorInfo, _gone_here
 from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report, valid_slot
 
@@ -154,8 +154,8 @@ def test_names_in_dev_shm_cannot_break_asyncrl_clean(private_shm, monkeypatch):
 def test_a_taken_ring_name_does_not_stop_a_learner(tmp_path):
     """A file at the very name a learner will create (``asyncrl-<run id>-<pid>``; the run id is
     often given on command lines): it takes another name instead of failing (ShmError on 75409f3)."""
-    from asyncrl import config
-    from asyncrl.launch import free_port
+    from asyncrl.core import config
+    from asyncrl.run.launch import free_port
     from asyncrl.roles.learner import Learner
     from hostile_helpers import SMALL
     run_id = f"hostile-taken-{os.getpid()}"
@@ -213,7 +213,7 @@ def test_refusal_counter_survives_a_concurrent_writer():
 
 def test_broadcaster_summary_survives_refusals_from_another_thread(tmp_path):
     """The same race through the broadcaster's own ``counts`` / ``write_summary``."""
-    from asyncrl.launch import free_port_pair
+    from asyncrl.run.launch import free_port_pair
     from asyncrl.roles.broadcaster import Broadcaster
     b = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", summary=tmp_path / "b.json", echo=lambda *_: None)
     stop = threading.Event()
@@ -475,7 +475,7 @@ class FakeLearner:
     """A ROUTER that answers each hello with the next of ``welcomes`` (headers), in a thread."""
 
     def __init__(self, welcomes: list[dict]):
-        from asyncrl.launch import free_port
+        from asyncrl.run.launch import free_port
         self.ctx = tp.context()
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.sock = tp.router(self.ctx, self.endpoint)
@@ -518,7 +518,7 @@ def _actor(cfg, endpoint: str):
 def test_actor_survives_a_welcome_it_cannot_use(caplog):
     """A welcome whose config is not JSON, not a config, or names an absurd number of slots: counted
     ("bad_welcome"), and the actor keeps saying hello (on 75409f3 each raised out of ``hello``)."""
-    from asyncrl import config
+    from asyncrl.core import config
     from hostile_helpers import SMALL
     cfg = config.load(None, SMALL)
     fake = FakeLearner([_welcome(cfg, config="{not json"), _welcome(cfg, config="[1, 2]"),
@@ -546,7 +546,7 @@ def test_actor_survives_a_welcome_it_cannot_use(caplog):
 def test_actor_falls_back_to_tcp_for_any_attach_error(shm_name, caplog):
     """A shared-memory name that gives EINVAL, ENAMETOOLONG or no segment: the actor ships its
     rollouts over TCP, with one line saying why (on 75409f3 only ShmError was caught)."""
-    from asyncrl import config
+    from asyncrl.core import config
     from hostile_helpers import SMALL
     cfg = config.load(None, SMALL)
     fake = FakeLearner([_welcome(cfg, shm_name=shm_name)])
@@ -582,7 +582,7 @@ def test_broadcaster_answers_snapshots_at_a_bounded_rate_and_survives_its_handle
     """A peer asking for snapshots in a tight loop gets at most one reply per
     SNAPSHOT_INTERVAL_S (the rest counted "snapshot_rate"); an exception in a handler is counted,
     not fatal."""
-    from asyncrl.launch import free_port_pair
+    from asyncrl.run.launch import free_port_pair
     from asyncrl.roles import broadcaster as bmod
     b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
     c = tp.context()
@@ -653,8 +653,8 @@ def test_a_resumed_learner_has_a_newer_epoch_even_after_the_clock_went_back(tmp_
         run_dir = first.run_dir
     real = time.time_ns
     monkeypatch.setattr(lmod.time, "time_ns", lambda: real() - 3600 * 10**9)   # the clock went back an hour
-    from asyncrl import config
-    from asyncrl.launch import free_port
+    from asyncrl.core import config
+    from asyncrl.run.launch import free_port
     from hostile_helpers import SMALL
     second = lmod.Learner(config.load(None, SMALL), run_dir, run_id="epoch-again", bind="tcp://127.0.0.1:0",
                           broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None, resume=True)
@@ -668,9 +668,9 @@ def test_broadcaster_takes_a_lower_epoch_once_the_held_one_is_silent(monkeypatch
     """A learner started after the wall clock stepped back (no checkpoint to continue) has a lower
     epoch: the broadcaster takes its weights once the held epoch's learner has been silent for
     STALE_EPOCH_S (on 75409f3: never, so actors waited for weights for ever)."""
-    from asyncrl.launch import free_port_pair
+    from asyncrl.run.launch import free_port_pair
     from asyncrl.roles import broadcaster as bmod
-    from asyncrl.security import read_weights_secret
+    from asyncrl.wire.security import read_weights_secret
     monkeypatch.setattr(bmod, "STALE_EPOCH_S", 0.5)
     b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
     c = tp.context()
@@ -708,7 +708,7 @@ def test_reject_counts_and_their_log_lines_are_bounded_whatever_the_senders(capl
     stop at ``max_keys`` (the rest are counted under "(others)") and the lines at the budget."""
     import logging
     counter = tp.RejectCounter("learner", budget=tp.LogBudget(per_window=5, window_s=3600.0), max_keys=100)
-    with caplog.at_level(logging.WARNING, logger="asyncrl.transport"):
+    with caplog.at_level(logging.WARNING, logger="asyncrl.wire.transport"):
         for i in range(1000):
             counter.reject(tp.ProtocolError("malformed", "junk"), f"peer-{i}")
     assert len(counter.counts) == 101 and counter.total == 1000

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from asyncrl import transport as tp
-from asyncrl.resource_bounds import learner_max_frame, memory_bound_bytes
+from asyncrl.wire import transport as tp
+from asyncrl.roles.resource_bounds import learner_max_frame, memory_bound_bytes
 from asyncrl.roles.broadcaster import weights_frame_limit
 from hostile_helpers import CORRIDOR, SPEC
 
@@ -417,7 +417,7 @@ def test_an_unauthenticated_peer_cannot_send_frames(tmp_path):
     """With CURVE (a non-loopback bind), a peer without an allowed key never gets past the handshake:
     raw frames after a NULL greeting, and messages of many frames from a CURVE client whose key is
     not allowed, never reach the learner and its RSS does not grow; an allowed client is served."""
-    from asyncrl.security import _load, generate
+    from asyncrl.wire.security import _load, generate
     generate(tmp_path / "keys", 1)
     cpub, csec = _load(tmp_path / "keys" / "client-1" / "client.key_secret", secret=True, why="test")
     spub, _ = _load(tmp_path / "keys" / "client-1" / "server.key", secret=False, why="test")

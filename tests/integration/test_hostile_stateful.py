@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from asyncrl import transport as tp
+from asyncrl.wire import transport as tp
 from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, report, valid_slot
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(300)]
@@ -84,7 +84,7 @@ class HostilePeers(RuleBasedStateMachine):
         self.sent = 0                      # hostile messages sent to the learner
         self.weights_sent = 0
         self.start_iteration = self.learner.state.iteration
-        from asyncrl.launch import free_port_pair
+        from asyncrl.run.launch import free_port_pair
         from asyncrl.roles.broadcaster import Broadcaster
         self.broadcaster = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
         self.snap = tp.dealer(self.ctx, tp.snapshot_endpoint(self.broadcaster.endpoint), tp.route_identity("snap"))
@@ -190,7 +190,7 @@ class HostilePeers(RuleBasedStateMachine):
         learner would send) or not: each is published or rejected and counted, exactly once."""
         import zlib
         import numpy as np
-        from asyncrl.security import read_weights_secret
+        from asyncrl.wire.security import read_weights_secret
         payload = np.ones(4, np.float32)
         self.weights_sent += 1
         header = {"proto": tp.PROTOCOL_VERSION, "type": "weights", "run_id": "r", "epoch": 1,

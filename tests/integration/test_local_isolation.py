@@ -13,9 +13,9 @@ import pytest
 
 from mp_helpers import SMALL, wait_for
 
-from asyncrl import transport as tp
-from asyncrl.launch import private_endpoint_dir
-from asyncrl.security import weights_secret_path
+from asyncrl.wire import transport as tp
+from asyncrl.run.launch import private_endpoint_dir
+from asyncrl.wire.security import weights_secret_path
 
 pytestmark = pytest.mark.integration
 CORRIDOR = "asyncrl/Corridor-v0"
@@ -84,7 +84,7 @@ def test_another_local_user_cannot_reach_a_runs_roles(procs, tmp_path):
 def test_clean_removes_endpoint_dirs_of_killed_runs_only():
     """`asyncrl clean`: a directory whose sockets no one listens on (a supervisor killed by SIGKILL)
     goes; one with a listening socket, or one just made (a run starting), stays."""
-    from asyncrl.launch import remove_stale_endpoint_dirs
+    from asyncrl.run.launch import remove_stale_endpoint_dirs
     dead, live, young = private_endpoint_dir(), private_endpoint_dir(), private_endpoint_dir()
     listener = socket.socket(socket.AF_UNIX)
     try:

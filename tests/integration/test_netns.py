@@ -177,5 +177,5 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     for name in ("broadcaster", "relayA", "relayB"):
         procs.popen[name].send_signal(2)
     deadline = time.monotonic() + 10
-    for name in ("broadcaster", "relayA", "relayB"):   # stopped by SIGINT: 130 (asyncrl.exit_status)
+    for name in ("broadcaster", "relayA", "relayB"):   # stopped by SIGINT: 130 (asyncrl.core.exit_status)
         assert procs.popen[name].wait(max(0.1, deadline - time.monotonic())) == 130, procs.dump()

@@ -32,7 +32,7 @@ from test_netns import Lan, _unavailable
 from ray_nodes import RayNode, ray_unavailable
 from test_study_runs import _metric_rows, study_text
 
-from asyncrl.study import Runner, load_study
+from asyncrl.analysis.study import Runner, load_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 

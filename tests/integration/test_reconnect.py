@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl import transport as tp
+from asyncrl.wire import transport as tp
 from mp_helpers import SMALL, new_run_id, read_jsonl, wait_for
 from test_hostile_messages import Spy
 from test_multiprocess import CORRIDOR, RUN_LINE, endpoints, start_actor, start_learner, start_roles
@@ -34,7 +34,7 @@ def rows_of(run_dir, actor: str) -> list[dict]:
 def stop_learner(procs, name: str = "learner") -> None:
     procs.expect_failure.add(name)     # an interrupted command exits 130, which check_no_failure must allow
     procs.popen[name].send_signal(signal.SIGINT)
-    assert procs.wait(name, 60) == 130, procs.dump()     # interrupted (asyncrl.exit_status)
+    assert procs.wait(name, 60) == 130, procs.dump()     # interrupted (asyncrl.core.exit_status)
 
 
 @pytest.mark.timeout(240)

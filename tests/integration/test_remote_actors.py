@@ -17,9 +17,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from asyncrl import transport as tp
-from asyncrl.security import Security
-from asyncrl.spec import RolloutSpec
+from asyncrl.wire import transport as tp
+from asyncrl.wire.security import Security
+from asyncrl.core.spec import RolloutSpec
 from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, wait_for
 from test_multiprocess import CORRIDOR
 
@@ -195,5 +195,5 @@ def test_relay_tcp_rollouts_and_handshake_refusals(procs, tmp_path):
     assert "refused actor other_run" in procs.err("learner")
     for name in ("broadcaster", "relay"):
         procs.popen[name].send_signal(signal.SIGINT)
-        assert procs.wait(name, 10) == 130, procs.dump()     # stopped by Ctrl-C: interrupted (asyncrl.exit_status)
+        assert procs.wait(name, 10) == 130, procs.dump()     # stopped by Ctrl-C: interrupted (asyncrl.core.exit_status)
     procs.shutdown()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mp_helpers import REPO, alive, assert_strict_json_files, descendants, wait_for
-from asyncrl.study import Runner, load_study
+from asyncrl.analysis.study import Runner, load_study
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +127,7 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
     assert len(results["cells"]) == 6 and (out / "report.md").exists() and (out / "results.csv").exists()
     assert {g["label"] for g in results["groups"]} == {"vaco", "ppo"}
     # where each cell ran: the CPU model is recorded (serial cells repeat bit for bit only on one model)
-    from asyncrl.provenance import cpu_model
+    from asyncrl.core.provenance import cpu_model
     assert all(c["machine"]["cpu_model"] == cpu_model() for c in results["cells"])
     assert "CPU models (cells): " in (out / "report.md").read_text()
 

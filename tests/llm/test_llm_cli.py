@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
 
-from asyncrl.tasks.llm.cli import WARMUP_STAMP, llm  # noqa: E402
+from asyncrl.cli.llm import WARMUP_STAMP, llm  # noqa: E402
 
 
 def test_prepare_then_reuse(tmp_path, micro_config):

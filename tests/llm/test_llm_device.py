@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 
-from asyncrl import config  # noqa: E402
-from asyncrl.config import ConfigError  # noqa: E402
-from asyncrl.seeding import actor_seeds  # noqa: E402
-from asyncrl.state import LearnerState  # noqa: E402
+from asyncrl.core import config  # noqa: E402
+from asyncrl.core.config import ConfigError  # noqa: E402
+from asyncrl.core.seeding import actor_seeds  # noqa: E402
+from asyncrl.core.state import LearnerState  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncrl.algo.losses import ppo_clip_loss, vaco_policy_loss
-from asyncrl.tasks.llm import grpo
+from asyncrl.algo import grpo
 
 MASK = torch.tensor([[True, True, False], [True, False, False]])
 ADV = torch.tensor([2.0, -1.0])                   # one advantage per completion, B = 2

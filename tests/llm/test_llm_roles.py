@@ -1,7 +1,7 @@
 """The llm task through the shared roles' code: group advantages broadcast over tokens into the same
 loss functions as the control task (hand-computed values and gradients, padding masked), the slot a
 generator writes, the LM's weights through the broadcaster's flat buffer, and a bit-reproducible
-serial run (asyncrl.serial, the same Consumer and LearnerState as MuJoCo)."""
+serial run (asyncrl.run.serial, the same Consumer and LearnerState as MuJoCo)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,18 +17,20 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 
-from asyncrl import config, transport as tp  # noqa: E402
-from asyncrl.config import AlgoConfig, ConfigError  # noqa: E402
-from asyncrl.consume import check_slot  # noqa: E402
-from asyncrl.launch import free_port_pair  # noqa: E402
+from asyncrl.core import config
+from asyncrl.wire import transport as tp  # noqa: E402
+from asyncrl.core.config import AlgoConfig, ConfigError  # noqa: E402
+from asyncrl.core.consume import check_slot  # noqa: E402
+from asyncrl.run.launch import free_port_pair  # noqa: E402
 from asyncrl.roles.broadcaster import Broadcaster  # noqa: E402
-from asyncrl.security import read_weights_secret  # noqa: E402
-from asyncrl.seeding import actor_seeds  # noqa: E402
-from asyncrl.serial import run_serial  # noqa: E402
+from asyncrl.wire.security import read_weights_secret  # noqa: E402
+from asyncrl.core.seeding import actor_seeds  # noqa: E402
+from asyncrl.run.serial import run_serial  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
-from asyncrl.tasks.llm import grpo, model as m, task as llm_task  # noqa: E402
+from asyncrl.algo import grpo
+from asyncrl.tasks.llm import model as m, task as llm_task  # noqa: E402
 from asyncrl.tasks.llm.learn import _token_log_probs  # noqa: E402
-from asyncrl.iteration import policy_loss  # noqa: E402
+from asyncrl.core.iteration import policy_loss  # noqa: E402
 
 EPS = grpo.DEFAULT_EPS
 

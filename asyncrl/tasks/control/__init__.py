@@ -1,4 +1,4 @@
 """Control tasks (gymnasium, MuJoCo): :class:`ControlTask` and :class:`ControlProducer`."""
-from .task import ControlProducer, ControlTask
+from asyncrl.tasks.control.task import ControlProducer, ControlTask
 
 __all__ = ["ControlProducer", "ControlTask"]

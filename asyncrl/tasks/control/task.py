@@ -1,7 +1,7 @@
 """The control task: gymnasium envs, the MLP actor-critic with observation normalisation, time-major
 rollouts of T steps from E envs, and the actor-critic learner iteration (V-trace / GAE, every preset).
 
-The pieces keep their modules (``asyncrl.envs``, ``policy``, ``rollout``, ``update``: the names
+The pieces keep their modules (``asyncrl.tasks.control.envs``, ``policy``, ``rollout``, ``update``: the names
 users and the tests import); this module binds them to the task interface (asyncrl.tasks.base)
 without changing a number: the calls are the ones the roles made before the interface existed.
 """
@@ -13,12 +13,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ...envs import VecEnv, env_spaces, rollout_spec
-from ...policy import InferencePolicy, build_policy, flatten_weights, layout_hash
-from ...rollout import RolloutStats, collect
-from ...spec import RolloutSpec
-from ...evaluate import PeriodicEval
-from ...update import learner_iteration
+from asyncrl.tasks.control.envs import VecEnv, env_spaces, rollout_spec
+from asyncrl.tasks.control.policy import InferencePolicy, build_policy, flatten_weights, layout_hash
+from asyncrl.tasks.control.rollout import RolloutStats, collect
+from asyncrl.core.spec import RolloutSpec
+from asyncrl.tasks.control.evaluate import PeriodicEval
+from asyncrl.tasks.control.update import learner_iteration
 
 
 class ControlProducer:

@@ -1,7 +1,7 @@
 """Defaults of the supervised warm-up, shared by :mod:`asyncrl.tasks.llm.warmup` and the ``llm`` CLI
 (importing only the config, so the CLI does not load torch to build its options). Those a run can
-set are the config's ``[llm]`` defaults (:class:`asyncrl.config.LLMConfig`), read from there."""
-from ...config import LLMConfig
+set are the config's ``[llm]`` defaults (:class:`asyncrl.core.config.LLMConfig`), read from there."""
+from asyncrl.core.config import LLMConfig
 
 WARMUP_STAMP = "asyncrl-warmup.json"   # settings and measured figures of a warmed-up directory (its cache key)
 DEFAULT_STEPS = LLMConfig.warmup_steps              # llm.warmup_steps

@@ -1,6 +1,6 @@
 """One learner iteration of the llm task: GRPO advantages, then epochs x minibatches of the preset's
 policy loss on completion tokens, through the same dispatch as the control task
-(:func:`asyncrl.iteration.policy_loss`: ``grpo`` -> ``ppo_clip_loss``, ``vaco`` -> ``vaco_policy_loss``
+(:func:`asyncrl.core.iteration.policy_loss`: ``grpo`` -> ``ppo_clip_loss``, ``vaco`` -> ``vaco_policy_loss``
 with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward ratio π_θ/π_T).
 
 1. With the weights at iteration start (π_T): log π_T of the completion tokens of the rows that can
@@ -10,9 +10,9 @@ with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward
    step of the iteration and hence at π_T: with one minibatch and one epoch (the gsm-tiny default)
    the learner makes no separate forward at all. A forward of every row took twice the time of the
    training step on the informative fifth (lab/llm-gsm-tiny/README.md).
-2. Group-normalised advantages per row (:func:`asyncrl.tasks.llm.grpo.group_advantages`; with
+2. Group-normalised advantages per row (:func:`asyncrl.algo.grpo.group_advantages`; with
    ``llm.realign = "is_baseline"`` against the baseline of π_T instead,
-   :func:`asyncrl.tasks.llm.grpo.realigned_group_advantages` with ``algo.rho_bar``; docs/llm-realignment.md),
+   :func:`asyncrl.algo.grpo.realigned_group_advantages` with ``algo.rho_bar``; docs/llm-realignment.md),
    broadcast over the tokens the policy chose (``policy_mask``: padding and calculator-written tokens
    get none), times the averaging weights (``llm.averaging``); negative advantages are scaled by
    ``llm.negative_weight`` (1: GRPO; 0: positive-sample reinforcement, arXiv:2506.01347).
@@ -23,7 +23,7 @@ with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward
    such a minibatch; ``drop`` removes them first, as DAPO's dynamic sampling, arXiv:2503.14476, and
    splits the rest into at most num_minibatches parts). With
    ``llm.kl_coef > 0`` each step's loss adds kl_coef times the k3 estimate of KL(π_θ || π_ref) per
-   policy token (:func:`asyncrl.tasks.llm.grpo.kl_k3`), averaged with the loss's token weights; π_ref
+   policy token (:func:`asyncrl.algo.grpo.kl_k3`), averaged with the loss's token weights; π_ref
    is the frozen start model, its log-probs computed once per iteration (DeepSeekMath, arXiv:2402.03300).
 
 Shapes: batch rows R' = B slots x prompts x G (groups of G consecutive rows), S = S_p + L tokens.
@@ -35,10 +35,9 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from ...iteration import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps,
-                       step_means, step_record)
-from . import grpo
-from .sampling import completion_log_probs
+from asyncrl.core.iteration import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps, step_means, step_record)
+from asyncrl.algo import grpo
+from asyncrl.tasks.llm.sampling import completion_log_probs
 
 
 def _token_log_probs(model, batch: dict[str, torch.Tensor], rows, *, temperature: float) -> torch.Tensor:
@@ -100,7 +99,7 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm
             when llm.kl_coef > 0, unused otherwise.
         version: the learner's version; splits no_grad_fraction into stale / fresh tokens and
             gives the generator-vs-learner log-prob mismatch of fresh rows (zero lag).
-        forward_context: the context of the model's forwards (asyncrl.device.forward_context: bf16
+        forward_context: the context of the model's forwards (asyncrl.core.device.forward_context: bf16
             autocast or none); the token log-probs come out float32 (completion_log_probs casts the
             logits before the log-softmax), so ratios and losses are float32. ``batch`` and
             ``model`` share a device; ``generator`` is a CPU one.

@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from ...metrics import strict_json
-from . import gsm
+from asyncrl.core.metrics import strict_json
+from asyncrl.tasks.llm import gsm
 
 EOS_TOKEN = "<|endoftext|>"   # also the padding token (padding positions are masked, never trained on)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "llm" / "tiny-qwen2.json"

@@ -30,7 +30,7 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from . import gsm
+from asyncrl.tasks.llm import gsm
 
 
 class Samples(NamedTuple):

@@ -12,7 +12,7 @@ Fields (S_p = prompt_tokens, L = completion_tokens):
   behavior_log_prob [R, L] float32  log β of each sampled token (nats), 0 where policy_mask is False
   behavior_version  [R] int64       the policy version that generated the row (one per slot)
   rewards           [R] float32     the verifiable reward of the row's completion
-  grant_id          [R] int64       audit tag, written last in each row (asyncrl.spec)
+  grant_id          [R] int64       audit tag, written last in each row (asyncrl.core.spec)
 
 For the roles' counting a completion is a one-step episode: ``num_envs`` = R rows, ``rollout_length``
 = 1, and ``env_steps`` counts completions (run.total_env_steps is a completion budget).
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...spec import Field, SlotSpec
+from asyncrl.core.spec import Field, SlotSpec
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ...metrics import strict_json
-from ...wording import count_of
-from ..base import NoPeriodicEvaluation, RolloutStats
-from . import gsm
-from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_THREADS as WARMUP_THREADS
-from .spec import TokenSpec
+from asyncrl.core.metrics import strict_json
+from asyncrl.core.wording import count_of
+from asyncrl.tasks.base import NoPeriodicEvaluation, RolloutStats
+from asyncrl.tasks.llm import gsm
+from asyncrl.tasks.llm.defaults import DEFAULT_BATCH_SIZE, DEFAULT_THREADS as WARMUP_THREADS
+from asyncrl.tasks.llm.spec import TokenSpec
 
 # nothing is fetched from a hub at run time (the roles are child processes: they inherit these)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,8 +93,8 @@ class LLMProducer:
         self.gen = torch.Generator()
 
     def bind(self, cfg, seeds, template=None) -> None:
-        from ...device import check_device
-        from . import model as m
+        from asyncrl.core.device import check_device
+        from asyncrl.tasks.llm import model as m
         self.device = check_device(self.cfg.actor.device, key="actor.device")
         loaded = m.load(self.task.start_dir())
         self.model, self.tokenizer = loaded.model.to(self.device), loaded.tokenizer
@@ -117,7 +117,7 @@ class LLMProducer:
                 tick: Callable[[], None] | None = None) -> RolloutStats:
         """Sample G completions for each of P prompts drawn from the train problems, score them, and
         write the slot row by row (``grant_id`` last in each row, ``guard`` asked around each)."""
-        from .sampling import decode_completions, generate_group
+        from asyncrl.tasks.llm.sampling import decode_completions, generate_group
         if guard is not None:
             grant_id = guard.grant_id
         if tick is not None:
@@ -230,7 +230,7 @@ class LLMTask:
         """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when llm.model_dir is
         '', then llm.warmup_steps of :func:`asyncrl.tasks.llm.warmup.warmup` with its defaults
         (cached, keyed by the settings). Raises model.ModelLoadError for a missing llm.model_dir."""
-        from . import model as m, warmup as w
+        from asyncrl.tasks.llm import model as m, warmup as w
         llm = self.cfg.llm
         if not llm.model_dir:
             path, reused = m.prepare(self.base_dir(), seed=llm.model_seed)
@@ -265,7 +265,7 @@ class LLMTask:
         checks: list[tuple[int, float]] = []
 
         def reached(steps: int) -> bool:   # the warm-up's early stop: greedy accuracy on the validation problems
-            from .sampling import evaluate
+            from asyncrl.tasks.llm.sampling import evaluate
             if steps < llm.warmup_steps // 2:   # checked from half the budget on (each check costs seconds)
                 return False
             loaded.model.eval()
@@ -330,7 +330,7 @@ class LLMTask:
         return LLMProducer(self)
 
     def build_policy(self):
-        from . import model as m
+        from asyncrl.tasks.llm import model as m
         return m.load(self.start_dir()).model
 
     def reference(self):
@@ -339,7 +339,7 @@ class LLMTask:
         if self.cfg.llm.kl_coef == 0:
             return None
         if self._reference is None:
-            from . import model as m
+            from asyncrl.tasks.llm import model as m
             self._reference = m.load(self.start_dir()).model.requires_grad_(False).eval()
         return self._reference
 
@@ -355,7 +355,7 @@ class LLMTask:
         return {n: torch.from_numpy(np.concatenate([arrays[n] for _, arrays in slots], axis=0)) for n in names}
 
     def learner_iteration(self, state, batch) -> dict[str, Any]:
-        from .learn import llm_iteration
+        from asyncrl.tasks.llm.learn import llm_iteration
         reference = self.reference()
         if reference is not None:
             reference.to(state.device)   # in place; a no-op after the first iteration and on the CPU
@@ -376,8 +376,8 @@ class LLMTask:
         interval then measures the policy's change, not the draws'); "greedy": argmax decoding.
         Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
         instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
-        from . import model as m
-        from .sampling import eval_completions
+        from asyncrl.tasks.llm import model as m
+        from asyncrl.tasks.llm.sampling import eval_completions
         llm = self.cfg.llm
         heldout = gsm.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
@@ -408,7 +408,7 @@ class LLMTask:
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
         """Make the start model, then (once per run directory) its held-out accuracy before RL.
         Raises ValueError (a model directory that does not load), FileExistsError."""
-        from . import model as m
+        from asyncrl.tasks.llm import model as m
         try:
             start = self.prepare_model(echo)
         except m.ModelLoadError as exc:
@@ -432,7 +432,7 @@ class LLMTask:
         start model asyncrl made in llm.cache_dir (never for a user's own directory) reused from, or
         saved to, llm.cache_dir/start-evals/KEY.json (:meth:`start_eval_key`; adds initial_eval_cached
         when reused). A cache that cannot be written costs the next run an evaluation, nothing else."""
-        from . import model as m
+        from asyncrl.tasks.llm import model as m
         llm = self.cfg.llm
         cache = None
         if Path(start).resolve().is_relative_to(Path(llm.cache_dir).resolve()):

@@ -20,11 +20,11 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from ...metrics import strict_json
-from . import gsm
+from asyncrl.core.metrics import strict_json
+from asyncrl.tasks.llm import gsm
 
 
-from .defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_THREADS, DEFAULT_WARMUP_STEPS, WARMUP_STAMP  # noqa: F401
+from asyncrl.tasks.llm.defaults import (DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_THREADS, DEFAULT_WARMUP_STEPS, WARMUP_STAMP)  # noqa: F401
 
 
 class WarmupResult(NamedTuple):
@@ -254,7 +254,7 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, *, seed: int = 0, ste
     """
     import torch
 
-    from . import model as m, sampling
+    from asyncrl.tasks.llm import model as m, sampling
 
     out = Path(out_dir)
     settings = {"model": str(Path(model_dir).resolve()), "seed": seed, "steps": steps, "batch_size": batch_size,

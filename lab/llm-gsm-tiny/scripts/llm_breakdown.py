@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.config import translate_moved_keys
+from asyncrl.core.config import translate_moved_keys
 from asyncrl.tasks.llm import gsm, model as m
 from asyncrl.tasks.llm.sampling import eval_completions
 

@@ -12,7 +12,7 @@ versions; serial cells are bit-reproducible, so a cell of another version is use
 arithmetic is today's: vaco's from fingerprint 1dd1b88b3c4266c3 (the default since 2cbeb42; its
 HalfCheetah seed 101 cell was re-run with today's code and gave the same return to the last digit),
 ppo's from any version, after checking that every version gave the same return. Prints per env each
-arm's IQM with its 95 % bootstrap CI and P(X > Y) (asyncrl.stats), then P(X > Y) over the three envs.
+arm's IQM with its 95 % bootstrap CI and P(X > Y) (asyncrl.analysis.stats), then P(X > Y) over the three envs.
 
 ``--condition age-8``: the same for the age buffer K = 8, with the default's cells from
 ``quick-delta``'s ``vaco_no_filter`` arm (at δ 0.2 the default to the last digit on the Intel Xeon
@@ -26,8 +26,8 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from asyncrl import stats
-from asyncrl.study_store import CellStore
+from asyncrl.analysis import stats
+from asyncrl.analysis.study_store import CellStore
 
 STUDIES = Path("bench/results/studies")
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncrl.stats import _poi   # P(X > Y) + 0.5 P(X = Y), the Mann-Whitney statistic
+from asyncrl.analysis.stats import _poi   # P(X > Y) + 0.5 P(X = Y), the Mann-Whitney statistic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))   # pool_studies stays a product tool
 from pool_studies import _flat, fmt, pooled, read, seed_bootstrap  # noqa: E402

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
-from asyncrl.study_store import CellStore
+from asyncrl.analysis.study_store import CellStore
 
 
 def cells(study: Path):

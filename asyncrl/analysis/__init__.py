@@ -1,0 +1,2 @@
+"""Reading results: studies (runner, report, Ray placement), statistics, plots, the lag report.
+No run imports it."""

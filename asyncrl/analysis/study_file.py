@@ -1,0 +1,203 @@
+"""A study file (TOML; configs/studies/ has examples) and the cells it names.
+
+    name = "quick"                      # results go to studies/<name>/ unless --out says otherwise
+    total_env_steps = 500000
+    seeds = [101, 102, 103, 104, 105]
+    envs = ["HalfCheetah-v5", "Hopper-v5"]
+    config = "configs/default.toml"     # optional base config; `set` adds overrides for every cell
+    set = ["run.log_every_s=60"]
+    [reference]                         # fixed before the study runs: normalised score 1 (STUDY.md)
+    "HalfCheetah-v5" = 1443.0
+    [modes]                             # optional: split between an env's low and high mode
+    "HalfCheetah-v5" = 3000.0
+    [[arm]]                             # cells = envs x presets x conditions x sweep x seeds
+    presets = ["vaco", "ppo"]
+    conditions = ["none", "age-8", "async-2", "straggler"]
+    [[arm]]
+    name = "delta"                      # label prefix (default: the preset)
+    presets = ["vaco"]
+    conditions = ["age-8"]
+    sweep = {"algo.tv_threshold" = [0.05, 0.1, 0.2]}
+
+Lag conditions (STUDY.md): ``none`` (serial), ``age-K`` (policy-age buffer K, serial),
+``delay-K`` (policy delay K, serial), ``async-N`` (multi-process, N actors), ``straggler`` or
+``straggler-N-S`` (multi-process, N actors, actor0 slowed by S seconds per rollout; default 2, 0.2).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asyncrl.core import config as config_mod
+
+CONDITION = re.compile(r"^(none|age-(\d+)|delay-(\d+)|async-(\d+)|straggler(?:-(\d+)-([0-9.]+))?)$")
+STUDY_KEYS = {"name", "total_env_steps", "seeds", "envs", "config", "set", "reference", "modes", "arm",
+              "random_episodes", "compare"}
+ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs"}
+
+
+class StudyError(ValueError):
+    """A study file is wrong; the message names the field."""
+
+
+def condition_settings(name: str) -> tuple[str, list[str]]:
+    """(mode, overrides) of a lag condition: mode is "serial" or "multiprocess".
+
+    Raises:
+        StudyError: an unknown condition name.
+    """
+    m = CONDITION.match(name)
+    if not m:
+        raise StudyError(f"unknown lag condition {name!r}; use none, age-K, delay-K, async-N, straggler[-N-S]")
+    if name == "none":
+        return "serial", []
+    if m.group(2):
+        return "serial", [f"actor.policy_age_buffer={int(m.group(2))}"]
+    if m.group(3):
+        return "serial", [f"actor.policy_delay={int(m.group(3))}"]
+    if m.group(4):
+        return "multiprocess", [f"run.num_actors={int(m.group(4))}"]
+    actors, slow = (int(m.group(5)), float(m.group(6))) if m.group(5) else (2, 0.2)
+    return "multiprocess", [f"run.num_actors={actors}", f"run.straggler_slowdown_s={slow}"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str                 # the arm's name (or preset) plus its sweep values
+    env: str
+    preset: str
+    condition: str
+    seed: int
+    overrides: tuple[str, ...]  # study + arm + sweep + condition settings, in that order
+    mode: str                  # "serial" or "multiprocess"
+    total_env_steps: int
+    config_file: str | None = None
+
+    def command(self, run_dir: Path) -> list[str]:
+        """The `asyncrl run` command line of this cell."""
+        cmd = [sys.executable, "-m", "asyncrl", "run", *(["--serial"] if self.mode == "serial" else []),
+               "--env", self.env, "--preset", self.preset, "--seed", str(self.seed),
+               "--total-steps", str(self.total_env_steps), "--run-dir", str(run_dir)]
+        if self.config_file:
+            cmd += ["--config", self.config_file]
+        for o in self.overrides:
+            cmd += ["--set", o]
+        return cmd + self._absolute_paths()
+
+    def _absolute_paths(self) -> list[str]:
+        """A cell runs in its own directory, so an llm cell's relative llm.cache_dir and llm.model_dir
+        are made absolute against the study's working directory (every cell then shares one cached
+        warm-up). Command line only: the cell's key keeps the paths as the study file gives them."""
+        resolved = self.resolved_config()
+        if resolved["task"]["kind"] != "llm":
+            return []
+        llm = resolved["llm"]
+        return [a for key in ("cache_dir", "model_dir") if llm[key] and not Path(llm[key]).is_absolute()
+                for a in ("--set", f"llm.{key}={Path(llm[key]).resolve()}")]
+
+    def resolved_config(self) -> dict:
+        cfg = config_mod.load(self.config_file, self.overrides, {
+            "env": {"id": self.env}, "algo": {"preset": self.preset},
+            "run": {"seed": self.seed, "total_env_steps": self.total_env_steps}})
+        d = cfg.to_dict()
+        for k in ("run_dir", "log_every_s"):       # where and how often it logs: not the outcome
+            d["run"].pop(k, None)
+        d.pop("transport", None)
+        return d
+
+
+@dataclass
+class Study:
+    name: str
+    path: Path
+    cells: list[Cell]
+    reference: dict[str, float] = field(default_factory=dict)
+    modes: dict[str, float] = field(default_factory=dict)
+    random_episodes: int = 10
+    compare: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _list(where: str, value, kind) -> list:
+    if not isinstance(value, list) or not value or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        raise StudyError(f"{where} must be a non-empty list of {kind.__name__}, got {value!r}")
+    return value
+
+
+def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: list[int] | None = None,
+               envs: list[str] | None = None, presets: list[str] | None = None,
+               conditions: list[str] | None = None) -> Study:
+    """Parse a study file into its cells; the keyword arguments shrink it (smoke runs).
+
+    Raises:
+        StudyError: unreadable file, unknown key, wrong type, unknown condition, or a cell whose
+            config is invalid (the message names the cell).
+    """
+    path = Path(path).resolve()
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise StudyError(f"study file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise StudyError(f"{path}: invalid TOML: {exc}") from None
+    bad = sorted(set(data) - STUDY_KEYS)
+    if bad:
+        raise StudyError(f"{path}: unknown study key {bad[0]!r}; keys are {sorted(STUDY_KEYS)}")
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise StudyError(f"{path}: name must be letters, digits, '_', '.', '-', got {name!r}")
+    steps = total_env_steps or data.get("total_env_steps", 1_000_000)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise StudyError(f"{path}: total_env_steps must be a positive integer, got {steps!r}")
+    all_seeds = seeds or _list("seeds", data.get("seeds", [1]), int)
+    all_envs = envs or _list("envs", data.get("envs", ["HalfCheetah-v5"]), str)
+    common = _list("set", data["set"], str) if "set" in data else []
+    cfg_file = data.get("config")
+    if cfg_file is not None:
+        cfg_file = str((path.parent / cfg_file) if not Path(cfg_file).is_absolute() and not Path(cfg_file).exists() else cfg_file)
+    arms = data.get("arm")
+    if not isinstance(arms, list) or not arms:
+        raise StudyError(f"{path}: a study needs at least one [[arm]]")
+    cells: list[Cell] = []
+    only_presets, only_conditions = set(presets or ()), set(conditions or ())
+    for i, arm in enumerate(arms):
+        where = f"{path}: arm {i + 1}"
+        bad = sorted(set(arm) - ARM_KEYS)
+        if bad:
+            raise StudyError(f"{where}: unknown key {bad[0]!r}; keys are {sorted(ARM_KEYS)}")
+        arm_presets = _list(f"{where}: presets", arm.get("presets"), str)
+        arm_conditions = _list(f"{where}: conditions", arm.get("conditions", ["none"]), str)
+        arm_set = _list(f"{where}: set", arm["set"], str) if "set" in arm else []
+        sweep = arm.get("sweep", {})
+        if not isinstance(sweep, dict):
+            raise StudyError(f"{where}: sweep must be a table of key = [values]")
+        axes = [[(k, v) for v in _list(f"{where}: sweep.{k}", vals, object)] for k, vals in sweep.items()]
+        arm_envs = envs or (_list(f"{where}: envs", arm["envs"], str) if "envs" in arm else all_envs)
+        for env, preset, cond, combo in itertools.product(arm_envs, arm_presets, arm_conditions,
+                                                          itertools.product(*axes)):
+            if (only_presets and preset not in only_presets) or (only_conditions and cond not in only_conditions):
+                continue
+            mode, cond_set = condition_settings(cond)
+            swept = [f"{k}={json.dumps(v)}" for k, v in combo]
+            label = " ".join([arm.get("name", preset) if len(arm_presets) == 1 or "name" not in arm else f"{arm['name']}:{preset}",
+                              *(f"{k.split('.')[-1]}={v}" for k, v in combo)])
+            for seed in all_seeds:
+                cells.append(Cell(label, env, preset, cond, int(seed), tuple(common + arm_set + swept + cond_set),
+                                  mode, steps, cfg_file))
+    if not cells:
+        raise StudyError(f"{path}: no cell matches the given presets / conditions")
+    for c in cells[:: max(1, len(all_seeds))]:       # one check per (arm, env, preset, condition, sweep)
+        try:
+            c.resolved_config()
+        except config_mod.ConfigError as exc:
+            raise StudyError(f"{path}: cell {c.label} / {c.env} / {c.condition}: {exc}") from None
+    # interleave: seed-major, so a partial study holds every arm's first seeds
+    order = {s: k for k, s in enumerate(all_seeds)}
+    cells.sort(key=lambda c: order[c.seed])
+    compare = [tuple(p) for p in data.get("compare", [])]
+    return Study(name, path, cells, reference=dict(data.get("reference", {})), modes=dict(data.get("modes", {})),
+                 random_episodes=int(data.get("random_episodes", 10)), compare=compare)  # type: ignore[arg-type]

@@ -1,0 +1,126 @@
+"""One learner iteration's shared pieces, for every task kind: the policy loss of the configured
+preset, the optimizer step, the per-step records and their reduction, minibatch advantage
+normalisation and the TV filter's split by lag. The control task's iteration
+(:mod:`asyncrl.tasks.control.update`) and the llm task's (:mod:`asyncrl.tasks.llm.learn`) both build on them."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncrl.algo import losses
+from asyncrl.core.optim import GuardedAdam
+
+
+def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> losses.PolicyLoss:
+    """The policy loss of preset ``cfg.preset`` (an AlgoConfig) on flat [N] samples: env steps of the
+    control task, completion tokens of the llm task (asyncrl.tasks.llm.learn); one dispatch for both."""
+    p = cfg.preset
+    if p in ("vaco", "vaco_paper", "vaco_no_realign"):
+        anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
+        return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                                       advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor,
+                                       surrogate_rho_bar=cfg.surrogate_rho_bar,
+                                       min_deviation=cfg.tv_filter_min_deviation, force=force,
+                                       ratio_cap=cfg.tv_filter_ratio_cap, behavior_band=cfg.behavior_band,
+                                       band_ratio=cfg.behavior_band_ratio)
+    if p == "vaco_no_filter":      # vaco's surrogate (same anchor, weight bound and band) without the TV filter
+        anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
+        return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv,
+                                       tv_threshold=math.inf, anchor_log_prob=anchor,
+                                       surrogate_rho_bar=cfg.surrogate_rho_bar, behavior_band=cfg.behavior_band,
+                                       band_ratio=cfg.behavior_band_ratio)
+    if p in ("ppo", "grpo"):       # grpo: PPO-clip on token ratios (its advantages are the group-normalised ones)
+        return losses.ppo_clip_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                                    advantages=adv, clip_eps=cfg.clip_eps)
+    if p == "ppo_kl":
+        return losses.ppo_kl_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                                  advantages=adv, kl_coef=cfg.kl_coef)
+    if p == "spo":
+        return losses.spo_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
+                               advantages=adv, spo_eps=cfg.spo_eps)
+    raise ValueError(f"unknown preset {p!r}")
+
+
+def optimizer_step(optimizer, loss, max_grad_norm) -> torch.Tensor:
+    """Backward, clip the global norm of the optimizer's parameters' gradient at ``max_grad_norm``,
+    step: returns the norm before clipping (0-dim tensor). A :class:`asyncrl.core.optim.GuardedAdam` is
+    given that norm and skips the step when it is not finite."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for p in params:   # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
+        p.grad = None
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if isinstance(optimizer, GuardedAdam):
+        optimizer.step(grad_norm=grad_norm)
+    else:
+        optimizer.step()
+    return grad_norm.detach()
+
+
+def step_record(step: int, pl: losses.PolicyLoss, grad_norm: torch.Tensor, **extra) -> dict[str, Any]:
+    """One optimizer step's diagnostics, kept as 0-dim tensors (no device sync per step); the
+    iteration converts them all at once (:func:`scalar_steps`)."""
+    record = {"step": step, "policy_loss": pl.loss.detach(), "approx_kl": pl.approx_kl, "tv_estimate": pl.tv_estimate,
+              "no_grad_fraction": pl.no_grad_fraction, "grad_norm": grad_norm}
+    if pl.clip_fraction_two_sided is not None:   # PPO clip only (ppo, grpo)
+        record["clip_fraction_two_sided"] = pl.clip_fraction_two_sided
+    return {**record, **extra}
+
+
+def scalar_steps(steps: list[dict]) -> list[dict]:
+    """The step records with every 0-dim tensor as a Python float, one stack and transfer per key."""
+    if not steps:
+        return steps
+    columns = {}
+    for k in steps[0]:
+        vals = [s[k] for s in steps]
+        if all(isinstance(v, torch.Tensor) for v in vals):
+            columns[k] = torch.stack([v.float() for v in vals]).cpu().tolist()
+        else:
+            columns[k] = vals if k == "step" else [float(v) for v in vals]
+    return [{k: columns[k][i] for k in columns} for i in range(len(steps))]
+
+
+def step_means(steps: list[dict]) -> dict[str, float]:
+    """Mean over an iteration's optimizer steps of each scalar they report (NaN steps ignored; NaN
+    when every step is NaN), ``step`` left out."""
+    return {k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
+            for k in steps[0] if k != "step"}
+
+
+def minibatch_rows(steps: list[dict]) -> list[list[float]]:
+    """Per optimizer step [step, tv_estimate, no_grad_fraction] (forward lag; asyncrl.core.metrics.MINIBATCH_COLUMNS)."""
+    return [[s["step"], s["tv_estimate"], s["no_grad_fraction"]] for s in steps]
+
+
+def normalize_advantages(a: torch.Tensor, on: bool) -> torch.Tensor:
+    """Minibatch advantage normalisation (PPO's): (a - mean) / (std + 1e-8) when ``on`` and a has
+    more than one element; otherwise ``a`` unchanged."""
+    return (a - a.mean()) / (a.std() + 1e-8) if on and a.numel() > 1 else a
+
+
+def filter_split(fired: torch.Tensor | None, keep: torch.Tensor, stale: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """How often VACO's TV filter fired (0 or 1), and the share of stale and of fresh samples left
+    without gradient (no_grad_fraction split by lag; NaN where a minibatch has none), per minibatch.
+
+    Args:
+        fired: [...] bool, whether the filter fired (PolicyLoss.filter_fired), or None (no TV filter:
+            PPO's clip).
+        keep: [..., M] bool, the samples that kept their gradient (PolicyLoss.keep_mask).
+        stale: [..., M] bool (behaviour version older than the learner's), or None.
+
+    Returns:
+        float32 tensors of shape [...]: filter_fire_rate (with ``fired``), and with ``stale``
+        no_grad_fraction_stale and no_grad_fraction_fresh.
+    """
+    out = {} if fired is None else {"filter_fire_rate": fired.to(torch.float32)}
+    if stale is None:
+        return out
+    removed = ~keep
+    n_stale = stale.sum(-1).to(torch.float32)
+    out["no_grad_fraction_stale"] = (removed & stale).sum(-1).to(torch.float32) / n_stale
+    out["no_grad_fraction_fresh"] = (removed & ~stale).sum(-1).to(torch.float32) / (stale.shape[-1] - n_stale)
+    return out

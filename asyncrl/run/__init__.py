@@ -1,0 +1,1 @@
+"""Ways to run the roles: serial mode (one process), the local supervisor (`asyncrl run`) and Ray."""

@@ -1,0 +1,418 @@
+"""``asyncrl run --launcher ray``: the same roles as ``asyncrl run``, placed, started, restarted and
+stopped by a Ray cluster (https://docs.ray.io) instead of the local supervisor.
+
+Each role is the same ``python -m asyncrl ROLE ...`` command, run as a child process of one
+Ray actor (:class:`RoleHost`) on the node Ray put it on, so the data path stays ZeroMQ (CURVE
+across nodes, shared memory where an actor shares the learner's node and /dev/shm). Placement:
+the learner and the broadcaster on the node with a ``learner`` custom resource (else the head
+node); the actors round-robin over the other nodes (all on the learner's node when there are
+none), with a relay broadcaster on each of those nodes, so weights cross the network once per
+node. Ray is the one restart authority: a role process that dies makes its Ray actor exit, Ray
+restarts the actor (``max_restarts`` = run.max_restarts, no window or backoff: Ray has none) and
+the new actor starts the role again; a restarted learner resumes from its checkpoint on its node's
+disk (the run directory). Killing a role's Ray actor ends its process too (PR_SET_PDEATHSIG).
+
+Keys: a CURVE key set per run, made on the driver in a private temporary directory, read into
+memory and deleted; each role gets only its node's part as actor arguments and writes it to a
+0700 directory of its node (``/tmp/asyncrl-ray-RUNID``). Trust model: whoever can reach the Ray
+cluster can run code on it, and so can read those keys; the keys keep out those who can reach
+the nodes' asyncrl ports but not Ray.
+
+Ray is an optional extra: ``pip install -e '.[ray]'``. Usage statistics stay off
+(RAY_USAGE_STATS_ENABLED=0), and a local cluster started here gets a capped object store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from asyncrl.core.config import Config
+from asyncrl.run.launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair, new_run_id
+from asyncrl.core.metrics import write_json_atomic
+from asyncrl.core.wording import count_of
+from asyncrl.run.pdeathsig import die_with_parent
+
+RAY_MISSING = "asyncrl run --launcher ray needs Ray: pip install -e '.[ray]' (make install installs it)"
+OBJECT_STORE_BYTES = 256 * 1024 * 1024      # a local cluster's object store: the roles put nothing in it
+LEARNER_RESOURCE = "learner"
+# Ray starts its workers at niceness 15 (its RAY_worker_niceness), and a role inherits it: on a busy node
+# (seen beside two serial runs) a role then gets a small share of a core, the learner's tiny update took
+# 1.8 s and the toy run did 9 env steps/s. Roles run at the niceness of a normal process, as Ray's own job
+# supervisor does.
+ROLE_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
+
+
+class LauncherError(RuntimeError):
+    """The cluster cannot run this job (Ray missing, no node alive, a role cannot be placed)."""
+
+
+def import_ray(address: str | None = None):
+    """The ray module, imported with Ray's token authentication on for a cluster at ``address`` (a
+    running one) or a local one (None): :func:`require_token_auth` runs first, since Ray reads
+    RAY_AUTH_MODE once, when it is imported. Raises LauncherError (one line) when Ray is not
+    installed or token authentication would be off."""
+    require_token_auth(address)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # set before ray is imported: no outside host
+    try:
+        import ray
+    except ImportError:
+        raise LauncherError(RAY_MISSING) from None
+    return ray
+
+
+RAY_AUTH_ENV, RAY_TOKEN_ENV, RAY_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+RAY_AUTH_OFF = ("Ray's token authentication is off for this cluster ({why}): whoever reaches it could run code on every "
+                "node. Start every node and this command with RAY_AUTH_MODE=token and the head's token (ray "
+                "get-auth-token --generate on the head; RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token on "
+                "each node): docs/multi-host.md")
+
+
+def require_token_auth(address: str | None, environ=os.environ) -> None:
+    """Turn on Ray's token authentication (RAY_AUTH_MODE=token, Ray >= 2.52) in ``environ`` for this
+    driver, or refuse: a local cluster started for the run gets a token of Ray's making; joining a
+    running cluster (``address``) needs a token here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or Ray's
+    default ~/.ray/auth_token), the head's. Raises LauncherError when RAY_AUTH_MODE says otherwise,
+    or no token is found for ``address``. (Whether the cluster's own nodes were started with token
+    auth cannot be seen from a client: the recipe in docs/multi-host.md starts them so.)"""
+    mode = environ.get(RAY_AUTH_ENV, "").strip().lower()
+    if mode and mode != "token":
+        raise LauncherError(RAY_AUTH_OFF.format(why=f"RAY_AUTH_MODE={environ[RAY_AUTH_ENV]}"))
+    if address and not (environ.get(RAY_TOKEN_ENV) or environ.get(RAY_TOKEN_PATH_ENV)
+                        or (Path.home() / ".ray" / "auth_token").is_file()):
+        raise LauncherError(RAY_AUTH_OFF.format(why=f"no Ray token on this host to join {address}"))
+    environ[RAY_AUTH_ENV] = "token"
+
+
+def connect(address: str | None):
+    """Import Ray and join the cluster at ``address`` (e.g. "10.0.0.1:6379"), or start a local one
+    with a capped object store when it is None or ""; returns the ray module. Ray's token
+    authentication is on either way (:func:`require_token_auth`). Raises LauncherError when Ray is
+    not installed or token authentication would be off. (asyncrl run and asyncrl study --launcher ray.)"""
+    ray = import_ray(address)
+    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(object_store_memory=OBJECT_STORE_BYTES, **kwargs)
+    return ray
+
+
+def node_workdir(run_id: str, name: str) -> Path:
+    """The private directory of role ``name`` of run ``run_id`` on its node (0700): its keys, config
+    copy, token file and log. The same path after a restart, so a restarted actor keeps its token."""
+    root = Path(tempfile.gettempdir()) / f"asyncrl-ray-{run_id}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    d = root / name
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+class RoleHost:
+    """One role's process on one node; a Ray actor (made with ``ray.remote`` in :func:`launch_ray`).
+
+    ``argv``: the role's ``asyncrl`` arguments, where ``{dir}`` stands for this role's private
+    directory. ``files``: {path relative to that directory: bytes} written there first (mode 0600).
+    ``run_files``: {absolute path: bytes} written only where missing (the learner's config.json on
+    its node). A learner started again by Ray resumes (``--restart resume``)."""
+
+    def __init__(self, name: str, run_id: str, argv: list[str], files: dict[str, bytes],
+                 run_files: dict[str, bytes] | None = None):
+        import ray
+        self.name, self.dir = name, node_workdir(run_id, name)
+        for rel, data in files.items():
+            path = self.dir / rel
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        for path, data in (run_files or {}).items():
+            p = Path(path)
+            if not p.exists():
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
+        argv = [a.replace("{dir}", str(self.dir)) for a in argv]
+        counter = self.dir / "starts"      # on this node's disk: how often Ray started this role
+        self.starts = (int(counter.read_text()) if counter.exists() else 0) + 1
+        counter.write_text(str(self.starts))
+        if ray.get_runtime_context().was_current_actor_reconstructed and "--restart" in argv:    # Ray restarted the learner: go on from its checkpoint
+            argv[argv.index("--restart") + 1] = "resume"
+        self.stopping = False
+        log = open(self.dir / "role.log", "a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "asyncrl", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                     preexec_fn=die_with_parent())
+        log.close()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> int:
+        rc = self.proc.wait()
+        if rc != 0 and not self.stopping:
+            os._exit(1)      # the Ray actor dies with its role, so Ray restarts both
+        return rc
+
+    def wait(self) -> int:
+        """The role's exit status once it exits: 0, or any status after :meth:`stop`. A role that
+        dies on its own never returns one: its Ray actor exits first (the call fails)."""
+        return self._watch()
+
+    def restarts(self) -> int:
+        """How often Ray started this role again (the count lives on this node's disk)."""
+        return self.starts - 1
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGINT to the role (it writes its summary and checkpoint), SIGKILL after ``grace_s``."""
+        self.stopping = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def read(self, path: str) -> bytes | None:
+        """A file of this node (relative paths: in the role's directory); None if it cannot be read."""
+        p = Path(path) if os.path.isabs(path) else self.dir / path
+        try:
+            return p.read_bytes()
+        except OSError:
+            return None
+
+    def cleanup(self) -> None:
+        """Remove this role's private directory (its keys among it), and the run's once empty."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            self.dir.parent.rmdir()
+        except OSError:
+            pass
+
+
+def pick_ports() -> dict:
+    """On the node it runs on (a Ray task): its IP, a free port (a learner's) and a free pair (a
+    broadcaster's)."""
+    import ray
+    return {"ip": ray.util.get_node_ip_address(), "port": free_port("0.0.0.0"), "pair": free_port_pair("0.0.0.0")}
+
+
+def choose_nodes(nodes: list[dict], num_actors: int) -> tuple[dict, list[dict]]:
+    """(learner node, the node of each actor) from ``ray.nodes()``: the learner on the alive node
+    with a ``learner`` resource, else the head node, else the first; actors round-robin over the
+    other alive nodes (on the learner's node when it is alone). Raises LauncherError."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if not alive:
+        raise LauncherError("the Ray cluster has no alive node")
+    res = lambda n, k: (n.get("Resources") or {}).get(k, 0)   # noqa: E731
+    learner = next((n for n in alive if res(n, LEARNER_RESOURCE) > 0), None) \
+        or next((n for n in alive if res(n, "node:__internal_head__") > 0), alive[0])
+    others = sorted((n for n in alive if n["NodeID"] != learner["NodeID"]), key=lambda n: n["NodeManagerAddress"])
+    pool = others or [learner]
+    return learner, [pool[i % len(pool)] for i in range(num_actors)]
+
+
+def key_files(run_nodes: int) -> tuple[dict[str, bytes], list[dict[str, bytes]]]:
+    """A fresh CURVE key set (asyncrl.wire.security.generate) read into memory: the server part and one
+    client part per node; the temporary directory it was made in is removed."""
+    from asyncrl.wire.security import generate
+    tmp = Path(tempfile.mkdtemp(prefix="asyncrl-keys-"))    # 0700
+    try:
+        generate(tmp, run_nodes)
+        read = lambda d: {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}  # noqa: E731
+        return read(tmp / "server"), [read(tmp / f"client-{k}") for k in range(1, run_nodes + 1)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _prefixed(files: dict[str, bytes], prefix: str) -> dict[str, bytes]:
+    return {f"{prefix}/{k}": v for k, v in files.items()}
+
+
+class RayRun:
+    """The driver's side of one run on Ray: places and starts the roles, follows them until the
+    learner is done, and stops them; the restarts Ray made are counted by each role's actor."""
+
+    def __init__(self, ray, cfg: Config, run_dir: Path, echo, *, resume: bool):
+        self.ray, self.cfg, self.run_dir, self.echo, self.resume = ray, cfg, run_dir.resolve(), echo, resume
+        self.run_id = new_run_id()
+        self.handles: dict[str, object] = {}
+        self.nodes: dict[str, str] = {}      # role name -> node IP
+
+    def _remote(self, node: dict, name: str, argv, files, run_files=None):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        cls = self.ray.remote(RoleHost).options(
+            name=f"asyncrl-{self.run_id}-{name}", num_cpus=0, max_restarts=self.cfg.run.max_restarts,
+            max_task_retries=0, max_concurrency=4, runtime_env=ROLE_RUNTIME_ENV,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+        self.handles[name] = cls.remote(name, self.run_id, argv, files, run_files)
+        self.nodes[name] = node["NodeManagerAddress"]
+
+    def _on(self, node: dict, fn, *args):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        task = self.ray.remote(fn).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node["NodeID"], soft=False))
+        return self.ray.get(task.remote(*args), timeout=120)
+
+    def start(self) -> None:
+        cfg_bytes = (self.run_dir / "config.json").read_bytes()
+        learner_node, actor_nodes = choose_nodes(self.ray.nodes(), self.cfg.run.num_actors)
+        remote_nodes = sorted({n["NodeID"]: n for n in actor_nodes if n["NodeID"] != learner_node["NodeID"]}.values(),
+                              key=lambda n: n["NodeManagerAddress"])
+        server_keys, client_keys = key_files(max(1, len(remote_nodes)))
+        at = self._on(learner_node, pick_ports)
+        learner_ep, bcast_ep = f"tcp://{at['ip']}:{at['port']}", f"tcp://{at['ip']}:{at['pair']}"
+        self.echo(f"run {self.run_id} on Ray: learner {learner_ep}, broadcaster {bcast_ep}, "
+                  f"{count_of(self.cfg.run.num_actors, 'actor')} on {count_of(len(remote_nodes) or 1, 'node')}")
+        server = _prefixed(server_keys, "keys")
+        self._remote(learner_node, "broadcaster", ["broadcaster", "--bind", f"tcp://0.0.0.0:{at['pair']}",
+                                                   "--advertise", f"{at['ip']}:{at['pair']}", "--keys", "{dir}/keys",
+                                                   "--summary", str(self.run_dir / BROADCASTER_SUMMARY)], server)
+        restart = "resume" if self.resume else "refuse"
+        self._remote(learner_node, "learner",
+                     ["learner", "--config", str(self.run_dir / "config.json"), "--run-dir", str(self.run_dir),
+                      "--run-id", self.run_id, "--bind", f"tcp://0.0.0.0:{at['port']}", "--advertise",
+                      f"{at['ip']}:{at['port']}", "--broadcaster", bcast_ep, "--keys", "{dir}/keys",
+                      "--restart", restart, "--supervised"], server, {str(self.run_dir / "config.json"): cfg_bytes})
+        self.wait_listening()
+        relays = {}
+        for k, node in enumerate(remote_nodes):      # one relay broadcaster per actor node, on its loopback
+            ports = self._on(node, pick_ports)
+            relay = f"relay{k}"
+            self._remote(node, relay, ["broadcaster", "--bind", f"tcp://127.0.0.1:{ports['pair']}", "--upstream",
+                                       bcast_ep, "--keys", "{dir}/keys"], _prefixed(client_keys[k], "keys"))
+            relays[node["NodeID"]] = (f"tcp://127.0.0.1:{ports['pair']}", client_keys[k])
+        for i, node in enumerate(actor_nodes):
+            name = f"actor{i}"
+            weights, keys = relays.get(node["NodeID"], (bcast_ep, client_keys[0]))
+            self._remote(node, name, ["actor", "--config", "{dir}/config.json", "--learner", learner_ep,
+                                      "--broadcaster", weights, "--actor-id", name, "--run-id", self.run_id,
+                                      "--keys", "{dir}/keys", "--token-file", "{dir}/token",
+                                      "--host-label", node["NodeManagerAddress"]],
+                         {**_prefixed(keys, "keys"), "config.json": cfg_bytes})
+
+    def supervise(self) -> None:
+        """Until the learner exits 0. Raises RoleFailed once a role is dead past Ray's restarts, or
+        the learner exits non-zero."""
+        ray = self.ray
+        pending = {h.wait.remote(): name for name, h in self.handles.items()}
+        announced: dict[str, float] = {}
+        while True:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                name = pending.pop(ref)
+                try:
+                    rc = ray.get(ref)
+                except ray.exceptions.ActorUnavailableError:    # it died; Ray is restarting it
+                    if time.monotonic() - announced.get(name, -1e9) > 10.0:
+                        self.echo(f"asyncrl run (ray): {name} died; Ray restarts it (run.max_restarts = "
+                                  f"{self.cfg.run.max_restarts})")
+                    announced[name] = time.monotonic()
+                    time.sleep(0.5)
+                    pending[self.handles[name].wait.remote()] = name
+                    continue
+                except ray.exceptions.RayActorError as exc:     # dead for good: restarts spent, or its node gone
+                    raise RoleFailed(name, f"died and Ray will not restart it (run.max_restarts = "
+                                           f"{self.cfg.run.max_restarts})", str(exc)[-2000:]) from None
+                if name == "learner":
+                    if rc == 0:
+                        return
+                    raise RoleFailed(name, f"exited with status {rc}", self._tail(name))
+
+    def _tail(self, name: str, lines: int = 15) -> str:
+        data = self._gather({"l": self.handles[name].read.remote("role.log")}, 30).get("l")
+        if data is None:
+            return "(its log cannot be read)"
+        return "\n".join(data.decode(errors="replace").strip().splitlines()[-lines:])
+
+    def _gather(self, refs: dict, timeout_s: float) -> dict:
+        """{name: result} of the refs that finish within ``timeout_s`` all together (a dead actor's
+        call raises at once and is left out)."""
+        ready, _ = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        out = {}
+        for name, ref in refs.items():
+            if ref in ready:
+                try:
+                    out[name] = self.ray.get(ref)
+                except Exception:   # noqa: BLE001 - its actor is dead: nothing to get
+                    pass
+        return out
+
+    def wait_listening(self, timeout_s: float = 600.0) -> None:
+        """Until the learner's log says it listens (actors started before would spend their
+        rejoin_timeout_s, and then Ray's restarts, on a learner still importing torch on a busy node).
+        Raises RoleFailed if the learner dies or does not listen within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        waiting = self.handles["learner"].wait.remote()
+        while time.monotonic() < deadline:
+            if b"listening on" in (self._gather({"l": self.handles["learner"].read.remote("role.log")}, 30).get("l")
+                                   or b""):
+                return
+            done, _ = self.ray.wait([waiting], timeout=1.0)
+            if done:
+                raise RoleFailed("learner", "exited before it listened", self._tail("learner"))
+        raise RoleFailed("learner", f"did not listen within {timeout_s:.0f} s", self._tail("learner"))
+
+    def stop_all(self) -> None:
+        """Stop every role at once (SIGINT: each writes its summary and checkpoint; SIGKILL 10 s
+        later) and copy each role's log into RUN_DIR/logs on the driver's disk."""
+        self._gather({n: h.stop.remote() for n, h in self.handles.items()}, 30)
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for n, data in self._gather({n: h.read.remote("role.log") for n, h in self.handles.items()}, 30).items():
+            if data is not None:
+                (logs / f"{n}.log").write_bytes(data)
+
+    def remove_all(self) -> None:
+        """Remove each role's private directory (its keys with it) and kill the Ray actors."""
+        self._gather({n: h.cleanup.remote() for n, h in self.handles.items()}, 30)
+        for h in self.handles.values():
+            self.ray.kill(h, no_restart=True)
+
+    def record_summary(self, failure: RoleFailed | None) -> dict:
+        """The learner's summary.json (read on its node) with the launcher, the restarts Ray made
+        of each role and each role's node; written back there and to RUN_DIR on this host."""
+        path = self.run_dir / "summary.json"
+        data = self._gather({"l": self.handles["learner"].read.remote(str(path))}, 30).get("l") \
+            if "learner" in self.handles else None
+        try:
+            summary = json.loads(data) if data else {"outcome": None, "failure": None, "run_id": self.run_id}
+        except ValueError:
+            summary = {"outcome": None, "failure": None, "run_id": self.run_id}
+        if failure is not None and summary.get("outcome") != "failed":
+            summary["outcome"], summary["failure"] = "failed", {"role": failure.role, "reason": failure.reason}
+        summary["launcher"] = "ray"
+        counts = self._gather({n: h.restarts.remote() for n, h in self.handles.items()}, 30)
+        summary["restarts"] = {n: counts.get(n) for n in self.handles}   # None: its node could not be asked
+        summary["restart_authority"] = "ray"
+        summary["nodes"] = dict(self.nodes)
+        write_json_atomic(path, summary)
+        return summary
+
+
+def launch_ray(cfg: Config, run_dir: Path, *, address: str | None = None, echo=print, resume: bool = False) -> dict:
+    """Run a training job on a Ray cluster (``address``: a running cluster, e.g. "10.0.0.1:6379";
+    None or "": start a local one for this run); returns the summary. Raises LauncherError (no Ray,
+    no node) or RoleFailed (a role died past Ray's restarts, or the learner failed)."""
+    ray = connect(address)
+    run = RayRun(ray, cfg, run_dir, echo, resume=resume)
+    failure = None
+    try:
+        run.start()
+        run.supervise()
+    except RoleFailed as exc:
+        failure = exc
+        raise
+    finally:
+        try:
+            run.stop_all()
+            summary = run.record_summary(failure)
+            run.remove_all()
+        finally:
+            ray.shutdown()
+    return summary

@@ -1,0 +1,230 @@
+"""One learner iteration (VACO.md "Loss and schedule"), shared by every preset.
+
+1. With the weights at iteration start (π_T), compute log π_T(a|s) and V(s) once.
+2. Advantages once: V-trace realignment (vaco, vaco_no_filter) or GAE on β's data (ppo, ppo_kl,
+   spo, vaco_no_realign). impala instead recomputes V-trace before every optimizer step.
+3. num_epochs x num_minibatches optimizer steps on
+   policy loss + value_coef * mean (V - targets)^2 - entropy_coef * entropy.
+
+Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from asyncrl.algo import losses
+from asyncrl.algo.returns import gae, next_state_values, vtrace
+from asyncrl.core.config import VTRACE_PRESETS
+from asyncrl.core.iteration import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps, step_means, step_record)
+from asyncrl.tasks.control.policy import ActorCritic
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+@torch.no_grad()
+def _evaluate(policy: ActorCritic, batch: dict[str, torch.Tensor], fwd: Callable[[], ContextManager]):
+    """log π(a|s) [T, N], V(s_t) [T+1, N], V(final_obs) [T, N] (only where truncated), float32, and
+    the normalised observations x [T * N, D] of obs[:-1] (time-major; the minibatches' input: the
+    statistics are fixed within an iteration); the forwards run in ``fwd()`` (bf16 autocast or none)."""
+    obs, actions, truncated = batch["obs"], batch["actions"], batch["truncated"]
+    T, N = actions.shape[:2]
+    with fwd():
+        x = policy.normalize(_flat(obs))
+        values = policy.v(x).view(T + 1, N).float()
+        log_prob = policy.distribution(x[: T * N]).log_prob(_flat(actions)).view(T, N).float()
+    final_values = torch.zeros(T, N, device=values.device)
+    if truncated.any():
+        idx = truncated.nonzero(as_tuple=True)
+        with fwd():
+            final_values[idx] = policy.value(batch["final_obs"][idx]).float()
+    return log_prob, values, final_values, x[: T * N]
+
+
+def _forward(policy: ActorCritic, x: torch.Tensor, actions: torch.Tensor, fwd: Callable[[], ContextManager]):
+    """(policy output, log π(a|s) [N] float32, V(s) [N] float32) of normalised obs x [N, D], in ``fwd()``."""
+    with fwd():
+        out = policy.heads(x)
+        log_prob = out.dist.log_prob(actions)
+    return out, log_prob.float(), out.values.float()
+
+
+def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar, traces,
+               value_targets: str = "auto", lag=None, realign_min_lag: int = 0):
+    """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring.
+
+    ``value_targets`` picks the critic's target apart from the advantages: "auto" takes the one of
+    the advantages' estimator (V-trace's vs where they are realigned, GAE's λ-returns otherwise);
+    "vtrace" or "lambda_returns" name one (docs/decisions/value-targets.md).
+
+    ``realign_min_lag`` > 0 (realigning presets but impala): only the samples whose ``lag`` [T, N]
+    (learner version - behaviour version, in versions) is at least this get the realigned advantage
+    (and, under "auto", V-trace's target); the others get GAE on β's data and its λ-returns, as
+    ``vaco_no_realign`` (at one or two versions of lag the realignment makes HalfCheetah's
+    main job flip; docs/decisions/realign-min-lag.md).
+    Raises ValueError if ``realign_min_lag`` > 0 and ``lag`` is None.
+    """
+    terminated, truncated = batch["terminated"], batch["truncated"]
+    next_values = next_state_values(values_tp1=values[1:], final_values=final_values,
+                                    terminated=terminated, truncated=truncated)
+    episode_end = terminated | truncated
+    realign = preset in VTRACE_PRESETS
+    partial = realign and realign_min_lag > 0 and preset != "impala"
+    if partial and lag is None:
+        raise ValueError("realign_min_lag > 0 needs each sample's lag (the batch's behavior_version and "
+                         "the learner's version)")
+    adv = targets = None
+    if realign or value_targets == "vtrace":
+        r = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target_log_prob,
+                   rewards=batch["rewards"], values=values[:-1], next_values=next_values,
+                   episode_end=episode_end, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar,
+                   traces=traces)
+        if realign:
+            adv = r.pg_advantages if preset == "impala" else r.advantages
+        targets = r.vs if value_targets != "lambda_returns" else None
+    if not realign or value_targets == "lambda_returns" or partial:
+        g = gae(rewards=batch["rewards"], values=values[:-1], next_values=next_values,
+                episode_end=episode_end, gamma=gamma, lam=lam)
+        adv = g.advantages if adv is None else adv
+        targets = g.returns if targets is None else targets
+        if partial:
+            realigned = lag >= realign_min_lag
+            adv = torch.where(realigned, adv, g.advantages)
+            if value_targets == "auto":
+                targets = torch.where(realigned, targets, g.returns)
+    return adv, targets
+
+
+def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
+                      batch: dict[str, torch.Tensor], *, cfg, generator: torch.Generator,
+                      version: int | None = None,
+                      forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
+    """Run one learner iteration in place on ``policy`` and ``optimizer``.
+
+    Args:
+        batch: time-major tensors: obs [T+1, N, D], actions [T, N, A] (or [T, N] int64),
+            behavior_log_prob [T, N], rewards [T, N] (already scaled), terminated /
+            truncated [T, N] bool, final_obs [T, N, D].
+        cfg: an AlgoConfig (preset and hyperparameters). The caller sets the learning rate.
+        generator: drives minibatch shuffling (serial runs are bit-reproducible).
+        version: the learner's policy version; with it (and behavior_version [T, N] in the batch)
+            no_grad_fraction is also reported for stale (behaviour version < version) and
+            fresh samples apart.
+        forward_context: the context of every network forward (asyncrl.core.device.forward_context: bf16
+            autocast or none); log-probs and values are cast to float32 before any ratio or loss.
+            The batch and ``policy`` share a device; ``generator`` is a CPU one (the shuffles are
+            the same on every device).
+
+    Returns:
+        Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, no_grad_fraction
+        (asyncrl.algo.losses: the share of samples whose gradient the preset's clip, band or filter
+        removed, one definition for every preset), explained_variance, rho_mean, rho_max, grad_norm;
+        for ppo clip_fraction_two_sided; for the presets with a rule (ppo, vaco family)
+        no_grad_fraction_stale / _fresh; for VACO's TV filter filter_fire_rate, the fraction of
+        optimizer steps whose minibatch was filtered) plus ``minibatches``: per optimizer step
+        [step, tv_estimate, no_grad_fraction] (forward lag).
+    """
+    fwd = forward_context
+    target_log_prob, values, final_values, x = _evaluate(policy, batch, fwd)
+    log_rho = target_log_prob - batch["behavior_log_prob"]
+    rho = log_rho.clamp(-20, 20).exp()
+    kw = dict(batch=batch, values=values, final_values=final_values, gamma=cfg.gamma,
+              lam=cfg.gae_lambda, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, traces=cfg.traces)
+    if cfg.preset == "impala":
+        steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd)
+        adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
+    else:
+        lag = None
+        if version is not None and "behavior_version" in batch:
+            lag = version - batch["behavior_version"]
+        min_lag = cfg.realign_min_lag
+        if version is not None and version < cfg.realign_from_version:
+            min_lag = math.inf      # warm-up: no sample is realigned (GAE on β's data, as vaco_no_realign)
+        adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob,
+                                  value_targets=cfg.value_targets, lag=lag,
+                                  realign_min_lag=min_lag, **kw)
+        stale = None if lag is None else (lag > 0).reshape(-1)
+        steps = _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd)
+    stats = step_means(steps)
+    stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)
+    stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
+    stats["minibatches"] = minibatch_rows(steps)
+    return stats
+
+
+def _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale=None,
+                     fwd=contextlib.nullcontext):
+    """The iteration's num_epochs x num_minibatches optimizer steps; their records as floats."""
+    T, N = batch["rewards"].shape
+    flat = {"x": x, "actions": _flat(batch["actions"]),
+            "behavior_log_prob": batch["behavior_log_prob"].reshape(-1),
+            "target_log_prob": target_log_prob.reshape(-1), "adv": adv.reshape(-1), "targets": targets.reshape(-1)}
+    if stale is not None:
+        flat["stale"] = stale
+    size = T * N
+    mb = size // cfg.num_minibatches
+    steps, filter_rows = [], []
+    device = flat["adv"].device
+    # hysteresis: has a minibatch of this iteration been over δ
+    fired = torch.zeros((), dtype=torch.bool, device=device)
+    for _ in range(cfg.num_epochs):
+        perm = torch.randperm(size, generator=generator).to(device)   # CPU generator: the same shuffles everywhere
+        shuffled = {k: v[perm] for k, v in flat.items()}   # one gather per epoch; minibatches are slices of it
+        for k in range(cfg.num_minibatches):
+            m = {key: v[k * mb:(k + 1) * mb] for key, v in shuffled.items()}
+            a = normalize_advantages(m["adv"], cfg.normalize_advantages)
+            out, log_prob, values = _forward(policy, m["x"], m["actions"], fwd)
+            pl = policy_loss(cfg, log_prob=log_prob, behavior_log_prob=m["behavior_log_prob"],
+                              target_log_prob=m["target_log_prob"], adv=a,
+                              force=fired if cfg.tv_filter_trigger == "iteration" else False)
+            steps.append(_finish_step(optimizer, cfg, pl, out, values, m["targets"], len(steps)))
+            if pl.filter_fired is not None:
+                fired = fired | pl.filter_fired
+            if pl.keep_mask is not None:
+                filter_rows.append((pl.filter_fired, pl.keep_mask, m.get("stale")))
+    steps = scalar_steps(steps)
+    if filter_rows:   # what the rule removed, for all steps at once
+        fired_s, keep_s, stale_s = zip(*filter_rows)
+        split = filter_split(None if fired_s[0] is None else torch.stack(fired_s), torch.stack(keep_s),
+                             None if stale is None else torch.stack(stale_s))
+        for key, v in split.items():
+            for step, value in zip(steps, v.cpu().tolist()):
+                step[key] = value
+    return steps
+
+
+def _finish_step(optimizer, cfg, pl, out, values, targets, step):
+    vl = losses.value_loss(values=values, targets=targets)
+    loss = pl.loss + cfg.value_coef * vl
+    if cfg.entropy_coef:   # with 0 the entropy is only reported: no term (and no backward) for it
+        entropy = out.dist.entropy().mean()
+        loss = loss - cfg.entropy_coef * entropy
+    else:
+        with torch.no_grad():
+            entropy = out.dist.entropy().mean()
+    grad_norm = optimizer_step(optimizer, loss, cfg.max_grad_norm)
+    return step_record(step, pl, grad_norm, value_loss=vl.detach(), entropy=entropy.detach())
+
+
+def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
+    """One epoch; minibatches are groups of whole rollouts (columns), and V-trace is recomputed
+    with the current weights before every optimizer step (IMPALA, arXiv:1802.01561)."""
+    T, N = batch["rewards"].shape
+    groups = max(1, min(cfg.num_minibatches, N))
+    steps = []
+    device = batch["rewards"].device
+    for cols in torch.randperm(N, generator=generator).to(device).chunk(groups):
+        sub = {k: v[:, cols] for k, v in batch.items()}
+        target_log_prob, values, final_values, x = _evaluate(policy, sub, fwd)
+        sub_kw = dict(kw, batch=sub, values=values, final_values=final_values)
+        pg_adv, vs = advantages(preset="impala", target_log_prob=target_log_prob, **sub_kw)
+        out, log_prob, new_values = _forward(policy, x, _flat(sub["actions"]), fwd)
+        pl = losses.impala_policy_loss(log_prob=log_prob, behavior_log_prob=sub["behavior_log_prob"].reshape(-1),
+                                       pg_advantages=pg_adv.reshape(-1), rho_bar=cfg.rho_bar)
+        steps.append(_finish_step(optimizer, cfg, pl, out, new_values, vs.reshape(-1), len(steps)))
+    return scalar_steps(steps)
