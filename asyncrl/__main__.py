@@ -5,6 +5,7 @@ A stop signal (Ctrl-C, SIGTERM) that arrives while the command line still import
 recorded and acted on once they are imported: an exception raised inside an import can leave numpy
 half-initialised, or be lost in torch's C++ code (which then aborts, or lets the command go on as if
 nothing had happened)."""
+
 from __future__ import annotations
 
 import sys
@@ -19,6 +20,7 @@ def main() -> None:
     exit_status.install_stop_handlers(defer=True)
     try:
         from asyncrl.cli import main as command_line
+
         if sys.argv[1:2] and sys.argv[1] in _PRELOAD:
             import torch  # noqa: F401
         exit_status.arm()

@@ -27,6 +27,7 @@ forward: slots consumed after the last checkpoint of a learner that was then kil
 them, but neither are those slots in the final weights (the replacement resumes from the
 checkpoint before them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,20 @@ ASYNCRL = [sys.executable, "-m", "asyncrl.cli"]
 
 
 def run_cmd(run_dir: Path, total_steps: int, env_id: str, seed: int) -> list[str]:
-    return [*ASYNCRL, "run", "--env", env_id, "--total-steps", str(total_steps), "--run-dir", str(run_dir),
-            "--seed", str(seed), "--restart", "refuse"]
+    return [
+        *ASYNCRL,
+        "run",
+        "--env",
+        env_id,
+        "--total-steps",
+        str(total_steps),
+        "--run-dir",
+        str(run_dir),
+        "--seed",
+        str(seed),
+        "--restart",
+        "refuse",
+    ]
 
 
 def children(pid: int) -> list[int]:
@@ -76,7 +89,7 @@ def role_of(pid: int) -> str | None:
         return None
     if "asyncrl.cli" not in argv:
         return None
-    rest = argv[argv.index("asyncrl.cli") + 1:]
+    rest = argv[argv.index("asyncrl.cli") + 1 :]
     if not rest:
         return None
     if rest[0] == "actor" and "--actor-id" in rest:
@@ -126,8 +139,11 @@ def steady_rate(run_dir: Path) -> float:
     start-up that the summary's average includes (a 300k-step run's average was 7,532 steps/s
     when the clean 4.5M-step run that followed did 8,970); 0.0 if it cannot be read."""
     try:
-        recs = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-                if "env_steps" in r and "wall_time_s" in r]
+        recs = [
+            r
+            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if "env_steps" in r and "wall_time_s" in r
+        ]
     except (OSError, ValueError):
         return 0.0
     if len(recs) < 4:
@@ -164,7 +180,7 @@ def one_run(run_dir: Path, total_steps: int, args, *, chaos: bool, rng: random.R
                 if how == "kill":
                     os.kill(pid, signal.SIGKILL)
                 else:
-                    if kind == "actor":       # land inside collect(): wait for it to run, then a random delay
+                    if kind == "actor":  # land inside collect(): wait for it to run, then a random delay
                         until = time.monotonic() + 2.0
                         while state(pid) not in ("R", None) and time.monotonic() < until:
                             time.sleep(0.001)
@@ -175,7 +191,7 @@ def one_run(run_dir: Path, total_steps: int, args, *, chaos: bool, rng: random.R
                         time.sleep(stop_s)
                         os.kill(pid, signal.SIGCONT)
                         ev["stopped_s"] = stop_s
-                    except ProcessLookupError:   # the supervisor replaced it meanwhile
+                    except ProcessLookupError:  # the supervisor replaced it meanwhile
                         ev["gone"] = True
                 events.append(ev)
                 print(f"  chaos t={ev['t_s']:.0f}s: {how} {name}", flush=True)
@@ -190,10 +206,31 @@ def one_run(run_dir: Path, total_steps: int, args, *, chaos: bool, rng: random.R
     summary = read_summary(run_dir)
     run_id = summary.get("run_id")
     leaked = segments(run_id) if run_id else ["(no run id: summary.json missing)"]
-    return {"rc": rc, "timed_out": timed_out, "wall_s": round(wall, 1), "events": events, "leftover_pids": left,
-            "leaked_segments": leaked, "summary": {k: summary.get(k) for k in (
-                "outcome", "failure", "env_steps", "final_average_return", "restarts", "resumes", "actor_rejoins",
-                "rejected_slots", "slot_audit", "dropped_samples", "env_steps_per_s", "learner_epoch")}}
+    return {
+        "rc": rc,
+        "timed_out": timed_out,
+        "wall_s": round(wall, 1),
+        "events": events,
+        "leftover_pids": left,
+        "leaked_segments": leaked,
+        "summary": {
+            k: summary.get(k)
+            for k in (
+                "outcome",
+                "failure",
+                "env_steps",
+                "final_average_return",
+                "restarts",
+                "resumes",
+                "actor_rejoins",
+                "rejected_slots",
+                "slot_audit",
+                "dropped_samples",
+                "env_steps_per_s",
+                "learner_epoch",
+            )
+        },
+    }
 
 
 def main() -> int:
@@ -203,8 +240,12 @@ def main() -> int:
     ap.add_argument("--clean-minutes", type=float, default=10.0)
     ap.add_argument("--total-steps", type=int, default=0, help="skip the calibration and use this budget")
     ap.add_argument("--interval-s", type=float, default=20.0)
-    ap.add_argument("--actor-timeout-s", type=float, default=10.0,
-                    help="the run's transport.actor_timeout_s (default config: 10); freezes last 2 s longer")
+    ap.add_argument(
+        "--actor-timeout-s",
+        type=float,
+        default=10.0,
+        help="the run's transport.actor_timeout_s (default config: 10); freezes last 2 s longer",
+    )
     ap.add_argument("--fault-seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos")
     args = ap.parse_args()
@@ -236,26 +277,40 @@ def main() -> int:
         "exit 0": chaos["rc"] == 0,
         "outcome finished": s.get("outcome") == "finished",
         "whole budget": (s.get("env_steps") or 0) >= total,
-        "0 slots passed with foreign rows": audit.get("passed_generation_foreign_rows", 0) == 0 and
-                                            audit.get("copied", 0) > 0,
-        "0 leaked segments": not chaos["leaked_segments"] and not clean["leaked_segments"] and
-                             set(segments(None)) <= before,
+        "0 slots passed with foreign rows": audit.get("passed_generation_foreign_rows", 0) == 0
+        and audit.get("copied", 0) > 0,
+        "0 leaked segments": not chaos["leaked_segments"]
+        and not clean["leaked_segments"]
+        and set(segments(None)) <= before,
         "0 leftover processes": not chaos["leftover_pids"] and not clean["leftover_pids"],
     }
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "load_at_start": load, "cpus": os.cpu_count(),
-              "command": " ".join(["bench/chaos.py", *sys.argv[1:]]), "env": args.env, "seed": args.seed,
-              "interval_s": args.interval_s, "stop_s": args.actor_timeout_s + 2, "calibration": calibration,
-              "total_steps": total, "clean": clean, "chaos": chaos, "checks": checks,
-              "passed": all(checks.values())}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "load_at_start": load,
+        "cpus": os.cpu_count(),
+        "command": " ".join(["bench/chaos.py", *sys.argv[1:]]),
+        "env": args.env,
+        "seed": args.seed,
+        "interval_s": args.interval_s,
+        "stop_s": args.actor_timeout_s + 2,
+        "calibration": calibration,
+        "total_steps": total,
+        "clean": clean,
+        "chaos": chaos,
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     kinds = {}
     for e in chaos["events"]:
         kinds[e["fault"]] = kinds.get(e["fault"], 0) + 1
-    print(f"\nbudget {total:,} env steps; clean {clean['wall_s']:.0f} s, return "
-          f"{clean['summary']['final_average_return']}; chaos {chaos['wall_s']:.0f} s, return "
-          f"{s.get('final_average_return')}; faults {kinds}; restarts {s.get('restarts')}; resumes "
-          f"{s.get('resumes')}; rejected slots {s.get('rejected_slots')}; slot audit {audit}")
+    print(
+        f"\nbudget {total:,} env steps; clean {clean['wall_s']:.0f} s, return "
+        f"{clean['summary']['final_average_return']}; chaos {chaos['wall_s']:.0f} s, return "
+        f"{s.get('final_average_return')}; faults {kinds}; restarts {s.get('restarts')}; resumes "
+        f"{s.get('resumes')}; rejected slots {s.get('rejected_slots')}; slot audit {audit}"
+    )
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     print(f"results: {args.out / 'results.json'}; run directories in {work}")

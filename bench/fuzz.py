@@ -29,6 +29,7 @@ identities, many connections up to ``ulimit -n``, each printed with the bound
 not judged, an endless multipart message from a peer past the handshake (``endless_multipart``),
 which libzmq buffers without limit (docs/multi-host.md, trust model).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,15 +51,15 @@ import zmq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from asyncrl.wire import transport as tp  # noqa: E402
 from asyncrl.core.config import load as load_config  # noqa: E402
-from asyncrl.run.launch import free_port, free_port_pair  # noqa: E402
 from asyncrl.roles.resource_bounds import memory_bound_bytes  # noqa: E402
+from asyncrl.run.launch import free_port, free_port_pair  # noqa: E402
+from asyncrl.wire import transport as tp  # noqa: E402
 from asyncrl.wire.security import Security, generate  # noqa: E402
 
 ENV = "asyncrl/Corridor-v0"
 
-INTS = [0, 1, 2, 7, -1, -2 ** 63, 2 ** 63, 2 ** 64 - 1, True]
+INTS = [0, 1, 2, 7, -1, -(2**63), 2**63, 2**64 - 1, True]
 FLOATS = [0.0, 1.5, -1e308, 1e308, math.inf, -math.inf, math.nan, 5e-324]
 TEXTS = ["", "a0", "fuzz", "\x1b[2J\x1b[H", "a\nb\r\n", "\u2028\u202e", "x" * 4000, "é" * 100, "%s%n{}"]
 
@@ -73,7 +74,7 @@ class Hostile:
 
     def value(self, kind):
         r = self.rng
-        if r.random() < 0.08:                        # another type altogether
+        if r.random() < 0.08:  # another type altogether
             return r.choice([None, [1, "a"], {"k": [1]}, b"\x00" * 8, r.choice(TEXTS), r.choice(FLOATS)])
         if kind is int:
             return r.choice(INTS) if r.random() < 0.6 else r.randrange(0, 64)
@@ -89,13 +90,16 @@ class Hostile:
             return [r.choice(INTS) for _ in range(r.choice([0, 1, 5, 3000]))]
         if kind is dict:
             return {r.choice(TEXTS): r.choice(INTS + FLOATS + TEXTS) for _ in range(r.choice([0, 2, 70]))}
-        return r.choice([None, r.randbytes(16)])    # bytes | None
+        return r.choice([None, r.randbytes(16)])  # bytes | None
 
     def header(self, kind: str) -> dict:
         r = self.rng
         schema = {**tp._COMMON, **tp.SCHEMAS[kind], **tp.OPTIONAL.get(kind, {})}
-        h = {"type": kind, "proto": tp.PROTOCOL_VERSION if r.random() < 0.9 else r.choice(INTS),
-             "run_id": self.run_id if r.random() < 0.7 else r.choice(TEXTS)}
+        h = {
+            "type": kind,
+            "proto": tp.PROTOCOL_VERSION if r.random() < 0.9 else r.choice(INTS),
+            "run_id": self.run_id if r.random() < 0.7 else r.choice(TEXTS),
+        }
         for key, expected in schema.items():
             if key in h:
                 continue
@@ -103,16 +107,25 @@ class Hostile:
                 h[key] = self.identity
             elif key == "token" and self.token is not None and r.random() < 0.7:
                 h[key] = self.token
-            elif r.random() > 0.03:                  # else: missing
+            elif r.random() > 0.03:  # else: missing
                 h[key] = self.value(expected)
         if r.random() < 0.05:
-            h[r.choice(TEXTS)] = self.value(int)     # an extra key
+            h[r.choice(TEXTS)] = self.value(int)  # an extra key
         return h
 
     def good_hello(self) -> dict:
-        return {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": "", "actor_id": self.identity,
-                "host": "fuzz", "pid": self.rng.randrange(1, 5), "env_id": ENV, "spec": self.spec.to_dict(),
-                "shm_token": None, "token": self.token}
+        return {
+            "type": "hello",
+            "proto": tp.PROTOCOL_VERSION,
+            "run_id": "",
+            "actor_id": self.identity,
+            "host": "fuzz",
+            "pid": self.rng.randrange(1, 5),
+            "env_id": ENV,
+            "spec": self.spec.to_dict(),
+            "shm_token": None,
+            "token": self.token,
+        }
 
     def frames(self) -> list[bytes]:
         r = self.rng
@@ -123,20 +136,23 @@ class Hostile:
         try:
             packed = _pack(h)
         except (OverflowError, ValueError, TypeError):
-            packed = _pack({**h, **{k: 0 for k, v in h.items() if isinstance(v, int) and not 0 <= v < 2 ** 64}})
-        if h["type"] == "weights" or r.random() < 0.05:   # [topic, header, payload]
+            packed = _pack({**h, **{k: 0 for k, v in h.items() if isinstance(v, int) and not 0 <= v < 2**64}})
+        if h["type"] == "weights" or r.random() < 0.05:  # [topic, header, payload]
             body = r.randbytes(r.choice([0, 4, 16, 1001]))
             return [r.choice([tp.WEIGHTS_TOPIC, b"weights\x00", b""]), packed, body]
         if h["type"] == "rollout" or r.random() < 0.02:
             sizes = [int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields]
             n = len(sizes) + r.choice([0, 0, 0, -1, 1])
-            return [packed, *(r.randbytes(max(0, sizes[i % len(sizes)] + r.choice([0, 0, 0, 1, -1])))
-                              for i in range(max(0, n)))]
+            return [
+                packed,
+                *(r.randbytes(max(0, sizes[i % len(sizes)] + r.choice([0, 0, 0, 1, -1]))) for i in range(max(0, n))),
+            ]
         return [packed]
 
 
 def _pack(h: dict) -> bytes:
     import msgpack
+
     return msgpack.packb(h, use_bin_type=True)
 
 
@@ -186,8 +202,10 @@ class Counted:
                 self.outcomes["raised"] += 1
                 self.raised.append(f"{type(exc).__name__}: {exc}"[:300])
                 return
-            self.outcomes["rejected" if role.rejects.total > rejects else
-                          "refused" if self.refused > refused else "accepted"] += 1
+            self.outcomes[
+                "rejected" if role.rejects.total > rejects else "refused" if self.refused > refused else "accepted"
+            ] += 1
+
         role.handle = counted
         if hasattr(role, "reply"):
             reply = role.reply
@@ -196,6 +214,7 @@ class Counted:
                 if header.get("type") == "refuse":
                     self.refused += 1
                 reply(identity, header)
+
             role.reply = counting_reply
 
 
@@ -236,10 +255,17 @@ def fuzz_port(name, role, endpoint, curve, n, seed, spec, run_id) -> dict:
             sock.close()
             handled = counted.handled - before
             out = counted.outcomes - outcomes_before
-            results[kind] = {"sent": sent[0], "reached_role": handled, "rejected": out["rejected"],
-                             "refused_hello": out["refused"], "accepted": out["accepted"], "raised": out["raised"],
-                             "wall_s": round(wall, 2), "msgs_per_s": round(handled / max(wall, 1e-9)),
-                             "over_maxmsgsize_set_aside": set_aside}
+            results[kind] = {
+                "sent": sent[0],
+                "reached_role": handled,
+                "rejected": out["rejected"],
+                "refused_hello": out["refused"],
+                "accepted": out["accepted"],
+                "raised": out["raised"],
+                "wall_s": round(wall, 2),
+                "msgs_per_s": round(handled / max(wall, 1e-9)),
+                "over_maxmsgsize_set_aside": set_aside,
+            }
     finally:
         ctx.destroy(linger=0)
     results["rejects_by_reason"] = role.rejects.by_reason()
@@ -319,6 +345,7 @@ def fuzz_pub(role, endpoint, curve, n, seed) -> dict:
 
 # ----------------------------------------------------------------------------- resource cases
 
+
 def rss_bytes() -> int:
     """Resident set size of this process (the roles run in it), from /proc/self/status."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -330,6 +357,7 @@ def rss_bytes() -> int:
 def _halves(role, attack, n: int) -> dict:
     """Run ``attack(i)`` for i in 0..n-1 while serving ``role``; RSS before, after the first half and
     after the second (the role served in between until it is quiet)."""
+
     def serve_quiet(seconds=1.0):
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -349,7 +377,7 @@ def _halves(role, attack, n: int) -> dict:
     return out
 
 
-WEIGHTS_BYTES = 16 << 20   # the broadcaster's weights in the resource cases (4M float32 parameters)
+WEIGHTS_BYTES = 16 << 20  # the broadcaster's weights in the resource cases (4M float32 parameters)
 
 
 def bound_of(role, learner: bool, cfg, **attack):
@@ -372,6 +400,7 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
     limit = tp.max_message_size(role.router)
     big = (limit + 1) if limit > 0 else (8 << 20)
     try:
+
         def send_serving(sock, frames) -> None:
             """Send without blocking the role (it is served here while the attacker's queue is full)."""
             deadline = time.monotonic() + 10
@@ -388,22 +417,24 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
         results["big frames"]["bound"] = bound_of(role, learner, cfg, connections=1)
         many = client(ctx, endpoint, "frames", curve, sndhwm=2)
         results["many frames"] = _halves(role, lambda i: send_serving(many, [b"x"] * 5000), min(n, 400))
-        results["many frames"]["bound"] = bound_of(role, learner, cfg, connections=1, frames_per_message=5000,
-                                                   frame_bytes=1)
+        results["many frames"]["bound"] = bound_of(
+            role, learner, cfg, connections=1, frames_per_message=5000, frame_bytes=1
+        )
         ulimit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        conns = max(100, min(4000, (ulimit - 1000) // 2))   # each connection is two fds of this process
+        conns = max(100, min(4000, (ulimit - 1000) // 2))  # each connection is two fds of this process
 
         contexts = []
 
         def connect(i):
-            if i % 900 == 0:         # a ZeroMQ context holds at most 1,023 sockets
+            if i % 900 == 0:  # a ZeroMQ context holds at most 1,023 sockets
                 contexts.append(zmq.Context())
             s = client(contexts[-1], endpoint, f"conn{i}", curve)
             socks.append(s)
-            if learner:   # a hello as a new id from each: the learner's per-id records
+            if learner:  # a hello as a new id from each: the learner's per-id records
                 s.send_multipart(tp.encode(Hostile(random.Random(i), run_id, spec, f"id{i}").good_hello()))
             else:
                 s.send_multipart(tp.encode({"type": "snapshot", "run_id": "", "actor_id": f"id{i}"}))
+
         results["many connections and identities"] = _halves(role, connect, conns)
         results["many connections and identities"]["connections"] = conns
         results["many connections and identities"]["bound"] = bound_of(role, learner, cfg, connections=conns)
@@ -416,15 +447,25 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
         for c in contexts:
             c.term()
         if not learner:
-            role.take(tp.encode_weights(run_id=run_id, epoch=2**62, version=1, publish_time=0.0, layout_hash="h",
-                                        payload=np.ones(WEIGHTS_BYTES // 4, np.float32)))
+            role.take(
+                tp.encode_weights(
+                    run_id=run_id,
+                    epoch=2**62,
+                    version=1,
+                    publish_time=0.0,
+                    layout_hash="h",
+                    payload=np.ones(WEIGHTS_BYTES // 4, np.float32),
+                )
+            )
             flood = client(ctx, endpoint, "flood", curve)
             flood.rcvhwm = 1000
             ask = tp.encode({"type": "snapshot", "run_id": "", "actor_id": "flood"})
             results["snapshot flood (16 MiB weights, never read)"] = _halves(
-                role, lambda i: flood.send_multipart(ask), n)
-            results["snapshot flood (16 MiB weights, never read)"]["bound"] = bound_of(role, learner, cfg,
-                                                                                       connections=1)
+                role, lambda i: flood.send_multipart(ask), n
+            )
+            results["snapshot flood (16 MiB weights, never read)"]["bound"] = bound_of(
+                role, learner, cfg, connections=1
+            )
     finally:
         ctx.destroy(linger=0)
     for r in results.values():
@@ -434,8 +475,9 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
         r["grew_by"] = max(r["rss_after_first_half"], r["rss_after_second_half"]) - r["rss_before"]
         r["within_bound"] = r["grew_by"] <= r["bound"].total
         r["bound"] = r["bound"].total
-        r["bounded"] = r["growth_second_half"] <= max(32 << 20, r["rss_after_first_half"] // 10) + allowance \
-            and r["within_bound"]
+        r["bounded"] = (
+            r["growth_second_half"] <= max(32 << 20, r["rss_after_first_half"] // 10) + allowance and r["within_bound"]
+        )
     return results
 
 
@@ -461,8 +503,8 @@ def endless_multipart(frames: int = 4_000_000, steps: int = 4) -> dict:
     import socket
     import struct
     import subprocess
-    proc = subprocess.Popen([sys.executable, "-c", _ENDLESS_ROLE], stdout=subprocess.PIPE, text=True,
-                            cwd=str(REPO))
+
+    proc = subprocess.Popen([sys.executable, "-c", _ENDLESS_ROLE], stdout=subprocess.PIPE, text=True, cwd=str(REPO))
     try:
         host, port = proc.stdout.readline().strip().removeprefix("tcp://").rsplit(":", 1)
 
@@ -471,6 +513,7 @@ def endless_multipart(frames: int = 4_000_000, steps: int = 4) -> dict:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
             return 0
+
         time.sleep(0.5)
         out = {"frames": frames, "rss_before": rss_of(), "rss_steps": []}
         s = socket.create_connection((host, int(port)), timeout=30)
@@ -478,7 +521,7 @@ def endless_multipart(frames: int = 4_000_000, steps: int = 4) -> dict:
         s.recv(64)
         body = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
         s.sendall(bytes([0x04, len(body)]) + body)
-        chunk = b"\x01\x01x" * 100_000          # 100,000 frames of one byte, MORE set
+        chunk = b"\x01\x01x" * 100_000  # 100,000 frames of one byte, MORE set
         t0 = time.perf_counter()
         for _ in range(steps):
             for _ in range(frames // steps // 100_000):
@@ -502,48 +545,105 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=10_000, help="messages of each kind, per port and transport")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--no-resources", action="store_true", help="skip the resource cases (big messages, many "
-                                                                  "frames, connections, identities, snapshot flood)")
+    ap.add_argument(
+        "--no-resources",
+        action="store_true",
+        help="skip the resource cases (big messages, many frames, connections, identities, snapshot flood)",
+    )
     args = ap.parse_args()
-    logging.basicConfig(level=logging.ERROR)   # the roles' rate-limited reject lines are not the point here
+    logging.basicConfig(level=logging.ERROR)  # the roles' rate-limited reject lines are not the point here
     from asyncrl.roles.broadcaster import Broadcaster
     from asyncrl.roles.learner import Learner
 
     tmp = Path(tempfile.mkdtemp(prefix="asyncrl-fuzz-"))
     generate(tmp / "keys", 1)
     from asyncrl.wire.security import _load
+
     cpub, csec = _load(tmp / "keys" / "client-1" / "client.key_secret", secret=True, why="fuzz")
     spub, _ = _load(tmp / "keys" / "client-1" / "server.key", secret=False, why="fuzz")
-    cfg = load_config(None, ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2",
-                             "learner.num_slots=6", "algo.num_minibatches=4", "algo.num_epochs=1",
-                             f"env.id={ENV}", "run.total_env_steps=1000000000", "run.log_every_s=1000"])
+    cfg = load_config(
+        None,
+        [
+            "env.num_envs=2",
+            "env.rollout_length=16",
+            "learner.slots_per_batch=2",
+            "learner.num_slots=6",
+            "algo.num_minibatches=4",
+            "algo.num_epochs=1",
+            f"env.id={ENV}",
+            "run.total_env_steps=1000000000",
+            "run.log_every_s=1000",
+        ],
+    )
     report, ok = {}, True
     for transport in ("loopback", "curve"):
         host = "127.0.0.1" if transport == "loopback" else "0.0.0.0"
         curve = None if transport == "loopback" else (cpub, csec, spub)
-        sec = (lambda role: Security(role)) if transport == "loopback" else \
-            (lambda role: Security(role, tmp / "keys" / "server"))
+        sec = (
+            (lambda role: Security(role))
+            if transport == "loopback"
+            else (lambda role: Security(role, tmp / "keys" / "server"))
+        )
         lport, bport = free_port(), free_port_pair()
-        run_id = f"fuzz-{transport}-{random.Random(args.seed).randrange(10 ** 6)}"
-        bc = Broadcaster(f"tcp://{host}:{bport}", security=sec("broadcaster"), echo=lambda *a: None,
-                         max_weights_bytes=WEIGHTS_BYTES)
-        learner = Learner(cfg, tmp / f"run-{transport}", run_id=run_id, bind=f"tcp://{host}:{lport}",
-                          broadcaster=f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *a: None,
-                          security=sec("learner"))
+        run_id = f"fuzz-{transport}-{random.Random(args.seed).randrange(10**6)}"
+        bc = Broadcaster(
+            f"tcp://{host}:{bport}", security=sec("broadcaster"), echo=lambda *a: None, max_weights_bytes=WEIGHTS_BYTES
+        )
+        learner = Learner(
+            cfg,
+            tmp / f"run-{transport}",
+            run_id=run_id,
+            bind=f"tcp://{host}:{lport}",
+            broadcaster=f"tcp://127.0.0.1:{free_port_pair()}",
+            echo=lambda *a: None,
+            security=sec("learner"),
+        )
         try:
             connect = "127.0.0.1"
-            t = {"learner ROUTER": fuzz_port("learner", learner, f"tcp://{connect}:{lport}", curve, args.messages,
-                                             args.seed, learner.spec, run_id),
-                 "broadcaster ROUTER": fuzz_port("broadcaster", bc, f"tcp://{connect}:{bport + 1}", curve,
-                                                 args.messages, args.seed + 1, learner.spec, run_id),
-                 "broadcaster PUB": fuzz_pub(bc, f"tcp://{connect}:{bport}", curve, args.messages, args.seed + 2)}
+            t = {
+                "learner ROUTER": fuzz_port(
+                    "learner",
+                    learner,
+                    f"tcp://{connect}:{lport}",
+                    curve,
+                    args.messages,
+                    args.seed,
+                    learner.spec,
+                    run_id,
+                ),
+                "broadcaster ROUTER": fuzz_port(
+                    "broadcaster",
+                    bc,
+                    f"tcp://{connect}:{bport + 1}",
+                    curve,
+                    args.messages,
+                    args.seed + 1,
+                    learner.spec,
+                    run_id,
+                ),
+                "broadcaster PUB": fuzz_pub(bc, f"tcp://{connect}:{bport}", curve, args.messages, args.seed + 2),
+            }
             if not args.no_resources:
                 t["learner ROUTER"]["resources"] = resource_cases(
-                    learner, f"tcp://{connect}:{lport}", curve, learner=True, spec=learner.spec, run_id=run_id,
-                    n=args.messages, cfg=cfg)
+                    learner,
+                    f"tcp://{connect}:{lport}",
+                    curve,
+                    learner=True,
+                    spec=learner.spec,
+                    run_id=run_id,
+                    n=args.messages,
+                    cfg=cfg,
+                )
                 t["broadcaster ROUTER"]["resources"] = resource_cases(
-                    bc, f"tcp://{connect}:{bport + 1}", curve, learner=False, spec=learner.spec, run_id=run_id,
-                    n=args.messages, cfg=cfg)
+                    bc,
+                    f"tcp://{connect}:{bport + 1}",
+                    curve,
+                    learner=False,
+                    spec=learner.spec,
+                    run_id=run_id,
+                    n=args.messages,
+                    cfg=cfg,
+                )
             t["learner ROUTER"]["alive_after"] = alive_learner(learner, f"tcp://{connect}:{lport}", curve, learner.spec)
             t["broadcaster ROUTER"]["alive_after"] = alive_broadcaster(bc, f"tcp://{connect}:{bport + 1}", curve)
             t["broadcaster PUB"]["alive_after"] = t["broadcaster ROUTER"]["alive_after"]
@@ -551,7 +651,7 @@ def main() -> int:
             learner.close()
             bc.close()
         report[transport] = t
-        for port, r in t.items():
+        for r in t.values():
             ok &= r["alive_after"] and all(c["bounded"] for c in r.get("resources", {}).values() if "bounded" in c)
             for kind in ("random bytes", "hostile values"):
                 if kind in r:
@@ -565,17 +665,25 @@ def main() -> int:
             for kind in ("random bytes", "hostile values"):
                 if kind in r:
                     k = r[kind]
-                    print(f"    {kind:14} sent {k['sent']:>6}  reached {k['reached_role']:>6}  rejected {k['rejected']:>6}"
-                          f"  refused hello {k['refused_hello']:>5}  accepted {k['accepted']:>5}  raised {k['raised']}"
-                          f"  {k['wall_s']:6.1f} s ({k['msgs_per_s']:,}/s)")
+                    print(
+                        f"    {kind:14} sent {k['sent']:>6}  reached {k['reached_role']:>6}  rejected "
+                        f"{k['rejected']:>6}"
+                        f"  refused hello {k['refused_hello']:>5}  accepted {k['accepted']:>5}  raised {k['raised']}"
+                        f"  {k['wall_s']:6.1f} s ({k['msgs_per_s']:,}/s)"
+                    )
             for case, c in r.get("resources", {}).items():
                 mib = 1 << 20
-                extra = "".join(f", {k} {c[k]:,}" for k in ("frame_bytes", "connections", "actor_records",
-                                                              "join_records") if k in c)
-                print(f"    resources: {case:45} RSS {c['rss_before'] / mib:7.1f} -> {c['rss_after_first_half'] / mib:7.1f}"
-                      f" -> {c['rss_after_second_half'] / mib:7.1f} MiB (second half {c['growth_second_half'] / mib:+.1f});"
-                      f" {'bounded' if c['bounded'] else 'GREW'}; grew {c['grew_by'] / mib:.1f} MiB, bound"
-                      f" {c['bound'] / mib:.1f} MiB{extra}; {c['wall_s']} s")
+                extra = "".join(
+                    f", {k} {c[k]:,}" for k in ("frame_bytes", "connections", "actor_records", "join_records") if k in c
+                )
+                print(
+                    f"    resources: {case:45} RSS {c['rss_before'] / mib:7.1f} -> "
+                    f"{c['rss_after_first_half'] / mib:7.1f}"
+                    f" -> {c['rss_after_second_half'] / mib:7.1f} MiB (second half "
+                    f"{c['growth_second_half'] / mib:+.1f});"
+                    f" {'bounded' if c['bounded'] else 'GREW'}; grew {c['grew_by'] / mib:.1f} MiB, bound"
+                    f" {c['bound'] / mib:.1f} MiB{extra}; {c['wall_s']} s"
+                )
             if "rejects_by_reason" in r:
                 print(f"    rejects by reason: {dict(sorted(r['rejects_by_reason'].items()))}")
                 for line in r["raised_examples"]:
@@ -584,14 +692,19 @@ def main() -> int:
                 print(f"    subscription frames sent {r['sent']}, reached the role {r['reached_role']}")
     if endless is not None:
         mib = 1 << 20
-        print(f"endless multipart from a peer past the handshake (not bounded by libzmq; reported, not judged): "
-              f"{endless['frames']:,} one-byte frames, ROUTER process RSS {endless['rss_before'] / mib:.1f} -> "
-              + " -> ".join(f"{r / mib:.1f}" for r in endless["rss_steps"])
-              + f" MiB ({endless['bytes_per_frame']} bytes per frame), {endless['rss_after_close'] / mib:.1f} MiB after "
-              f"the peer closed; alive after: {endless['alive_after']}")
+        print(
+            f"endless multipart from a peer past the handshake (not bounded by libzmq; reported, not judged): "
+            f"{endless['frames']:,} one-byte frames, ROUTER process RSS {endless['rss_before'] / mib:.1f} -> "
+            + " -> ".join(f"{r / mib:.1f}" for r in endless["rss_steps"])
+            + f" MiB ({endless['bytes_per_frame']} bytes per frame), {endless['rss_after_close'] / mib:.1f} MiB after "
+            f"the peer closed; alive after: {endless['alive_after']}"
+        )
         report["endless multipart"] = endless
-    print("PASS: no role ended, every message that reached a role was counted, RSS bounded under the resource "
-          "cases" if ok else "FAIL")
+    print(
+        "PASS: no role ended, every message that reached a role was counted, RSS bounded under the resource cases"
+        if ok
+        else "FAIL"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if ok else 1

@@ -12,6 +12,7 @@ env id is skipped with a line saying so.
 
     .venv/bin/python bench/gait.py bench/results/studies/main-job-idle [--all-checkpoints] [--json OUT]
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncrl.tasks.control.envs import make_env                        # noqa: E402
-from asyncrl.tasks.control.evaluate import load_checkpoint, run_episodes   # noqa: E402
+from asyncrl.tasks.control.envs import make_env  # noqa: E402
+from asyncrl.tasks.control.evaluate import load_checkpoint, run_episodes  # noqa: E402
 
 PLANAR = ("HalfCheetah", "Hopper", "Walker2d")
 
@@ -63,7 +64,8 @@ def runs_of(path: Path):
     """(label, run_dir, cell record or None) for a run directory or every cell of a study."""
     if (path / "cells").is_dir():
         from asyncrl.analysis.study_store import CellStore
-        store = CellStore(path)                   # a packed record (cells.tar.xz) keeps its run directory
+
+        store = CellStore(path)  # a packed record (cells.tar.xz) keeps its run directory
         for cell in sorted((path / "cells").iterdir()):
             rec = store.get(cell.name)
             if rec is not None and (cell / "run").is_dir():
@@ -82,28 +84,41 @@ def main(paths, all_checkpoints, json_out):
     rows = []
     for path in paths:
         for label, run, rec in runs_of(path):
-            files = sorted(run.glob("checkpoint*.pt"), key=_checkpoint_index) if all_checkpoints \
+            files = (
+                sorted(run.glob("checkpoint*.pt"), key=_checkpoint_index)
+                if all_checkpoints
                 else [run / "checkpoint.pt"]
-            files = [f for f in files if f.is_file()][::-1]    # checkpoint.N.pt are older for larger N
+            )
+            files = [f for f in files if f.is_file()][::-1]  # checkpoint.N.pt are older for larger N
             for f in files:
                 ck = load_checkpoint(f)
                 if not ck.cfg.env.id.startswith(PLANAR):
                     click.echo(f"{run}: {ck.cfg.env.id} is not a planar env this script reads; skipped")
                     break
                 pitch = pitch_trace(ck)
-                row = {"study": path.name, "cell": label, "checkpoint": f.name, "env": ck.cfg.env.id,
-                       "env_steps": ck.env_steps, "flipped_fraction": float(np.mean(np.cos(pitch) < 0)),
-                       "mean_cos_pitch": float(np.mean(np.cos(pitch))), "episode_steps": len(pitch)}
+                row = {
+                    "study": path.name,
+                    "cell": label,
+                    "checkpoint": f.name,
+                    "env": ck.cfg.env.id,
+                    "env_steps": ck.env_steps,
+                    "flipped_fraction": float(np.mean(np.cos(pitch) < 0)),
+                    "mean_cos_pitch": float(np.mean(np.cos(pitch))),
+                    "episode_steps": len(pitch),
+                }
                 row["flipped"] = row["flipped_fraction"] > 0.5
                 if rec:
-                    row.update({k: rec.get(k) for k in ("label", "preset", "condition", "mode", "seed",
-                                                        "final_return")})
+                    row.update(
+                        {k: rec.get(k) for k in ("label", "preset", "condition", "mode", "seed", "final_return")}
+                    )
                 rows.append(row)
                 fr = row.get("final_return")
-                click.echo(f"{row['study']:20s} {str(row.get('label', label))[:32]:32s} "
-                           f"{str(row.get('condition', '')):8s} seed {str(row.get('seed', '')):>4s} "
-                           f"{row['env_steps']:>8d} steps  final {'-' if fr is None else round(fr):>6} "
-                           f" flipped {row['flipped_fraction']:.2f}  mean cos {row['mean_cos_pitch']:+.2f}")
+                click.echo(
+                    f"{row['study']:20s} {str(row.get('label', label))[:32]:32s} "
+                    f"{str(row.get('condition', '')):8s} seed {str(row.get('seed', '')):>4s} "
+                    f"{row['env_steps']:>8d} steps  final {'-' if fr is None else round(fr):>6} "
+                    f" flipped {row['flipped_fraction']:.2f}  mean cos {row['mean_cos_pitch']:+.2f}"
+                )
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(rows, indent=1))
@@ -115,18 +130,24 @@ def summary(rows: list[dict]) -> None:
     final = {}
     for r in rows:
         if r["checkpoint"] == "checkpoint.pt":
-            final.setdefault((r["study"], r["env"], r.get("label", ""), r.get("condition", ""), r.get("mode", "")),
-                             []).append(r)
+            final.setdefault(
+                (r["study"], r["env"], r.get("label", ""), r.get("condition", ""), r.get("mode", "")), []
+            ).append(r)
     if not final:
         return
     click.echo("\nfinal checkpoints: flipped / at or above 3,000 / runs")
     for (study, env, label, cond, mode), rs in final.items():
         rs.sort(key=lambda r: r.get("seed") or 0)
-        seeds = " ".join(f"{r.get('seed')}:{round(r['final_return']) if r.get('final_return') is not None else '-'}"
-                         f"{'F' if r['flipped'] else ''}" for r in rs)
+        seeds = " ".join(
+            f"{r.get('seed')}:{round(r['final_return']) if r.get('final_return') is not None else '-'}"
+            f"{'F' if r['flipped'] else ''}"
+            for r in rs
+        )
         high = sum((r.get("final_return") or 0) >= 3000 for r in rs)
-        click.echo(f"{study:22s} {env:15s} {str(label)[:30]:30s} {cond:8s} {mode[:5]:5s} "
-                   f"{sum(r['flipped'] for r in rs)} / {high} / {len(rs)}   {seeds}")
+        click.echo(
+            f"{study:22s} {env:15s} {str(label)[:30]:30s} {cond:8s} {mode[:5]:5s} "
+            f"{sum(r['flipped'] for r in rs)} / {high} / {len(rs)}   {seeds}"
+        )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ shapes are HalfCheetah-v5's, written below (tests/test_device.py checks them aga
     python bench/learner_speed.py --task control --device cpu --repeats 5 --out results.jsonl
     python bench/learner_speed.py --report results.jsonl --cpu-figures bench/gpu_check_cpu.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,8 @@ from asyncrl.core import config as config_mod  # noqa: E402
 from asyncrl.core.config import Config  # noqa: E402
 from asyncrl.core.device import check_device, forward_context, to_device  # noqa: E402
 
-HALFCHEETAH_OBS_DIM, HALFCHEETAH_ACTION_DIM = 17, 6   # HalfCheetah-v5's observation and action sizes
-FORBIDDEN = ("zmq", "gymnasium", "mujoco")             # not on a lent GPU machine
+HALFCHEETAH_OBS_DIM, HALFCHEETAH_ACTION_DIM = 17, 6  # HalfCheetah-v5's observation and action sizes
+FORBIDDEN = ("zmq", "gymnasium", "mujoco")  # not on a lent GPU machine
 
 
 def read_config(path: str | Path | None) -> Config:
@@ -53,15 +54,21 @@ def read_config(path: str | Path | None) -> Config:
 
 def control_case(cfg: Config, device, fwd, seed: int = 0):
     """(one-iteration callable, samples per iteration) for the control learner on ``cfg``'s batch."""
-    from asyncrl.tasks.control.policy import build_policy
-    from asyncrl.core.spec import RolloutSpec
     from asyncrl.core.optim import GuardedAdam
+    from asyncrl.core.spec import RolloutSpec
+    from asyncrl.tasks.control.policy import build_policy
     from asyncrl.tasks.control.update import learner_iteration
+
     torch.manual_seed(seed)
     policy = build_policy(cfg.policy, HALFCHEETAH_OBS_DIM, HALFCHEETAH_ACTION_DIM, discrete=False).to(device)
     opt = GuardedAdam(policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
-    spec = RolloutSpec(obs_dim=HALFCHEETAH_OBS_DIM, action_dim=HALFCHEETAH_ACTION_DIM, discrete=False,
-                       rollout_length=cfg.env.rollout_length, num_envs=cfg.env.num_envs * cfg.learner.slots_per_batch)
+    spec = RolloutSpec(
+        obs_dim=HALFCHEETAH_OBS_DIM,
+        action_dim=HALFCHEETAH_ACTION_DIM,
+        discrete=False,
+        rollout_length=cfg.env.rollout_length,
+        num_envs=cfg.env.num_envs * cfg.learner.slots_per_batch,
+    )
     rng = np.random.default_rng(seed)
     arrays = spec.allocate()
     T, N = arrays["rewards"].shape
@@ -69,17 +76,19 @@ def control_case(cfg: Config, device, fwd, seed: int = 0):
     arrays["final_obs"][:] = rng.standard_normal(arrays["final_obs"].shape, dtype=np.float32)
     arrays["actions"][:] = rng.standard_normal(arrays["actions"].shape, dtype=np.float32)
     arrays["rewards"][:] = rng.standard_normal((T, N), dtype=np.float32)
-    arrays["truncated"][T - 1, ::4] = True          # some episode ends, as in HalfCheetah's 1000-step limit
+    arrays["truncated"][T - 1, ::4] = True  # some episode ends, as in HalfCheetah's 1000-step limit
     batch = {k: torch.from_numpy(arrays[k]) for k in spec.batch_field_names}
-    with torch.no_grad():   # behaviour log-probs of the same weights: a zero-lag batch
+    with torch.no_grad():  # behaviour log-probs of the same weights: a zero-lag batch
         x = policy.normalize(batch["obs"][:-1].reshape(T * N, -1).to(device))
         lp = policy.distribution(x).log_prob(batch["actions"].reshape(T * N, -1).to(device))
     batch["behavior_log_prob"] = lp.view(T, N).cpu() + 0.01 * torch.randn(T, N)
     gen = torch.Generator().manual_seed(seed)
 
     def step():
-        return learner_iteration(policy, opt, to_device(batch, device), cfg=cfg.algo, generator=gen, version=0,
-                                 forward_context=fwd)
+        return learner_iteration(
+            policy, opt, to_device(batch, device), cfg=cfg.algo, generator=gen, version=0, forward_context=fwd
+        )
+
     return step, {"samples": T * N}
 
 
@@ -88,32 +97,41 @@ def llm_case(cfg: Config, device, fwd, model_dir: Path, seed: int = 0):
     from asyncrl.core.optim import GuardedAdam
     from asyncrl.tasks.llm import model as m
     from asyncrl.tasks.llm.learn import _token_log_probs, llm_iteration
+
     llm = cfg.llm
     model = m.load(model_dir).model.to(device)
     model.train()
     opt = GuardedAdam(model.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
-    rows, S, L = llm.prompts_per_slot * llm.group_size * cfg.learner.slots_per_batch, llm.max_prompt_tokens, llm.max_new_tokens
+    rows, S, L = (
+        llm.prompts_per_slot * llm.group_size * cfg.learner.slots_per_batch,
+        llm.max_prompt_tokens,
+        llm.max_new_tokens,
+    )
     vocab = model.config.vocab_size
     rng = np.random.default_rng(seed)
-    prompt_len = np.repeat(rng.integers(40, 73, rows // llm.group_size), llm.group_size)   # prompts <= 72 tokens
-    comp_len = rng.integers(20, 138, rows)                                              # solutions <= 137
+    prompt_len = np.repeat(rng.integers(40, 73, rows // llm.group_size), llm.group_size)  # prompts <= 72 tokens
+    comp_len = rng.integers(20, 138, rows)  # solutions <= 137
     pos = np.arange(S)
-    batch = {"prompt_ids": torch.from_numpy(rng.integers(1, vocab, (rows, S))),
-             "prompt_mask": torch.from_numpy(pos[None, :] >= S - prompt_len[:, None]),
-             "completion_ids": torch.from_numpy(rng.integers(1, vocab, (rows, L))),
-             "completion_mask": torch.from_numpy(np.arange(L)[None, :] < comp_len[:, None]),
-             "policy_mask": torch.from_numpy(np.arange(L)[None, :] < comp_len[:, None]),   # no calculator tokens
-             "behavior_version": torch.zeros(rows, dtype=torch.int64),
-             "rewards": torch.from_numpy((np.arange(rows) % 2).astype(np.float32))}
-    with torch.no_grad():   # behaviour log-probs of the same weights: a zero-lag batch
+    batch = {
+        "prompt_ids": torch.from_numpy(rng.integers(1, vocab, (rows, S))),
+        "prompt_mask": torch.from_numpy(pos[None, :] >= S - prompt_len[:, None]),
+        "completion_ids": torch.from_numpy(rng.integers(1, vocab, (rows, L))),
+        "completion_mask": torch.from_numpy(np.arange(L)[None, :] < comp_len[:, None]),
+        "policy_mask": torch.from_numpy(np.arange(L)[None, :] < comp_len[:, None]),  # no calculator tokens
+        "behavior_version": torch.zeros(rows, dtype=torch.int64),
+        "rewards": torch.from_numpy((np.arange(rows) % 2).astype(np.float32)),
+    }
+    with torch.no_grad():  # behaviour log-probs of the same weights: a zero-lag batch
         dev_batch = to_device(batch, device)
         lp = _token_log_probs(model, dev_batch, torch.arange(rows, device=device), temperature=llm.temperature)
     batch["behavior_log_prob"] = lp.cpu()
     gen = torch.Generator().manual_seed(seed)
 
     def step():
-        return llm_iteration(model, opt, to_device(batch, device), algo=cfg.algo, llm=llm, generator=gen, version=0,
-                             forward_context=fwd)
+        return llm_iteration(
+            model, opt, to_device(batch, device), algo=cfg.algo, llm=llm, generator=gen, version=0, forward_context=fwd
+        )
+
     return step, {"samples": rows, "tokens": rows * (S + L), "completion_tokens": int(comp_len.sum())}
 
 
@@ -157,14 +175,25 @@ def run_case(args) -> dict:
     torch.set_num_threads(args.threads or cfg.learner.torch_threads)
     times, cpu_times = measure(step, device, warmup=args.warmup, repeats=args.repeats)
     med, cpu_med = statistics.median(times), statistics.median(cpu_times)
-    row = {"task": args.task, "device": args.device, "precision": args.precision,
-           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-           "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "warmup": args.warmup,
-           "repeats": args.repeats, "seconds_median": med, "seconds_min": min(times), "seconds_max": max(times),
-           "cpu_seconds_median": cpu_med, **{f"{k}_per_iteration": v for k, v in counts.items()},
-           **{f"{k}_per_s": v / med for k, v in counts.items()},
-           **{f"{k}_per_cpu_s": v / cpu_med for k, v in counts.items()},
-           "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    row = {
+        "task": args.task,
+        "device": args.device,
+        "precision": args.precision,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "seconds_median": med,
+        "seconds_min": min(times),
+        "seconds_max": max(times),
+        "cpu_seconds_median": cpu_med,
+        **{f"{k}_per_iteration": v for k, v in counts.items()},
+        **{f"{k}_per_s": v / med for k, v in counts.items()},
+        **{f"{k}_per_cpu_s": v / cpu_med for k, v in counts.items()},
+        "load_average": os.getloadavg(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     leaked = [name for name in FORBIDDEN if name in sys.modules]
     if leaked:
         raise SystemExit(f"learner_speed: imported {', '.join(leaked)}, which a lent GPU machine lacks")
@@ -179,17 +208,21 @@ def report(paths: list[str], cpu_figures: str | None) -> str:
         for line in Path(p).read_text().splitlines():
             if line.strip():
                 rows.append({**json.loads(line), "from": where})
-    out = ["| task | device | precision | wall s / iteration: median (min-max) | samples/s | tokens/s "
-           "| CPU s / iteration | samples/s by CPU time | tokens/s by CPU time | repeats | load avg | from |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "| task | device | precision | wall s / iteration: median (min-max) | samples/s | tokens/s "
+        "| CPU s / iteration | samples/s by CPU time | tokens/s by CPU time | repeats | load avg | from |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         tokens = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
         cpu_tokens = f"{r['tokens_per_cpu_s']:,.0f}" if "tokens_per_cpu_s" in r else "-"
-        out.append(f"| {r['task']} | {r['device']} ({r['device_name']}, {r['torch_threads']} thr) | {r['precision']} | "
-                   f"{r['seconds_median']:.4f} ({r['seconds_min']:.4f}-{r['seconds_max']:.4f}) | "
-                   f"{r['samples_per_s']:,.1f} | {tokens} | {r['cpu_seconds_median']:.4f} | "
-                   f"{r['samples_per_cpu_s']:,.1f} | {cpu_tokens} | {r['repeats']} | "
-                   f"{r['load_average'][0]:.2f} | {r['from']} |")
+        out.append(
+            f"| {r['task']} | {r['device']} ({r['device_name']}, {r['torch_threads']} thr) | {r['precision']} | "
+            f"{r['seconds_median']:.4f} ({r['seconds_min']:.4f}-{r['seconds_max']:.4f}) | "
+            f"{r['samples_per_s']:,.1f} | {tokens} | {r['cpu_seconds_median']:.4f} | "
+            f"{r['samples_per_cpu_s']:,.1f} | {cpu_tokens} | {r['repeats']} | "
+            f"{r['load_average'][0]:.2f} | {r['from']} |"
+        )
     return "\n".join(out)
 
 
@@ -201,7 +234,9 @@ def main() -> None:
     ap.add_argument("--model-dir", help="llm: the tiny model directory (asyncrl llm prepare; gpu_check.sh makes it)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
     ap.add_argument("--repeats", type=int, default=5, help="timed iterations (the median is reported)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: the config's learner.torch_threads)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch threads (default: the config's learner.torch_threads)"
+    )
     ap.add_argument("--out", help="append the result as one JSON line to this file")
     ap.add_argument("--report", nargs="*", help="print a table of these result files instead of measuring")
     ap.add_argument("--cpu-figures", help="with --report: a result file of CPU figures measured elsewhere")

@@ -10,6 +10,7 @@ accuracies, their IQM with the 95 % bootstrap CI (asyncrl.analysis.stats, as the
 paired gain over the start model, P(vaco > grpo) at each N, and the diagnostics' means over
 learner iterations. Cells of other conditions (async-2) appear as one more column, "async-2".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,11 +20,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from asyncrl.analysis import stats
-from asyncrl.analysis.study_report import cell_diagnostic
 from asyncrl.analysis.plots import _pyplot
+from asyncrl.analysis.study_report import cell_diagnostic
 
 PRESETS = ("grpo", "vaco")
-SMOOTH = 10   # iterations of the training reward's running mean
+SMOOTH = 10  # iterations of the training reward's running mean
 
 
 def _n(cell: dict) -> str:
@@ -59,20 +60,28 @@ def _diag(cells: list, key: str) -> float | None:
 
 def table(by: dict) -> str:
     cols = _columns(by)
-    lines = ["| N (or condition) | grpo IQM [95% CI] | vaco IQM [95% CI] | P(vaco > grpo) [95% CI] | gain over start, grpo / vaco "
-             "(points, mean) | tokens without gradient (no_grad_fraction) grpo / vaco | vaco minibatches over δ | "
-             "grpo clip fraction, two-sided | TV estimate grpo / vaco | "
-             "RL wall s (median) | seeds: grpo / vaco |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    pct = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}"   # noqa: E731
-    frac = lambda x: "n/a" if x is None else f"{x:.4f}"   # noqa: E731
+    lines = [
+        "| N (or condition) | grpo IQM [95% CI] | vaco IQM [95% CI] | P(vaco > grpo) [95% CI] | gain over start, "
+        "grpo / vaco "
+        "(points, mean) | tokens without gradient (no_grad_fraction) grpo / vaco | vaco minibatches over δ | "
+        "grpo clip fraction, two-sided | TV estimate grpo / vaco | "
+        "RL wall s (median) | seeds: grpo / vaco |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    pct = lambda x: "n/a" if x is None or x != x else f"{100 * x:.1f}"  # noqa: E731
+    frac = lambda x: "n/a" if x is None else f"{x:.4f}"  # noqa: E731
     for col in cols:
         g, v = by.get(("grpo", col), []), by.get(("vaco", col), [])
         iv = {}
         for name, cells in (("grpo", g), ("vaco", v)):
             iv[name] = stats.aggregate({"gsm": [c["final_return"] for c in cells]}, "iqm") if cells else None
-        poi = stats.probability_of_improvement({"gsm": [c["final_return"] for c in v]},
-                                               {"gsm": [c["final_return"] for c in g]}) if g and v else None
+        poi = (
+            stats.probability_of_improvement(
+                {"gsm": [c["final_return"] for c in v]}, {"gsm": [c["final_return"] for c in g]}
+            )
+            if g and v
+            else None
+        )
         gain = [statistics.mean(c["accuracy_difference"] for c in cells) if cells else None for cells in (g, v)]
         cells_iv = [f"{pct(i.value)} [{pct(i.low)}, {pct(i.high)}]" if i else "n/a" for i in (iv["grpo"], iv["vaco"])]
         walls = [c["wall_time_s"] for c in g + v]
@@ -84,7 +93,8 @@ def table(by: dict) -> str:
             f"{frac(_diag(v, 'filter_fire_rate'))} | {frac(_diag(g, 'clip_fraction_two_sided'))} | "
             f"{frac(_diag(g, 'tv_estimate'))} / {frac(_diag(v, 'tv_estimate'))} | "
             f"{statistics.median(walls):.0f} | "
-            f"{' '.join(pct(c['final_return']) for c in g)} / {' '.join(pct(c['final_return']) for c in v)} |")
+            f"{' '.join(pct(c['final_return']) for c in g)} / {' '.join(pct(c['final_return']) for c in v)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -104,25 +114,33 @@ def plot(by: dict, out_path: Path) -> Path:
             axes[0].scatter([x] * len(acc), acc, s=12, alpha=0.45, color=f"C{k}")
             iv = stats.aggregate({"gsm": acc}, "iqm")
             xs.append(x), ys.append(iv.value)
-            lo.append(iv.value - iv.low if iv.low == iv.low else 0), hi.append(iv.high - iv.value if iv.high == iv.high else 0)
+            (
+                lo.append(iv.value - iv.low if iv.low == iv.low else 0),
+                hi.append(iv.high - iv.value if iv.high == iv.high else 0),
+            )
         axes[0].errorbar(xs, ys, yerr=[lo, hi], fmt="o", color=f"C{k}", capsize=3, label=f"{preset}: IQM, 95% CI")
         what = "tokens without gradient (" + ("clip mask)" if preset == "grpo" else "band + TV filter)")
         pts = [(i, _diag(by[(preset, col)], "no_grad_fraction")) for i, col in enumerate(cols) if by.get((preset, col))]
         pts = [(i, y) for i, y in pts if y is not None]
-        if not pts:   # cells recorded before issue 38 have no one-sided share for grpo
+        if not pts:  # cells recorded before issue 38 have no one-sided share for grpo
             what += ": not recorded in these cells"
         axes[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{k}", label=f"{preset}: {what}")
-    for i, col in enumerate(cols):   # the training reward: one batch's mean, smoothed, averaged over seeds
-        for k, preset in enumerate(PRESETS):
+    for i, col in enumerate(cols):  # the training reward: one batch's mean, smoothed, averaged over seeds
+        for preset in PRESETS:
             curves = [[p[2] for p in c["curve"] if p[2] is not None] for c in by.get((preset, col), [])]
             steps = [[p[0] for p in c["curve"] if p[2] is not None] for c in by.get((preset, col), [])]
             if not curves or len({len(x) for x in curves}) != 1:
                 continue
             mean = [statistics.mean(v) for v in zip(*curves)]
             w = SMOOTH
-            smooth = [statistics.mean(mean[max(0, j - w + 1):j + 1]) for j in range(len(mean))]
-            axes[2].plot(steps[0], smooth, ls="-" if preset == "grpo" else "--", color=f"C{i + 2}",
-                         label=f"{preset} {col if not col.isdigit() else 'N=' + col}")
+            smooth = [statistics.mean(mean[max(0, j - w + 1) : j + 1]) for j in range(len(mean))]
+            axes[2].plot(
+                steps[0],
+                smooth,
+                ls="-" if preset == "grpo" else "--",
+                color=f"C{i + 2}",
+                label=f"{preset} {col if not col.isdigit() else 'N=' + col}",
+            )
     axes[2].set_xlabel("completions (env steps)")
     axes[2].set_ylabel(f"training reward (batch mean, {SMOOTH}-iteration running mean)")
     axes[2].set_title("reward on the train prompts, mean over seeds")

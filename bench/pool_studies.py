@@ -17,6 +17,7 @@ Mann-Whitney statistic, as :func:`asyncrl.analysis.stats.probability_of_improvem
 bootstrap, and per seed the mean of X's runs against the mean of Y's (wins, and the Wilcoxon
 signed-rank test from scipy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as st
 
+from asyncrl.analysis.stats import _poi, iqm  # _poi: P(X > Y) + 0.5 P(X = Y), the Mann-Whitney statistic
 from asyncrl.analysis.study_store import CellStore
-from asyncrl.analysis.stats import _poi, iqm   # _poi: P(X > Y) + 0.5 P(X = Y), the Mann-Whitney statistic
 
 RESAMPLES = 2000
 
@@ -38,7 +39,7 @@ def read(studies: list[Path]) -> dict[str, dict[str, dict[int, list[float]]]]:
     seen_serial: set = set()
     for study in studies:
         runs: dict = defaultdict(lambda: defaultdict(list))
-        for _, d in sorted(CellStore(study).records().items()):   # record files and cells.tar.xz
+        for _, d in sorted(CellStore(study).records().items()):  # record files and cells.tar.xz
             if d.get("final_return") is None or d.get("status") not in (None, "done", "finished", "ok"):
                 continue
             if d.get("mode") == "serial":
@@ -69,8 +70,14 @@ def seed_bootstrap(fn, seeds: list[int], seed: int = 0) -> tuple[float, float, f
     value = fn(seeds)
     if len(seeds) < 2:
         return value, float("nan"), float("nan")
-    res = st.bootstrap((idx,), lambda i: fn([seeds[j] for j in i]), vectorized=False, n_resamples=RESAMPLES,
-                       method="percentile", random_state=np.random.default_rng(seed))
+    res = st.bootstrap(
+        (idx,),
+        lambda i: fn([seeds[j] for j in i]),
+        vectorized=False,
+        n_resamples=RESAMPLES,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
     return value, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -92,8 +99,10 @@ def main() -> None:
     serial_all = _flat(pooled(data, s), sorted(pooled(data, s)))
     serial_median = float(np.median(serial_all)) if serial_all.size else float("nan")
 
-    print(f"| study | {x} median | {y} median | {s} median | {x} >= {args.split:,.0f} | {x} / serial | {x} >= {y} |"
-          " P(X > Y) | all three |")
+    print(
+        f"| study | {x} median | {y} median | {s} median | {x} >= {args.split:,.0f} | {x} / serial | {x} >= {y} |"
+        " P(X > Y) | all three |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     passes = 0
     for name, runs in data.items():
@@ -102,25 +111,32 @@ def main() -> None:
         if not xs.size or not ys.size:
             continue
         mx, my = float(np.median(xs)), float(np.median(ys))
-        ms = float(np.median(ss)) if ss.size else serial_median   # serial cells repeat: the pooled ones
+        ms = float(np.median(ss)) if ss.size else serial_median  # serial cells repeat: the pooled ones
         ok = [mx >= args.split, mx >= args.fraction * ms, mx >= my]
         passes += all(ok)
-        print(f"| {name} | {fmt(mx)} | {fmt(my)} | {fmt(ms)} | {'yes' if ok[0] else 'no'} | {mx / ms:.2f} "
-              f"({'yes' if ok[1] else 'no'}) | {'yes' if ok[2] else 'no'} | {_poi(xs, ys):.2f} | {'yes' if all(ok) else 'no'} |")
+        print(
+            f"| {name} | {fmt(mx)} | {fmt(my)} | {fmt(ms)} | {'yes' if ok[0] else 'no'} | {mx / ms:.2f} "
+            f"({'yes' if ok[1] else 'no'}) | {'yes' if ok[2] else 'no'} | {_poi(xs, ys):.2f} | "
+            f"{'yes' if all(ok) else 'no'} |"
+        )
     print(f"\nstudy runs meeting all three: {passes} of {len(data)}\n")
 
-    print("| pooled | runs | seeds | median [95% CI over seeds] | IQM [95% CI over seeds] | below / at or above split |")
+    print(
+        "| pooled | runs | seeds | median [95% CI over seeds] | IQM [95% CI over seeds] | below / at or above split |"
+    )
     print("|---|---|---|---|---|---|")
     for label in (x, y, s):
         by = pooled(data, label)
         seeds = sorted(by)
         if not seeds:
             continue
-        med = seed_bootstrap(lambda ss: float(np.median(_flat(by, ss))), seeds)
-        iq = seed_bootstrap(lambda ss: iqm(_flat(by, ss)), seeds)
+        med = seed_bootstrap(lambda ss, by=by: float(np.median(_flat(by, ss))), seeds)
+        iq = seed_bootstrap(lambda ss, by=by: iqm(_flat(by, ss)), seeds)
         allx = _flat(by, seeds)
-        print(f"| {label} | {allx.size} | {len(seeds)} | {fmt(med[0])} [{fmt(med[1])}, {fmt(med[2])}] | "
-              f"{fmt(iq[0])} [{fmt(iq[1])}, {fmt(iq[2])}] | {(allx < args.split).sum()} / {(allx >= args.split).sum()} |")
+        print(
+            f"| {label} | {allx.size} | {len(seeds)} | {fmt(med[0])} [{fmt(med[1])}, {fmt(med[2])}] | "
+            f"{fmt(iq[0])} [{fmt(iq[1])}, {fmt(iq[2])}] | {(allx < args.split).sum()} / {(allx >= args.split).sum()} |"
+        )
 
     bx, by_ = pooled(data, x), pooled(data, y)
     common = sorted(set(bx) & set(by_))
@@ -130,12 +146,16 @@ def main() -> None:
         mx = np.array([np.mean(bx[k]) for k in common])
         my = np.array([np.mean(by_[k]) for k in common])
         w = st.wilcoxon(mx, my) if len(common) > 1 and np.any(mx != my) else None
-        print(f"per seed, mean of {x}'s runs > mean of {y}'s: {(mx > my).sum()} of {len(common)} seeds; "
-              f"median difference {np.median(mx - my):+,.0f}; Wilcoxon signed-rank p = "
-              f"{'n/a' if w is None else f'{w.pvalue:.3f}'}")
+        print(
+            f"per seed, mean of {x}'s runs > mean of {y}'s: {(mx > my).sum()} of {len(common)} seeds; "
+            f"median difference {np.median(mx - my):+,.0f}; Wilcoxon signed-rank p = "
+            f"{'n/a' if w is None else f'{w.pvalue:.3f}'}"
+        )
         for k, a, b in zip(common, mx, my):
-            print(f"  seed {k}: {x} {', '.join(fmt(v) for v in bx[k])} (mean {fmt(a)}); "
-                  f"{y} {', '.join(fmt(v) for v in by_[k])} (mean {fmt(b)})")
+            print(
+                f"  seed {k}: {x} {', '.join(fmt(v) for v in bx[k])} (mean {fmt(a)}); "
+                f"{y} {', '.join(fmt(v) for v in by_[k])} (mean {fmt(b)})"
+            )
 
 
 if __name__ == "__main__":

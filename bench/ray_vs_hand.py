@@ -15,6 +15,7 @@ steps/s over the second half of the run (metrics.jsonl), so start-up (Ray's plac
 is left out; the whole-run rate is printed beside it. Namespaces and processes are removed at the
 end; nothing is left in /dev/shm (each node's is a private tmpfs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 from ray_nodes import RayNode, ray_unavailable  # noqa: E402
-from tcp_vs_shm import start, stop              # noqa: E402  (bench/ is the script's directory)
-from test_netns import Lan, _unavailable       # noqa: E402
+from tcp_vs_shm import start, stop  # noqa: E402  (bench/ is the script's directory)
+from test_netns import Lan, _unavailable  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PRIVATE_SHM = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'
@@ -41,13 +42,22 @@ PRIVATE_SHM = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'
 def rates(run_dir: Path) -> dict:
     """Steady and whole-run env steps/s and lag of a finished run (summary.json, metrics.jsonl)."""
     s = json.loads((run_dir / "summary.json").read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if line.strip() and "env_steps" in line]
+    rows = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip() and "env_steps" in line
+    ]
     rows = [r for r in rows if "wall_time_s" in r]
     a, b = rows[len(rows) // 2], rows[-1]
     steady = (b["env_steps"] - a["env_steps"]) / max(b["wall_time_s"] - a["wall_time_s"], 1e-9)
-    return {"steady": steady, "whole": s["env_steps_per_s"], "lag_p50": s.get("lag_p50"), "lag_p95": s.get("lag_p95"),
-            "transport": s.get("rollouts_by_transport"), "return": s.get("final_average_return")}
+    return {
+        "steady": steady,
+        "whole": s["env_steps_per_s"],
+        "lag_p50": s.get("lag_p50"),
+        "lag_p95": s.get("lag_p95"),
+        "transport": s.get("rollouts_by_transport"),
+        "return": s.get("final_average_return"),
+    }
 
 
 class CpuMeter:
@@ -81,7 +91,7 @@ class CpuMeter:
             except OSError:
                 continue
             if b"asyncrl.cli" in cmd and any(r in cmd for r in self.ROLES):
-                continue                       # a role: not Ray's; its children neither
+                continue  # a role: not Ray's; its children neither
             t = (int(fields[11]) + int(fields[12])) / TICKS
             self.first.setdefault(pid, t)
             self.last[pid] = t
@@ -107,13 +117,35 @@ def ray_run(args, lan: Lan, out: Path, i: int) -> dict:
         for r in ("A", "B"):
             wait(lambda r=r: b"Ray runtime started" in (logs / f"ray-{r}.log").read_bytes(), 180, f"Ray node {r}")
         time.sleep(3)
-        run_dir = private / "run"           # on the head's private tmpfs
+        run_dir = private / "run"  # on the head's private tmpfs
         sets = sum((["--set", s] for s in args.set), [])
         meter = CpuMeter([n.proc.pid for n in nodes.values()])
-        driver = start([*nodes["L"].enter(), sys.executable, "-m", "asyncrl.cli", "run", "--launcher", "ray",
-                        "--address", f"{lan.ip['L']}:6379", "--env", args.env, "--num-actors", "4",
-                        "--total-steps", str(args.steps), "--run-dir", str(run_dir), "--set", "run.log_every_s=1000",
-                        *sets], logs / "driver.log", env={**auth, "RAY_USAGE_STATS_ENABLED": "0"})
+        driver = start(
+            [
+                *nodes["L"].enter(),
+                sys.executable,
+                "-m",
+                "asyncrl.cli",
+                "run",
+                "--launcher",
+                "ray",
+                "--address",
+                f"{lan.ip['L']}:6379",
+                "--env",
+                args.env,
+                "--num-actors",
+                "4",
+                "--total-steps",
+                str(args.steps),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                "run.log_every_s=1000",
+                *sets,
+            ],
+            logs / "driver.log",
+            env={**auth, "RAY_USAGE_STATS_ENABLED": "0"},
+        )
         meter.roots.append(driver.pid)
         t0 = time.monotonic()
         while driver.poll() is None:
@@ -148,19 +180,77 @@ def hand_run(args, lan: Lan, keys: Path, out: Path, i: int) -> dict:
     try:
         for role, client in (("A", "client-1"), ("B", "client-2")):
             at = ["ip", "netns", "exec", lan.ns[role], "unshare", "--mount", "sh", "-c", PRIVATE_SHM, "sh"]
-            procs.append(start([*at, *py, "broadcaster", "--upstream", bcast_ep, "--bind", "tcp://127.0.0.1:5556",
-                                "--keys", str(keys / client)], run_dir / f"relay{role}.log"))
+            procs.append(
+                start(
+                    [
+                        *at,
+                        *py,
+                        "broadcaster",
+                        "--upstream",
+                        bcast_ep,
+                        "--bind",
+                        "tcp://127.0.0.1:5556",
+                        "--keys",
+                        str(keys / client),
+                    ],
+                    run_dir / f"relay{role}.log",
+                )
+            )
             for k in range(2):
                 name = f"actor{role}{k}"
-                procs.append(start([*at, *py, "actor", "--learner", learner_ep, "--broadcaster", "tcp://127.0.0.1:5556",
-                                    "--keys", str(keys / client), "--actor-id", name, "--host-label", lan.ip[role],
-                                    "--env", args.env, *sets], run_dir / f"{name}.log"))
+                procs.append(
+                    start(
+                        [
+                            *at,
+                            *py,
+                            "actor",
+                            "--learner",
+                            learner_ep,
+                            "--broadcaster",
+                            "tcp://127.0.0.1:5556",
+                            "--keys",
+                            str(keys / client),
+                            "--actor-id",
+                            name,
+                            "--host-label",
+                            lan.ip[role],
+                            "--env",
+                            args.env,
+                            *sets,
+                        ],
+                        run_dir / f"{name}.log",
+                    )
+                )
         at_l = ["ip", "netns", "exec", lan.ns["L"]]
-        procs.append(start([*at_l, *py, "broadcaster", "--bind", bcast_ep, "--keys", str(keys / "server")],
-                           run_dir / "broadcaster.log"))
-        learner = start([*at_l, *py, "learner", "--bind", learner_ep, "--broadcaster", bcast_ep, "--keys",
-                         str(keys / "server"), "--env", args.env, "--total-steps", str(args.steps), "--run-dir",
-                         str(run_dir), "--set", "run.log_every_s=1000", *sets], run_dir / "learner.log")
+        procs.append(
+            start(
+                [*at_l, *py, "broadcaster", "--bind", bcast_ep, "--keys", str(keys / "server")],
+                run_dir / "broadcaster.log",
+            )
+        )
+        learner = start(
+            [
+                *at_l,
+                *py,
+                "learner",
+                "--bind",
+                learner_ep,
+                "--broadcaster",
+                bcast_ep,
+                "--keys",
+                str(keys / "server"),
+                "--env",
+                args.env,
+                "--total-steps",
+                str(args.steps),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                "run.log_every_s=1000",
+                *sets,
+            ],
+            run_dir / "learner.log",
+        )
         procs.append(learner)
         t0 = time.monotonic()
         if learner.wait(args.timeout) != 0:
@@ -196,37 +286,55 @@ def main() -> None:
     out = args.out / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True)
     keys = out / "keys"
-    subprocess.run([sys.executable, "-m", "asyncrl.cli", "keys", "generate", str(keys), "--clients", "2"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "keys", "generate", str(keys), "--clients", "2"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     lan = Lan()
     results: dict[str, list[dict]] = {"ray": [], "hand": []}
     load0 = os.getloadavg()[0]
     try:
         lan.up()
         for i in range(args.pairs):
-            for kind in (("ray", "hand") if i % 2 == 0 else ("hand", "ray")):
+            for kind in ("ray", "hand") if i % 2 == 0 else ("hand", "ray"):
                 r = ray_run(args, lan, out, i) if kind == "ray" else hand_run(args, lan, keys, out, i)
                 results[kind].append(r)
-                print(f"{kind} run {i}: {r['steady']:,.0f} env steps/s after start-up ({r['whole']:,.0f} whole run, "
-                      f"{r['wall_s']:.0f} s); lag p50/p95 {r['lag_p50']}/{r['lag_p95']} versions; rollouts "
-                      f"{r['transport']}; Ray CPU {r['ray_cpu_s']:.1f} s", flush=True)
+                print(
+                    f"{kind} run {i}: {r['steady']:,.0f} env steps/s after start-up ({r['whole']:,.0f} whole run, "
+                    f"{r['wall_s']:.0f} s); lag p50/p95 {r['lag_p50']}/{r['lag_p95']} versions; rollouts "
+                    f"{r['transport']}; Ray CPU {r['ray_cpu_s']:.1f} s",
+                    flush=True,
+                )
     finally:
         lan.close()
         shutil.rmtree(keys, ignore_errors=True)
     med = {k: statistics.median(r["steady"] for r in v) for k, v in results.items()}
     ratios = [a["steady"] / b["steady"] for a, b in zip(results["ray"], results["hand"])]
     cpu = [r["ray_cpu_s"] / r["wall_s"] for r in results["ray"]]
-    summary = {"pairs": args.pairs, "steps": args.steps, "env": args.env, "set": args.set,
-               "median_steady_env_steps_per_s": med, "ratio_ray_over_hand_per_pair": ratios,
-               "median_ratio": statistics.median(ratios), "ray_cpu_cores_median": statistics.median(cpu),
-               "runs": results, "load_start": load0, "load_end": os.getloadavg()[0],
-               "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+    summary = {
+        "pairs": args.pairs,
+        "steps": args.steps,
+        "env": args.env,
+        "set": args.set,
+        "median_steady_env_steps_per_s": med,
+        "ratio_ray_over_hand_per_pair": ratios,
+        "median_ratio": statistics.median(ratios),
+        "ray_cpu_cores_median": statistics.median(cpu),
+        "runs": results,
+        "load_start": load0,
+        "load_end": os.getloadavg()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")    # the latest run's, kept in git
-    print(f"median env steps/s after start-up: ray {med['ray']:,.0f}, hand {med['hand']:,.0f}; ray/hand per pair "
-          f"{', '.join(f'{x:.3f}' for x in ratios)} (median {summary['median_ratio']:.3f}); Ray's own CPU "
-          f"{statistics.median(cpu):.2f} cores (median over Ray runs; CPU s / wall s); load {load0:.1f} -> "
-          f"{summary['load_end']:.1f}; {out / 'summary.json'}")
+    (args.out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")  # the latest run's, kept in git
+    print(
+        f"median env steps/s after start-up: ray {med['ray']:,.0f}, hand {med['hand']:,.0f}; ray/hand per pair "
+        f"{', '.join(f'{x:.3f}' for x in ratios)} (median {summary['median_ratio']:.3f}); Ray's own CPU "
+        f"{statistics.median(cpu):.2f} cores (median over Ray runs; CPU s / wall s); load {load0:.1f} -> "
+        f"{summary['load_end']:.1f}; {out / 'summary.json'}"
+    )
 
 
 if __name__ == "__main__":

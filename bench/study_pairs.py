@@ -5,8 +5,10 @@ P(X > Y) with its CI (asyncrl.analysis.stats), for the conditions named; then P(
     .venv/bin/python bench/study_pairs.py bench/results/studies/quick --x vaco --y vaco_paper --conditions none
 
 Reads ``results.json`` as `asyncrl study` (or `--report-only --any-code`) last wrote it, so the cells
-are the ones that report holds. The quick profile's per-env comparisons (docs/results/quick-profile.md) are made this way.
+are the ones that report holds. The quick profile's per-env comparisons
+(docs/results/quick-profile.md) are made this way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +37,10 @@ def main() -> None:
         for env in sorted(xs):
             ix, iy = stats.aggregate({env: xs[env]}), stats.aggregate({env: ys[env]})
             p = stats.probability_of_improvement({env: xs[env]}, {env: ys[env]})
-            print(f"| {cond} | {env} | {ix.value:,.0f} [{ix.low:,.0f}, {ix.high:,.0f}] | "
-                  f"{iy.value:,.0f} [{iy.low:,.0f}, {iy.high:,.0f}] | {p.value:.2f} [{p.low:.2f}, {p.high:.2f}] |")
+            print(
+                f"| {cond} | {env} | {ix.value:,.0f} [{ix.low:,.0f}, {ix.high:,.0f}] | "
+                f"{iy.value:,.0f} [{iy.low:,.0f}, {iy.high:,.0f}] | {p.value:.2f} [{p.low:.2f}, {p.high:.2f}] |"
+            )
         if xs:
             p = stats.probability_of_improvement(xs, ys)
             print(f"| {cond} | over {len(xs)} envs | | | {p.value:.2f} [{p.low:.2f}, {p.high:.2f}] |")

@@ -11,6 +11,7 @@ segment is out of reach as on another machine). Every socket is on a 10.77.0.x a
 is on in both cases (control messages, weights, and for the remote actors the rollouts); only
 where the rollouts travel differs. Namespaces and processes are removed at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,14 @@ class Namespaces:
 def start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     """A role process logging to ``log`` (also bench/ray_vs_hand.py's); ``env`` adds variables."""
     with open(log, "w") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {})),
-                                preexec_fn=sigint_as_in_a_terminal)
+        return subprocess.Popen(
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {})),
+            preexec_fn=sigint_as_in_a_terminal,
+        )
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -95,14 +101,58 @@ def one_run(args, ns: Namespaces, keys: Path, out: Path, mode: str, i: int) -> t
     try:
         actor_prefix = at_host if mode == "shm" else ["ip", "netns", "exec", ns.remote, *EMPTY_SHM]
         for k in range(2):
-            procs.append(start([*actor_prefix, *py, "actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep,
-                                "--keys", str(keys / "client-1"), "--actor-id", f"{mode}{k}", "--seed", str(k + 1),
-                                "--env", args.env, *sets], run_dir / f"actor{k}.log"))
-        procs.append(start([*at_host, *py, "broadcaster", "--bind", broadcaster_ep, "--keys", str(keys / "server")],
-                           run_dir / "broadcaster.log"))
-        learner = start([*at_host, *py, "learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep,
-                         "--keys", str(keys / "server"), "--env", args.env, "--total-steps", str(args.steps),
-                         "--run-dir", str(run_dir), "--set", "run.log_every_s=1000", *sets], run_dir / "learner.log")
+            procs.append(
+                start(
+                    [
+                        *actor_prefix,
+                        *py,
+                        "actor",
+                        "--learner",
+                        learner_ep,
+                        "--broadcaster",
+                        broadcaster_ep,
+                        "--keys",
+                        str(keys / "client-1"),
+                        "--actor-id",
+                        f"{mode}{k}",
+                        "--seed",
+                        str(k + 1),
+                        "--env",
+                        args.env,
+                        *sets,
+                    ],
+                    run_dir / f"actor{k}.log",
+                )
+            )
+        procs.append(
+            start(
+                [*at_host, *py, "broadcaster", "--bind", broadcaster_ep, "--keys", str(keys / "server")],
+                run_dir / "broadcaster.log",
+            )
+        )
+        learner = start(
+            [
+                *at_host,
+                *py,
+                "learner",
+                "--bind",
+                learner_ep,
+                "--broadcaster",
+                broadcaster_ep,
+                "--keys",
+                str(keys / "server"),
+                "--env",
+                args.env,
+                "--total-steps",
+                str(args.steps),
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                "run.log_every_s=1000",
+                *sets,
+            ],
+            run_dir / "learner.log",
+        )
         procs.append(learner)
         if learner.wait(args.timeout) != 0:
             raise RuntimeError(f"{mode} run {i}: learner failed:\n{(run_dir / 'learner.log').read_text()[-2000:]}")
@@ -116,9 +166,11 @@ def one_run(args, ns: Namespaces, keys: Path, out: Path, mode: str, i: int) -> t
     a, b = rows[min(2, len(rows) - 2)], rows[-1]
     steady = (b["env_steps"] - a["env_steps"]) / max(b["wall_time_s"] - a["wall_time_s"], 1e-9)
     share = s["time_breakdown_s"].get("learner_update_s", 0.0) / s["wall_time_s"]
-    print(f"{mode} run {i}: {s['env_steps_per_s']:,.0f} env steps/s ({s['env_steps']:,} steps in "
-          f"{s['wall_time_s']:.1f} s); after start-up {steady:,.0f}/s; learner updating {share:.0%} of the time",
-          flush=True)
+    print(
+        f"{mode} run {i}: {s['env_steps_per_s']:,.0f} env steps/s ({s['env_steps']:,} steps in "
+        f"{s['wall_time_s']:.1f} s); after start-up {steady:,.0f}/s; learner updating {share:.0%} of the time",
+        flush=True,
+    )
     return s["env_steps_per_s"], steady
 
 
@@ -136,20 +188,23 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="asyncrl-tcp-vs-shm-"))
     out.mkdir(parents=True, exist_ok=True)
     keys = out / "keys"
-    subprocess.run([sys.executable, "-m", "asyncrl", "keys", "generate", str(keys)], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "asyncrl", "keys", "generate", str(keys)], check=True, capture_output=True)
     rates: dict[str, list[tuple[float, float]]] = {"shm": [], "tcp": []}
     with Namespaces() as ns:
         for i in range(args.runs):
             for mode in ("shm", "tcp"):
                 rates[mode].append(one_run(args, ns, keys, out, mode, i))
-    print(f"{args.env}, 2 actors, {args.runs} runs each of {args.steps:,} env steps (outputs in {out}); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs:")
+    print(
+        f"{args.env}, 2 actors, {args.runs} runs each of {args.steps:,} env steps (outputs in {out}); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs:"
+    )
     for k, what in ((0, "whole run"), (1, "after start-up")):
         med = {m: statistics.median(r[k] for r in rs) for m, rs in rates.items()}
         for m, label in (("shm", "local actors, shared memory"), ("tcp", "remote actors, TCP + CURVE")):
-            print(f"  {what:<15} {label:<30} median {med[m]:>8,.0f} env steps/s  (runs: "
-                  f"{', '.join(f'{r[k]:,.0f}' for r in rates[m])})")
+            print(
+                f"  {what:<15} {label:<30} median {med[m]:>8,.0f} env steps/s  (runs: "
+                f"{', '.join(f'{r[k]:,.0f}' for r in rates[m])})"
+            )
         print(f"  {what:<15} ratio tcp / shm: {med['tcp'] / med['shm']:.3f}")
 
 

@@ -12,6 +12,7 @@ asyncrl's from metrics.jsonl (mean of the last 20 episodes).
     .venv/bin/python bench/vs_sample_factory.py --peer-sf /tmp/sf/bin/python --seeds 101,102,103,104,105 \\
         --out bench/results/vs-sample-factory
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,28 +36,69 @@ FRAMES = re.compile(r"Total num frames: (\d+)")
 
 def asyncrl_run(args, seed: int, out: Path) -> dict:
     run_dir = out / f"asyncrl-s{seed}"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", "--env", "HalfCheetah-v5", "--seed", str(seed),
-           "--total-steps", str(args.total_steps), "--run-dir", str(run_dir), "--set", "run.log_every_s=60"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "run",
+        "--env",
+        "HalfCheetah-v5",
+        "--seed",
+        str(seed),
+        "--total-steps",
+        str(args.total_steps),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "run.log_every_s=60",
+    ]
     t0 = time.time()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.time() - t0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    curve = [[r["wall_time_s"], r["env_steps"], r["average_return"]] for r in rows if r.get("average_return") is not None]
+    curve = [
+        [r["wall_time_s"], r["env_steps"], r["average_return"]] for r in rows if r.get("average_return") is not None
+    ]
     s = json.loads((run_dir / "summary.json").read_text())
-    return {"seed": seed, "wall_s": wall, "curve": curve, "final_return": s["final_average_return"],
-            "env_steps_per_s": s["env_steps_per_s"], "lag_p50": s["lag_p50"], "lag_p95": s["lag_p95"]}
+    return {
+        "seed": seed,
+        "wall_s": wall,
+        "curve": curve,
+        "final_return": s["final_average_return"],
+        "env_steps_per_s": s["env_steps_per_s"],
+        "lag_p50": s["lag_p50"],
+        "lag_p95": s["lag_p95"],
+    }
 
 
 def sample_factory_run(args, seed: int, seconds: float, out: Path) -> dict:
-    cmd = [args.peer_sf, "-m", "sf_examples.mujoco.train_mujoco", "--env=mujoco_halfcheetah",
-           f"--experiment=hc-s{seed}", f"--train_dir={out / 'sf-runs'}", "--device=cpu", "--num_workers=2",
-           "--num_envs_per_worker=8", f"--seed={seed}", f"--train_for_seconds={int(seconds) + 1}",
-           "--train_for_env_steps=100000000"]
+    cmd = [
+        args.peer_sf,
+        "-m",
+        "sf_examples.mujoco.train_mujoco",
+        "--env=mujoco_halfcheetah",
+        f"--experiment=hc-s{seed}",
+        f"--train_dir={out / 'sf-runs'}",
+        "--device=cpu",
+        "--num_workers=2",
+        "--num_envs_per_worker=8",
+        f"--seed={seed}",
+        f"--train_for_seconds={int(seconds) + 1}",
+        "--train_for_env_steps=100000000",
+    ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.time()
     # its own session: its spawned workers outlive a killed parent and must die with the group
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=out, env=env,
-                            start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=out,
+        env=env,
+        start_new_session=True,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
     curve, frames = [], 0
     log = open(out / f"sf-s{seed}.log", "w")
     # --train_for_seconds does not stop Sample Factory 2.1.1 here (seen: still training after 6 min of
@@ -65,7 +107,7 @@ def sample_factory_run(args, seed: int, seconds: float, out: Path) -> dict:
     kill = threading.Timer(seconds + 15, lambda: _signal_group(proc, signal.SIGKILL))
     stop.start(), kill.start()
     try:
-        for line in proc.stdout:            # type: ignore[union-attr]
+        for line in proc.stdout:  # type: ignore[union-attr]
             log.write(line)
             if m := FRAMES.search(line):
                 frames = int(m.group(1))
@@ -99,42 +141,58 @@ def value_at(curve, t):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--peer-sf", required=True, metavar="PYTHON", help="python of a venv with sample-factory[mujoco]==2.1.1")
+    p.add_argument(
+        "--peer-sf", required=True, metavar="PYTHON", help="python of a venv with sample-factory[mujoco]==2.1.1"
+    )
     p.add_argument("--seeds", default="101,102,103,104,105")
     p.add_argument("--total-steps", type=int, default=1_000_000)
     p.add_argument("--target", type=float, default=3000.0)
     p.add_argument("--out", default="bench/results/vs-sample-factory")
-    p.add_argument("--overwrite", action="store_true", help="delete this benchmark's earlier runs of these seeds in --out first")
+    p.add_argument(
+        "--overwrite", action="store_true", help="delete this benchmark's earlier runs of these seeds in --out first"
+    )
     args = p.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the finally blocks: no orphaned workers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: no orphaned workers
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
     earlier = [d for s in seeds for d in (out / f"asyncrl-s{s}", out / "sf-runs" / f"hc-s{s}") if d.exists()]
-    if earlier and not args.overwrite:   # `asyncrl run` refuses a used run dir; say so before an hour of runs
-        sys.exit(f"vs_sample_factory: {out} already holds runs of these seeds ({', '.join(d.name for d in earlier)}); "
-                 "pass --overwrite to delete them, or another --out")
+    if earlier and not args.overwrite:  # `asyncrl run` refuses a used run dir; say so before an hour of runs
+        sys.exit(
+            f"vs_sample_factory: {out} already holds runs of these seeds ({', '.join(d.name for d in earlier)}); "
+            "pass --overwrite to delete them, or another --out"
+        )
     for d in earlier:
         shutil.rmtree(d)
     rows = []
-    for seed in seeds:      # alternate: drift hits both alike
+    for seed in seeds:  # alternate: drift hits both alike
         a = asyncrl_run(args, seed, out)
         sf = sample_factory_run(args, seed, a["wall_s"], out)
-        row = {"seed": seed, "asyncrl": a, "sample_factory": sf, "load_after": os.getloadavg()[0],
-               "asyncrl_time_to_target_s": first_time(a["curve"], args.target),
-               "sf_time_to_target_s": first_time(sf["curve"], args.target),
-               "sf_return_at_asyncrl_end": value_at(sf["curve"], a["wall_s"])}
+        row = {
+            "seed": seed,
+            "asyncrl": a,
+            "sample_factory": sf,
+            "load_after": os.getloadavg()[0],
+            "asyncrl_time_to_target_s": first_time(a["curve"], args.target),
+            "sf_time_to_target_s": first_time(sf["curve"], args.target),
+            "sf_return_at_asyncrl_end": value_at(sf["curve"], a["wall_s"]),
+        }
         rows.append(row)
         fmt = lambda x: "not reached" if x is None else f"{x:.0f} s"  # noqa: E731
-        print(f"seed {seed}: asyncrl {a['final_return']:,.0f} at {args.total_steps:,} steps in {a['wall_s']:.0f} s "
-              f"(reached {args.target:,.0f}: {fmt(row['asyncrl_time_to_target_s'])}); Sample Factory "
-              f"{row['sf_return_at_asyncrl_end'] or float('nan'):,.0f} at the same wall time "
-              f"(reached {args.target:,.0f}: {fmt(row['sf_time_to_target_s'])})", flush=True)
+        print(
+            f"seed {seed}: asyncrl {a['final_return']:,.0f} at {args.total_steps:,} steps in {a['wall_s']:.0f} s "
+            f"(reached {args.target:,.0f}: {fmt(row['asyncrl_time_to_target_s'])}); Sample Factory "
+            f"{row['sf_return_at_asyncrl_end'] or float('nan'):,.0f} at the same wall time "
+            f"(reached {args.target:,.0f}: {fmt(row['sf_time_to_target_s'])})",
+            flush=True,
+        )
         (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
     finals = [r["asyncrl"]["final_return"] for r in rows]
     sf_same = [r["sf_return_at_asyncrl_end"] for r in rows if r["sf_return_at_asyncrl_end"] is not None]
-    print(f"median: asyncrl {statistics.median(finals):,.0f}; Sample Factory at the same wall time "
-          f"{statistics.median(sf_same) if sf_same else float('nan'):,.0f}")
+    print(
+        f"median: asyncrl {statistics.median(finals):,.0f}; Sample Factory at the same wall time "
+        f"{statistics.median(sf_same) if sf_same else float('nan'):,.0f}"
+    )
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
     try:
         from asyncrl.analysis.plots import plot_curves
@@ -142,10 +200,23 @@ def main() -> None:
         return
     series = []
     for r in rows:
-        for name, run in (("asyncrl (HalfCheetah-v5)", r["asyncrl"]), ("Sample Factory 2.1.1 (HalfCheetah-v4)", r["sample_factory"])):
-            series.append({"label": f"{name} seed {r['seed']}", "group": name, "wall_time_s": [c[0] for c in run["curve"]],
-                           "env_steps": [c[1] for c in run["curve"]], "return": [c[2] for c in run["curve"]]})
-    print(f"plot: {plot_curves(series, out / 'return-vs-time.png', title='main job vs Sample Factory, same machine, alternated')}")
+        for name, run in (
+            ("asyncrl (HalfCheetah-v5)", r["asyncrl"]),
+            ("Sample Factory 2.1.1 (HalfCheetah-v4)", r["sample_factory"]),
+        ):
+            series.append(
+                {
+                    "label": f"{name} seed {r['seed']}",
+                    "group": name,
+                    "wall_time_s": [c[0] for c in run["curve"]],
+                    "env_steps": [c[1] for c in run["curve"]],
+                    "return": [c[2] for c in run["curve"]],
+                }
+            )
+    print(
+        "plot:",
+        plot_curves(series, out / "return-vs-time.png", title="main job vs Sample Factory, same machine, alternated"),
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Hand-made rollout slots for tests that play an actor by hand (tests/ and tests/integration/)."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from asyncrl.core.spec import RolloutSpec
 
-SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)   # Corridor at SMALL
+SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)  # Corridor at SMALL
 
 
 def example_slot(seed: int = 0, grant_id: int | None = None) -> dict[str, np.ndarray]:

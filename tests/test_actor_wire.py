@@ -1,5 +1,6 @@
 """An actor survives undecodable messages from the learner's and the broadcaster's sockets, and
 catches up with the newest weights after a stall."""
+
 import threading
 import time
 
@@ -7,11 +8,11 @@ import numpy as np
 import pytest
 
 from asyncrl.core import config
-from asyncrl.wire import transport as tp
 from asyncrl.core.lag_control import WeightHistory
-from asyncrl.run.launch import free_port_pair
 from asyncrl.roles.actor import Actor, ActorOptions
 from asyncrl.roles.broadcaster import Broadcaster
+from asyncrl.run.launch import free_port_pair
+from asyncrl.wire import transport as tp
 from asyncrl.wire.security import read_weights_secret
 
 
@@ -21,19 +22,26 @@ def test_bad_weights_and_escaped_printing_never_raise():
     try:
         actor.run_id, actor.layout_hash, actor.history, actor.epoch = "r", "h", WeightHistory(), 0
         actor.num_params = 4
-        good = tp.encode_weights(run_id="r", version=3, publish_time=1.0, layout_hash="h",
-                                 payload=np.ones(4, np.float32))
-        for bad in ([b"weights", b"\xc1junk", b"x"], [b"weights", good[1], b"\0" * 3],
-                    tp.encode_weights(run_id="other", version=9, publish_time=1.0, layout_hash="h",
-                                      payload=np.ones(4, np.float32)),
-                    # the right layout hash but another size: policy.load would raise on it
-                    tp.encode_weights(run_id="r", version=9, publish_time=1.0, layout_hash="h",
-                                      payload=np.ones(5, np.float32))):
+        good = tp.encode_weights(
+            run_id="r", version=3, publish_time=1.0, layout_hash="h", payload=np.ones(4, np.float32)
+        )
+        for bad in (
+            [b"weights", b"\xc1junk", b"x"],
+            [b"weights", good[1], b"\0" * 3],
+            tp.encode_weights(
+                run_id="other", version=9, publish_time=1.0, layout_hash="h", payload=np.ones(4, np.float32)
+            ),
+            # the right layout hash but another size: policy.load would raise on it
+            tp.encode_weights(run_id="r", version=9, publish_time=1.0, layout_hash="h", payload=np.ones(5, np.float32)),
+        ):
             actor._receive(bad)
         assert actor.rejects.by_reason() == {"malformed": 1, "frame_size": 2, "run_id": 1}
         # weights of another learner epoch (an old or a newer learner) are not this session's
-        actor._receive(tp.encode_weights(run_id="r", epoch=7, version=5, publish_time=1.0, layout_hash="h",
-                                         payload=np.ones(4, np.float32)))
+        actor._receive(
+            tp.encode_weights(
+                run_id="r", epoch=7, version=5, publish_time=1.0, layout_hash="h", payload=np.ones(4, np.float32)
+            )
+        )
         assert actor.history.newest == -1
         actor._receive([bytes(f) for f in good])
         assert actor.history.newest == 3
@@ -59,28 +67,40 @@ def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
     secret = read_weights_secret(b.endpoint)
 
     def publish(version):
-        tp.send(learner, tp.sign_weights(tp.encode_weights(run_id="r", epoch=10, version=version, publish_time=1.0,
-                                                           layout_hash="h", payload=np.full(8, version, np.float32)),
-                                         secret))
+        tp.send(
+            learner,
+            tp.sign_weights(
+                tp.encode_weights(
+                    run_id="r",
+                    epoch=10,
+                    version=version,
+                    publish_time=1.0,
+                    layout_hash="h",
+                    payload=np.full(8, version, np.float32),
+                ),
+                secret,
+            ),
+        )
+
     try:
         serving.start()
         actor.run_id, actor.layout_hash, actor.epoch, actor.num_params = "r", "h", 10, 8
         actor.history = WeightHistory()
         version, deadline = 0, time.monotonic() + 30
-        while actor.history.newest < 0:          # until the actor's SUB socket is subscribed
+        while actor.history.newest < 0:  # until the actor's SUB socket is subscribed
             assert time.monotonic() < deadline, "the actor never got weights"
             publish(version)
             version += 1
             time.sleep(0.05)
             actor.receive_weights(catch_up=False)
         first = actor.history.newest
-        for v in range(version, version + 300):   # the actor "stalls": it reads nothing meanwhile
+        for v in range(version, version + 300):  # the actor "stalls": it reads nothing meanwhile
             publish(v)
         newest = version + 299
         while b.newest != (10, newest):
             assert time.monotonic() < deadline, "the broadcaster never got the last version"
             time.sleep(0.05)
-        time.sleep(1.0)     # let the backlog reach the actor's queue
+        time.sleep(1.0)  # let the backlog reach the actor's queue
         actor.receive_weights()
         assert first < actor.history.newest == newest
     finally:

@@ -1,4 +1,5 @@
 """bin/ wrappers: help, argument errors (one line, exit 2), and the commands they run (--dry-run)."""
+
 import os
 import shlex
 import subprocess
@@ -21,20 +22,23 @@ def test_help(name):
     assert p.returncode == 0 and p.stdout.startswith(f"Usage: {name} ") and "--dry-run" in p.stdout
 
 
-@pytest.mark.parametrize("name, args, words", [
-    ("learner-host", [], "--address HOST is required"),
-    ("learner-host", ["--address", "10.0.0.5", "--bogus"], "unknown option '--bogus'"),
-    ("learner-host", ["--address", "10.0.0.5", "--port", "70000"], "--port must be an integer 1-65533"),
-    ("learner-host", ["--address"], "--address needs a value"),
-    ("learner-host", ["--address", "h", "--actor-hosts", "0"], "--actor-hosts must be a positive integer"),
-    ("actor-host", [], "--learner HOST is required"),
-    ("actor-host", ["--learner", "h", "--num-actors", "two"], "--num-actors must be a positive integer"),
-    ("actor-host", ["--learner", "h", "--keys", "/nonexistent"], "--keys /nonexistent: no such directory"),
-    ("actor-host", ["--learner", "h", "--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
-    ("study-quick", ["--jobs", "0"], "--jobs must be a positive integer, got '0'"),
-    ("study-quick", ["--what"], "unknown option '--what'"),
-    ("study-quick", ["--out"], "--out needs a value"),
-])
+@pytest.mark.parametrize(
+    "name, args, words",
+    [
+        ("learner-host", [], "--address HOST is required"),
+        ("learner-host", ["--address", "10.0.0.5", "--bogus"], "unknown option '--bogus'"),
+        ("learner-host", ["--address", "10.0.0.5", "--port", "70000"], "--port must be an integer 1-65533"),
+        ("learner-host", ["--address"], "--address needs a value"),
+        ("learner-host", ["--address", "h", "--actor-hosts", "0"], "--actor-hosts must be a positive integer"),
+        ("actor-host", [], "--learner HOST is required"),
+        ("actor-host", ["--learner", "h", "--num-actors", "two"], "--num-actors must be a positive integer"),
+        ("actor-host", ["--learner", "h", "--keys", "/nonexistent"], "--keys /nonexistent: no such directory"),
+        ("actor-host", ["--learner", "h", "--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
+        ("study-quick", ["--jobs", "0"], "--jobs must be a positive integer, got '0'"),
+        ("study-quick", ["--what"], "unknown option '--what'"),
+        ("study-quick", ["--out"], "--out needs a value"),
+    ],
+)
 def test_argument_errors_one_line(name, args, words):
     p = _run(name, *args)
     assert p.returncode == 2
@@ -43,27 +47,83 @@ def test_argument_errors_one_line(name, args, words):
 
 
 def test_learner_host_commands(tmp_path):
-    p = _run("learner-host", "--address", "10.0.0.5", "--keys", str(tmp_path / "k"), "--actor-hosts", "3",
-             "--env", "Hopper-v5", "--run-dir", "runs/lan", "--dry-run", "--", "--total-steps", "5000")
+    p = _run(
+        "learner-host",
+        "--address",
+        "10.0.0.5",
+        "--keys",
+        str(tmp_path / "k"),
+        "--actor-hosts",
+        "3",
+        "--env",
+        "Hopper-v5",
+        "--run-dir",
+        "runs/lan",
+        "--dry-run",
+        "--",
+        "--total-steps",
+        "5000",
+    )
     assert p.returncode == 0, p.stderr
     keygen, bc, ln = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
     asy = shlex.split(ENV["ASYNCRL"])
     assert keygen == asy + ["keys", "generate", str(tmp_path / "k"), "--clients", "3"]
     assert bc == asy + ["broadcaster", "--bind", "10.0.0.5:5556", "--keys", str(tmp_path / "k/server")]
-    assert ln == asy + ["learner", "--bind", "10.0.0.5:5555", "--broadcaster", "10.0.0.5:5556", "--keys",
-                        str(tmp_path / "k/server"), "--env", "Hopper-v5", "--run-dir", "runs/lan", "--total-steps", "5000"]
-    assert not (tmp_path / "k").exists()                         # a dry run makes nothing
+    assert ln == asy + [
+        "learner",
+        "--bind",
+        "10.0.0.5:5555",
+        "--broadcaster",
+        "10.0.0.5:5556",
+        "--keys",
+        str(tmp_path / "k/server"),
+        "--env",
+        "Hopper-v5",
+        "--run-dir",
+        "runs/lan",
+        "--total-steps",
+        "5000",
+    ]
+    assert not (tmp_path / "k").exists()  # a dry run makes nothing
 
 
 def test_actor_host_commands():
-    p = _run("actor-host", "--learner", "tcp://10.0.0.5:6000", "--num-actors", "2", "--insecure", "--seed", "7",
-             "--host-label", "boxB", "--dry-run", "--", "--slowdown", "0.5")
+    p = _run(
+        "actor-host",
+        "--learner",
+        "tcp://10.0.0.5:6000",
+        "--num-actors",
+        "2",
+        "--insecure",
+        "--seed",
+        "7",
+        "--host-label",
+        "boxB",
+        "--dry-run",
+        "--",
+        "--slowdown",
+        "0.5",
+    )
     assert p.returncode == 0, p.stderr
     relay, a0, a1 = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
     asy = shlex.split(ENV["ASYNCRL"])
     assert relay == asy + ["broadcaster", "--upstream", "10.0.0.5:6001", "--bind", "127.0.0.1:5556", "--insecure"]
-    assert a0 == asy + ["actor", "--learner", "10.0.0.5:6000", "--broadcaster", "127.0.0.1:5556", "--insecure",
-                        "--actor-id", "boxB-a0", "--seed", "7", "--host-label", "boxB", "--slowdown", "0.5"]
+    assert a0 == asy + [
+        "actor",
+        "--learner",
+        "10.0.0.5:6000",
+        "--broadcaster",
+        "127.0.0.1:5556",
+        "--insecure",
+        "--actor-id",
+        "boxB-a0",
+        "--seed",
+        "7",
+        "--host-label",
+        "boxB",
+        "--slowdown",
+        "0.5",
+    ]
     assert a1[a1.index("--actor-id") + 1] == "boxB-a1" and a1[a1.index("--seed") + 1] == "8"
 
 
@@ -72,9 +132,11 @@ def test_wrapped_commands_parse():
     for role in ("learner", "broadcaster", "actor"):
         p = subprocess.run([*shlex.split(ENV["ASYNCRL"]), role, "--help"], capture_output=True, text=True, timeout=60)
         assert p.returncode == 0
-        for opt in {"learner": ["--bind", "--broadcaster", "--keys", "--advertise", "--env", "--run-dir"],
-                    "broadcaster": ["--bind", "--upstream", "--keys", "--advertise", "--insecure"],
-                    "actor": ["--learner", "--broadcaster", "--keys", "--actor-id", "--seed", "--host-label"]}[role]:
+        for opt in {
+            "learner": ["--bind", "--broadcaster", "--keys", "--advertise", "--env", "--run-dir"],
+            "broadcaster": ["--bind", "--upstream", "--keys", "--advertise", "--insecure"],
+            "actor": ["--learner", "--broadcaster", "--keys", "--actor-id", "--seed", "--host-label"],
+        }[role]:
             assert opt in p.stdout, (role, opt)
 
 

@@ -1,5 +1,6 @@
 """The broadcaster in one process: weights only from its learner (signed with its secret), newer
 only by (learner epoch, version), rejects counted by reason in its summary file."""
+
 import json
 import os
 import socket
@@ -10,17 +11,23 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl.wire import transport as tp
-from asyncrl.run.launch import free_port_pair
 from asyncrl.roles.broadcaster import Broadcaster
+from asyncrl.run.launch import free_port_pair
+from asyncrl.wire import transport as tp
 from asyncrl.wire.security import read_weights_secret, remove_stale_weights_secrets, weights_secret_path
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _weights(epoch: int, version: int, run_id: str = "r1") -> list:
-    return tp.encode_weights(run_id=run_id, epoch=epoch, version=version, publish_time=1.0, layout_hash="h",
-                             payload=np.full(8, version, np.float32))
+    return tp.encode_weights(
+        run_id=run_id,
+        epoch=epoch,
+        version=version,
+        publish_time=1.0,
+        layout_hash="h",
+        payload=np.full(8, version, np.float32),
+    )
 
 
 def test_sign_and_verify_weights():
@@ -28,8 +35,13 @@ def test_sign_and_verify_weights():
     signed = tp.sign_weights(frames, b"s" * 64)
     assert [bytes(f) for f in tp.verify_weights(signed, b"s" * 64)] == [bytes(f) for f in frames]
     tampered = [signed[0], signed[1], np.full(8, 99, np.float32).tobytes(), signed[3]]
-    for bad, secret in ((frames, b"s" * 64), (signed, b"other"), (signed, None), (tampered, b"s" * 64),
-                        (tp.sign_weights(frames, None), b"s" * 64)):
+    for bad, secret in (
+        (frames, b"s" * 64),
+        (signed, b"other"),
+        (signed, None),
+        (tampered, b"s" * 64),
+        (tp.sign_weights(frames, None), b"s" * 64),
+    ):
         with pytest.raises(tp.ProtocolError) as info:
             tp.verify_weights(bad, secret)
         assert info.value.reason == "not_learner"
@@ -65,7 +77,7 @@ def test_broadcaster_takes_only_its_learners_newer_weights(tmp_path):
         tp.send(spy, tp.sign_weights(_weights(2**62, 0), b"guess"))
         serve_until(lambda: b.rejects.total == 2)
         assert b.newest == (10, 2)
-        tp.send(learner, tp.sign_weights(_weights(10, 1), secret))     # older: ignored
+        tp.send(learner, tp.sign_weights(_weights(10, 1), secret))  # older: ignored
         tp.send(learner, tp.sign_weights(_weights(10, 3), secret))
         serve_until(lambda: b.newest == (10, 3))
         # a restarted learner: higher epoch, version 0, another run id: it replaces the old weights
@@ -92,19 +104,23 @@ def test_clean_removes_only_the_secrets_of_ports_no_one_listens_on(tmp_path, mon
     listener.listen()
     b = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
     try:
-        live, held = weights_secret_path(b.endpoint), tmp_path / f"asyncrl-{os.getuid()}" / \
-            f"broadcaster-{listener.getsockname()[1]}.secret"
+        live, held = (
+            weights_secret_path(b.endpoint),
+            tmp_path / f"asyncrl-{os.getuid()}" / f"broadcaster-{listener.getsockname()[1]}.secret",
+        )
         held.write_text("x" * 64)
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
         dead_port = probe.getsockname()[1]
-        probe.close()                                     # bound once, no one listens on it now
+        probe.close()  # bound once, no one listens on it now
         dead = held.with_name(f"broadcaster-{dead_port}.secret")
         dead.write_text("y" * 64)
         other = held.with_name("notes.txt")
         other.write_text("not a secret")
         from click.testing import CliRunner
+
         from asyncrl.cli import main
+
         result = CliRunner().invoke(main, ["clean"])
         assert result.exit_code == 0, result.output
         assert "removed 1 stale weights secret(s)" in result.output

@@ -1,5 +1,6 @@
 """CLI conventions: --version, python -m asyncrl, whole help lines, `config show` (every key with
 its meaning, checked against configs/default.toml), run provenance, custom env ids."""
+
 import json
 import subprocess
 import sys
@@ -9,18 +10,36 @@ import pytest
 from click.testing import CliRunner
 
 from asyncrl import __version__
-from asyncrl.core import config
 from asyncrl.cli import main
+from asyncrl.core import config
 
 ROOT = Path(__file__).resolve().parents[1]
-TOY = ["--env", "asyncrl/Corridor-v0", "--set", "env.max_episode_steps=12", "--set", "env.num_envs=2",
-       "--set", "env.rollout_length=16", "--set", "learner.slots_per_batch=2", "--set", "learner.num_slots=2",
-       "--set", "algo.num_minibatches=4", "--set", "algo.num_epochs=1", "--set", "run.num_actors=1"]
+TOY = [
+    "--env",
+    "asyncrl/Corridor-v0",
+    "--set",
+    "env.max_episode_steps=12",
+    "--set",
+    "env.num_envs=2",
+    "--set",
+    "env.rollout_length=16",
+    "--set",
+    "learner.slots_per_batch=2",
+    "--set",
+    "learner.num_slots=2",
+    "--set",
+    "algo.num_minibatches=4",
+    "--set",
+    "algo.num_epochs=1",
+    "--set",
+    "run.num_actors=1",
+]
 
 
 def _asyncrl(*args, cwd=None, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "asyncrl", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "asyncrl", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+    )
 
 
 def test_version_and_python_dash_m():
@@ -32,7 +51,7 @@ def test_version_and_python_dash_m():
 
 def test_command_list_shows_whole_help_lines():
     out = CliRunner().invoke(main, ["--help"], terminal_width=80).stdout
-    out = out[out.index("Commands:"):]
+    out = out[out.index("Commands:") :]
     assert "..." not in out
     for cmd in ("run", "learner", "actor", "broadcaster", "eval", "plot", "lag", "config", "keys", "clean"):
         assert f"\n  {cmd} " in out, cmd
@@ -69,7 +88,9 @@ def test_run_records_commit_packages_and_machine(tmp_path):
         assert set(prov) == {"code", "packages", "machine"}
         assert prov["packages"]["torch"] and prov["packages"]["numpy"] and prov["packages"]["gymnasium"]
         assert prov["machine"]["cpu_count"] >= 1 and len(prov["machine"]["load_average_1_5_15"]) == 3
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     assert summary["provenance"]["code"]["commit"] == (commit or None)
     # a run directory's config.json still loads as a config (eval, the launcher's children)
     assert config.load(tmp_path / "r/config.json").env.id == "asyncrl/Corridor-v0"
@@ -97,9 +118,11 @@ gym.register(id="UserTiny-v0", entry_point=Tiny)
 '''
 
 
-@pytest.mark.parametrize("env_args", [["--env", "usermod:Tiny"], ["--env", "usermod:UserTiny-v0"],
-                                      ["--env", "UserTiny-v0", "--env-module", "usermod"]],
-                         ids=["module:callable", "module:EnvId", "--env-module"])
+@pytest.mark.parametrize(
+    "env_args",
+    [["--env", "usermod:Tiny"], ["--env", "usermod:UserTiny-v0"], ["--env", "UserTiny-v0", "--env-module", "usermod"]],
+    ids=["module:callable", "module:EnvId", "--env-module"],
+)
 def test_custom_env_trains_and_evaluates(tmp_path, env_args):
     (tmp_path / "usermod.py").write_text(USER_ENV)
     p = _asyncrl("run", "--serial", *TOY, *env_args, "--total-steps", "128", "--run-dir", "r", cwd=tmp_path)
@@ -110,11 +133,14 @@ def test_custom_env_trains_and_evaluates(tmp_path, env_args):
     assert json.loads(p.stdout)["lengths"] == [8, 8]
 
 
-@pytest.mark.parametrize("env_args, words", [
-    (["--env", "nosuchmodule:Env"], "cannot import module 'nosuchmodule'"),
-    (["--env", "usermod:Nothing"], "module 'usermod' has neither a registered env id 'Nothing' nor a callable"),
-    (["--env", "X-v0", "--env-module", "nosuchmodule"], "env.module: cannot import module 'nosuchmodule'"),
-])
+@pytest.mark.parametrize(
+    "env_args, words",
+    [
+        (["--env", "nosuchmodule:Env"], "cannot import module 'nosuchmodule'"),
+        (["--env", "usermod:Nothing"], "module 'usermod' has neither a registered env id 'Nothing' nor a callable"),
+        (["--env", "X-v0", "--env-module", "nosuchmodule"], "env.module: cannot import module 'nosuchmodule'"),
+    ],
+)
 def test_custom_env_errors_one_line(tmp_path, env_args, words):
     (tmp_path / "usermod.py").write_text(USER_ENV)
     p = _asyncrl("run", "--serial", *env_args, "--run-dir", "r", cwd=tmp_path)

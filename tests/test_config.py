@@ -20,24 +20,35 @@ def test_shipped_configs_load(path):
 
 
 def test_overrides_parse_types_and_bare_strings():
-    cfg = config.load(None, ["algo.lr=1e-4", "env.id=Hopper-v5", "policy.hidden_sizes=[32, 32]",
-                             "algo.normalize_advantages=false", "algo.gamma=1"])
+    cfg = config.load(
+        None,
+        [
+            "algo.lr=1e-4",
+            "env.id=Hopper-v5",
+            "policy.hidden_sizes=[32, 32]",
+            "algo.normalize_advantages=false",
+            "algo.gamma=1",
+        ],
+    )
     assert cfg.algo.lr == 1e-4 and cfg.env.id == "Hopper-v5"
     assert cfg.policy.hidden_sizes == (32, 32) and cfg.algo.normalize_advantages is False
     assert cfg.algo.gamma == 1.0 and isinstance(cfg.algo.gamma, float)
 
 
-@pytest.mark.parametrize("override, words", [
-    ("algo.lrr=1", "unknown config key algo.lrr"),
-    ("algoo.lr=1", "unknown config section [algoo]"),
-    ("algo.lr=fast", "algo.lr: expected a number"),
-    ("algo.num_epochs=2.5", "algo.num_epochs: expected an integer"),
-    ("algo.normalize_advantages=1", "expected true/false"),
-    ("algo.preset=trpo", "unknown preset algo.preset='trpo'"),
-    ("algo.ratio_anchor=pi", "algo.ratio_anchor must be one of"),
-    ("algo.num_minibatches=7", "not divisible"),
-    ("lr=1", "--set expects section.key=value"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("algo.lrr=1", "unknown config key algo.lrr"),
+        ("algoo.lr=1", "unknown config section [algoo]"),
+        ("algo.lr=fast", "algo.lr: expected a number"),
+        ("algo.num_epochs=2.5", "algo.num_epochs: expected an integer"),
+        ("algo.normalize_advantages=1", "expected true/false"),
+        ("algo.preset=trpo", "unknown preset algo.preset='trpo'"),
+        ("algo.ratio_anchor=pi", "algo.ratio_anchor must be one of"),
+        ("algo.num_minibatches=7", "not divisible"),
+        ("lr=1", "--set expects section.key=value"),
+    ],
+)
 def test_bad_input_names_the_problem(override, words):
     with pytest.raises(ConfigError, match=None) as info:
         config.load(None, [override])
@@ -53,8 +64,10 @@ def test_missing_and_invalid_files(tmp_path):
         config.load(bad)
 
 
-@pytest.mark.parametrize("preset,traces", [("vaco", "uncorrected"), ("vaco_no_filter", "uncorrected"),
-                                           ("vaco_paper", "vtrace"), ("impala", "vtrace")])
+@pytest.mark.parametrize(
+    "preset,traces",
+    [("vaco", "uncorrected"), ("vaco_no_filter", "uncorrected"), ("vaco_paper", "vtrace"), ("impala", "vtrace")],
+)
 def test_presets_pin_their_traces_unless_the_config_names_them(preset, traces):
     assert config.load(overrides=[f"algo.preset={preset}"]).algo.traces == traces
     assert config.load(overrides=[f"algo.preset={preset}", "algo.traces=vtrace"]).algo.traces == "vtrace"

@@ -1,5 +1,6 @@
 """Config precedence (built-in < task kind < preset < user), values without effect, and the
 classification of every field by the presets and task kinds that use it."""
+
 import dataclasses
 import json
 import math
@@ -11,14 +12,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asyncrl.core import config
 from asyncrl.cli import main
+from asyncrl.core import config
 from asyncrl.core.config import LLM_PRESETS, PRESETS, Config, ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOML = ROOT / "configs" / "default.toml"
 LAYERED_KEYS = {("algo", k) for p in config.PRESET_SETTINGS.values() for k in p} | {
-    (s, k) for kind in config.TASK_KIND_SETTINGS.values() for s, kv in kind.items() for k in kv}
+    (s, k) for kind in config.TASK_KIND_SETTINGS.values() for s, kv in kind.items() for k in kv
+}
 ALL_CASES = [("control", p) for p in PRESETS] + [("llm", p) for p in LLM_PRESETS]
 
 
@@ -47,15 +49,22 @@ def test_config_show_with_the_default_file_prints_the_preset_alone(kind, preset)
 def test_config_show_prints_the_papers_pins_through_the_default_file():
     out = CliRunner().invoke(main, ["config", "show", "--config", str(DEFAULT_TOML), "--set", "algo.preset=vaco_paper"])
     shown = tomllib.loads(out.output)["algo"]
-    assert (shown["traces"], shown["ratio_anchor"], shown["behavior_band"], shown["realign_from_version"]) == \
-        ("vtrace", "behavior", math.inf, 0)
-    assert 'set by preset vaco_paper' in out.output
+    assert (shown["traces"], shown["ratio_anchor"], shown["behavior_band"], shown["realign_from_version"]) == (
+        "vtrace",
+        "behavior",
+        math.inf,
+        0,
+    )
+    assert "set by preset vaco_paper" in out.output
 
 
 def test_study_base_config_resolves_each_cell_as_its_preset_alone(tmp_path):
     from asyncrl.analysis.study import load_study
-    text = 'name = "p"\ntotal_env_steps = 4096\nseeds = [1]\nenvs = ["HalfCheetah-v5"]\n{}' \
-           '[[arm]]\nname = "all"\npresets = [{}]\nconditions = ["none"]\n'
+
+    text = (
+        'name = "p"\ntotal_env_steps = 4096\nseeds = [1]\nenvs = ["HalfCheetah-v5"]\n{}'
+        '[[arm]]\nname = "all"\npresets = [{}]\nconditions = ["none"]\n'
+    )
     presets = ", ".join(f'"{p}"' for p in PRESETS)
     (tmp_path / "with.toml").write_text(text.format(f'config = "{DEFAULT_TOML}"\n', presets))
     (tmp_path / "without.toml").write_text(text.format("", presets))
@@ -110,31 +119,79 @@ def test_resolved_config_json_is_kept_exactly(tmp_path):
 
 
 def test_a_run_says_each_note_once_and_records_it_in_config_json(tmp_path):
-    out = CliRunner().invoke(main, ["run", "--serial", "--env", "asyncrl/Corridor-v0", "--total-steps", "512",
-                                    "--run-dir", str(tmp_path / "r"), "--set", "env.num_envs=4",
-                                    "--set", "env.rollout_length=16", "--set", "learner.slots_per_batch=2",
-                                    "--set", "algo.num_minibatches=2", "--set", "algo.clip_eps=0.3",
-                                    "--set", "algo.preset=impala", "--set", "algo.traces=uncorrected"])
+    out = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--serial",
+            "--env",
+            "asyncrl/Corridor-v0",
+            "--total-steps",
+            "512",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--set",
+            "env.num_envs=4",
+            "--set",
+            "env.rollout_length=16",
+            "--set",
+            "learner.slots_per_batch=2",
+            "--set",
+            "algo.num_minibatches=2",
+            "--set",
+            "algo.clip_eps=0.3",
+            "--set",
+            "algo.preset=impala",
+            "--set",
+            "algo.traces=uncorrected",
+        ],
+    )
     assert out.exit_code == 0, out.output
     lines = [line for line in out.stderr.splitlines() if line.startswith("config: ")]
-    assert lines == ["config: algo.traces = \"uncorrected\" overrides preset impala's \"vtrace\"",
-                     "config: algo.clip_eps = 0.3 has no effect: preset impala does not use it (used by: ppo)"]
+    assert lines == [
+        'config: algo.traces = "uncorrected" overrides preset impala\'s "vtrace"',
+        "config: algo.clip_eps = 0.3 has no effect: preset impala does not use it (used by: ppo)",
+    ]
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
-    assert saved["resolution"]["overridden"] == [lines[0][len("config: "):]]
-    assert saved["resolution"]["unused"] == [lines[1][len("config: "):]]
-    assert saved["resolution"]["user"]["algo"] == {"num_minibatches": 2, "clip_eps": 0.3, "preset": "impala",
-                                                   "traces": "uncorrected"}
+    assert saved["resolution"]["overridden"] == [lines[0][len("config: ") :]]
+    assert saved["resolution"]["unused"] == [lines[1][len("config: ") :]]
+    assert saved["resolution"]["user"]["algo"] == {
+        "num_minibatches": 2,
+        "clip_eps": 0.3,
+        "preset": "impala",
+        "traces": "uncorrected",
+    }
     assert config.load(tmp_path / "r" / "config.json").algo.traces == "uncorrected"
 
 
 # ---- values without effect ----
 
-ALTERNATIVES = {   # a valid value other than the default, per field (bool: negated, str choices: another one)
-    "gamma": 0.9, "gae_lambda": 0.8, "rho_bar": 0.5, "c_bar": 0.5, "value_targets": "vtrace", "realign_min_lag": 2,
-    "realign_from_version": 3, "tv_threshold": 0.01, "surrogate_rho_bar": 0.5, "tv_filter_min_deviation": 0.05,
-    "tv_filter_ratio_cap": 0.1, "behavior_band": 0.05, "clip_eps": 0.05, "kl_coef": 3.0, "spo_eps": 0.05,
-    "value_coef": 2.0, "entropy_coef": 0.05, "num_epochs": 2, "num_minibatches": 4, "lr": 1e-2, "adam_eps": 1e-3,
-    "max_grad_norm": 0.05, "tv_filter_trigger": "iteration", "ratio_anchor": "behavior", "traces": "vtrace",
+ALTERNATIVES = {  # a valid value other than the default, per field (bool: negated, str choices: another one)
+    "gamma": 0.9,
+    "gae_lambda": 0.8,
+    "rho_bar": 0.5,
+    "c_bar": 0.5,
+    "value_targets": "vtrace",
+    "realign_min_lag": 2,
+    "realign_from_version": 3,
+    "tv_threshold": 0.01,
+    "surrogate_rho_bar": 0.5,
+    "tv_filter_min_deviation": 0.05,
+    "tv_filter_ratio_cap": 0.1,
+    "behavior_band": 0.05,
+    "clip_eps": 0.05,
+    "kl_coef": 3.0,
+    "spo_eps": 0.05,
+    "value_coef": 2.0,
+    "entropy_coef": 0.05,
+    "num_epochs": 2,
+    "num_minibatches": 4,
+    "lr": 1e-2,
+    "adam_eps": 1e-3,
+    "max_grad_norm": 0.05,
+    "tv_filter_trigger": "iteration",
+    "ratio_anchor": "behavior",
+    "traces": "vtrace",
     "behavior_band_ratio": "full",
 }
 
@@ -144,9 +201,14 @@ def _alternative(cfg, key):
     if isinstance(v, bool):
         return not v
     alt = ALTERNATIVES[key]
-    if alt == v:   # the preset's own value is the alternative: take another
-        alt = {"traces": "uncorrected", "ratio_anchor": "learning", "behavior_band_ratio": "forward",
-               "realign_from_version": 0, "value_targets": "lambda_returns"}.get(key, v * 2)
+    if alt == v:  # the preset's own value is the alternative: take another
+        alt = {
+            "traces": "uncorrected",
+            "ratio_anchor": "learning",
+            "behavior_band_ratio": "forward",
+            "realign_from_version": 0,
+            "value_targets": "lambda_returns",
+        }.get(key, v * 2)
     return alt
 
 
@@ -158,8 +220,9 @@ def test_every_field_is_classified():
             assert {"help", "presets", "kinds", "when"} <= set(md), f"{section.name}.{f.name}"
             assert md["kinds"] and set(md["kinds"]) <= set(config.TASK_KINDS), f"{section.name}.{f.name}"
             assert md["presets"] is None or set(md["presets"]) <= known_presets, f"{section.name}.{f.name}"
-    assert set(ALTERNATIVES) | {"preset", "anneal_lr", "normalize_advantages"} == \
-        {f.name for f in dataclasses.fields(config.AlgoConfig)}
+    assert set(ALTERNATIVES) | {"preset", "anneal_lr", "normalize_advantages"} == {
+        f.name for f in dataclasses.fields(config.AlgoConfig)
+    }
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -173,21 +236,31 @@ def test_each_unused_value_is_said_once_and_defaults_stay_quiet(preset):
         try:
             res = config.load_resolved(None, [f"algo.preset={preset}", f"algo.{f.name}={config.toml_value(value)}"])
         except ConfigError:
-            continue   # refused outright: not ignored either
+            continue  # refused outright: not ignored either
         assert len(res.unused) == 1 and res.unused[0].startswith(f"algo.{f.name} = "), (f.name, res.notes())
 
 
 def test_llm_values_the_task_does_not_use_are_said():
-    res = config.load_resolved(None, ["task.kind=llm", "algo.preset=grpo", "algo.entropy_coef=0.1",
-                                      "learner.reward_scaling=false", "env.num_envs=3", "algo.clip_eps=0.1"])
+    res = config.load_resolved(
+        None,
+        [
+            "task.kind=llm",
+            "algo.preset=grpo",
+            "algo.entropy_coef=0.1",
+            "learner.reward_scaling=false",
+            "env.num_envs=3",
+            "algo.clip_eps=0.1",
+        ],
+    )
     said = {line.split(" =")[0] for line in res.unused}
     assert said == {"algo.entropy_coef", "learner.reward_scaling", "env.num_envs"}
 
 
 def test_control_run_says_llm_keys_have_no_effect():
     res = config.load_resolved(None, ["llm.group_size=4"])
-    assert res.unused == ["llm.group_size = 4 has no effect: task.kind = control does not use it "
-                          "(used by task kinds: llm)"]
+    assert res.unused == [
+        "llm.group_size = 4 has no effect: task.kind = control does not use it (used by task kinds: llm)"
+    ]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
@@ -196,6 +269,7 @@ def test_shipped_configs_say_nothing(path):
 
 
 # ---- the llm task's defaults ----
+
 
 def test_llm_task_defaults_to_no_minibatch_advantage_normalisation_and_refuses_it():
     llm = config.load(None, ["task.kind=llm", "algo.preset=grpo"])
@@ -207,18 +281,32 @@ def test_llm_task_defaults_to_no_minibatch_advantage_normalisation_and_refuses_i
 
 # ---- a value marked unused changes nothing: one learner iteration, bit for bit ----
 
+
 def _iteration_weights(overrides):
     """The weights after two learner iterations on one batch of another policy's data (ratios away
     from 1) of a tiny control config, at learner version 200 (past any realignment warm-up)."""
+    from asyncrl.core.state import LearnerState
+    from asyncrl.tasks import make_task
     from asyncrl.tasks.control.envs import VecEnv
     from asyncrl.tasks.control.policy import InferencePolicy
     from asyncrl.tasks.control.rollout import collect
-    from asyncrl.core.state import LearnerState
-    from asyncrl.tasks import make_task
-    cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=4", "env.rollout_length=16",
-                             "env.max_episode_steps=12", "learner.slots_per_batch=2", "learner.num_slots=2",
-                             "algo.num_epochs=2", "algo.num_minibatches=2", "algo.lr=3e-3", "policy.hidden_sizes=[16]",
-                             *overrides])
+
+    cfg = config.load(
+        None,
+        [
+            "env.id=asyncrl/Corridor-v0",
+            "env.num_envs=4",
+            "env.rollout_length=16",
+            "env.max_episode_steps=12",
+            "learner.slots_per_batch=2",
+            "learner.num_slots=2",
+            "algo.num_epochs=2",
+            "algo.num_minibatches=2",
+            "algo.lr=3e-3",
+            "policy.hidden_sizes=[16]",
+            *overrides,
+        ],
+    )
     torch.manual_seed(0)
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=12)
     env.reset()
@@ -227,7 +315,7 @@ def _iteration_weights(overrides):
     state.version = 200
     cfg7 = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=7))
     other = LearnerState(cfg7, spec, make_task(cfg7, spec=spec))
-    actor = InferencePolicy(other.policy, activation="tanh", seed=0)   # β far from π_T: ratios away from 1
+    actor = InferencePolicy(other.policy, activation="tanh", seed=0)  # β far from π_T: ratios away from 1
     slots = []
     for i in range(2):
         arrays = state.spec.allocate()
@@ -262,12 +350,22 @@ def test_a_value_marked_unused_leaves_the_iteration_bit_identical(preset):
     assert checked > 0
 
 
-@pytest.mark.parametrize("preset,key", [("ppo", "clip_eps"), ("vaco", "behavior_band"), ("vaco", "traces"),
-                                        ("impala", "rho_bar"), ("vaco_paper", "tv_threshold")])
+@pytest.mark.parametrize(
+    "preset,key",
+    [
+        ("ppo", "clip_eps"),
+        ("vaco", "behavior_band"),
+        ("vaco", "traces"),
+        ("impala", "rho_bar"),
+        ("vaco_paper", "tv_threshold"),
+    ],
+)
 def test_a_value_marked_used_does_change_the_iteration(preset, key):
     """The bit-identity test above can fail: these used values do move the weights."""
     base_cfg = config.load(None, [f"algo.preset={preset}"])
     assert not config.unused_reason(base_cfg, "algo", key)
     value = config.toml_value(_alternative(base_cfg, key))
-    assert not _same(_iteration_weights([f"algo.preset={preset}", f"algo.{key}={value}"]),
-                     _iteration_weights([f"algo.preset={preset}"]))
+    assert not _same(
+        _iteration_weights([f"algo.preset={preset}", f"algo.{key}={value}"]),
+        _iteration_weights([f"algo.preset={preset}"]),
+    )

@@ -1,5 +1,6 @@
 """The config's sections: the llm keys in [llm] (old [task] names refused, older config.json files
 translated with a line), the study-only options marked, and what the config package may import."""
+
 import ast
 import dataclasses
 import importlib.util
@@ -11,20 +12,35 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from asyncrl.core import config, limits
-from asyncrl.wire import transport
 from asyncrl.cli import main, prepare_run_dir, write_config_json
+from asyncrl.core import config, limits
 from asyncrl.core.config import Config, ConfigError
 from asyncrl.run.serial import run_serial
+from asyncrl.wire import transport
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "asyncrl" / "config"
-SMALL = ["env.id=asyncrl/Corridor-v0", "env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2",
-         "learner.num_slots=2", "algo.num_minibatches=2", "algo.num_epochs=1", "run.num_actors=1",
-         "run.total_env_steps=128"]
-STUDY_ONLY = {"actor.policy_delay", "actor.policy_age_buffer", "actor.slowdown_s", "run.straggler_slowdown_s",
-              "algo.realign_min_lag", "algo.tv_filter_trigger", "algo.tv_filter_min_deviation",
-              "algo.tv_filter_ratio_cap"}
+SMALL = [
+    "env.id=asyncrl/Corridor-v0",
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=2",
+    "algo.num_minibatches=2",
+    "algo.num_epochs=1",
+    "run.num_actors=1",
+    "run.total_env_steps=128",
+]
+STUDY_ONLY = {
+    "actor.policy_delay",
+    "actor.policy_age_buffer",
+    "actor.slowdown_s",
+    "run.straggler_slowdown_s",
+    "algo.realign_min_lag",
+    "algo.tv_filter_trigger",
+    "algo.tv_filter_min_deviation",
+    "algo.tv_filter_ratio_cap",
+}
 
 
 def _old_layout(d: dict) -> dict:
@@ -36,6 +52,7 @@ def _old_layout(d: dict) -> dict:
 
 
 # ---- [llm] and the old [task] names ----
+
 
 def test_every_llm_key_moved_and_task_keeps_only_the_kind():
     assert [f.name for f in dataclasses.fields(config.TaskConfig)] == ["kind"]
@@ -59,8 +76,9 @@ def test_an_old_name_in_a_file_or_a_flag_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^config key task.model moved to llm.model_dir"):
         config.load(None, extra={"task": {"model": "/some/dir"}})
     p = CliRunner().invoke(main, ["config", "show", "--set", "task.group_size=4"])
-    assert p.exit_code == 2 and p.stderr.strip() == ("Error: config key task.group_size moved to llm.group_size: "
-                                                     "the language-model task's keys are in [llm]")
+    assert p.exit_code == 2 and p.stderr.strip() == (
+        "Error: config key task.group_size moved to llm.group_size: the language-model task's keys are in [llm]"
+    )
 
 
 def test_the_new_names_load():
@@ -78,11 +96,13 @@ def test_an_older_config_json_is_read_under_the_new_names_and_says_so(tmp_path):
     path.write_text(json.dumps({**_old_layout(res.config.to_dict()), "resolution": record}))
     back = config.load_resolved(path)
     assert back.config == res.config
-    assert back.translated == (f"{path} was written by an older asyncrl: its 23 language-model keys under [task] "
-                               f"are read from [llm] (task.model as llm.model_dir, the others under the same name)",)
+    assert back.translated == (
+        f"{path} was written by an older asyncrl: its 23 language-model keys under [task] "
+        f"are read from [llm] (task.model as llm.model_dir, the others under the same name)",
+    )
     assert back.notes()[0] == back.translated[0]
     assert back.record()["user"]["llm"] == {"model_dir": "/m", "temperature": 0.6}
-    assert config.from_dict(_old_layout(res.config.to_dict())) == res.config   # a checkpoint's copy
+    assert config.from_dict(_old_layout(res.config.to_dict())) == res.config  # a checkpoint's copy
 
 
 def test_a_config_json_with_both_names_is_refused(tmp_path):
@@ -119,13 +139,16 @@ def test_an_older_run_directory_resumes_with_a_line(tmp_path, capsys):
 
 def test_plot_reads_an_older_config_json_under_the_new_names(tmp_path):
     from asyncrl.analysis import plots
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"env_steps": 1, "wall_time_s": 1.0, "average_return": 0.0})
-                                            + "\n")
+
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"env_steps": 1, "wall_time_s": 1.0, "average_return": 0.0}) + "\n"
+    )
     (tmp_path / "config.json").write_text(json.dumps(_old_layout(config.load(None, ["llm.temperature=0.6"]).to_dict())))
     assert plots.read_run(tmp_path)["config"]["llm"]["temperature"] == 0.6
 
 
 # ---- study-only options ----
+
 
 def test_the_study_only_options_are_marked():
     marked = {f"{k.section}.{k.key}" for k in config.describe() if k.study_only}
@@ -137,8 +160,12 @@ def test_config_show_lists_study_only_options_last_in_their_section_under_a_head
     for section in ("actor", "run", "algo"):
         body = text.split(f"[{section}]\n", 1)[1].split("\n[", 1)[0]
         head, _, tail = body.partition(f"# --- {config.STUDY_ONLY_HEADING} ---\n")
-        keys = lambda part: {line.split(" = ")[0] for line in part.splitlines() if " = " in line and  # noqa: E731
-                             not line.startswith("#")}
+        keys = lambda part: {  # noqa: E731
+            line.split(" = ")[0]
+            for line in part.splitlines()
+            if " = " in line  # noqa: E731
+            and not line.startswith("#")
+        }
         assert keys(tail) == {k.split(".")[1] for k in STUDY_ONLY if k.startswith(section + ".")}
         assert not keys(head) & keys(tail) and "[study-only]" not in head
         assert tail.count("# [study-only] ") == len(keys(tail))
@@ -157,10 +184,13 @@ def test_the_reference_page_has_the_study_only_options_and_the_moved_keys():
 
 # ---- what the config package imports, and its size ----
 
+
 def test_config_imports_no_wire_no_task_no_heavy_library():
-    code = ("import sys, asyncrl.core.config; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('zmq', 'gymnasium', 'torch', 'msgpack', 'transformers') or m.startswith(('asyncrl.wire.transport', "
-            "'asyncrl.tasks', 'asyncrl.wire.security', 'asyncrl.wire.shm'))))")
+    code = (
+        "import sys, asyncrl.core.config; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('zmq', 'gymnasium', 'torch', 'msgpack', 'transformers') or m.startswith(('asyncrl.wire.transport', "
+        "'asyncrl.tasks', 'asyncrl.wire.security', 'asyncrl.wire.shm'))))"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert p.stdout.strip() == "[]"
 
@@ -176,8 +206,10 @@ def test_config_sources_import_only_the_standard_library_limits_and_each_other()
                 assert all(n in allowed_asyncrl for n in names), (path.name, names)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
-                assert all(n.split(".")[0] in sys.stdlib_module_names or n == "__future__" for n in names), \
-                    (path.name, names)
+                assert all(n.split(".")[0] in sys.stdlib_module_names or n == "__future__" for n in names), (
+                    path.name,
+                    names,
+                )
 
 
 def test_config_modules_stay_small():
@@ -192,6 +224,10 @@ def test_the_welcome_limit_is_one_constant():
 
 def test_the_llm_warmup_cli_defaults_are_the_config_defaults():
     from asyncrl.tasks.llm import defaults
+
     llm = Config().llm
-    assert (defaults.DEFAULT_STEPS, defaults.DEFAULT_BATCH_SIZE, defaults.DEFAULT_THREADS) == \
-        (llm.warmup_steps, llm.warmup_batch_size, llm.warmup_threads)
+    assert (defaults.DEFAULT_STEPS, defaults.DEFAULT_BATCH_SIZE, defaults.DEFAULT_THREADS) == (
+        llm.warmup_steps,
+        llm.warmup_batch_size,
+        llm.warmup_threads,
+    )

@@ -1,5 +1,6 @@
 """learner.device / learner.precision / actor.device: config names, the check for a device this
 machine lacks (one line, before anything starts), and the CPU path unchanged by the device plumbing."""
+
 import contextlib
 import copy
 
@@ -8,19 +9,27 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asyncrl.core import config
-from asyncrl.tasks.control import update
 from asyncrl.cli import main
+from asyncrl.core import config
 from asyncrl.core.config import ConfigError
 from asyncrl.core.device import check_device, forward_context, to_device
+from asyncrl.core.state import LearnerState
+from asyncrl.tasks import make_task
+from asyncrl.tasks.control import update
 from asyncrl.tasks.control.envs import VecEnv
 from asyncrl.tasks.control.policy import InferencePolicy
 from asyncrl.tasks.control.rollout import collect
-from asyncrl.core.state import LearnerState
-from asyncrl.tasks import make_task
 
-SMALL = ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=12", "env.num_envs=4", "env.rollout_length=16",
-         "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=4", "algo.num_epochs=2"]
+SMALL = [
+    "env.id=asyncrl/Corridor-v0",
+    "env.max_episode_steps=12",
+    "env.num_envs=4",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=2",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+]
 
 
 @pytest.fixture
@@ -29,6 +38,7 @@ def no_cuda(monkeypatch):
 
 
 # ---- config names ------------------------------------------------------------------------------
+
 
 def test_defaults_are_cpu_fp32():
     cfg = config.load(None)
@@ -41,13 +51,16 @@ def test_device_names_load_on_any_machine(device, no_cuda):
     assert config.load(None, [f"learner.device={device}"]).learner.device == device
 
 
-@pytest.mark.parametrize("override, words", [
-    ("learner.device=gpu", "learner.device must be cpu, cuda or cuda:N, got 'gpu'"),
-    ("learner.device=cuda:x", "learner.device must be"),
-    ("learner.device=CUDA", "learner.device must be"),
-    ("learner.precision=fp16", "learner.precision must be one of fp32, bf16, got 'fp16'"),
-    ("actor.device=cuda", "control actors act with numpy"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("learner.device=gpu", "learner.device must be cpu, cuda or cuda:N, got 'gpu'"),
+        ("learner.device=cuda:x", "learner.device must be"),
+        ("learner.device=CUDA", "learner.device must be"),
+        ("learner.precision=fp16", "learner.precision must be one of fp32, bf16, got 'fp16'"),
+        ("actor.device=cuda", "control actors act with numpy"),
+    ],
+)
 def test_bad_device_settings_one_line(override, words):
     with pytest.raises(ConfigError, match=words) as e:
         config.load(None, [override])
@@ -60,6 +73,7 @@ def test_actor_device_is_for_llm_generators():
 
 
 # ---- a device this machine lacks ---------------------------------------------------------------
+
 
 def test_cuda_without_cuda_is_one_line(no_cuda):
     assert check_device("cpu") == torch.device("cpu")
@@ -88,19 +102,22 @@ def test_learner_state_refuses_before_building(no_cuda):
         LearnerState(cfg, spec, make_task(cfg, spec=spec))
 
 
-@pytest.mark.parametrize("args", [
-    ["run", "--serial", "--device", "cuda"],
-    ["run", "--device", "cuda:0"],
-    ["learner", "--device", "cuda"],
-    ["run", "--serial", "--set", "learner.precision=bf16", "--set", "learner.device=cuda"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--serial", "--device", "cuda"],
+        ["run", "--device", "cuda:0"],
+        ["learner", "--device", "cuda"],
+        ["run", "--serial", "--set", "learner.precision=bf16", "--set", "learner.device=cuda"],
+    ],
+)
 def test_cli_refuses_cuda_before_any_role(args, no_cuda, tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, args + ["--env", "asyncrl/Corridor-v0", "--run-dir", str(out)])
     assert result.exit_code == 2, result.output
     lines = [x for x in result.output.splitlines() if x.strip()]
     assert len(lines) == 1 and "sees no CUDA device" in lines[0], result.output
-    assert "Traceback" not in result.output and not out.exists()   # nothing started, no run directory
+    assert "Traceback" not in result.output and not out.exists()  # nothing started, no run directory
 
 
 def test_cli_actor_device_for_control_is_refused():
@@ -109,6 +126,7 @@ def test_cli_actor_device_for_control_is_refused():
 
 
 # ---- the CPU path ------------------------------------------------------------------------------
+
 
 def _state_and_batch(*extra):
     cfg = config.load(None, SMALL + list(extra))
@@ -157,7 +175,7 @@ def test_bf16_forward_keeps_losses_and_weights_float32():
         x = state.policy.normalize(batch["obs"][0])
         out, log_prob, values = update._forward(state.policy, x, batch["actions"][0], fwd)
         with fwd():
-            assert state.policy.pi(batch["obs"][0]).dtype == torch.bfloat16   # the matrix products ran in bf16
+            assert state.policy.pi(batch["obs"][0]).dtype == torch.bfloat16  # the matrix products ran in bf16
     assert log_prob.dtype == values.dtype == torch.float32
     ref, ref_batch = _state_and_batch()
     stats = state.iterate(batch)
@@ -170,9 +188,11 @@ def test_bf16_forward_keeps_losses_and_weights_float32():
 
 # ---- bench/learner_speed.py (bench/gpu_check.sh) ----------------------------------------------
 
+
 def _learner_speed():
     import importlib.util
     from pathlib import Path
+
     path = Path(__file__).resolve().parents[1] / "bench" / "learner_speed.py"
     spec = importlib.util.spec_from_file_location("learner_speed", path)
     mod = importlib.util.module_from_spec(spec)
@@ -188,9 +208,14 @@ def test_learner_speed_reads_configs_as_config_load_does():
 
 def test_learner_speed_halfcheetah_shapes():
     from asyncrl.tasks.control.envs import rollout_spec
+
     mod, _ = _learner_speed()
     spec = rollout_spec("HalfCheetah-v5", num_envs=1, rollout_length=1)
-    assert (spec.obs_dim, spec.action_dim, spec.discrete) == (mod.HALFCHEETAH_OBS_DIM, mod.HALFCHEETAH_ACTION_DIM, False)
+    assert (spec.obs_dim, spec.action_dim, spec.discrete) == (
+        mod.HALFCHEETAH_OBS_DIM,
+        mod.HALFCHEETAH_ACTION_DIM,
+        False,
+    )
 
 
 def test_learner_speed_control_case_runs_one_iteration():

@@ -1,4 +1,5 @@
 """The rollout writer on a tiny deterministic env with forced termination and truncation."""
+
 import numpy as np
 import pytest
 
@@ -10,6 +11,7 @@ def fixed_act(value):
     def act(obs):
         E = obs.shape[0]
         return np.full((E, 1), value, np.float32), np.full(E, -0.5, np.float32)
+
     return act
 
 
@@ -43,12 +45,12 @@ def test_truncation_keeps_final_obs_and_rollouts_continue():
     env.reset()
     collect(env, fixed_act(0.5), a, version=0)
     collect(env, fixed_act(0.5), b, version=1)
-    assert np.array_equal(a["obs"][3], b["obs"][0])       # rollouts continue each other
+    assert np.array_equal(a["obs"][3], b["obs"][0])  # rollouts continue each other
     trunc = np.concatenate([a["truncated"], b["truncated"]])[:, 0].tolist()
     assert trunc == [0, 0, 0, 1, 0, 0]
     assert not a["terminated"].any() and not b["terminated"].any()
-    assert np.allclose(b["final_obs"][0, 0], [0.4, 4.0])    # the obs the episode ended in
-    assert b["obs"][1, 0].tolist() == [0.0, 0.0]            # ... not the reset obs
+    assert np.allclose(b["final_obs"][0, 0], [0.4, 4.0])  # the obs the episode ended in
+    assert b["obs"][1, 0].tolist() == [0.0, 0.0]  # ... not the reset obs
     assert np.all(b["final_obs"][1:] == 0)
     env.close()
 

@@ -1,5 +1,6 @@
 """asyncrl eval: numbers agree with a direct rollout of the same checkpoint and seed; video
 through offscreen GL (or the one-line install message); periodic evaluation during training."""
+
 import json
 import os
 import subprocess
@@ -11,18 +12,25 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from asyncrl.core import config
-from asyncrl.tasks.control import render
 from asyncrl.cli import main
-from asyncrl.tasks.control.envs import resolve_env_id
-from asyncrl.tasks.control.evaluate import load_checkpoint
-from asyncrl.run.serial import run_serial
+from asyncrl.core import config
 from asyncrl.core.state import LearnerState
+from asyncrl.run.serial import run_serial
 from asyncrl.tasks import make_task
-from asyncrl.tasks.control.envs import rollout_spec
+from asyncrl.tasks.control import render
+from asyncrl.tasks.control.envs import resolve_env_id, rollout_spec
+from asyncrl.tasks.control.evaluate import load_checkpoint
 
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
-         "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=1", "run.log_every_s=1000"]
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=2",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+    "run.num_actors=1",
+    "run.log_every_s=1000",
+]
 CORRIDOR = SMALL + ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=12"]
 
 
@@ -76,25 +84,34 @@ def test_eval_text_line_and_checkpoint_path(toy_run):
     assert "2 episodes of asyncrl/Corridor-v0, mean actions, seeds 0..1" in res.stdout and "(mean ± std)" in res.stdout
     one = CliRunner().invoke(main, ["eval", str(toy_run / "checkpoint.pt"), "--episodes", "1"])
     assert one.exit_code == 0, one.output
-    assert "1 episode of asyncrl/Corridor-v0, mean actions, seed 0 " in one.stdout   # not "1 episodes", "seeds 0..0"
+    assert "1 episode of asyncrl/Corridor-v0, mean actions, seed 0 " in one.stdout  # not "1 episodes", "seeds 0..0"
 
 
 def test_count_of_says_one_in_the_singular():
     from asyncrl.core.wording import count_of
-    assert [count_of(n, "episode") for n in (0, 1, 2, 2048)] == ["0 episodes", "1 episode", "2 episodes",
-                                                                  "2,048 episodes"]
+
+    assert [count_of(n, "episode") for n in (0, 1, 2, 2048)] == [
+        "0 episodes",
+        "1 episode",
+        "2 episodes",
+        "2,048 episodes",
+    ]
     assert count_of(1, "actor") == "1 actor" and count_of(3, "process", "processes") == "3 processes"
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--env", "CartPole-v1"], "env CartPole-v1: observation shape (4,) does not fit the policy's (2,)"),
-    (["--env", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
-    (["--episodes", "0"], "--episodes and --video-episodes must be >= 1"),
-    (["--video", "out.gif"], "must end in .mp4"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--env", "CartPole-v1"], "env CartPole-v1: observation shape (4,) does not fit the policy's (2,)"),
+        (["--env", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+        (["--episodes", "0"], "--episodes and --video-episodes must be >= 1"),
+        (["--video", "out.gif"], "must end in .mp4"),
+    ],
+)
 def test_eval_bad_input_one_line(toy_run, args, words):
-    p = subprocess.run([sys.executable, "-m", "asyncrl", "eval", str(toy_run), *args],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "eval", str(toy_run), *args], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 2, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
@@ -110,6 +127,7 @@ def test_eval_missing_or_foreign_checkpoint(tmp_path):
 
 def _read_video(path):
     import imageio.v2 as imageio
+
     reader = imageio.get_reader(str(path), format="FFMPEG")
     frames = [f for f in reader]
     meta = reader.get_meta_data()
@@ -120,12 +138,14 @@ def _read_video(path):
 def test_video_of_a_toy_env_is_a_playable_mp4(toy_run, tmp_path):
     """The toy env renders with numpy, so this checks the MP4 writer itself on any machine."""
     out = tmp_path / "toy.mp4"
-    res = CliRunner().invoke(main, ["eval", str(toy_run), "--episodes", "2", "--video", str(out), "--video-episodes", "2"])
+    res = CliRunner().invoke(
+        main, ["eval", str(toy_run), "--episodes", "2", "--video", str(out), "--video-episodes", "2"]
+    )
     assert res.exit_code == 0, res.output
     frames, meta = _read_video(out)
-    assert len(frames) == 2 * (12 + 1)                  # a frame after each reset and each step
+    assert len(frames) == 2 * (12 + 1)  # a frame after each reset and each step
     assert frames[0].shape == (64, 128, 3) and meta["codec"] == "h264"
-    assert out.read_bytes()[4:8] == b"ftyp"             # an MP4 (ISO base media) container
+    assert out.read_bytes()[4:8] == b"ftyp"  # an MP4 (ISO base media) container
 
 
 def _mujoco_checkpoint(tmp_path):
@@ -142,12 +162,16 @@ def test_mujoco_video_when_offscreen_gl_exists_else_one_line(tmp_path):
     libosmesa6), else exit 2 with the install line."""
     run_dir = _mujoco_checkpoint(tmp_path)
     out = tmp_path / "cheetah.mp4"
-    p = subprocess.run([sys.executable, "-m", "asyncrl", "eval", str(run_dir), "--episodes", "1", "--video", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "eval", str(run_dir), "--episodes", "1", "--video", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if any(render.gl_backend_works(b) for b in render.gl_candidates()):
         assert p.returncode == 0, p.stderr
         frames, _ = _read_video(out)
-        assert len(frames) == 6 and frames[0].ndim == 3 and frames[0].std() > 1   # an image, not a blank frame
+        assert len(frames) == 6 and frames[0].ndim == 3 and frames[0].std() > 1  # an image, not a blank frame
     else:
         assert p.returncode == 2 and p.stderr.strip() == f"Error: {render.INSTALL_GL}"
 
@@ -156,8 +180,13 @@ def test_no_offscreen_gl_gives_the_install_line(tmp_path):
     """No backend to try renders (ASYNCRL_GL_BACKENDS names one that does not exist)."""
     run_dir = _mujoco_checkpoint(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}
-    p = subprocess.run([sys.executable, "-m", "asyncrl", "eval", str(run_dir), "--video", str(tmp_path / "v.mp4")],
-                       capture_output=True, text=True, timeout=300, env={**env, "ASYNCRL_GL_BACKENDS": "none-such"})
+    p = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "eval", str(run_dir), "--video", str(tmp_path / "v.mp4")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "ASYNCRL_GL_BACKENDS": "none-such"},
+    )
     assert p.returncode == 2, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert lines == [f"Error: {render.INSTALL_GL}"]
@@ -186,7 +215,7 @@ def test_periodic_eval_in_metrics_and_training_unchanged(tmp_path):
     rows_on = [json.loads(x) for x in (tmp_path / "on/metrics.jsonl").read_text().splitlines()]
     rows_off = [json.loads(x) for x in (tmp_path / "off/metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows_on if "eval_return_mean" in r]
-    assert [r["env_steps"] for r in evals] == [128, 256]           # each crossing of 128 env steps, 64 per iteration
+    assert [r["env_steps"] for r in evals] == [128, 256]  # each crossing of 128 env steps, 64 per iteration
     assert all(r["eval_episodes"] == 2 and r["eval_length_mean"] == 12 for r in evals)
     assert not any("eval_return_mean" in r for r in rows_off)
     # evaluation draws nothing from training: the same losses with and without it
@@ -204,6 +233,7 @@ def test_load_checkpoint_gives_policy_and_config(toy_run):
 
 def test_mujoco_video_follows_the_body():
     from asyncrl.tasks.control.envs import follow_with_camera, make_env
+
     cheetah, corridor = make_env("HalfCheetah-v5", render_mode="rgb_array"), make_env("asyncrl/Corridor-v0")
     try:
         assert follow_with_camera(cheetah) and cheetah.unwrapped.mujoco_renderer.camera_id == 0

@@ -1,6 +1,7 @@
 """Stop signals during a command's start-up (asyncrl.core.exit_status): recorded while libraries import,
 raised once the command is armed; an interrupt a library swallowed still ends a waiting role. Each
 case runs in a child process, so pytest's own signal handlers stay untouched."""
+
 from __future__ import annotations
 
 import subprocess

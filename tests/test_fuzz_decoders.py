@@ -9,6 +9,7 @@ validate_header, RejectCounter.reject and printable (which see the rejected inpu
 handshake_mismatch (a validated hello's values), consume.check_slot (a slot an actor wrote in
 shared memory), shm's segment-header check (a segment another process made), the ZAP key check
 of security (any client key bytes) and transport.user_id."""
+
 from __future__ import annotations
 
 import logging
@@ -21,28 +22,31 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncrl.wire import transport as tp
 from asyncrl.core.consume import SlotError, check_slot
-from asyncrl.roles.learner import handshake_mismatch
-from asyncrl.wire.shm import HEADER_NBYTES, MAGIC, ShmError, _check_header, _HEADER, _hash
 from asyncrl.core.spec import RolloutSpec
+from asyncrl.roles.learner import handshake_mismatch
+from asyncrl.wire import transport as tp
+from asyncrl.wire.shm import _HEADER, HEADER_NBYTES, MAGIC, ShmError, _check_header, _hash
 
 pytestmark = pytest.mark.timeout(300)
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                derandomize=False)
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
 SPEC = RolloutSpec(obs_dim=2, action_dim=3, discrete=True, rollout_length=3, num_envs=2)
 RUN = "run-1"
 
 # ----------------------------------------------------------------------------- strategies
 
-hostile_ints = st.one_of(st.integers(-2 ** 63, 2 ** 64 - 1), st.sampled_from([0, -1, 2 ** 63, 2 ** 64 - 1]))
+hostile_ints = st.one_of(st.integers(-(2**63), 2**64 - 1), st.sampled_from([0, -1, 2**63, 2**64 - 1]))
 hostile_floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([math.nan, math.inf]))
 hostile_text = st.one_of(st.text(max_size=64), st.sampled_from(["", "\x1b[2J", "a\nb", "\u2028", "x" * 5000]))
 scalars = st.one_of(st.none(), st.booleans(), hostile_ints, hostile_floats, hostile_text, st.binary(max_size=64))
-msgpack_values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=6), st.dictionaries(st.one_of(hostile_text, hostile_ints), inner, max_size=6)),
-    max_leaves=20)
+msgpack_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6), st.dictionaries(st.one_of(hostile_text, hostile_ints), inner, max_size=6)
+    ),
+    max_leaves=20,
+)
 
 
 short_text = st.one_of(st.text(max_size=32), st.sampled_from(["", "\x1b[2J", "a\nb", "\u2028", RUN]))
@@ -63,9 +67,10 @@ def typed(kind):
     if kind == list[int]:
         return st.lists(hostile_ints, max_size=8)
     if kind is dict:
-        return st.dictionaries(short_text, st.one_of(st.booleans(), hostile_ints, hostile_floats, short_text),
-                               max_size=5)
-    return st.one_of(st.none(), st.binary(max_size=40))   # bytes | None
+        return st.dictionaries(
+            short_text, st.one_of(st.booleans(), hostile_ints, hostile_floats, short_text), max_size=5
+        )
+    return st.one_of(st.none(), st.binary(max_size=40))  # bytes | None
 
 
 @st.composite
@@ -79,15 +84,15 @@ def hostile_headers(draw):
     for key, expected in schema.items():
         pick = draw(st.integers(0, 19))
         if pick == 0:
-            continue                                    # missing
+            continue  # missing
         if pick == 1:
-            header[key] = draw(msgpack_values)          # any type
+            header[key] = draw(msgpack_values)  # any type
         elif key in ("type", "proto") or (key in good and pick < 12):
             header[key] = good[key]
         else:
             header[key] = draw(typed(expected))
     if draw(st.integers(0, 9)) == 0:
-        header[draw(hostile_text)] = draw(msgpack_values)   # extra key
+        header[draw(hostile_text)] = draw(msgpack_values)  # extra key
     return header
 
 
@@ -112,6 +117,7 @@ def decode_or_reject(fn, *args, **kwargs):
 
 # ----------------------------------------------------------------------------- transport
 
+
 @FUZZ
 @given(frames_of_bytes)
 def test_decode_random_bytes(frames):
@@ -132,9 +138,13 @@ def test_decode_hostile_headers(header, extra, report_limits):
         h, rest = out
         assert h["type"] in tp.SCHEMAS and h["proto"] == tp.PROTOCOL_VERSION
         assert not rest or h["type"] == "rollout"
-        if h["type"] == "hello":   # the learner compares a validated hello's values next
-            assert isinstance(handshake_mismatch(h, run_id=RUN, env_id="E", spec=SPEC.to_dict(),
-                                                 spaces={"observation": "o", "action": "a"}), str)
+        if h["type"] == "hello":  # the learner compares a validated hello's values next
+            assert isinstance(
+                handshake_mismatch(
+                    h, run_id=RUN, env_id="E", spec=SPEC.to_dict(), spaces={"observation": "o", "action": "a"}
+                ),
+                str,
+            )
 
 
 @FUZZ
@@ -164,7 +174,7 @@ def _rollout_frame_sizes():
 @given(st.data())
 def test_decode_rollout_frames(data):
     sizes = _rollout_frame_sizes()
-    if data.draw(st.booleans()):   # frames of the right sizes, random contents (NaN, bad bools, ...)
+    if data.draw(st.booleans()):  # frames of the right sizes, random contents (NaN, bad bools, ...)
         frames = [data.draw(st.binary(min_size=n, max_size=n)) for n in sizes]
     else:
         frames = data.draw(st.lists(st.binary(max_size=max(sizes) + 8), max_size=len(sizes) + 2))
@@ -175,7 +185,7 @@ def test_decode_rollout_frames(data):
             assert out[f.name].shape == f.shape and out[f.name].dtype == f.dtype
             if f.dtype.kind == "f":
                 assert np.isfinite(out[f.name]).all()
-        try:   # what the learner checks next, for a slot it will train on
+        try:  # what the learner checks next, for a slot it will train on
             check_slot({k: np.array(v) for k, v in out.items()}, SPEC, version=5)
         except SlotError as exc:
             assert exc.reason
@@ -185,16 +195,27 @@ def test_decode_rollout_frames(data):
 @given(st.data())
 def test_decode_weights(data):
     body = data.draw(st.binary(max_size=64))
-    header = {"type": "weights", "proto": tp.PROTOCOL_VERSION, "run_id": RUN, "version": data.draw(hostile_ints),
-              "publish_time": data.draw(hostile_floats), "nbytes": len(body), "checksum": zlib.crc32(body),
-              "layout_hash": "abc"}
+    header = {
+        "type": "weights",
+        "proto": tp.PROTOCOL_VERSION,
+        "run_id": RUN,
+        "version": data.draw(hostile_ints),
+        "publish_time": data.draw(hostile_floats),
+        "nbytes": len(body),
+        "checksum": zlib.crc32(body),
+        "layout_hash": "abc",
+    }
     for key in data.draw(st.lists(st.sampled_from(sorted(header)), max_size=3)):
         header[key] = data.draw(msgpack_values)
     raw = packed(header)
     topic = data.draw(st.sampled_from([tp.WEIGHTS_TOPIC, b"", b"weight", b"weightsX"]))
     frames = data.draw(st.one_of(st.just([topic, raw or b"", body]), frames_of_bytes))
-    out = decode_or_reject(tp.decode_weights, frames, run_id=data.draw(st.sampled_from([None, RUN])),
-                           layout_hash=data.draw(st.sampled_from([None, "abc"])))
+    out = decode_or_reject(
+        tp.decode_weights,
+        frames,
+        run_id=data.draw(st.sampled_from([None, RUN])),
+        layout_hash=data.draw(st.sampled_from([None, "abc"])),
+    )
     if out is not None:
         h, weights = out
         assert weights.dtype == np.float32 and np.isfinite(weights).all() and h["nbytes"] == weights.nbytes
@@ -219,6 +240,7 @@ def test_user_id_of_anything(frame):
 
 # ----------------------------------------------------------------------------- shared memory, security
 
+
 class _FakeSegment:
     """What _check_header reads of a SharedMemory: name, size, buf."""
 
@@ -234,9 +256,13 @@ def test_segment_header_check(data):
     if data.draw(st.booleans()):
         buf = data.draw(st.binary(max_size=HEADER_NBYTES + 64))
     else:
-        fields = (data.draw(st.sampled_from([MAGIC, b"ASYNCRL1", bytes(8)])), data.draw(st.integers(0, 2 ** 64 - 1)),
-                  data.draw(st.sampled_from([SPEC.slot_nbytes, 0, 2 ** 64 - 1])),
-                  data.draw(st.sampled_from([_hash(SPEC), b"x" * 16])), data.draw(st.binary(min_size=16, max_size=16)))
+        fields = (
+            data.draw(st.sampled_from([MAGIC, b"ASYNCRL1", bytes(8)])),
+            data.draw(st.integers(0, 2**64 - 1)),
+            data.draw(st.sampled_from([SPEC.slot_nbytes, 0, 2**64 - 1])),
+            data.draw(st.sampled_from([_hash(SPEC), b"x" * 16])),
+            data.draw(st.binary(min_size=16, max_size=16)),
+        )
         buf = _HEADER.pack(*fields) + data.draw(st.binary(max_size=256))
     token = data.draw(st.one_of(st.none(), st.binary(min_size=16, max_size=16)))
     try:
@@ -253,6 +279,7 @@ def test_zap_key_check_of_any_key(key, address):
 
     class _Auth:
         pass
+
     auth = _Auth()
     auth.address = address
     sec = Security("fuzz")

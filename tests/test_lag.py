@@ -1,4 +1,5 @@
 """Lag accounting, lag controls and the lag report (serial mode: deterministic and fast)."""
+
 import json
 import subprocess
 import sys
@@ -6,15 +7,24 @@ import sys
 import numpy as np
 import pytest
 
+from asyncrl.analysis.lag_report import build_report, format_report
 from asyncrl.core import config
 from asyncrl.core.lag import weighted_percentiles
 from asyncrl.core.lag_control import WeightHistory
-from asyncrl.analysis.lag_report import build_report, format_report
 from asyncrl.run.serial import run_serial
 
-SMALL = ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=10", "env.num_envs=2", "env.rollout_length=8",
-         "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=2", "algo.num_epochs=1",
-         "run.num_actors=2", "run.log_every_s=1000"]
+SMALL = [
+    "env.id=asyncrl/Corridor-v0",
+    "env.max_episode_steps=10",
+    "env.num_envs=2",
+    "env.rollout_length=8",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=2",
+    "algo.num_minibatches=2",
+    "algo.num_epochs=1",
+    "run.num_actors=2",
+    "run.log_every_s=1000",
+]
 
 
 def _rows(run_dir):
@@ -32,13 +42,13 @@ def test_weight_history_rules():
     early = WeightHistory(policy_delay=3)
     early.add(0, flat(0))
     early.add(1, flat(1))
-    assert early.choose()[0] == 0                    # fewer than K+1 versions: the oldest
+    assert early.choose()[0] == 0  # fewer than K+1 versions: the oldest
     buf = WeightHistory(policy_age_buffer=4, seed=0)
     for v in range(10):
         buf.add(v, flat(v))
     picks = {buf.choose()[0] for _ in range(200)}
     assert picks == {6, 7, 8, 9}
-    buf.add(3, flat(3))                               # stale versions are ignored
+    buf.add(3, flat(3))  # stale versions are ignored
     assert buf.newest == 9
     with pytest.raises(ValueError, match="not both"):
         WeightHistory(policy_delay=1, policy_age_buffer=2)
@@ -50,14 +60,16 @@ def test_weighted_percentiles():
     assert weighted_percentiles([3, 1, 2], [1, 1, 2], (50, 100)) == [2.0, 3.0]
     assert weighted_percentiles([], [], (50,)) == [None]
     values = np.random.default_rng(0).integers(0, 20, 500)
-    assert weighted_percentiles(values.tolist(), [1] * 500, (90,))[0] == np.percentile(values, 90, method="inverted_cdf")
+    assert weighted_percentiles(values.tolist(), [1] * 500, (90,))[0] == np.percentile(
+        values, 90, method="inverted_cdf"
+    )
 
 
 def test_policy_delay_gives_exactly_that_lag(tmp_path):
     cfg = config.load(None, SMALL + ["actor.policy_delay=3"])
     run_serial(cfg, tmp_path, max_iterations=12, echo=lambda *_: None)
     rows = _rows(tmp_path)
-    late = [r for r in rows if r["iteration"] > 3]              # iteration k consumes at version k - 1
+    late = [r for r in rows if r["iteration"] > 3]  # iteration k consumes at version k - 1
     assert late and all(r["lag_versions"] == 3 for r in late)
     assert all(r["lag_versions"] == r["iteration"] - 1 for r in rows if r["iteration"] <= 3)
     report = build_report(tmp_path)
@@ -70,8 +82,10 @@ def test_realign_min_lag_above_the_lag_is_vaco_no_realign_bit_for_bit(tmp_path):
     vaco_no_realign's, to the last bit (same losses, same seeds). (realign_from_version = 0: the
     default's warm-up would make every one of these 8 iterations vaco_no_realign's anyway.)"""
     finals = {}
-    for name, extra in (("min-lag", ["algo.preset=vaco", "algo.realign_min_lag=2", "algo.realign_from_version=0"]),
-                        ("no-realign", ["algo.preset=vaco_no_realign"])):
+    for name, extra in (
+        ("min-lag", ["algo.preset=vaco", "algo.realign_min_lag=2", "algo.realign_from_version=0"]),
+        ("no-realign", ["algo.preset=vaco_no_realign"]),
+    ):
         cfg = config.load(None, SMALL + ["actor.policy_delay=1", *extra])
         run_serial(cfg, tmp_path / name, max_iterations=8, echo=lambda *_: None)
         finals[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -79,11 +93,16 @@ def test_realign_min_lag_above_the_lag_is_vaco_no_realign_bit_for_bit(tmp_path):
     rows = {name: [[r.get(k) for k in keys] for r in recs if "policy_loss" in r] for name, recs in finals.items()}
     assert rows["min-lag"] and rows["min-lag"] == rows["no-realign"]
     # the same lag with min_lag 1 realigns every stale sample: no longer the ablation's run
-    cfg = config.load(None, SMALL + ["actor.policy_delay=1", "algo.preset=vaco", "algo.realign_min_lag=1",
-                                     "algo.realign_from_version=0"])
+    cfg = config.load(
+        None,
+        SMALL + ["actor.policy_delay=1", "algo.preset=vaco", "algo.realign_min_lag=1", "algo.realign_from_version=0"],
+    )
     run_serial(cfg, tmp_path / "one", max_iterations=8, echo=lambda *_: None)
-    one = [[r.get(k) for k in keys] for r in map(json.loads, (tmp_path / "one" / "metrics.jsonl").read_text().splitlines())
-           if "policy_loss" in r]
+    one = [
+        [r.get(k) for k in keys]
+        for r in map(json.loads, (tmp_path / "one" / "metrics.jsonl").read_text().splitlines())
+        if "policy_loss" in r
+    ]
     assert one != rows["no-realign"]
 
 
@@ -92,8 +111,10 @@ def test_realign_from_version_is_vaco_no_realign_until_that_version(tmp_path):
     last bit; from version 4 on the stale samples are realigned (the runs part)."""
     keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "explained_variance")
     rows = {}
-    for name, extra in (("warm-up", ["algo.preset=vaco", "algo.realign_from_version=4"]),
-                        ("no-realign", ["algo.preset=vaco_no_realign"])):
+    for name, extra in (
+        ("warm-up", ["algo.preset=vaco", "algo.realign_from_version=4"]),
+        ("no-realign", ["algo.preset=vaco_no_realign"]),
+    ):
         cfg = config.load(None, SMALL + ["actor.policy_delay=1", *extra])
         run_serial(cfg, tmp_path / name, max_iterations=8, echo=lambda *_: None)
         recs = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
@@ -132,6 +153,7 @@ def test_lag_command_text_json_and_errors(tmp_path):
 def test_lag_plot(tmp_path):
     pytest.importorskip("matplotlib")
     from asyncrl.analysis.lag_report import plot_report
+
     run_serial(config.load(None, SMALL), tmp_path, max_iterations=3, echo=lambda *_: None)
     plot_report(tmp_path, tmp_path / "lag.png")
     assert (tmp_path / "lag.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -142,6 +164,7 @@ def test_whole_run_lag_in_seconds_stays_bounded_and_survives_a_checkpoint():
     grow with the number of slots (the soak's learner grew by it), its percentiles are the exact
     ones to within 1 ms, and a checkpoint of the old format (one value per slot) still loads."""
     from asyncrl.core.lag import LagTracker
+
     rng = np.random.default_rng(0)
     t = LagTracker(None)
     t.published(0, 0.0)
@@ -152,7 +175,7 @@ def test_whole_run_lag_in_seconds_stays_bounded_and_survives_a_checkpoint():
         t.consumed(1, now, [("actor0", "h", bv)], iteration=i)
         exact.append(now)
         weights.append(8)
-    assert len(t.seconds_ms_counts) <= 301                   # 50 ms .. 350 ms in whole ms
+    assert len(t.seconds_ms_counts) <= 301  # 50 ms .. 350 ms in whole ms
     s50, s95 = weighted_percentiles(exact, weights, (50, 95))
     got = t.summary()
     assert abs(got["lag_seconds_p50"] - s50) <= 0.0005 + 1e-12 and abs(got["lag_seconds_p95"] - s95) <= 0.0005 + 1e-12

@@ -18,6 +18,7 @@ tasks.control; transformers, tokenizers, safetensors and peft only in tasks.llm 
 commands); ray only in run and analysis; matplotlib and click only in analysis and cli (click in
 cli only).
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,13 +37,17 @@ ALLOWED = {
     "analysis": {"algo", "core", "tasks", "run"},
     "cli": {"algo", "core", "wire", "tasks", "roles", "run", "analysis"},
 }
-THIRD_PARTY_HOME = {   # package -> the folders (or subfolders) that may import it
+THIRD_PARTY_HOME = {  # package -> the folders (or subfolders) that may import it
     "zmq": {"wire"},
-    "gymnasium": {"tasks.control"}, "mujoco": {"tasks.control"},
-    "transformers": {"tasks.llm", "cli"}, "tokenizers": {"tasks.llm", "cli"},
-    "safetensors": {"tasks.llm", "cli"}, "peft": {"tasks.llm", "cli"},
+    "gymnasium": {"tasks.control"},
+    "mujoco": {"tasks.control"},
+    "transformers": {"tasks.llm", "cli"},
+    "tokenizers": {"tasks.llm", "cli"},
+    "safetensors": {"tasks.llm", "cli"},
+    "peft": {"tasks.llm", "cli"},
     "ray": {"run", "analysis"},
-    "matplotlib": {"analysis", "cli"}, "imageio": {"tasks.control"},
+    "matplotlib": {"analysis", "cli"},
+    "imageio": {"tasks.control"},
     "click": {"cli"},
 }
 
@@ -92,19 +97,23 @@ def violations() -> list[str]:
         rel = path.relative_to(PACKAGE.parent)
         for line, target in imports_of(name, path):
             if target.startswith("asyncrl."):
-                if target not in mods:      # a name imported from a module, not a module
+                if target not in mods:  # a name imported from a module, not a module
                     continue
                 dep = folder(target)
                 if own is None or dep is None or dep == own:
                     if own == "tasks" and dep == "tasks":
-                        kinds = {name.split(".")[2] if len(name.split(".")) > 3 else None,
-                                 target.split(".")[2] if len(target.split(".")) > 3 else None}
+                        kinds = {
+                            name.split(".")[2] if len(name.split(".")) > 3 else None,
+                            target.split(".")[2] if len(target.split(".")) > 3 else None,
+                        }
                         if {"control", "llm"} <= kinds:
                             bad.append(f"{rel}:{line}: {name} imports {target} (task kinds are independent)")
                     continue
                 if dep not in ALLOWED[own]:
-                    bad.append(f"{rel}:{line}: {own} imports {target} ({own} may import: "
-                               f"{', '.join(sorted(ALLOWED[own])) or 'nothing else'})")
+                    bad.append(
+                        f"{rel}:{line}: {own} imports {target} ({own} may import: "
+                        f"{', '.join(sorted(ALLOWED[own])) or 'nothing else'})"
+                    )
             else:
                 top = target.split(".")[0]
                 homes = THIRD_PARTY_HOME.get(top)
@@ -122,11 +131,17 @@ def test_every_module_lives_in_a_layer():
     assert top == [], f"modules at the top of the package: {top}"
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import zmq\n", "only wire may"),
-    ("def f():\n    from asyncrl.wire import transport\n", "core imports asyncrl.wire.transport"),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tasks import base\n", "core imports asyncrl.tasks.base"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import zmq\n", "only wire may"),
+        ("def f():\n    from asyncrl.wire import transport\n", "core imports asyncrl.wire.transport"),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tasks import base\n",
+            "core imports asyncrl.tasks.base",
+        ),
+    ],
+)
 def test_the_checker_sees_lazy_and_type_only_imports(tmp_path, monkeypatch, source, expected):
     probe = PACKAGE / "core" / "_layout_probe.py"
     probe.write_text(source)

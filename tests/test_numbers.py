@@ -1,5 +1,6 @@
 """Non-finite numbers (issue 9, point 6): skipped optimizer steps, refused checkpoints, rejected
 slots, and the reward scaler's per-stream gaps."""
+
 import json
 
 import numpy as np
@@ -8,16 +9,24 @@ import torch
 
 from asyncrl.core import config
 from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot
-from asyncrl.tasks import make_task
-from asyncrl.run.serial import run_serial
-from asyncrl.core.spec import RolloutSpec
 from asyncrl.core.optim import GuardedAdam
+from asyncrl.core.spec import RolloutSpec
 from asyncrl.core.state import LearnerState, NonFiniteError, RewardScaler
+from asyncrl.run.serial import run_serial
+from asyncrl.tasks import make_task
 
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=8, num_envs=2)
-SMALL = ["env.id=asyncrl/Corridor-v0", "env.num_envs=2", "env.rollout_length=8", "learner.slots_per_batch=1",
-         "learner.num_slots=1", "algo.num_minibatches=2", "algo.num_epochs=2", "run.num_actors=1",
-         "run.log_every_s=1000"]
+SMALL = [
+    "env.id=asyncrl/Corridor-v0",
+    "env.num_envs=2",
+    "env.rollout_length=8",
+    "learner.slots_per_batch=1",
+    "learner.num_slots=1",
+    "algo.num_minibatches=2",
+    "algo.num_epochs=2",
+    "run.num_actors=1",
+    "run.log_every_s=1000",
+]
 
 
 def _batch(state: LearnerState, **fields) -> dict:
@@ -33,7 +42,7 @@ def test_guarded_adam_skips_nonfinite_steps_and_counts_them():
     for bad in (float("nan"), float("inf")):
         w.grad = torch.tensor([1.0, bad, 1.0])
         opt.step()
-        assert torch.equal(w.detach(), torch.ones(3)) and not opt.state[w]   # untouched, no moments
+        assert torch.equal(w.detach(), torch.ones(3)) and not opt.state[w]  # untouched, no moments
     assert (opt.skipped, opt.consecutive) == (2, 2)
     w.grad = torch.ones(3)
     opt.step()
@@ -47,9 +56,9 @@ def test_nonfinite_loss_skips_every_step_then_fails_the_run():
     rewards = np.ones((8, 2), np.float32)
     rewards[3, 1] = np.nan
     stats = state.iterate(_batch(state, rewards=rewards))
-    assert stats["skipped_steps"] == 4 and state.optimizer.consecutive == 4        # 2 epochs x 2 minibatches
+    assert stats["skipped_steps"] == 4 and state.optimizer.consecutive == 4  # 2 epochs x 2 minibatches
     for k, v in state.policy.state_dict().items():
-        if not k.startswith("obs_"):    # the normaliser statistics do move; the weights must not
+        if not k.startswith("obs_"):  # the normaliser statistics do move; the weights must not
             assert torch.equal(v, before[k]), k
     strict_cfg = config.load(None, SMALL + ["learner.reward_scaling=false", "learner.max_consecutive_skips=3"])
     strict = LearnerState(strict_cfg, SPEC, make_task(strict_cfg, spec=SPEC))
@@ -91,8 +100,8 @@ def test_check_slot_reasons():
     tagged = SPEC.allocate()
     tagged["grant_id"][...] = 7
     check_slot(tagged, SPEC, version=0, grant_id=7)
-    tagged["grant_id"][2, 1] = 8                      # one entry written under another grant
-    check_slot(tagged, SPEC, version=0)               # no grant given: the tags are not read
+    tagged["grant_id"][2, 1] = 8  # one entry written under another grant
+    check_slot(tagged, SPEC, version=0)  # no grant given: the tags are not read
     with pytest.raises(SlotError) as info:
         check_slot(tagged, SPEC, version=0, grant_id=7)
     assert info.value.reason == "foreign_rows" and "1 entries" in str(info.value)
@@ -107,25 +116,30 @@ def test_reward_scaler_gap_restarts_the_stream():
     s("a", r, no_end)
     fresh = RewardScaler(gamma=0.9, clip=10.0)
     fresh("a", r, no_end)
-    assert np.allclose(s.returns["a"], fresh.returns["a"])   # as if the stream had just started
+    assert np.allclose(s.returns["a"], fresh.returns["a"])  # as if the stream had just started
 
 
 def test_slot_dropped_for_lag_leaves_a_gap(tmp_path):
     """A slot dropped by max_policy_lag: the next slot of its stream starts a new running return,
     whether the dropped one came in an earlier batch or earlier in the same batch."""
-    cfg = config.load(None, SMALL + ["learner.max_policy_lag=0", "learner.slots_per_batch=2",
-                                     "learner.num_slots=2", "algo.num_minibatches=4"])
+    cfg = config.load(
+        None,
+        SMALL
+        + ["learner.max_policy_lag=0", "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=4"],
+    )
     c = Consumer(cfg, SPEC, tmp_path, task=make_task(cfg, spec=SPEC))
     try:
+
         def slot(version):
             a = SPEC.allocate()
             a["rewards"][:] = 1.0
             a["behavior_version"][:] = version
             return SlotData("a", "h", a, 16, [])
-        c.consume([slot(0), slot(0)])                       # version 0 -> 1; the running return grows
+
+        c.consume([slot(0), slot(0)])  # version 0 -> 1; the running return grows
         assert c.state.reward_scaler.returns["a"][0] > 10
-        c.consume([slot(0), slot(1)])                       # the stale one is dropped, then a fresh one
-        assert np.allclose(c.state.reward_scaler.returns["a"], sum(0.99 ** k for k in range(8)))
+        c.consume([slot(0), slot(1)])  # the stale one is dropped, then a fresh one
+        assert np.allclose(c.state.reward_scaler.returns["a"], sum(0.99**k for k in range(8)))
     finally:
         c.close()
 
@@ -136,9 +150,12 @@ def test_serial_run_with_nan_rewards_finishes_finite(tmp_path):
     cfg = config.load(None, SMALL + ["env.id=asyncrl/NaNCorridor-v0", "run.total_env_steps=4000"])
     summary = run_serial(cfg, tmp_path, echo=lambda *_: None)
     assert summary["outcome"] == "finished" and summary["env_steps"] >= 4000
-    assert summary["rejected_slots"]["nonfinite"] >= 3, summary   # NaN at steps 500, 1000, 1500, 2000 of each env
+    assert summary["rejected_slots"]["nonfinite"] >= 3, summary  # NaN at steps 500, 1000, 1500, 2000 of each env
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in ckpt["policy"].values())
     assert np.isfinite(ckpt["reward_scaler"]["rms"]["var"])
-    assert all(np.isfinite(r) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-               for r in json.loads(line)["episode_returns"])
+    assert all(
+        np.isfinite(r)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        for r in json.loads(line)["episode_returns"]
+    )

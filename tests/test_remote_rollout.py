@@ -1,5 +1,6 @@
 """Remote actors, in one process: a rollout shipped over TCP lands in the learner's slot exactly as
 one written through shared memory, and the handshake names the first field that does not fit."""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,18 +9,25 @@ import time
 
 import numpy as np
 import pytest
-
-from asyncrl.core import config
-from asyncrl.wire import transport as tp
-from asyncrl.tasks.control.envs import env_spaces
-from asyncrl.run.launch import free_port
-from asyncrl.roles.learner import Learner, handshake_mismatch
-from asyncrl.wire.shm import SlotRing
 from slot_examples import SPEC, example_slot
 
+from asyncrl.core import config
+from asyncrl.roles.learner import Learner, handshake_mismatch
+from asyncrl.run.launch import free_port
+from asyncrl.tasks.control.envs import env_spaces
+from asyncrl.wire import transport as tp
+from asyncrl.wire.shm import SlotRing
+
 CORRIDOR = "asyncrl/Corridor-v0"
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
-         "algo.num_minibatches=4", "algo.num_epochs=2", f"env.id={CORRIDOR}"]
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=6",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+    f"env.id={CORRIDOR}",
+]
 
 
 class Client:
@@ -47,14 +55,21 @@ class Client:
 @pytest.mark.timeout(60)
 def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
     cfg = config.load(None, SMALL)
-    learner = Learner(cfg, tmp_path / "run", run_id="utest-remote", bind="tcp://127.0.0.1:0",
-                      broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
+    learner = Learner(
+        cfg,
+        tmp_path / "run",
+        run_id="utest-remote",
+        bind="tcp://127.0.0.1:0",
+        broadcaster=f"tcp://127.0.0.1:{free_port()}",
+        echo=lambda *_: None,
+    )
     ctx = tp.context()
     clients = {name: Client(ctx, learner.endpoint, name) for name in ("local", "remote")}
     ring = None
     try:
-        hello = dict(host="h", pid=os.getpid(), env_id=CORRIDOR, spec=SPEC.to_dict(), shm_token=None,
-                     spaces=env_spaces(CORRIDOR))
+        hello = dict(
+            host="h", pid=os.getpid(), env_id=CORRIDOR, spec=SPEC.to_dict(), shm_token=None, spaces=env_spaces(CORRIDOR)
+        )
         grants = {}
         for name, c in clients.items():
             c.send("hello", **hello)
@@ -62,19 +77,21 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
             c.run_id, c.token = welcome["run_id"], welcome["actor_token"]
             c.send("request")
             grants[name] = c.wait(learner, "grant")
-        ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
-                               token=welcome["token"])
+        ring = SlotRing.attach(
+            name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"], token=welcome["token"]
+        )
         arrays = example_slot(seed=4)
-        tagged = {name: {**arrays, "grant_id": np.full_like(arrays["grant_id"], g["grant_id"])}
-                  for name, g in grants.items()}         # each writer tags its rows with its grant
+        tagged = {
+            name: {**arrays, "grant_id": np.full_like(arrays["grant_id"], g["grant_id"])} for name, g in grants.items()
+        }  # each writer tags its rows with its grant
         report = dict(env_steps=32, episode_returns=[], episode_lengths=[], timing={})
 
-        views = ring.views(grants["local"]["slot"])          # the local actor writes in place
+        views = ring.views(grants["local"]["slot"])  # the local actor writes in place
         for k, a in tagged["local"].items():
             views[k][...] = a
         del views
         clients["local"].send("ready", slot=grants["local"]["slot"], grant_id=grants["local"]["grant_id"], **report)
-        stale = ring.views(grants["remote"]["slot"])          # old data in the remote actor's slot
+        stale = ring.views(grants["remote"]["slot"])  # old data in the remote actor's slot
         for a in stale.values():
             a[...] = 7
         del stale
@@ -107,18 +124,32 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
 def _joined_learner(cfg, tmp_path, run_id: str):
     """(learner, client, ring): a learner on a free loopback port, a Client ("local") that said
     hello and kept the welcome's run id and token, and the learner's ring attached; all closed after."""
-    learner = Learner(cfg, tmp_path / "run", run_id=run_id, bind="tcp://127.0.0.1:0",
-                      broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
+    learner = Learner(
+        cfg,
+        tmp_path / "run",
+        run_id=run_id,
+        bind="tcp://127.0.0.1:0",
+        broadcaster=f"tcp://127.0.0.1:{free_port()}",
+        echo=lambda *_: None,
+    )
     ctx = tp.context()
     c = Client(ctx, learner.endpoint, "local")
     ring = None
     try:
-        c.send("hello", host="h", pid=os.getpid(), env_id=CORRIDOR, spec=SPEC.to_dict(), shm_token=None,
-               spaces=env_spaces(CORRIDOR))
+        c.send(
+            "hello",
+            host="h",
+            pid=os.getpid(),
+            env_id=CORRIDOR,
+            spec=SPEC.to_dict(),
+            shm_token=None,
+            spaces=env_spaces(CORRIDOR),
+        )
         welcome = c.wait(learner, "welcome")
         c.run_id, c.token = welcome["run_id"], welcome["actor_token"]
-        ring = SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
-                               token=welcome["token"])
+        ring = SlotRing.attach(
+            name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"], token=welcome["token"]
+        )
         yield learner, c, ring
     finally:
         if ring is not None:
@@ -128,7 +159,7 @@ def _joined_learner(cfg, tmp_path, run_id: str):
         learner.close()
 
 
-def _fill_granted_slot(c: "Client", learner: Learner, ring: SlotRing, arrays: dict) -> dict:
+def _fill_granted_slot(c: Client, learner: Learner, ring: SlotRing, arrays: dict) -> dict:
     """Ask for a slot, write ``arrays`` into the granted one with its grant id on every row; the grant."""
     c.send("request")
     g = c.wait(learner, "grant")
@@ -167,16 +198,16 @@ def test_row_audit_drops_a_slot_the_generation_check_passed(tmp_path):
                 views["grant_id"][foreign_row] = g["grant_id"] + 1000
                 del views
 
-        write_and_report(3, tamper_after_report=False)         # refused when it reports
+        write_and_report(3, tamper_after_report=False)  # refused when it reports
         assert learner.rejects.by_reason().get("foreign_rows") == 1, learner.rejects.by_reason()
         assert learner.ledger.num_full == 0
-        write_and_report(3, tamper_after_report=True)          # accepted, then a late foreign row
+        write_and_report(3, tamper_after_report=True)  # accepted, then a late foreign row
         assert learner.ledger.num_full == 1
         learner.collect_full(1)
         assert learner.copied == []
         assert learner.consumer.rejected_slots["foreign_rows"] == 1
         assert dict(learner.consumer.slot_audit) == {"copied": 1, "passed_generation_foreign_rows": 1}
-        write_and_report(None, tamper_after_report=False)      # a clean slot passes both
+        write_and_report(None, tamper_after_report=False)  # a clean slot passes both
         learner.collect_full(1)
         assert len(learner.copied) == 1
         assert learner.consumer.slot_audit["passed_generation_own_rows"] == 1
@@ -190,20 +221,32 @@ def _hello(**changes) -> dict:
     return {**h, **changes}
 
 
-@pytest.mark.parametrize("hello, words", [
-    (_hello(), ""),
-    (_hello(run_id="run-1"), ""),
-    ({k: v for k, v in _hello().items() if k != "spaces"}, ""),      # a client that does not describe them
-    (_hello(run_id="run-0"), "run_id: actor has 'run-0', learner has 'run-1'"),
-    (_hello(env_id="asyncrl/Constant-v0"), "env_id: actor has 'asyncrl/Constant-v0', learner has 'asyncrl/Corridor-v0'"),
-    (_hello(spec={**SPEC.to_dict(), "rollout_length": 32}), "rollout_length: actor has 32, learner has 16"),
-    (_hello(spec={**SPEC.to_dict(), "obs_dim": 3}), "obs_dim: actor has 3, learner has 2"),
-    (_hello(spaces={**env_spaces(CORRIDOR), "action": "Box(shape=(1,), dtype=float32, low=-2.0, high=2.0)"}),
-     "action space: actor has Box(shape=(1,), dtype=float32, low=-2.0, high=2.0), learner has "
-     "Box(shape=(1,), dtype=float32, low=-1.0, high=1.0)"),
-    (_hello(spaces={**env_spaces(CORRIDOR), "observation": "Box(shape=(2,), dtype=float64, low=-inf, high=inf)"}),
-     "observation space: actor has Box(shape=(2,), dtype=float64"),
-])
+@pytest.mark.parametrize(
+    "hello, words",
+    [
+        (_hello(), ""),
+        (_hello(run_id="run-1"), ""),
+        ({k: v for k, v in _hello().items() if k != "spaces"}, ""),  # a client that does not describe them
+        (_hello(run_id="run-0"), "run_id: actor has 'run-0', learner has 'run-1'"),
+        (
+            _hello(env_id="asyncrl/Constant-v0"),
+            "env_id: actor has 'asyncrl/Constant-v0', learner has 'asyncrl/Corridor-v0'",
+        ),
+        (_hello(spec={**SPEC.to_dict(), "rollout_length": 32}), "rollout_length: actor has 32, learner has 16"),
+        (_hello(spec={**SPEC.to_dict(), "obs_dim": 3}), "obs_dim: actor has 3, learner has 2"),
+        (
+            _hello(spaces={**env_spaces(CORRIDOR), "action": "Box(shape=(1,), dtype=float32, low=-2.0, high=2.0)"}),
+            "action space: actor has Box(shape=(1,), dtype=float32, low=-2.0, high=2.0), learner has "
+            "Box(shape=(1,), dtype=float32, low=-1.0, high=1.0)",
+        ),
+        (
+            _hello(
+                spaces={**env_spaces(CORRIDOR), "observation": "Box(shape=(2,), dtype=float64, low=-inf, high=inf)"}
+            ),
+            "observation space: actor has Box(shape=(2,), dtype=float64",
+        ),
+    ],
+)
 def test_handshake_mismatch_names_the_field_and_both_values(hello, words):
     got = handshake_mismatch(hello, **MINE)
     assert (words in got) if words else got == "", got
@@ -215,19 +258,26 @@ def test_full_slots_beyond_the_next_batch_stay_in_the_ring(tmp_path):
     next batch needs, so full slots beyond it keep their ring slots and actors faster than the
     learner wait for a free one (bounded lag and memory). Until 2026-12-01 every full slot was
     copied out and freed, and with fast actors the copies piled up without bound."""
-    cfg = config.load(None, SMALL)       # 2 slots per batch, 6 slots
+    cfg = config.load(None, SMALL)  # 2 slots per batch, 6 slots
     with _joined_learner(cfg, tmp_path, "utest-queue") as (learner, c, ring):
         arrays = example_slot(seed=7)
-        for _ in range(5):                 # five rollouts ready before the learner trains once
+        for _ in range(5):  # five rollouts ready before the learner trains once
             g = _fill_granted_slot(c, learner, ring, arrays)
-            c.send("ready", slot=g["slot"], grant_id=g["grant_id"], env_steps=32, episode_returns=[],
-                   episode_lengths=[], timing={})
+            c.send(
+                "ready",
+                slot=g["slot"],
+                grant_id=g["grant_id"],
+                env_steps=32,
+                episode_returns=[],
+                episode_lengths=[],
+                timing={},
+            )
             full = learner.ledger.num_full
             deadline = time.monotonic() + 10
             while learner.ledger.num_full == full and time.monotonic() < deadline:
                 learner.serve(20)
         assert learner.ledger.num_full == 5
         assert learner.consume() and learner.state.iteration == 1
-        assert learner.copied == [] and learner.ledger.num_full == 3      # 2 trained on, 3 still queued in the ring
+        assert learner.copied == [] and learner.ledger.num_full == 3  # 2 trained on, 3 still queued in the ring
         assert learner.consume() and learner.ledger.num_full == 1
         assert not learner.consume() and len(learner.copied) == 1 and learner.ledger.num_full == 0

@@ -1,6 +1,7 @@
 """Resources (issue 9, point 7), in one process: the /dev/shm space check, SIGBUS in the
 supervisor's report, run-directory writes that fail, and header limits no legal config overflows.
 The multi-process versions are in tests/integration/test_resource_faults.py."""
+
 import errno
 import json
 import os
@@ -10,13 +11,12 @@ import uuid
 import pytest
 import torch
 
-from asyncrl.core import config
-from asyncrl.core import metrics
-from asyncrl.wire import shm
-from asyncrl.wire import transport as tp
+from asyncrl.core import config, metrics
 from asyncrl.core.config import ConfigError
 from asyncrl.core.metrics import JsonlWriter, RunDirError, write_atomic
 from asyncrl.core.spec import RolloutSpec
+from asyncrl.wire import shm
+from asyncrl.wire import transport as tp
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,6 +24,7 @@ SPEC = RolloutSpec(obs_dim=3, action_dim=2, discrete=False, rollout_length=4, nu
 
 
 # ----------------------------------------------------------------------------- /dev/shm
+
 
 def test_ring_that_does_not_fit_is_refused_before_any_segment(monkeypatch):
     run_id = f"test-{uuid.uuid4().hex[:12]}"
@@ -41,13 +42,14 @@ def test_created_ring_has_its_pages_reserved():
     run_id = f"test-{uuid.uuid4().hex[:12]}"
     with shm.SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
         st = os.stat(os.path.join("/dev/shm", ring.name))
-        assert st.st_blocks * 512 >= shm.segment_nbytes(SPEC, 2)   # allocated, not a sparse file
+        assert st.st_blocks * 512 >= shm.segment_nbytes(SPEC, 2)  # allocated, not a sparse file
 
 
 def test_supervisor_names_sigbus_a_shared_memory_failure(tmp_path):
     from asyncrl.run.launch import Supervisor
+
     sup = Supervisor(config.Config(), tmp_path, print)
-    shutil.rmtree(sup.endpoint_dir)   # no role is started here
+    shutil.rmtree(sup.endpoint_dir)  # no role is started here
     (sup.logs / "actor0.log").write_text("Fatal Python error: Bus error\n")
     failure = sup.role_failed("actor0", -7)
     assert "shared-memory failure (SIGBUS)" in failure.reason and "/dev/shm" in failure.reason
@@ -55,6 +57,7 @@ def test_supervisor_names_sigbus_a_shared_memory_failure(tmp_path):
 
 
 # ----------------------------------------------------------------------------- run directory
+
 
 def _enospc_after(n_bytes: int):
     """An os.write that writes at most ``n_bytes`` in all, then fails as a full disk does."""
@@ -64,9 +67,10 @@ def _enospc_after(n_bytes: int):
     def write(fd, data):
         if left[0] <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        done = real(fd, bytes(data)[:left[0]])
+        done = real(fd, bytes(data)[: left[0]])
         left[0] -= done
         return done
+
     return write
 
 
@@ -74,7 +78,7 @@ def test_jsonl_line_cut_by_a_full_disk_is_undone(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
     w = JsonlWriter(path)
     w.write({"iteration": 1})
-    monkeypatch.setattr(metrics.os, "write", _enospc_after(5))   # 5 bytes of the next line get through
+    monkeypatch.setattr(metrics.os, "write", _enospc_after(5))  # 5 bytes of the next line get through
     with pytest.raises(RunDirError) as info:
         w.write({"iteration": 2, "pad": "x" * 100})
     w.close()
@@ -89,12 +93,13 @@ def test_atomic_write_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(RunDirError, match="No space left on device"):
         write_atomic(path, b'{"new": 2}\n' * 100)
     assert json.loads(path.read_text()) == {"old": 1}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]   # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no temporary left
 
 
 def test_checkpoint_that_cannot_be_written_keeps_the_last_good_one(tmp_path, monkeypatch):
     from asyncrl.core.state import LearnerState
     from asyncrl.tasks import make_task
+
     cfg = config.Config()
     spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=4, num_envs=2)
     state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
@@ -119,11 +124,21 @@ def test_writing_to_a_full_device_is_one_line(tmp_path):
 
 # ----------------------------------------------------------------------------- message limits
 
+
 def _report(episodes: int) -> dict:
-    return {"type": "ready", "run_id": "r", "actor_id": "a0", "token": bytes(32), "grant_id": 1, "env_steps": episodes, "slot": 0,
-            # the longest msgpack numbers the schema takes: float64 (9 bytes), an int up to 2**63 - 1 (9 bytes)
-            "episode_returns": [-1.2345678901234e14] * episodes, "episode_lengths": [2 ** 63 - 1] * episodes,
-            "timing": {"env_s": 0.1}}
+    return {
+        "type": "ready",
+        "run_id": "r",
+        "actor_id": "a0",
+        "token": bytes(32),
+        "grant_id": 1,
+        "env_steps": episodes,
+        "slot": 0,
+        # the longest msgpack numbers the schema takes: float64 (9 bytes), an int up to 2**63 - 1 (9 bytes)
+        "episode_returns": [-1.2345678901234e14] * episodes,
+        "episode_lengths": [2**63 - 1] * episodes,
+        "timing": {"env_s": 0.1},
+    }
 
 
 @pytest.mark.parametrize("num_envs, rollout_length", [(64, 64), (1, 1), (256, 512)])
@@ -135,7 +150,7 @@ def test_a_report_of_every_env_ending_every_step_fits(num_envs, rollout_length):
     frames = tp.encode(_report(episodes), limits=limits)
     header, _ = tp.decode(frames, limits=limits)
     assert len(header["episode_returns"]) == episodes
-    if len(frames[0]) > tp.MAX_HEADER_BYTES:   # what overflowed before: the default limits refuse it
+    if len(frames[0]) > tp.MAX_HEADER_BYTES:  # what overflowed before: the default limits refuse it
         with pytest.raises(tp.ProtocolError, match="oversized"):
             tp.decode(frames)
 
@@ -143,21 +158,21 @@ def test_a_report_of_every_env_ending_every_step_fits(num_envs, rollout_length):
 def test_config_too_long_for_the_welcome_is_refused():
     with pytest.raises(ConfigError, match="bytes as JSON, over the 4,096"):
         config.load(None, ["run.run_dir=" + "d" * 5000])
-    config.load(None, ["run.run_dir=" + "d" * 1000])   # long, but fits
+    config.load(None, ["run.run_dir=" + "d" * 1000])  # long, but fits
 
 
 def test_progress_line_omits_a_nan_tv_and_no_grad_fraction():
     # an llm iteration whose groups were all silent takes no optimizer step: its step scalars are NaN
-    line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2,
-                                 tv=float("nan"), no_grad=float("nan"))
+    line = metrics.progress_line(
+        env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2, tv=float("nan"), no_grad=float("nan")
+    )
     assert "nan" not in line and "tv" not in line and "no grad" not in line
     line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=0.2, tv=0.05, no_grad=0.25)
     assert "tv 0.050" in line and "no grad 0.25" in line
 
 
 def test_progress_line_says_lag_is_not_known_before_the_first_batch():
-    line = metrics.progress_line(env_steps=0, total=128, steps_per_s=0.0, avg_return=None,
-                                 lag=(None, None, None, None))
+    line = metrics.progress_line(env_steps=0, total=128, steps_per_s=0.0, avg_return=None, lag=(None, None, None, None))
     assert "return      n/a" in line and "lag p50/p95 n/a" in line
     line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=None, lag=(1, 2, 0.1, 0.3))
     assert "lag p50/p95 1/2 v | 0.10/0.30 s" in line

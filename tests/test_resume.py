@@ -1,5 +1,6 @@
 """Resume (issue 9, point 1): checkpoints kept and read back, env states, the run-directory choices,
 and serial runs resumed in process that end bit-identical to runs that were not stopped."""
+
 import json
 import math
 
@@ -7,16 +8,23 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.core import config
 from asyncrl.cli import UserError, prepare_run_dir, write_config_json
-from asyncrl.tasks.control.envs import VecEnv, env_state
+from asyncrl.core import config
+from asyncrl.core.state import LearnerState, checkpoint_files, read_checkpoint, write_checkpoint
 from asyncrl.run.serial import run_serial
-from asyncrl.core.state import checkpoint_files, read_checkpoint, write_checkpoint, LearnerState
 from asyncrl.tasks import make_task
-from asyncrl.tasks.control.envs import rollout_spec
+from asyncrl.tasks.control.envs import VecEnv, env_state, rollout_spec
 
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
-         "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=2", "run.log_every_s=1000"]
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=2",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+    "run.num_actors=2",
+    "run.log_every_s=1000",
+]
 # keys whose values depend on the clock (or are NaN, which equals nothing)
 CLOCK_KEYS = {"wall_time_s", "lag_seconds_p50", "lag_seconds_p95"}
 
@@ -52,8 +60,17 @@ def assert_same_run(a, b) -> None:
 def test_serial_resume_bit_identical(tmp_path, env_id, stop_at):
     """Stopped after ``stop_at`` iterations (checkpoint every 2: the resume goes back to an older
     checkpoint and redoes iterations, which are logged once), resumed: the same run."""
-    cfg = config.load(None, SMALL + [f"env.id={env_id}", "run.seed=3", "run.total_env_steps=640",
-                                     "learner.checkpoint_every=2", "env.max_episode_steps=50"])
+    cfg = config.load(
+        None,
+        SMALL
+        + [
+            f"env.id={env_id}",
+            "run.seed=3",
+            "run.total_env_steps=640",
+            "learner.checkpoint_every=2",
+            "env.max_episode_steps=50",
+        ],
+    )
     quiet = dict(echo=lambda *_: None)
     run_serial(cfg, tmp_path / "a", **quiet)
     run_serial(cfg, tmp_path / "b", max_iterations=stop_at, **quiet)
@@ -64,8 +81,9 @@ def test_serial_resume_bit_identical(tmp_path, env_id, stop_at):
     summary = run_serial(cfg, tmp_path / "b", resume=True, **quiet)
     assert summary["resumes"] == 1 and summary["env_steps"] == 640
     assert_same_run(tmp_path / "a", tmp_path / "b")
-    events = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
-              if "event" in line]
+    events = [
+        json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines() if "event" in line
+    ]
     assert len(events) == 1 and events[0]["from_iteration"] == older[0]["iteration"], events
     assert events[0]["superseded_iterations"] == stop_at - older[0]["iteration"]
 
@@ -94,7 +112,7 @@ def test_env_state_round_trip(env_id):
     for t in range(20):
         a.step(actions[t])
     assert b.set_state(a.get_state())
-    for t in range(20, 80):   # across time-limit resets, which draw from the env's np_random
+    for t in range(20, 80):  # across time-limit resets, which draw from the env's np_random
         sa, fa = a.step(actions[t])
         sb, fb = b.step(actions[t])
         assert all(np.array_equal(x, y) for x, y in zip(sa, sb)) and fa == fb, t
@@ -102,6 +120,7 @@ def test_env_state_round_trip(env_id):
 
 def test_unsaveable_env_has_no_state():
     import gymnasium as gym
+
     env = gym.make("CartPole-v1")
     assert env_state(env) is None
 
@@ -120,7 +139,7 @@ def test_run_dir_choices(tmp_path):
     other = config.load(None, SMALL + ["env.id=asyncrl/Corridor-v0", "run.total_env_steps=256"])
     with pytest.raises(UserError, match=r"another config.*run.total_env_steps \(128 there, 256 now\)"):
         prepare_run_dir(out, other)
-    run_serial(cfg, out, resume=True, echo=lambda *_: None)   # to its end
+    run_serial(cfg, out, resume=True, echo=lambda *_: None)  # to its end
     with pytest.raises(UserError, match="finished"):
         prepare_run_dir(out, cfg)
     assert prepare_run_dir(out, other, "overwrite") == (out, False)

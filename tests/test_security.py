@@ -1,4 +1,5 @@
 """asyncrl.wire.security: the loopback rule, key files, and CURVE sockets that accept only listed clients."""
+
 from __future__ import annotations
 
 import logging
@@ -12,7 +13,7 @@ from asyncrl.wire import security as sec
 from asyncrl.wire import transport as tp
 from asyncrl.wire.security import Curve, Security, SecurityError
 
-LAN = "tcp://192.0.2.1:5555"     # never bound or connected to: only selects CURVE
+LAN = "tcp://192.0.2.1:5555"  # never bound or connected to: only selects CURVE
 
 
 @pytest.fixture
@@ -28,12 +29,22 @@ def ctx():
     c.destroy(linger=0)
 
 
-@pytest.mark.parametrize("endpoint, loopback", [
-    ("tcp://127.0.0.1:5555", True), ("tcp://127.3.4.5:1", True), ("tcp://localhost:5555", True),
-    ("tcp://[::1]:5555", True), ("ipc:///tmp/x", True), ("inproc://x", True),
-    ("tcp://0.0.0.0:5555", False), ("tcp://*:5555", False), ("tcp://[::]:5555", False),
-    ("tcp://10.77.0.1:5555", False), ("tcp://learner.lan:5555", False),
-])
+@pytest.mark.parametrize(
+    "endpoint, loopback",
+    [
+        ("tcp://127.0.0.1:5555", True),
+        ("tcp://127.3.4.5:1", True),
+        ("tcp://localhost:5555", True),
+        ("tcp://[::1]:5555", True),
+        ("ipc:///tmp/x", True),
+        ("inproc://x", True),
+        ("tcp://0.0.0.0:5555", False),
+        ("tcp://*:5555", False),
+        ("tcp://[::]:5555", False),
+        ("tcp://10.77.0.1:5555", False),
+        ("tcp://learner.lan:5555", False),
+    ],
+)
 def test_loopback_rule(endpoint, loopback):
     assert sec.is_loopback(endpoint) is loopback
 
@@ -95,14 +106,14 @@ def test_security_picks_keys_by_address(keys, ctx):
     try:
         curve = server.server(ctx, LAN)
         assert curve.server_key is None and len(curve.public) == len(curve.secret) == 40
-        as_client = server.client(LAN)   # the learner connecting to its broadcaster
+        as_client = server.client(LAN)  # the learner connecting to its broadcaster
         assert as_client.server_key == curve.public
     finally:
         server.close()
     client = Security("actor a0", keys / "client-1")
     assert client.client(LAN).server_key == curve.public
     with pytest.raises(SecurityError, match=r"server\.key_secret"):
-        client.server(ctx, LAN)       # an actor host holds no server secret
+        client.server(ctx, LAN)  # an actor host holds no server secret
 
 
 def test_missing_allowed_keys_is_an_error(keys, ctx):
@@ -133,10 +144,10 @@ def test_curve_router_accepts_listed_client_and_refuses_the_others(keys, tmp_pat
     router = tp.router(ctx, "tcp://127.0.0.1:0", security=server_sec.server(ctx, LAN))
     endpoint = tp.endpoint_of(router)
     server_watch = tp.handshakes(router)
-    sec.generate(tmp_path / "other", clients=1)          # keys of another deployment
+    sec.generate(tmp_path / "other", clients=1)  # keys of another deployment
     listed = Security("actor good", keys / "client-1").client(LAN)
     unlisted = Security("actor stranger", tmp_path / "other" / "client-1").client(LAN)
-    impostor = Curve(listed.public, listed.secret, unlisted.server_key)   # trusts another server
+    impostor = Curve(listed.public, listed.secret, unlisted.server_key)  # trusts another server
     try:
         ok, verdict = _exchange(ctx, endpoint, listed, "good")
         assert ok and verdict is None
@@ -149,7 +160,7 @@ def test_curve_router_accepts_listed_client_and_refuses_the_others(keys, tmp_pat
         assert not ok and verdict.reason == "mechanism_mismatch"
         ok, verdict = _exchange(ctx, endpoint, impostor, "impostor")
         assert not ok and verdict is not None
-        assert tp.recv_multipart_timeout(router, 300) is None      # nothing of theirs arrived
+        assert tp.recv_multipart_timeout(router, 300) is None  # nothing of theirs arrived
 
         # the server logged and counted them: the refused key by the authenticator (with the
         # peer's address), the other failed handshakes through its monitor
@@ -185,8 +196,11 @@ def test_wildcard_bind_never_advertises_loopback(monkeypatch):
     monkeypatch.setattr(sec.socket, "getfqdn", lambda: "localhost")
     monkeypatch.setattr(sec.socket, "gethostname", lambda: "box")
     real = sec.socket.getaddrinfo
-    monkeypatch.setattr(sec.socket, "getaddrinfo",
-                        lambda name, *a, **k: [(2, 1, 6, "", ("127.0.1.1", 0))] if name == "box" else real(name, *a, **k))
+    monkeypatch.setattr(
+        sec.socket,
+        "getaddrinfo",
+        lambda name, *a, **k: [(2, 1, 6, "", ("127.0.1.1", 0))] if name == "box" else real(name, *a, **k),
+    )
     monkeypatch.setattr(sec, "outbound_address", lambda: "10.1.2.3")
     addr, source = sec.advertised_with_source("tcp://0.0.0.0:5555")
     assert addr == "tcp://10.1.2.3:5555" and "outbound address 10.1.2.3" in source and "--advertise" in source
@@ -197,4 +211,3 @@ def test_wildcard_bind_never_advertises_loopback(monkeypatch):
     # --advertise wins; a bound address is its own
     assert sec.advertised_with_source("tcp://0.0.0.0:5555", "gpu-box") == ("tcp://gpu-box:5555", "--advertise")
     assert sec.advertised_with_source("tcp://10.0.0.5:5555") == ("tcp://10.0.0.5:5555", "the bound address")
-

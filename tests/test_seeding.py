@@ -1,9 +1,10 @@
 """Seeds from (run seed, actor id, restart count, env index) through SeedSequence (asyncrl.core.seeding)."""
+
 import numpy as np
 import pytest
 
-from asyncrl.tasks.control.envs import VecEnv
 from asyncrl.core.seeding import actor_seeds, fingerprint, stream_seed
+from asyncrl.tasks.control.envs import VecEnv
 
 
 def test_no_two_streams_of_a_run_share_a_seed():
@@ -24,7 +25,7 @@ def test_same_inputs_same_seeds_and_run_seed_matters():
     assert set(actor_seeds(7, "actor0", 0, 4).env).isdisjoint(actor_seeds(8, "actor0", 0, 4).env)
     # the env index names the stream, not the number of envs: env i is the same with more envs
     assert actor_seeds(7, "a", 0, 8).env[:4] == actor_seeds(7, "a", 0, 4).env
-    assert all(0 <= v < 2 ** 64 for v in actor_seeds(7, "a", 0, 4).env)
+    assert all(0 <= v < 2**64 for v in actor_seeds(7, "a", 0, 4).env)
 
 
 def test_ids_that_concatenate_alike_differ():
@@ -33,8 +34,17 @@ def test_ids_that_concatenate_alike_differ():
     assert fingerprint(actor_seeds(1, "a", 1, 2)) != fingerprint(actor_seeds(1, "a", 0, 2))
 
 
-@pytest.mark.parametrize("args", [(-1, "a", 0, 0, 0), (1, "", 0, 0, 0), (1, "a", -1, 0, 0), (1, "a", 2 ** 32, 0, 0),
-                                  (1.5, "a", 0, 0, 0), (True, "a", 0, 0, 0)])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (-1, "a", 0, 0, 0),
+        (1, "", 0, 0, 0),
+        (1, "a", -1, 0, 0),
+        (1, "a", 2**32, 0, 0),
+        (1.5, "a", 0, 0, 0),
+        (True, "a", 0, 0, 0),
+    ],
+)
 def test_bad_inputs_raise(args):
     with pytest.raises(ValueError):
         stream_seed(*args)

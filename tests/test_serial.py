@@ -1,16 +1,25 @@
 """Serial mode end to end: determinism, and truncation bootstrapping on an infinite-horizon task."""
+
 import json
 
 import torch
 
 from asyncrl.core import config
-from asyncrl.run.serial import run_serial
 from asyncrl.core.state import LearnerState
+from asyncrl.run.serial import run_serial
 from asyncrl.tasks import make_task
 from asyncrl.tasks.control.envs import VecEnv
 
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=2",
-         "algo.num_minibatches=4", "algo.num_epochs=2", "run.num_actors=2", "run.log_every_s=1000"]
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=2",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+    "run.num_actors=2",
+    "run.log_every_s=1000",
+]
 
 
 def _params(run_dir):
@@ -26,8 +35,12 @@ def test_same_seed_bit_identical_after_three_iterations(tmp_path):
     for k in pa:
         assert torch.equal(pa[k], pb[k]), k
     # and a different seed gives different parameters
-    run_serial(config.load(None, SMALL + ["env.id=HalfCheetah-v5", "run.seed=8"]), tmp_path / "c",
-               max_iterations=3, echo=lambda *_: None)
+    run_serial(
+        config.load(None, SMALL + ["env.id=HalfCheetah-v5", "run.seed=8"]),
+        tmp_path / "c",
+        max_iterations=3,
+        echo=lambda *_: None,
+    )
     assert not torch.equal(pa["pi.0.weight"], _params(tmp_path / "c")["pi.0.weight"])
 
 
@@ -42,11 +55,26 @@ def test_summary_and_metrics_written(tmp_path):
 
 def _value_of_start(preset_overrides, tmp_path, name):
     gamma = 0.9
-    cfg = config.load(None, ["env.id=asyncrl/Constant-v0", "env.max_episode_steps=20", "env.num_envs=4",
-                             "env.rollout_length=32", "learner.slots_per_batch=1", "learner.num_slots=1",
-                             "algo.num_minibatches=4", "algo.num_epochs=4", "algo.lr=3e-3",
-                             "algo.anneal_lr=false", f"algo.gamma={gamma}", "learner.reward_scaling=false",
-                             "run.num_actors=1", "run.log_every_s=1000", *preset_overrides])
+    cfg = config.load(
+        None,
+        [
+            "env.id=asyncrl/Constant-v0",
+            "env.max_episode_steps=20",
+            "env.num_envs=4",
+            "env.rollout_length=32",
+            "learner.slots_per_batch=1",
+            "learner.num_slots=1",
+            "algo.num_minibatches=4",
+            "algo.num_epochs=4",
+            "algo.lr=3e-3",
+            "algo.anneal_lr=false",
+            f"algo.gamma={gamma}",
+            "learner.reward_scaling=false",
+            "run.num_actors=1",
+            "run.log_every_s=1000",
+            *preset_overrides,
+        ],
+    )
     run_serial(cfg, tmp_path / name, max_iterations=60, echo=lambda *_: None)
     env = VecEnv(cfg.env.id, 1, seed=0)
     state = LearnerState(cfg, env.spec(cfg.env.rollout_length), make_task(cfg, spec=env.spec(cfg.env.rollout_length)))
@@ -70,6 +98,7 @@ def _corridor(tmp_path):
 def test_summary_records_how_the_run_ended(tmp_path, monkeypatch):
     """summary.json says finished, interrupted (Ctrl-C) or failed (with the role and the reason)."""
     import pytest
+
     from asyncrl.core import consume
 
     finished = run_serial(_corridor(tmp_path), tmp_path / "f", max_iterations=1, echo=lambda *_: None)
@@ -85,6 +114,7 @@ def test_summary_records_how_the_run_ended(tmp_path, monkeypatch):
             if calls["n"] == 2:
                 raise raise_what
             return real(self, slots)
+
         return fake
 
     monkeypatch.setattr(consume.Consumer, "consume", second_call(KeyboardInterrupt()))

@@ -1,4 +1,5 @@
 """Shared-memory slot ring (across a spawned process) and the learner's slot ledger."""
+
 import gc
 import multiprocessing as mp
 import os
@@ -12,8 +13,18 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from asyncrl.wire.shm import (HEADER_NBYTES, Grant, ShmError, SlotLedger, SlotRing, _creator_pid, cleanup_stale, remove_run, run_segment_pattern)
 from asyncrl.core.spec import RolloutSpec
+from asyncrl.wire.shm import (
+    HEADER_NBYTES,
+    Grant,
+    ShmError,
+    SlotLedger,
+    SlotRing,
+    _creator_pid,
+    cleanup_stale,
+    remove_run,
+    run_segment_pattern,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -39,7 +50,7 @@ def run_id():
 def _fill(views: dict, seed: int) -> None:
     """Deterministic content for every field of one slot."""
     rng = np.random.default_rng(seed)
-    for name, a in views.items():
+    for _name, a in views.items():
         a[...] = rng.integers(0, 2, a.shape) if a.dtype == np.bool_ else rng.normal(size=a.shape)
 
 
@@ -51,8 +62,7 @@ def _expected(seed: int) -> dict:
 
 def _child_write(name: str, spec_dict: dict, num_slots: int, token: bytes, slot: int) -> None:
     """Runs in a spawned process: attach, write one slot, exit without unlinking."""
-    ring = SlotRing.attach(name=name, spec=RolloutSpec(**spec_dict), num_slots=num_slots,
-                           token=token)
+    ring = SlotRing.attach(name=name, spec=RolloutSpec(**spec_dict), num_slots=num_slots, token=token)
     _fill(ring.views(slot), seed=slot)
     ring.close()
 
@@ -83,6 +93,7 @@ def _raw_segment(name: str) -> None:
 
 # ---------------------------------------------------------------------------- SlotRing
 
+
 def test_round_trip_across_spawned_process_and_segment_survives_its_exit(run_id):
     with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=3) as ring:
         assert ring.name == f"asyncrl-{run_id}-{os.getpid()}"
@@ -103,13 +114,14 @@ def test_attach_in_independent_process_does_not_unlink_at_exit(run_id):
     own command, like a real actor) that merely attached must not unlink the learner's ring."""
     with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
         ring.views(0)["rewards"][:] = 7.0
-        code = (f"from asyncrl.wire.shm import SlotRing; from asyncrl.core.spec import RolloutSpec\n"
-                f"r = SlotRing.attach(name={ring.name!r}, spec=RolloutSpec(**{SPEC.to_dict()!r}),"
-                f" num_slots=2, token={ring.token!r})\n"
-                f"assert (r.views(0)['rewards'] == 7.0).all(); r.views(1)['rewards'][:] = 3.0\n"
-                f"r.close()\n")
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=20,
-                              capture_output=True, text=True)
+        code = (
+            f"from asyncrl.wire.shm import SlotRing; from asyncrl.core.spec import RolloutSpec\n"
+            f"r = SlotRing.attach(name={ring.name!r}, spec=RolloutSpec(**{SPEC.to_dict()!r}),"
+            f" num_slots=2, token={ring.token!r})\n"
+            f"assert (r.views(0)['rewards'] == 7.0).all(); r.views(1)['rewards'][:] = 3.0\n"
+            f"r.close()\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=20, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert "leaked" not in proc.stderr, proc.stderr
         assert ring.name in os.listdir("/dev/shm")
@@ -196,8 +208,7 @@ def test_cleanup_stale_removes_dead_creator_keeps_live(run_id):
     try:
         with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=1) as live:
             assert cleanup_stale(prefix=f"asyncrl-{run_id}-") == [dead]
-            assert _segments(f"asyncrl-{run_id}-") == sorted(
-                [live.name, f"asyncrl-{run_id}-notapid"])
+            assert _segments(f"asyncrl-{run_id}-") == sorted([live.name, f"asyncrl-{run_id}-notapid"])
     finally:
         os.unlink(f"/dev/shm/asyncrl-{run_id}-notapid")
 
@@ -217,6 +228,7 @@ def test_remove_run_removes_only_that_run(run_id):
 
 
 # ---------------------------------------------------------------------------- SlotLedger
+
 
 def test_ledger_grants_exhaust_then_backpressure():
     ledger = SlotLedger(3)
@@ -304,6 +316,7 @@ def test_ledger_random_operations_never_consume_twice():
 
 # ---------------------------------------------------------------------------------- slot integrity
 
+
 def test_revoked_writer_stops_and_its_late_row_is_caught(run_id):
     """The interleavings of slot integrity, played by hand: writer A (grant 5) is revoked while it
     is frozen; B (grant 9) writes the slot; A's row written late marks it, and the learner's check
@@ -311,20 +324,20 @@ def test_revoked_writer_stops_and_its_late_row_is_caught(run_id):
     with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
         ring.arm(0, 5)
         a = ring.guard(0, 5)
-        assert a.may_write() and a.wrote() and ring.intact(0, 5)       # A writes row 0: all fine
-        assert a.may_write()                                            # A passes the check for row 1, freezes
-        ring.disarm(0)                                                  # the learner reclaims grant 5 ...
+        assert a.may_write() and a.wrote() and ring.intact(0, 5)  # A writes row 0: all fine
+        assert a.may_write()  # A passes the check for row 1, freezes
+        ring.disarm(0)  # the learner reclaims grant 5 ...
         assert ring.generation(0) == 0
-        ring.arm(0, 9)                                                  # ... and grants the slot to B
+        ring.arm(0, 9)  # ... and grants the slot to B
         b = ring.guard(0, 9)
-        assert b.may_write() and b.wrote()                              # B writes its whole rollout
+        assert b.may_write() and b.wrote()  # B writes its whole rollout
         assert ring.intact(0, 9)
-        ring.views(0)["rewards"][1] = -1.0                              # A wakes up: its row 1 lands in B's slot
-        assert not a.wrote() and a.revoked                              # A notices, marks the slot, stops
+        ring.views(0)["rewards"][1] = -1.0  # A wakes up: its row 1 lands in B's slot
+        assert not a.wrote() and a.revoked  # A notices, marks the slot, stops
         assert not a.may_write()
-        assert not ring.intact(0, 9)                                    # the learner drops B's (mixed) copy
-        assert b.wrote() is True                                        # B itself is unaffected
-        ring.arm(0, 10)                                                 # the next grant starts clean
+        assert not ring.intact(0, 9)  # the learner drops B's (mixed) copy
+        assert b.wrote() is True  # B itself is unaffected
+        ring.arm(0, 10)  # the next grant starts clean
         assert ring.intact(0, 10) and not ring.intact(0, 9)
         # a writer that notices before writing leaves no mark
         ring.arm(1, 11)
@@ -341,6 +354,7 @@ def test_collect_stops_when_its_grant_is_revoked(run_id):
     """collect() with a guard stops writing the moment the grant is revoked, and says so."""
     from asyncrl.tasks.control.envs import VecEnv
     from asyncrl.tasks.control.rollout import collect
+
     env = VecEnv("asyncrl/Corridor-v0", 2, seed=0)
     spec = env.spec(8)
     env.reset()
@@ -351,7 +365,7 @@ def test_collect_stops_when_its_grant_is_revoked(run_id):
 
         def act(obs):
             calls["n"] += 1
-            if calls["n"] == 4:           # revoked while it chooses the 4th action
+            if calls["n"] == 4:  # revoked while it chooses the 4th action
                 ring.disarm(0)
             return np.ones((2, 1), np.float32), np.zeros(2, np.float32)
 
@@ -359,7 +373,7 @@ def test_collect_stops_when_its_grant_is_revoked(run_id):
         # the row in flight (t = 3) is finished, then the check after it stops the rollout
         assert stats.revoked and stats.env_steps == 4 * 2
         assert (views["behavior_version"][:4] == 1).all() and (views["behavior_version"][4:] == 0).all()
-        assert (views["grant_id"][:4] == 3).all() and (views["grant_id"][4:] == 0).all()   # the row audit's tags
+        assert (views["grant_id"][:4] == 3).all() and (views["grant_id"][4:] == 0).all()  # the row audit's tags
         ring.arm(0, 4)
         stats = collect(env, act, views, version=2, guard=ring.guard(0, 4))
         assert not stats.revoked and stats.env_steps == 16 and ring.intact(0, 4)

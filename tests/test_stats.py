@@ -1,4 +1,5 @@
 """asyncrl.analysis.stats against hand computations and against scipy called directly (STUDY.md)."""
+
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from asyncrl.analysis import stats
 
 def test_iqm_of_a_hand_made_input():
     # 8 scores: trim 2 at each end
-    x = [100.0, 1.0, 6.0, 3.0, -50.0, 5.0, 4.0, 2.0]     # sorted: -50 1 2 3 4 5 6 100
+    x = [100.0, 1.0, 6.0, 3.0, -50.0, 5.0, 4.0, 2.0]  # sorted: -50 1 2 3 4 5 6 100
     assert stats.iqm(x) == pytest.approx((2 + 3 + 4 + 5) / 4, abs=0)
     assert stats.iqm([7.0]) == 7.0
     with pytest.raises(ValueError, match="no scores"):
@@ -22,9 +23,16 @@ def test_aggregate_equals_scipy_bootstrap_called_directly():
     per_task = {"a": rng.normal(0, 1, 7), "b": rng.normal(5, 2, 6)}
     got = stats.aggregate(per_task, "iqm", resamples=2000, seed=11)
     samples = (per_task["a"], per_task["b"])
-    ref = st.bootstrap(samples, lambda *xs: st.trim_mean(np.concatenate(xs), 0.25), paired=False,
-                       vectorized=False, n_resamples=2000, confidence_level=0.95, method="percentile",
-                       random_state=np.random.default_rng(11))
+    ref = st.bootstrap(
+        samples,
+        lambda *xs: st.trim_mean(np.concatenate(xs), 0.25),
+        paired=False,
+        vectorized=False,
+        n_resamples=2000,
+        confidence_level=0.95,
+        method="percentile",
+        random_state=np.random.default_rng(11),
+    )
     assert got.value == pytest.approx(st.trim_mean(np.concatenate(samples), 0.25), rel=1e-12)
     assert (got.low, got.high) == (ref.confidence_interval.low, ref.confidence_interval.high)
     assert got.low < got.value < got.high

@@ -1,4 +1,5 @@
 """asyncrl study: the study file, the grid, cell keys, and the report on hand-made records."""
+
 import json
 import shutil
 from pathlib import Path
@@ -8,10 +9,17 @@ import pytest
 from asyncrl.analysis import study as study_mod
 from asyncrl.analysis import study_code, study_record
 from asyncrl.analysis.study import StudyError, cell_key, condition_settings, load_study
-from asyncrl.analysis.study_report import group_rows, comparisons
+from asyncrl.analysis.study_report import comparisons, group_rows
 
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=4",
-         "algo.num_minibatches=2", "algo.num_epochs=2", "env.max_episode_steps=20"]
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=4",
+    "algo.num_minibatches=2",
+    "algo.num_epochs=2",
+    "env.max_episode_steps=20",
+]
 
 
 def write(tmp_path, text, name="s.toml"):
@@ -40,7 +48,7 @@ sweep = {{"algo.tv_threshold" = [0.05, 0.1]}}
 def test_grid_expands_every_axis_seed_major(tmp_path):
     st = load_study(write(tmp_path, GRID))
     assert len(st.cells) == (2 * 3 + 2) * 2
-    assert [c.seed for c in st.cells[:8]] == [1] * 8          # every arm's first seed comes first
+    assert [c.seed for c in st.cells[:8]] == [1] * 8  # every arm's first seed comes first
     labels = {c.label for c in st.cells}
     assert labels == {"vaco", "ppo", "delta tv_threshold=0.05", "delta tv_threshold=0.1"}
     c = next(c for c in st.cells if c.label == "delta tv_threshold=0.1" and c.seed == 2)
@@ -51,25 +59,35 @@ def test_grid_expands_every_axis_seed_major(tmp_path):
     assert {c.seed for c in small.cells} == {5} and {c.total_env_steps for c in small.cells} == {512}
 
 
-@pytest.mark.parametrize("name, mode, overrides", [
-    ("none", "serial", []), ("age-8", "serial", ["actor.policy_age_buffer=8"]),
-    ("delay-1", "serial", ["actor.policy_delay=1"]), ("async-4", "multiprocess", ["run.num_actors=4"]),
-    ("straggler", "multiprocess", ["run.num_actors=2", "run.straggler_slowdown_s=0.2"]),
-    ("straggler-3-0.5", "multiprocess", ["run.num_actors=3", "run.straggler_slowdown_s=0.5"])])
+@pytest.mark.parametrize(
+    "name, mode, overrides",
+    [
+        ("none", "serial", []),
+        ("age-8", "serial", ["actor.policy_age_buffer=8"]),
+        ("delay-1", "serial", ["actor.policy_delay=1"]),
+        ("async-4", "multiprocess", ["run.num_actors=4"]),
+        ("straggler", "multiprocess", ["run.num_actors=2", "run.straggler_slowdown_s=0.2"]),
+        ("straggler-3-0.5", "multiprocess", ["run.num_actors=3", "run.straggler_slowdown_s=0.5"]),
+    ],
+)
 def test_conditions(name, mode, overrides):
     assert condition_settings(name) == (mode, overrides)
 
 
-@pytest.mark.parametrize("text, match", [
-    ('bogus = 1\n[[arm]]\npresets=["vaco"]', "unknown study key 'bogus'"),
-    ('name = "x"', "at least one"),
-    ('[[arm]]\npresets=["vaco"]\nconditions=["age-x"]', "unknown lag condition 'age-x'"),
-    ('[[arm]]\npresets=["vaco"]\nwhat=1', "unknown key 'what'"),
-    ('[[arm]]\npresets=["trpo"]', "unknown preset"),
-    ('[[arm]]\npresets=["vaco"]\nset=["algo.nope=1"]', "unknown config key algo.nope"),
-    ('seeds = []\n[[arm]]\npresets=["vaco"]', "seeds must be a non-empty list"),
-    ('total_env_steps = -3\n[[arm]]\npresets=["vaco"]', "total_env_steps"),
-    ('[[arm', "invalid TOML")])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ('bogus = 1\n[[arm]]\npresets=["vaco"]', "unknown study key 'bogus'"),
+        ('name = "x"', "at least one"),
+        ('[[arm]]\npresets=["vaco"]\nconditions=["age-x"]', "unknown lag condition 'age-x'"),
+        ('[[arm]]\npresets=["vaco"]\nwhat=1', "unknown key 'what'"),
+        ('[[arm]]\npresets=["trpo"]', "unknown preset"),
+        ('[[arm]]\npresets=["vaco"]\nset=["algo.nope=1"]', "unknown config key algo.nope"),
+        ('seeds = []\n[[arm]]\npresets=["vaco"]', "seeds must be a non-empty list"),
+        ('total_env_steps = -3\n[[arm]]\npresets=["vaco"]', "total_env_steps"),
+        ("[[arm", "invalid TOML"),
+    ],
+)
 def test_bad_study_files_name_the_problem(tmp_path, text, match):
     with pytest.raises(StudyError, match=match):
         load_study(write(tmp_path, text))
@@ -90,7 +108,7 @@ def test_key_follows_config_and_training_code_not_reporting_code(tmp_path):
     # the fingerprint covers training modules, not the reporting ones
     pkg = tmp_path / "pkg"
     shutil.copytree(study_mod.PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    assert study_code.training_code_fingerprint(pkg) == fp      # the path of the package does not count
+    assert study_code.training_code_fingerprint(pkg) == fp  # the path of the package does not count
     report = pkg / "analysis" / "study_report.py"
     report.write_text(report.read_text() + "\n# reporting only\n")
     assert study_code.training_code_fingerprint(pkg) == fp
@@ -100,13 +118,26 @@ def test_key_follows_config_and_training_code_not_reporting_code(tmp_path):
 
 def _rec(label, env, cond, seed, final, status="ok"):
     diag = {k: {"mean": 0.1, "last": 0.1} for k in study_record.DIAGNOSTICS}
-    return {"label": label, "env": env, "condition": cond, "seed": seed, "final_return": final, "auc": final,
-            "status": status, "diagnostics": diag, "lag_p50": 1, "lag_p95": 2, "lag_seconds_p50": 0.1,
-            "lag_seconds_p95": 0.2, "wall_time_s": 1.0, "env_steps_per_s": 1.0}
+    return {
+        "label": label,
+        "env": env,
+        "condition": cond,
+        "seed": seed,
+        "final_return": final,
+        "auc": final,
+        "status": status,
+        "diagnostics": diag,
+        "lag_p50": 1,
+        "lag_p95": 2,
+        "lag_seconds_p50": 0.1,
+        "lag_seconds_p95": 0.2,
+        "wall_time_s": 1.0,
+        "env_steps_per_s": 1.0,
+    }
 
 
 def test_report_rows_count_modes_and_failed_cells(tmp_path):
-    st = load_study(write(tmp_path, '''modes = {"E" = 3000.0}\n[[arm]]\npresets=["vaco", "ppo"]'''))
+    st = load_study(write(tmp_path, """modes = {"E" = 3000.0}\n[[arm]]\npresets=["vaco", "ppo"]"""))
     recs = [_rec("vaco", "E", "none", s, f) for s, f in ((1, 1600.0), (2, 4500.0), (3, 4400.0))]
     recs += [_rec("ppo", "E", "none", 1, 2000.0), _rec("ppo", "E", "none", 2, None, status="failed")]
     rows = {r["label"]: r for r in group_rows(st, recs)}
@@ -119,13 +150,18 @@ def test_report_rows_count_modes_and_failed_cells(tmp_path):
 
 
 def test_comparison_across_conditions_with_at_syntax(tmp_path):
-    st = load_study(write(tmp_path, '''compare = [["vaco@async-2", "vaco serial@none"]]
+    st = load_study(
+        write(
+            tmp_path,
+            """compare = [["vaco@async-2", "vaco serial@none"]]
 [[arm]]
 presets = ["vaco"]
 conditions = ["async-2"]
 [[arm]]
 name = "vaco serial"
-presets = ["vaco"]'''))
+presets = ["vaco"]""",
+        )
+    )
     recs = [_rec("vaco", "E", "async-2", s, f) for s, f in ((1, 3000.0), (2, 4000.0), (3, 1000.0))]
     recs += [_rec("vaco serial", "E", "none", s, f) for s, f in ((1, 3500.0), (2, 4000.0))]
     (comp,) = comparisons(st, recs)
@@ -137,12 +173,24 @@ presets = ["vaco"]'''))
 
 def test_report_can_take_records_of_other_training_code(tmp_path):
     from asyncrl.analysis.study import Runner
+
     st = load_study(write(tmp_path, GRID))
     runner = Runner(st, tmp_path / "out", echo=lambda *_: None)
     cell = st.cells[0]
-    old = {"label": cell.label, "env": cell.env, "preset": cell.preset, "condition": cell.condition, "seed": cell.seed,
-           "overrides": list(cell.overrides), "total_env_steps": cell.total_env_steps, "mode": cell.mode,
-           "status": "ok", "final_return": 1.0, "code_fingerprint": "0123456789abcdef", "started": "2026-12-01T09:00"}
+    old = {
+        "label": cell.label,
+        "env": cell.env,
+        "preset": cell.preset,
+        "condition": cell.condition,
+        "seed": cell.seed,
+        "overrides": list(cell.overrides),
+        "total_env_steps": cell.total_env_steps,
+        "mode": cell.mode,
+        "status": "ok",
+        "final_return": 1.0,
+        "code_fingerprint": "0123456789abcdef",
+        "started": "2026-12-01T09:00",
+    }
     (tmp_path / "out" / "cells" / "oldkey").mkdir(parents=True)
     (tmp_path / "out" / "cells" / "oldkey" / "cell.json").write_text(json.dumps(old))
     assert runner.finished_records() == [] and len(runner.pending()) == len(st.cells)
@@ -164,6 +212,7 @@ def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
     """A sweep value equal to the default resolves to the plain arm's run (one key): the report lists
     it under each arm's label, not twice under the arm that ran it."""
     from asyncrl.analysis.study import Runner
+
     st = load_study(write(tmp_path, SHARED_RUN))
     runner = Runner(st, tmp_path / "out", echo=lambda *_: None)
     plain = next(c for c in st.cells if c.label == "vaco")
@@ -174,7 +223,9 @@ def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
     assert len(todo) == len(set(todo)) == len(set(runner.keys.values())) < len(st.cells)
     path = runner.record_path(plain)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"label": "vaco", "env": plain.env, "seed": plain.seed, "status": "ok", "final_return": 1.0}))
+    path.write_text(
+        json.dumps({"label": "vaco", "env": plain.env, "seed": plain.seed, "status": "ok", "final_return": 1.0})
+    )
     labels = sorted(r["label"] for r in runner.finished_records() if r["seed"] == plain.seed)
     assert labels == sorted(c.label for c in same) and len(set(labels)) == 2
 
@@ -182,46 +233,63 @@ def test_a_run_shared_by_two_arms_counts_once_in_each(tmp_path):
 def test_the_start_line_counts_a_shared_run_once(tmp_path):
     """A run shared by two arms is neither 'already finished' before it ran nor counted twice."""
     from asyncrl.analysis.study import Runner
+
     st = load_study(write(tmp_path, SHARED_RUN))
     lines = []
     runner = Runner(st, tmp_path / "out", echo=lines.append)
     runs = len(set(runner.keys.values()))
     assert runs < len(st.cells)
-    for c in st.cells:                       # every run finished: nothing to do
+    for c in st.cells:  # every run finished: nothing to do
         path = runner.record_path(c)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"label": c.label, "env": c.env, "seed": c.seed, "status": "ok", "final_return": 1.0}))
+        path.write_text(
+            json.dumps({"label": c.label, "env": c.env, "seed": c.seed, "status": "ok", "final_return": 1.0})
+        )
     assert runner.run() == 0
-    assert f"{len(st.cells)} cells ({runs} runs: 1 shares another arm's run), {runs} already finished, 0 to run" \
+    assert (
+        f"{len(st.cells)} cells ({runs} runs: 1 shares another arm's run), {runs} already finished, 0 to run"
         in lines[0]
+    )
 
 
 def test_llm_study_scores_held_out_accuracy(tmp_path):
     """A language-model cell's score is summary.json's final_accuracy; the report prints accuracies."""
     from asyncrl.analysis.study_report import markdown
+
     st = load_study("configs/studies/llm-forward-lag.toml")
     assert {c.preset for c in st.cells} == {"grpo", "vaco"} and {c.env for c in st.cells} == {"gsm-tiny"}
     assert {c.resolved_config()["task"]["kind"] for c in st.cells} == {"llm"}
     assert len(st.cells) == 2 * 4 * 5 + 2 * 5
-    cmd = st.cells[0].command(tmp_path / "cell")      # cells run in their own directory: one shared cache
+    cmd = st.cells[0].command(tmp_path / "cell")  # cells run in their own directory: one shared cache
     assert cmd[-2:] == ["--set", f"llm.cache_dir={Path('runs/llm').resolve()}"]
     run = tmp_path / "run"
     run.mkdir()
-    (run / "summary.json").write_text(json.dumps({
-        "task": "llm", "final_average_return": 0.4, "initial_accuracy": 0.12, "final_accuracy": 0.18,
-        "accuracy_difference": 0.06, "accuracy_difference_ci95_paired": [0.03, 0.09], "eval_problems": 500}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "task": "llm",
+                "final_average_return": 0.4,
+                "initial_accuracy": 0.12,
+                "final_accuracy": 0.18,
+                "accuracy_difference": 0.06,
+                "accuracy_difference_ci95_paired": [0.03, 0.09],
+                "eval_problems": 500,
+            }
+        )
+    )
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
     rec = study_record.cell_record(st.cells[0], run)
     assert rec["final_return"] == 0.18 and rec["score_kind"] == "accuracy" and rec["initial_accuracy"] == 0.12
     assert not rec["diverged"]
     silent = {"env_steps": 128, "wall_time_s": 2.0, "average_return": 0.0, "policy_loss": float("nan")}
-    with open(run / "metrics.jsonl", "a") as f:     # every group silent: no optimizer step, NaN loss
+    with open(run / "metrics.jsonl", "a") as f:  # every group silent: no optimizer step, NaN loss
         f.write(json.dumps({**silent, "optimizer_steps": 0}) + "\n")
     assert not study_record.cell_record(st.cells[0], run)["diverged"]
-    with open(run / "metrics.jsonl", "a") as f:     # a NaN loss that stepped the optimizer
+    with open(run / "metrics.jsonl", "a") as f:  # a NaN loss that stepped the optimizer
         f.write(json.dumps({**silent, "optimizer_steps": 1}) + "\n")
     assert study_record.cell_record(st.cells[0], run)["diverged"]
-    from asyncrl.core.metrics import strict_json    # as a run writes it: the NaN loss is null
+    from asyncrl.core.metrics import strict_json  # as a run writes it: the NaN loss is null
+
     good = json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n"
     (run / "metrics.jsonl").write_text(good + strict_json({**silent, "optimizer_steps": 0}) + "\n")
     assert not study_record.cell_record(st.cells[0], run)["diverged"]
@@ -231,9 +299,15 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 64, "wall_time_s": 1.0, "average_return": 0.4}) + "\n")
     rec = study_record.cell_record(st.cells[0], run)
     assert rec["accuracy_difference_ci95_paired"] == [0.03, 0.09] and rec["curve"] == [[64, 1.0, 0.4]]
-    recs = [{**_rec(c.label, c.env, c.condition, c.seed, 0.1 + c.seed / 1000), "score_kind": "accuracy",
-             "code_fingerprint": "f", "commit": "c"}
-            for c in st.cells[:4]]
+    recs = [
+        {
+            **_rec(c.label, c.env, c.condition, c.seed, 0.1 + c.seed / 1000),
+            "score_kind": "accuracy",
+            "code_fingerprint": "f",
+            "commit": "c",
+        }
+        for c in st.cells[:4]
+    ]
     text = markdown(st, recs, group_rows(st, recs), [], [], {})
     assert "exact-match accuracy on the held-out problems" in text and "101: 0.201" in text
 
@@ -241,6 +315,7 @@ def test_llm_study_scores_held_out_accuracy(tmp_path):
 def test_progress_line_prints_an_llm_cell_as_accuracy():
     import threading
     from types import SimpleNamespace
+
     lines = []
     fake = SimpleNamespace(_lock=threading.Lock(), echo=lines.append)
     rec = {"label": "vaco", "env": "gsm-tiny", "condition": "none", "seed": 101, "cell_wall_s": 175.0}
@@ -253,8 +328,10 @@ def test_cells_record_the_cpu_kernels_and_the_report_names_them():
     """Serial cells repeat bit for bit only under one CPU model and kernel set (ATEN_CPU_CAPABILITY
     gives other rounding): the record keeps the kernels torch picks, the report's CPU line names them."""
     import torch
+
     from asyncrl.analysis.study import machine_info
     from asyncrl.analysis.study_report import _cpu
+
     info = machine_info()
     assert info["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     assert _cpu({"cpu_model": "AMD EPYC", "cpu_kernels": "AVX2"}) == "AMD EPYC, AVX2 kernels"
@@ -266,7 +343,8 @@ def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
     keeps its vaco share (the same definition) and has none for ppo, whose old clip_fraction counted
     both directions and is shown only as 'clip 2-sided'."""
     from asyncrl.analysis.study_report import cell_diagnostic, markdown
-    st = load_study(write(tmp_path, '''[[arm]]\npresets=["vaco", "ppo"]'''))
+
+    st = load_study(write(tmp_path, """[[arm]]\npresets=["vaco", "ppo"]"""))
     new_ppo = _rec("ppo", "E", "none", 1, 10.0)
     new_ppo["preset"] = "ppo"
     new_ppo["diagnostics"].update(no_grad_fraction={"mean": 0.04}, clip_fraction_two_sided={"mean": 0.09})
@@ -282,7 +360,7 @@ def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
     for r in recs:
         r.update(code_fingerprint="f", commit="c")
     rows = {r["label"]: r for r in group_rows(st, recs)}
-    assert rows["ppo"]["no_grad_fraction"] == 0.04          # the old ppo cell is left out, not mixed in
+    assert rows["ppo"]["no_grad_fraction"] == 0.04  # the old ppo cell is left out, not mixed in
     assert rows["ppo"]["clip_fraction_two_sided"] == pytest.approx(0.085)
     text = markdown(st, recs, list(rows.values()), [], [], {})
     assert "| no grad | fires | clip 2-sided |" in text and "one definition for every preset" in text

@@ -1,5 +1,6 @@
 """The training code a study cell's key includes (asyncrl.analysis.study_code): which modules count, and the
 check that lets a pure move of modules keep the finished cells while any real change re-runs them."""
+
 import json
 import re
 import shutil
@@ -9,7 +10,13 @@ import sys
 import pytest
 
 from asyncrl.analysis import study_code
-from asyncrl.analysis.study_code import (AliasError, alias_check, layout_difference, training_code_files, training_code_fingerprint)
+from asyncrl.analysis.study_code import (
+    AliasError,
+    alias_check,
+    layout_difference,
+    training_code_files,
+    training_code_fingerprint,
+)
 
 
 def _copy(tmp_path, name="pkg"):
@@ -32,7 +39,7 @@ def _move_pdeathsig(pkg):
 def test_a_move_keeps_the_layout_and_any_other_change_does_not(tmp_path):
     old, new = _copy(tmp_path, "old"), _copy(tmp_path, "new")
     _move_pdeathsig(new)
-    assert training_code_fingerprint(old) != training_code_fingerprint(new)     # the move re-keys ...
+    assert training_code_fingerprint(old) != training_code_fingerprint(new)  # the move re-keys ...
     assert layout_difference((old, training_code_files(old)), (new, training_code_files(new))) is None  # ... only
     # comments and docstrings do not change a run
     moved = new / "core" / "pdeathsig.py"
@@ -40,14 +47,18 @@ def test_a_move_keeps_the_layout_and_any_other_change_does_not(tmp_path):
     assert layout_difference((old, training_code_files(old)), (new, training_code_files(new))) is None
     # a statement does
     moved.write_text(moved.read_text() + "\nEXTRA = 1\n")
-    assert layout_difference((old, training_code_files(old)), (new, training_code_files(new))) \
+    assert (
+        layout_difference((old, training_code_files(old)), (new, training_code_files(new)))
         == "module pdeathsig changed (not only moved)"
+    )
     moved.write_text(moved.read_text().replace("\nEXTRA = 1\n", "\n"))
     # an import of another module does (config instead of metrics, under the same local name)
     launch = new / "run" / "launch.py"
     text = launch.read_text()
     launch.write_text(text.replace("from asyncrl.core.metrics import", "from asyncrl.core.config import", 1))
-    assert "module launch changed" in layout_difference((old, training_code_files(old)), (new, training_code_files(new)))
+    assert "module launch changed" in layout_difference(
+        (old, training_code_files(old)), (new, training_code_files(new))
+    )
     launch.write_text(text)
     # a module added
     (new / "extra.py").write_text("X = 1\n")
@@ -61,7 +72,7 @@ def test_the_training_folders_are_data(tmp_path):
     assert all(p.parent in (pkg / "algo", pkg) for p in files)
     base = training_code_fingerprint(pkg, ("algo",))
     spec = pkg / "core" / "spec.py"
-    spec.write_text(spec.read_text() + "\nX = 1\n")   # outside the folders
+    spec.write_text(spec.read_text() + "\nX = 1\n")  # outside the folders
     assert training_code_fingerprint(pkg, ("algo",)) == base
     (pkg / "algo" / "losses.py").write_text((pkg / "algo" / "losses.py").read_text() + "\nX = 1\n")
     assert training_code_fingerprint(pkg, ("algo",)) != base
@@ -71,9 +82,20 @@ def test_the_training_folders_are_data(tmp_path):
 
 
 def _git(repo, *args):
-    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
-                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                        "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(repo), "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+            "HOME": str(repo),
+            "PATH": "/usr/bin:/bin",
+        },
+    )
 
 
 def test_alias_check_computes_the_old_fingerprint_with_the_old_code(tmp_path):
@@ -106,11 +128,12 @@ from click.testing import CliRunner
 import asyncrl.__main__
 from asyncrl.cli import main
 r = CliRunner().invoke(main, ["run", "--serial", "--env", "asyncrl/Corridor-v0", "--total-steps", "256",
-    "--run-dir", {str(tmp_path / 'run')!r}, "--set", "env.num_envs=2", "--set", "env.rollout_length=16",
+    "--run-dir", {str(tmp_path / "run")!r}, "--set", "env.num_envs=2", "--set", "env.rollout_length=16",
     "--set", "learner.slots_per_batch=2", "--set", "learner.num_slots=4"])
 assert r.exit_code == 0, r.output
 import asyncrl.run.launch, asyncrl.roles.learner, asyncrl.roles.actor, asyncrl.roles.broadcaster
-print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items() if n.startswith("asyncrl") and getattr(m, "__file__", None))))
+mods = [m for n, m in sys.modules.items() if n.startswith("asyncrl")]
+print(json.dumps(sorted(m.__file__ for m in mods if getattr(m, "__file__", None))))
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -119,4 +142,4 @@ print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items() if n.startswi
     uncounted = {str(p.relative_to(study_code.PACKAGE)) for p in map(study_code.Path, imported - counted)}
     assert uncounted == set()
     assert not any("/analysis/" in f for f in imported)
-    assert len(imported) > 30      # the probe saw a real run's modules
+    assert len(imported) > 30  # the probe saw a real run's modules

@@ -1,15 +1,16 @@
 """A study's finished cells packed into cells.tar.xz (read in place by the report and a resumed
 study), aliases of training code that only moved, and the any-code report of a shared run."""
+
 import json
 import tarfile
 
 from click.testing import CliRunner
 
 from asyncrl.analysis import study as study_mod
-from asyncrl.cli import main
 from asyncrl.analysis.study import Runner, load_study
 from asyncrl.analysis.study_record import DIAGNOSTICS
 from asyncrl.analysis.study_store import CellStore
+from asyncrl.cli import main
 
 STUDY = """name = "s"
 total_env_steps = 2048
@@ -33,13 +34,28 @@ def _study(tmp_path):
 
 
 def _record(cell, key, fingerprint, final, started="2026-12-01T09:00"):
-    return {"label": cell.label, "env": cell.env, "preset": cell.preset, "condition": cell.condition,
-            "seed": cell.seed, "mode": cell.mode, "overrides": list(cell.overrides),
-            "total_env_steps": cell.total_env_steps, "key": key, "code_fingerprint": fingerprint,
-            "status": "ok", "final_return": final, "auc": final, "started": started,
-            "diagnostics": {k: {"mean": 0.1, "last": 0.1} for k in DIAGNOSTICS},
-            "curve": [[0, 0.0, None], [2048, 1.0, final]], "commit": "c", "machine": {}, "load_start": 1.0,
-            "load_end": 1.0}
+    return {
+        "label": cell.label,
+        "env": cell.env,
+        "preset": cell.preset,
+        "condition": cell.condition,
+        "seed": cell.seed,
+        "mode": cell.mode,
+        "overrides": list(cell.overrides),
+        "total_env_steps": cell.total_env_steps,
+        "key": key,
+        "code_fingerprint": fingerprint,
+        "status": "ok",
+        "final_return": final,
+        "auc": final,
+        "started": started,
+        "diagnostics": {k: {"mean": 0.1, "last": 0.1} for k in DIAGNOSTICS},
+        "curve": [[0, 0.0, None], [2048, 1.0, final]],
+        "commit": "c",
+        "machine": {},
+        "load_start": 1.0,
+        "load_end": 1.0,
+    }
 
 
 def _finish(runner, cells, final=1.0):
@@ -55,7 +71,7 @@ def test_packed_cells_are_read_in_place_and_a_resumed_study_skips_them(tmp_path)
     runner = Runner(st, out, echo=lambda *_: None)
     half = runner.pending()[:3]
     _finish(runner, half)
-    (out / "cells" / runner.keys[half[0]] / "run").mkdir()         # a local study's run directory stays
+    (out / "cells" / runner.keys[half[0]] / "run").mkdir()  # a local study's run directory stays
     before = runner.finished_records()
     pending = runner.pending()
     assert CellStore(out).pack() == (3, 3)
@@ -77,7 +93,7 @@ def test_packed_cells_are_read_in_place_and_a_resumed_study_skips_them(tmp_path)
     assert Runner(st, out, echo=lambda *_: None).finished(half[1])["status"] == "failed"
     assert (out / "cells.tar.xz").read_bytes() != data
     data = (out / "cells.tar.xz").read_bytes()
-    CellStore(out).pack()                                         # same records: the same bytes
+    CellStore(out).pack()  # same records: the same bytes
     assert (out / "cells.tar.xz").read_bytes() == data
 
 
@@ -107,10 +123,10 @@ def test_an_aliased_fingerprint_finds_the_cells_of_the_old_one(tmp_path, monkeyp
     _finish(old, old.pending())
     CellStore(out).pack()
     monkeypatch.setattr(study_mod, "training_code_fingerprint", lambda: "b" * 16)
-    assert len(Runner(st, out, echo=lambda *_: None).finished_records()) == 0        # a new fingerprint: all run again
+    assert len(Runner(st, out, echo=lambda *_: None).finished_records()) == 0  # a new fingerprint: all run again
     CellStore(out).add_alias({"old": "a" * 16, "new": "c" * 16, "revision": "x"})
-    assert len(Runner(st, out, echo=lambda *_: None).pending()) == 6                 # an alias to another one
-    CellStore(out).add_alias({"old": "c" * 16, "new": "b" * 16, "revision": "y"})    # a chain: a -> c -> b
+    assert len(Runner(st, out, echo=lambda *_: None).pending()) == 6  # an alias to another one
+    CellStore(out).add_alias({"old": "c" * 16, "new": "b" * 16, "revision": "y"})  # a chain: a -> c -> b
     new = Runner(st, out, echo=lambda *_: None)
     assert new.pending() == [] and len(new.finished_records()) == len(st.cells)
     assert CellStore(out).equivalent("b" * 16) == ["b" * 16, "c" * 16, "a" * 16]

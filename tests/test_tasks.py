@@ -1,20 +1,21 @@
 """The task interface (asyncrl.tasks): the kind is picked from the config, the control task's producer
 writes exactly what rollout.collect wrote before the interface, and the handshake compares whatever
 spec the learner's task has."""
+
 import numpy as np
 import pytest
 
 from asyncrl.core import config
 from asyncrl.core.config import ConfigError
-from asyncrl.tasks.control.envs import VecEnv
-from asyncrl.tasks.control.policy import InferencePolicy, build_policy
-from asyncrl.roles.learner import handshake_mismatch
-from asyncrl.tasks.control.rollout import collect
 from asyncrl.core.seeding import actor_seeds
 from asyncrl.core.spec import RolloutSpec
 from asyncrl.core.state import LearnerState
+from asyncrl.roles.learner import handshake_mismatch
 from asyncrl.tasks import make_task
 from asyncrl.tasks.control import ControlTask
+from asyncrl.tasks.control.envs import VecEnv
+from asyncrl.tasks.control.policy import InferencePolicy, build_policy
+from asyncrl.tasks.control.rollout import collect
 
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=8, num_envs=2)
 SMALL = ["env.id=asyncrl/Corridor-v0", "env.max_episode_steps=5", "env.num_envs=2", "env.rollout_length=8"]
@@ -50,7 +51,7 @@ def test_control_producer_writes_what_collect_wrote():
     env.reset(seeds=seeds.env)
     want = prod.spec.allocate()
     collect(env, policy.act, want, version=0, grant_id=3)
-    assert stats.env_steps == 16 and len(ticks) == 8      # one tick per step of the E envs
+    assert stats.env_steps == 16 and len(ticks) == 8  # one tick per step of the E envs
     for name in want:
         assert np.array_equal(got[name], want[name]), name
     prod.close()

@@ -1,4 +1,5 @@
 """Wire format validation, weights messages and real sockets (loopback TCP, inproc)."""
+
 import logging
 import time
 import zlib
@@ -9,26 +10,42 @@ import numpy as np
 import pytest
 import zmq
 
-from asyncrl.wire import transport as tp
 from asyncrl.core.spec import RolloutSpec
+from asyncrl.wire import transport as tp
 from asyncrl.wire.transport import ProtocolError
 
 pytestmark = pytest.mark.timeout(30)
 
 RUN = "run-1"
 SPEC = RolloutSpec(obs_dim=3, action_dim=1, discrete=True, rollout_length=4, num_envs=2)
-REPORT = dict(actor_id="a0", token=b"k" * 16, grant_id=7, env_steps=8, episode_returns=[1.5, -2.0],
-              episode_lengths=[3, 5], timing={"env_s": 0.5, "inference_s": 0.1, "wait_s": 0.0})
+REPORT = dict(
+    actor_id="a0",
+    token=b"k" * 16,
+    grant_id=7,
+    env_steps=8,
+    episode_returns=[1.5, -2.0],
+    episode_lengths=[3, 5],
+    timing={"env_s": 0.5, "inference_s": 0.1, "wait_s": 0.0},
+)
 HEADERS = {
-    "hello": dict(actor_id="a0", host="h", pid=123, env_id="CartPole-v1", spec=SPEC.to_dict(),
-                  shm_token=None, token=None),
+    "hello": dict(
+        actor_id="a0", host="h", pid=123, env_id="CartPole-v1", spec=SPEC.to_dict(), shm_token=None, token=None
+    ),
     "request": dict(actor_id="a0", token=b"k" * 16),
     "ready": dict(REPORT, slot=2),
     "rollout": REPORT,
     "heartbeat": dict(actor_id="a0", token=b"k" * 16),
     "bye": dict(actor_id="a0", token=b"k" * 16),
-    "welcome": dict(shm_name="asyncrl-run-1-42", num_slots=4, spec=SPEC.to_dict(), restart=0,
-                    token=b"t" * 16, config='{"env": {"id": "CartPole-v1"}}', epoch=2**63 - 1, actor_token=b"k" * 16),
+    "welcome": dict(
+        shm_name="asyncrl-run-1-42",
+        num_slots=4,
+        spec=SPEC.to_dict(),
+        restart=0,
+        token=b"t" * 16,
+        config='{"env": {"id": "CartPole-v1"}}',
+        epoch=2**63 - 1,
+        actor_token=b"k" * 16,
+    ),
     "rejoin": dict(reason="learner restarted"),
     "snapshot": dict(actor_id="a0"),
     "refuse": dict(reason="spec differs"),
@@ -49,7 +66,7 @@ def _raw(header) -> list[bytes]:
 def _rollout_arrays(seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     arrays = SPEC.allocate()
-    for name, a in arrays.items():
+    for _name, a in arrays.items():
         a[...] = rng.integers(0, 2, a.shape) if a.dtype == np.bool_ else rng.normal(size=a.shape)
     return arrays
 
@@ -68,6 +85,7 @@ def ctx():
 
 
 # ---------------------------------------------------------------------------- headers
+
 
 @pytest.mark.parametrize("kind", sorted(HEADERS))
 def test_round_trip_every_message_type(kind):
@@ -116,25 +134,28 @@ def test_mutated_headers_raise_only_protocol_error():
             pass
 
 
-@pytest.mark.parametrize("reason, header", [
-    ("run_id", _header("request", run_id="other")),
-    ("proto", _header("request", proto=tp.PROTOCOL_VERSION + 1)),
-    ("proto", _header("request", proto=True)),
-    ("unknown_type", dict(_header("request"), type="shutdown_everything")),
-    ("unknown_type", {k: v for k, v in _header("request").items() if k != "type"}),
-    ("schema", {k: v for k, v in _header("grant").items() if k != "grant_id"}),
-    ("schema", _header("grant", extra=1)),
-    ("schema", _header("grant", slot="1")),
-    ("schema", _header("grant", slot=True)),
-    ("schema", _header("grant", slot=-1)),
-    ("schema", _header("grant", slot=1.0)),
-    ("schema", _header("hello", shm_token="not bytes")),
-    ("schema", _header("hello", spec={"obs_dim": [1, 2]})),
-    ("schema", _header("ready", episode_returns=[1.0, float("nan")])),
-    ("schema", _header("ready", episode_returns=[1.0, 2])),
-    ("schema", _header("ready", episode_lengths=[3, -1])),
-    ("schema", _header("rollout", episode_returns="1.0")),
-])
+@pytest.mark.parametrize(
+    "reason, header",
+    [
+        ("run_id", _header("request", run_id="other")),
+        ("proto", _header("request", proto=tp.PROTOCOL_VERSION + 1)),
+        ("proto", _header("request", proto=True)),
+        ("unknown_type", dict(_header("request"), type="shutdown_everything")),
+        ("unknown_type", {k: v for k, v in _header("request").items() if k != "type"}),
+        ("schema", {k: v for k, v in _header("grant").items() if k != "grant_id"}),
+        ("schema", _header("grant", extra=1)),
+        ("schema", _header("grant", slot="1")),
+        ("schema", _header("grant", slot=True)),
+        ("schema", _header("grant", slot=-1)),
+        ("schema", _header("grant", slot=1.0)),
+        ("schema", _header("hello", shm_token="not bytes")),
+        ("schema", _header("hello", spec={"obs_dim": [1, 2]})),
+        ("schema", _header("ready", episode_returns=[1.0, float("nan")])),
+        ("schema", _header("ready", episode_returns=[1.0, 2])),
+        ("schema", _header("ready", episode_lengths=[3, -1])),
+        ("schema", _header("rollout", episode_returns="1.0")),
+    ],
+)
 def test_bad_headers_rejected(reason, header):
     _rejected(reason, _raw(header), run_id=RUN)
 
@@ -149,6 +170,7 @@ def test_array_frames_only_on_rollout():
 
 
 # ---------------------------------------------------------------------------- rollout frames
+
 
 def test_rollout_frames_zero_copy_read_only():
     arrays = _rollout_arrays()
@@ -177,7 +199,7 @@ def test_rollout_frame_errors():
     rejected("frame_count", frames[:-1])
     rejected("frame_count", frames + [b""])
     i = names.index("obs")
-    rejected("frame_size", frames[:i] + [frames[i][:-4]] + frames[i + 1:], match="obs")
+    rejected("frame_size", frames[:i] + [frames[i][:-4]] + frames[i + 1 :], match="obs")
     for name, value in (("rewards", np.nan), ("obs", np.inf), ("behavior_log_prob", -np.inf)):
         bad = dict(arrays)
         bad[name] = arrays[name].copy()
@@ -185,7 +207,7 @@ def test_rollout_frame_errors():
         bad_frames = [bytes(f) for f in tp.encode_rollout(dict(REPORT, run_id=RUN), bad, SPEC)[1:]]
         rejected("nonfinite", bad_frames, match=name)
     j = names.index("terminated")
-    rejected("bad_bool", frames[:j] + [b"\x02" + frames[j][1:]] + frames[j + 1:])
+    rejected("bad_bool", frames[:j] + [b"\x02" + frames[j][1:]] + frames[j + 1 :])
     with pytest.raises(ValueError):  # sender side: wrong dtype
         tp.encode_rollout(REPORT, dict(arrays, rewards=arrays["rewards"].astype(np.float64)), SPEC)
 
@@ -198,6 +220,7 @@ def test_check_finite_names():
 
 
 # ---------------------------------------------------------------------------- weights
+
 
 def _weights(version=3, payload=None, **kw):
     payload = np.linspace(-1, 1, 1000, dtype=np.float32) if payload is None else payload
@@ -239,6 +262,7 @@ def test_weights_rejections():
 
 # ---------------------------------------------------------------------------- rejects
 
+
 def test_reject_counter_counts_and_logs_without_raising(caplog):
     rejects = tp.RejectCounter("learner")
     with caplog.at_level(logging.WARNING, logger="asyncrl.wire.transport"):
@@ -256,6 +280,7 @@ def test_reject_counter_counts_and_logs_without_raising(caplog):
 
 
 # ---------------------------------------------------------------------------- sockets
+
 
 def test_router_dealer_round_trip_over_tcp(ctx):
     server = tp.router(ctx, "tcp://127.0.0.1:0")
@@ -352,13 +377,14 @@ def test_free_ports_lie_outside_the_ephemeral_range(tmp_path, monkeypatch):
     """A listening port the supervisor picks is never one the kernel can give a connect() as its
     source port, so an actor reconnecting to a learner not yet bound cannot connect to itself."""
     from asyncrl.run import launch
+
     lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     for _ in range(20):
         p, q = launch.free_port(), launch.free_port_pair()
         assert not lo <= p <= hi and not lo <= q <= hi and not lo <= q + 1 <= hi
     rng = tmp_path / "range"
-    rng.write_text("1024\t64000\n")       # nothing free below it: the ports above it are used
+    rng.write_text("1024\t64000\n")  # nothing free below it: the ports above it are used
     monkeypatch.setattr(launch, "EPHEMERAL_RANGE_FILE", rng)
     assert all(64000 < p < 65535 for p in launch.listen_port_candidates(count=50, span=2))
-    rng.write_text("1024\t65535\n")       # no room at all: any unprivileged port
+    rng.write_text("1024\t65535\n")  # no room at all: any unprivileged port
     assert all(1024 <= p <= 65535 for p in launch.listen_port_candidates(count=50))

@@ -1,4 +1,5 @@
 """Every preset runs a learner iteration end to end on real rollouts and reports its metrics."""
+
 import math
 
 import pytest
@@ -6,11 +7,11 @@ import torch
 
 from asyncrl.core import config
 from asyncrl.core.config import PRESETS
+from asyncrl.core.state import LearnerState
+from asyncrl.tasks import make_task
 from asyncrl.tasks.control.envs import VecEnv
 from asyncrl.tasks.control.policy import InferencePolicy
 from asyncrl.tasks.control.rollout import collect
-from asyncrl.core.state import LearnerState
-from asyncrl.tasks import make_task
 
 
 def _batch(state, env, slots=2):
@@ -26,9 +27,20 @@ def _batch(state, env, slots=2):
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("env_id", ["asyncrl/Corridor-v0", "CartPole-v1"])
 def test_preset_iteration(preset, env_id):
-    cfg = config.load(None, [f"algo.preset={preset}", "env.num_envs=4", "env.rollout_length=16",
-                             "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=4",
-                             "algo.num_epochs=2", f"env.id={env_id}", "env.max_episode_steps=12"])
+    cfg = config.load(
+        None,
+        [
+            f"algo.preset={preset}",
+            "env.num_envs=4",
+            "env.rollout_length=16",
+            "learner.slots_per_batch=2",
+            "learner.num_slots=2",
+            "algo.num_minibatches=4",
+            "algo.num_epochs=2",
+            f"env.id={env_id}",
+            "env.max_episode_steps=12",
+        ],
+    )
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=12)
     env.reset()
     state = LearnerState(cfg, env.spec(cfg.env.rollout_length), make_task(cfg, spec=env.spec(cfg.env.rollout_length)))
@@ -36,13 +48,23 @@ def test_preset_iteration(preset, env_id):
     stats = state.iterate(_batch(state, env))
     assert state.version == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, state.policy.parameters()))
-    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "tv_estimate", "no_grad_fraction",
-                "rho_mean", "rho_max", "grad_norm", "lr"):
+    for key in (
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "tv_estimate",
+        "no_grad_fraction",
+        "rho_mean",
+        "rho_max",
+        "grad_norm",
+        "lr",
+    ):
         assert math.isfinite(stats[key]), (key, stats[key])
-    assert ("clip_fraction_two_sided" in stats) == (preset == "ppo")   # PPO's own name, PPO only
+    assert ("clip_fraction_two_sided" in stats) == (preset == "ppo")  # PPO's own name, PPO only
     # fresh data from the same weights: the first minibatch is exactly on-policy
     assert abs(stats["rho_mean"] - 1.0) < 1e-4
-    steps = 4 * 2 if preset != "impala" else 4          # impala: one epoch
+    steps = 4 * 2 if preset != "impala" else 4  # impala: one epoch
     assert [m[0] for m in stats["minibatches"]] == list(range(steps))
     env.close()
 
@@ -53,32 +75,57 @@ def _reference_iteration(policy, optimizer, batch, cfg, generator):
     from asyncrl.algo import losses
     from asyncrl.core.iteration import normalize_advantages, policy_loss
     from asyncrl.tasks.control.update import advantages
+
     T, N = batch["rewards"].shape
     with torch.no_grad():
         out = policy(batch["obs"].reshape((T + 1) * N, -1))
         values = out.values.view(T + 1, N)
-        target = policy(batch["obs"][:-1].reshape(T * N, -1)).dist.log_prob(batch["actions"].reshape(T * N, -1)).view(T, N)
+        target = (
+            policy(batch["obs"][:-1].reshape(T * N, -1)).dist.log_prob(batch["actions"].reshape(T * N, -1)).view(T, N)
+        )
         final = torch.zeros(T, N)
         idx = batch["truncated"].nonzero(as_tuple=True)
         if len(idx[0]):
             final[idx] = policy.value(batch["final_obs"][idx])
-    adv, targets = advantages(preset=cfg.preset, batch=batch, target_log_prob=target, values=values,
-                              final_values=final, gamma=cfg.gamma, lam=cfg.gae_lambda, rho_bar=cfg.rho_bar,
-                              c_bar=cfg.c_bar, traces=cfg.traces)
-    flat = {"obs": batch["obs"][:-1].reshape(T * N, -1), "actions": batch["actions"].reshape(T * N, -1),
-            "beta": batch["behavior_log_prob"].reshape(-1), "target": target.reshape(-1),
-            "adv": adv.reshape(-1), "targets": targets.reshape(-1)}
+    adv, targets = advantages(
+        preset=cfg.preset,
+        batch=batch,
+        target_log_prob=target,
+        values=values,
+        final_values=final,
+        gamma=cfg.gamma,
+        lam=cfg.gae_lambda,
+        rho_bar=cfg.rho_bar,
+        c_bar=cfg.c_bar,
+        traces=cfg.traces,
+    )
+    flat = {
+        "obs": batch["obs"][:-1].reshape(T * N, -1),
+        "actions": batch["actions"].reshape(T * N, -1),
+        "beta": batch["behavior_log_prob"].reshape(-1),
+        "target": target.reshape(-1),
+        "adv": adv.reshape(-1),
+        "targets": targets.reshape(-1),
+    }
     mb = T * N // cfg.num_minibatches
     losses_seen = []
     for _ in range(cfg.num_epochs):
         perm = torch.randperm(T * N, generator=generator)
         for k in range(cfg.num_minibatches):
-            i = perm[k * mb:(k + 1) * mb]
+            i = perm[k * mb : (k + 1) * mb]
             out = policy(flat["obs"][i])
-            pl = policy_loss(cfg, log_prob=out.dist.log_prob(flat["actions"][i]), behavior_log_prob=flat["beta"][i],
-                             target_log_prob=flat["target"][i], adv=normalize_advantages(flat["adv"][i], True))
-            loss = (pl.loss + cfg.value_coef * losses.value_loss(values=out.values, targets=flat["targets"][i])
-                    - cfg.entropy_coef * out.dist.entropy().mean())
+            pl = policy_loss(
+                cfg,
+                log_prob=out.dist.log_prob(flat["actions"][i]),
+                behavior_log_prob=flat["beta"][i],
+                target_log_prob=flat["target"][i],
+                adv=normalize_advantages(flat["adv"][i], True),
+            )
+            loss = (
+                pl.loss
+                + cfg.value_coef * losses.value_loss(values=out.values, targets=flat["targets"][i])
+                - cfg.entropy_coef * out.dist.entropy().mean()
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
@@ -94,18 +141,29 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
     import copy
 
     from asyncrl.tasks.control.update import learner_iteration
-    cfg = config.load(None, [f"algo.preset={preset}", "env.num_envs=4", "env.rollout_length=16",
-                             "learner.slots_per_batch=2", "learner.num_slots=2", "algo.num_minibatches=4",
-                             "algo.num_epochs=2", "env.id=HalfCheetah-v5",
-                             "algo.realign_from_version=0"])   # the reference realigns from the first iteration
+
+    cfg = config.load(
+        None,
+        [
+            f"algo.preset={preset}",
+            "env.num_envs=4",
+            "env.rollout_length=16",
+            "learner.slots_per_batch=2",
+            "learner.num_slots=2",
+            "algo.num_minibatches=4",
+            "algo.num_epochs=2",
+            "env.id=HalfCheetah-v5",
+            "algo.realign_from_version=0",
+        ],
+    )  # the reference realigns from the first iteration
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
     env.reset()
     state = LearnerState(cfg, env.spec(cfg.env.rollout_length), make_task(cfg, spec=env.spec(cfg.env.rollout_length)))
-    with torch.no_grad():   # non-trivial observation statistics, as after a few iterations
+    with torch.no_grad():  # non-trivial observation statistics, as after a few iterations
         state.policy.obs_mean.normal_(0, 0.5)
         state.policy.obs_var.uniform_(0.5, 2.0)
     batch = _batch(state, env)
-    batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.3 * torch.randn_like(batch["behavior_log_prob"])   # lag
+    batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.3 * torch.randn_like(batch["behavior_log_prob"])  # lag
     ref_policy = copy.deepcopy(state.policy)
     ref_opt = type(state.optimizer)(ref_policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
     gen = torch.Generator().manual_seed(3)
@@ -119,10 +177,11 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
 
 def test_filter_split_per_minibatch_and_stacked_agree():
     from asyncrl.core.iteration import filter_split
+
     g = torch.Generator().manual_seed(0)
     keep = torch.rand(5, 64, generator=g) > 0.3
     stale = torch.rand(5, 64, generator=g) > 0.5
-    stale[2] = False                      # a minibatch without stale samples: NaN, not 0
+    stale[2] = False  # a minibatch without stale samples: NaN, not 0
     fired = torch.tensor([True, False, True, True, False])
     stacked = filter_split(fired, keep, stale)
     for i in range(5):
@@ -136,12 +195,13 @@ def test_filter_split_per_minibatch_and_stacked_agree():
     assert math.isnan(stacked["no_grad_fraction_stale"][2])
     assert stacked["filter_fire_rate"].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
     assert set(filter_split(fired, keep, None)) == {"filter_fire_rate"}
-    assert set(filter_split(None, keep, stale)) == {"no_grad_fraction_stale", "no_grad_fraction_fresh"}   # ppo
+    assert set(filter_split(None, keep, stale)) == {"no_grad_fraction_stale", "no_grad_fraction_fresh"}  # ppo
 
 
 def test_optimizer_step_returns_the_norm_before_clipping_and_skips_a_nonfinite_one():
-    from asyncrl.core.optim import GuardedAdam
     from asyncrl.core.iteration import optimizer_step
+    from asyncrl.core.optim import GuardedAdam
+
     w = torch.nn.Parameter(torch.zeros(4))
     opt = GuardedAdam([w], lr=0.1)
     norm = optimizer_step(opt, (w * torch.tensor([3.0, 4.0, 0.0, 0.0])).sum(), 0.5)
@@ -154,10 +214,13 @@ def test_optimizer_step_returns_the_norm_before_clipping_and_skips_a_nonfinite_o
 
 def _lagged_inputs(T=12, N=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    batch = {"rewards": torch.randn(T, N, generator=g), "terminated": torch.rand(T, N, generator=g) < 0.1,
-             "truncated": torch.zeros(T, N, dtype=torch.bool),
-             "behavior_log_prob": torch.randn(T, N, generator=g) * 0.3}
-    target = batch["behavior_log_prob"] + torch.randn(T, N, generator=g) * 0.3   # lag: pi_T != beta
+    batch = {
+        "rewards": torch.randn(T, N, generator=g),
+        "terminated": torch.rand(T, N, generator=g) < 0.1,
+        "truncated": torch.zeros(T, N, dtype=torch.bool),
+        "behavior_log_prob": torch.randn(T, N, generator=g) * 0.3,
+    }
+    target = batch["behavior_log_prob"] + torch.randn(T, N, generator=g) * 0.3  # lag: pi_T != beta
     return batch, target, torch.randn(T + 1, N, generator=g), torch.zeros(T, N)
 
 
@@ -165,20 +228,41 @@ def _lagged_inputs(T=12, N=3, seed=0):
 def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset):
     from asyncrl.algo.returns import gae, next_state_values, vtrace
     from asyncrl.tasks.control.update import advantages
+
     batch, target, values, final = _lagged_inputs()
-    kw = dict(preset=preset, batch=batch, target_log_prob=target, values=values, final_values=final,
-              gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=1.0, traces="uncorrected")
-    nv = next_state_values(values_tp1=values[1:], final_values=final, terminated=batch["terminated"],
-                           truncated=batch["truncated"])
+    kw = dict(
+        preset=preset,
+        batch=batch,
+        target_log_prob=target,
+        values=values,
+        final_values=final,
+        gamma=0.99,
+        lam=0.95,
+        rho_bar=1.0,
+        c_bar=1.0,
+        traces="uncorrected",
+    )
+    nv = next_state_values(
+        values_tp1=values[1:], final_values=final, terminated=batch["terminated"], truncated=batch["truncated"]
+    )
     end = batch["terminated"] | batch["truncated"]
-    vt = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target, rewards=batch["rewards"],
-                values=values[:-1], next_values=nv, episode_end=end, gamma=0.99, lam=0.95, traces="uncorrected")
+    vt = vtrace(
+        behavior_log_prob=batch["behavior_log_prob"],
+        target_log_prob=target,
+        rewards=batch["rewards"],
+        values=values[:-1],
+        next_values=nv,
+        episode_end=end,
+        gamma=0.99,
+        lam=0.95,
+        traces="uncorrected",
+    )
     ga = gae(rewards=batch["rewards"], values=values[:-1], next_values=nv, episode_end=end, gamma=0.99, lam=0.95)
     realigned = preset == "vaco"
     adv_auto, tgt_auto = advantages(**kw)
     assert torch.equal(adv_auto, vt.advantages if realigned else ga.advantages)
     assert torch.equal(tgt_auto, vt.vs if realigned else ga.returns)
-    assert not torch.allclose(vt.vs, ga.returns)          # the lag makes the two targets differ
+    assert not torch.allclose(vt.vs, ga.returns)  # the lag makes the two targets differ
     for name, want in (("vtrace", vt.vs), ("lambda_returns", ga.returns)):
         adv, tgt = advantages(value_targets=name, **kw)
         assert torch.equal(adv, adv_auto) and torch.equal(tgt, want)
@@ -189,21 +273,39 @@ def test_value_targets_are_checked():
         config.load(None, ["algo.value_targets=retrace"])
     with pytest.raises(config.ConfigError, match="algo.value_targets must be auto for impala"):
         config.load(None, ["algo.preset=impala", "algo.value_targets=vtrace"])
-    assert config.load(None, ["algo.preset=vaco", "algo.value_targets=lambda_returns"]).algo.value_targets == "lambda_returns"
+    assert (
+        config.load(None, ["algo.preset=vaco", "algo.value_targets=lambda_returns"]).algo.value_targets
+        == "lambda_returns"
+    )
 
 
 def test_realign_min_lag_realigns_only_the_samples_that_old():
     """algo.realign_min_lag: samples at least that many versions behind get the realigned advantage
     and V-trace's target, the others GAE's and its λ-returns (vaco_no_realign's), element by element."""
     from asyncrl.tasks.control.update import advantages
+
     batch, target, values, final = _lagged_inputs()
-    kw = dict(preset="vaco", batch=batch, target_log_prob=target, values=values, final_values=final,
-              gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=1.0, traces="uncorrected")
+    kw = dict(
+        preset="vaco",
+        batch=batch,
+        target_log_prob=target,
+        values=values,
+        final_values=final,
+        gamma=0.99,
+        lam=0.95,
+        rho_bar=1.0,
+        c_bar=1.0,
+        traces="uncorrected",
+    )
     adv_v, tgt_v = advantages(**kw)
     adv_g, tgt_g = advantages(**{**kw, "preset": "vaco_no_realign"})
-    lag = torch.tensor([0, 1, 3]).repeat(batch["rewards"].shape[0], 1)          # [T, N]: one lag per column
-    for min_lag, want_columns in ((0, [True] * 3), (1, [False, True, True]), (2, [False, False, True]),
-                                  (4, [False] * 3)):
+    lag = torch.tensor([0, 1, 3]).repeat(batch["rewards"].shape[0], 1)  # [T, N]: one lag per column
+    for min_lag, want_columns in (
+        (0, [True] * 3),
+        (1, [False, True, True]),
+        (2, [False, False, True]),
+        (4, [False] * 3),
+    ):
         adv, tgt = advantages(lag=lag, realign_min_lag=min_lag, **kw)
         for n, realigned in enumerate(want_columns):
             assert torch.equal(adv[:, n], (adv_v if realigned else adv_g)[:, n]), (min_lag, n)

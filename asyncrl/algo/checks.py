@@ -1,4 +1,5 @@
 """Input checks shared by the algo modules: every failure is a ValueError naming the argument."""
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,9 @@ def bools(**named: Tensor) -> None:
             raise ValueError(f"{name} must be a bool tensor, got {x.dtype}")
 
 
-def scalar(name: str, x, *, low: float, high: float | None = None, low_open: bool = False,
-           allow_inf: bool = False) -> float:
+def scalar(
+    name: str, x, *, low: float, high: float | None = None, low_open: bool = False, allow_inf: bool = False
+) -> float:
     """A real number in [low, high] ((low, high] with ``low_open``); NaN and bools are refused,
     inf only with ``allow_inf``."""
     if isinstance(x, bool):

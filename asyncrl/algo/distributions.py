@@ -4,6 +4,7 @@ Continuous actions: diagonal Gaussian with (usually state-independent) log-std; 
 the *unclipped* sample and its log-prob, and clips only the copy sent to the env (VACO.md).
 Discrete actions: categorical over K logits. Both go through the same losses via log_prob [N].
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,9 @@ class DiagGaussian:
         if not isinstance(mean, Tensor) or mean.dim() != 2:
             raise ValueError(f"mean must be a [N, A] tensor, got {checks.shape_of(mean)}")
         if not isinstance(log_std, Tensor) or log_std.shape not in (mean.shape[1:], mean.shape):
-            raise ValueError(f"log_std must be [A] or [N, A] with mean {tuple(mean.shape)}, "
-                             f"got {checks.shape_of(log_std)}")
+            raise ValueError(
+                f"log_std must be [A] or [N, A] with mean {tuple(mean.shape)}, got {checks.shape_of(log_std)}"
+            )
         checks.floats(mean=mean, log_std=log_std)
         self.mean = mean
         self.log_std = log_std
@@ -48,8 +50,7 @@ class DiagGaussian:
             ValueError: actions shape differs from mean's or dtype differs.
         """
         if not isinstance(actions, Tensor) or actions.shape != self.mean.shape:
-            raise ValueError(f"actions must have shape {tuple(self.mean.shape)}, "
-                             f"got {checks.shape_of(actions)}")
+            raise ValueError(f"actions must have shape {tuple(self.mean.shape)}, got {checks.shape_of(actions)}")
         checks.floats(mean=self.mean, actions=actions)
         z = (actions - self.mean) * torch.exp(-self.log_std)
         per_dim = -0.5 * z * z - self.log_std - _HALF_LOG_2PI
@@ -63,8 +64,7 @@ class DiagGaussian:
     def sample(self, generator: torch.Generator | None = None) -> Tensor:
         """Detached sample [N, A]: mean + exp(log_std) * ε, ε ~ N(0, I) from ``generator``."""
         with torch.no_grad():
-            eps = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype,
-                              device=self.mean.device)
+            eps = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device)
             return self.mean + torch.exp(self.log_std) * eps
 
     def mode(self) -> Tensor:
@@ -103,8 +103,7 @@ class Categorical:
         if actions.is_floating_point() or actions.is_complex() or actions.dtype == torch.bool:
             raise ValueError(f"actions must be an integer tensor, got {actions.dtype}")
         if n and (int(actions.min()) < 0 or int(actions.max()) >= k):
-            raise ValueError(f"actions must lie in [0, {k}), got range "
-                             f"[{int(actions.min())}, {int(actions.max())}]")
+            raise ValueError(f"actions must lie in [0, {k}), got range [{int(actions.min())}, {int(actions.max())}]")
         return self.log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
 
     def entropy(self) -> Tensor:

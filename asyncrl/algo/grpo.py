@@ -31,6 +31,7 @@ reference model (``llm.kl_coef``; DeepSeekMath eq. 4).
 
 Paper: DeepSeekMath (GRPO), arXiv:2402.03300; Dr. GRPO, arXiv:2503.20783.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,7 @@ from asyncrl.algo import checks
 from asyncrl.algo.losses import LOG_RATIO_CLAMP
 
 AVERAGING = ("token", "sequence", "constant")
-DEFAULT_EPS = 1e-4   # added to the group std: bounds |A| by (max - min) / eps for a near-equal group
+DEFAULT_EPS = 1e-4  # added to the group std: bounds |A| by (max - min) / eps for a near-equal group
 
 
 class TokenBatch(NamedTuple):
@@ -79,8 +80,9 @@ def group_advantages(rewards: Tensor, *, scale_by_std: bool = True, eps: float =
     """
     _check_rewards(rewards, eps)
     centred = rewards - rewards.mean(dim=1, keepdim=True)
-    return _normalised(rewards, centred, rewards.std(dim=1, unbiased=False, keepdim=True),
-                       scale_by_std=scale_by_std, eps=eps)
+    return _normalised(
+        rewards, centred, rewards.std(dim=1, unbiased=False, keepdim=True), scale_by_std=scale_by_std, eps=eps
+    )
 
 
 def weight_negatives(advantages: Tensor, negative_weight: float) -> Tensor:
@@ -125,8 +127,9 @@ class RealignedAdvantages(NamedTuple):
     weights: Tensor
 
 
-def realigned_group_advantages(rewards: Tensor, log_ratio: Tensor, *, rho_bar: float = 1.0,
-                               scale_by_std: bool = True, eps: float = DEFAULT_EPS) -> RealignedAdvantages:
+def realigned_group_advantages(
+    rewards: Tensor, log_ratio: Tensor, *, rho_bar: float = 1.0, scale_by_std: bool = True, eps: float = DEFAULT_EPS
+) -> RealignedAdvantages:
     """Group advantages against a baseline of the learning policy π_T (advantage realignment without a critic).
 
     A completion is a one-step episode: prompt x the state, completion y the action, reward r at its end.
@@ -165,19 +168,26 @@ def realigned_group_advantages(rewards: Tensor, log_ratio: Tensor, *, rho_bar: f
     _check_rewards(rewards, eps)
     rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
     if log_ratio.shape != rewards.shape or not log_ratio.is_floating_point():
-        raise ValueError(f"log_ratio must be a floating tensor of the rewards' shape {tuple(rewards.shape)}, got "
-                         f"{tuple(log_ratio.shape)} {log_ratio.dtype}")
+        raise ValueError(
+            f"log_ratio must be a floating tensor of the rewards' shape {tuple(rewards.shape)}, got "
+            f"{tuple(log_ratio.shape)} {log_ratio.dtype}"
+        )
     if not bool(torch.isfinite(log_ratio).all()):
         raise ValueError("log_ratio must be finite")
     log_w = log_ratio.to(rewards.dtype).clamp(max=math.log(rho_bar))
-    p = torch.softmax(log_w, dim=1)                               # w_g / Σ w
-    centred = rewards - rewards.mean(dim=1, keepdim=True)         # r - b_β
-    shift = (p * centred).sum(dim=1, keepdim=True)                # b_T - b_β
+    p = torch.softmax(log_w, dim=1)  # w_g / Σ w
+    centred = rewards - rewards.mean(dim=1, keepdim=True)  # r - b_β
+    shift = (p * centred).sum(dim=1, keepdim=True)  # b_T - b_β
     std_w = (p * (centred - shift).square()).sum(dim=1, keepdim=True).sqrt()
     uniform = log_w.amax(dim=1, keepdim=True) == log_w.amin(dim=1, keepdim=True)
     std = rewards.std(dim=1, unbiased=False, keepdim=True)
-    adv = _normalised(rewards, torch.where(uniform, centred, centred - shift), torch.where(uniform, std, std_w),
-                      scale_by_std=scale_by_std, eps=eps)
+    adv = _normalised(
+        rewards,
+        torch.where(uniform, centred, centred - shift),
+        torch.where(uniform, std, std_w),
+        scale_by_std=scale_by_std,
+        eps=eps,
+    )
     return RealignedAdvantages(adv, torch.where(uniform, torch.zeros_like(shift), shift).squeeze(1), log_w.exp())
 
 
@@ -266,9 +276,9 @@ def token_weights(completion_mask: Tensor, *, averaging: str = "token", max_len:
     if averaging not in AVERAGING:
         raise ValueError(f"averaging must be one of {AVERAGING}, got {averaging!r}")
     m = completion_mask.to(torch.float32)
-    lengths = m.sum(dim=1, keepdim=True)   # [B, 1] L_b
+    lengths = m.sum(dim=1, keepdim=True)  # [B, 1] L_b
     n = float(lengths.sum())
-    rows = float((lengths > 0).sum())      # B'
+    rows = float((lengths > 0).sum())  # B'
     if n == 0:
         raise ValueError("completion_mask has no completion token")
     if averaging == "token":
@@ -281,8 +291,15 @@ def token_weights(completion_mask: Tensor, *, averaging: str = "token", max_len:
     return m * n / (rows * l_max)
 
 
-def flatten_tokens(completion_mask: Tensor, *, log_prob: Tensor, behavior_log_prob: Tensor,
-                   advantages: Tensor, averaging: str = "token", max_len: int | None = None) -> TokenBatch:
+def flatten_tokens(
+    completion_mask: Tensor,
+    *,
+    log_prob: Tensor,
+    behavior_log_prob: Tensor,
+    advantages: Tensor,
+    averaging: str = "token",
+    max_len: int | None = None,
+) -> TokenBatch:
     """The flat [N] tensors of asyncrl.algo.losses from [B, L] token tensors and sequence advantages.
 
     Args:
@@ -303,14 +320,16 @@ def flatten_tokens(completion_mask: Tensor, *, log_prob: Tensor, behavior_log_pr
             raise ValueError(f"{name} is {tuple(t.shape)}, completion_mask is {tuple(completion_mask.shape)}")
     adv = token_advantages(advantages.to(log_prob.dtype), completion_mask)
     w = token_weights(completion_mask, averaging=averaging, max_len=max_len).to(log_prob.dtype)
-    return TokenBatch(log_prob[completion_mask], behavior_log_prob[completion_mask].detach(),
-                      (adv * w)[completion_mask].detach())
+    return TokenBatch(
+        log_prob[completion_mask], behavior_log_prob[completion_mask].detach(), (adv * w)[completion_mask].detach()
+    )
 
 
 def _check_rewards(rewards: Tensor, eps: float) -> None:
     if rewards.dim() != 2 or not rewards.is_floating_point() or rewards.numel() == 0:
-        raise ValueError(f"rewards must be a non-empty [P, G] floating tensor, got {tuple(rewards.shape)} "
-                         f"{rewards.dtype}")
+        raise ValueError(
+            f"rewards must be a non-empty [P, G] floating tensor, got {tuple(rewards.shape)} {rewards.dtype}"
+        )
     if not bool(torch.isfinite(rewards).all()):
         raise ValueError("rewards must be finite")
     if not eps >= 0:
@@ -321,11 +340,12 @@ def _normalised(rewards: Tensor, centred: Tensor, std: Tensor, *, scale_by_std: 
     """centred [/ (std + eps)]; exactly 0 in a group of equal rewards."""
     if scale_by_std:
         centred = centred / (std + eps)
-    equal = (rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True))
+    equal = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
     return torch.where(equal, torch.zeros_like(centred), centred)
 
 
 def _check_mask(completion_mask: Tensor) -> None:
     if completion_mask.dim() != 2 or completion_mask.dtype != torch.bool:
-        raise ValueError(f"completion_mask must be a [B, L] bool tensor, got {tuple(completion_mask.shape)} "
-                         f"{completion_mask.dtype}")
+        raise ValueError(
+            f"completion_mask must be a [B, L] bool tensor, got {tuple(completion_mask.shape)} {completion_mask.dtype}"
+        )

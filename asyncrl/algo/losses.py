@@ -19,6 +19,7 @@ whatever the rule) and the |log r| > 20 clamp (a numerical guard, not a rule).
 PPO's usual "clip fraction" (|r_i - 1| > ε in either direction, half of which still carry gradient)
 is kept for PPO only, as ``clip_fraction_two_sided``.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,8 @@ class TVFilter(NamedTuple):
     keep_mask: Tensor
     tv_estimate: Tensor
     filtered_fraction: Tensor
-    fired: Tensor | None = None   # 0-dim bool: the sign rule was applied (over δ, or forced)
-    deviation: Tensor | None = None   # [N] r - 1 (no gradient)
+    fired: Tensor | None = None  # 0-dim bool: the sign rule was applied (over δ, or forced)
+    deviation: Tensor | None = None  # [N] r - 1 (no gradient)
 
 
 class PolicyLoss(NamedTuple):
@@ -100,8 +101,15 @@ def _deviation_tv(log_ratio: Tensor) -> tuple[Tensor, Tensor]:
     return deviation, 0.5 * torch.mean(torch.abs(deviation))
 
 
-def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min_deviation: float = 0.0,
-              force: bool | Tensor = False, ratio_cap: float = math.inf) -> TVFilter:
+def tv_filter(
+    *,
+    log_ratio: Tensor,
+    advantages: Tensor,
+    tv_threshold: float,
+    min_deviation: float = 0.0,
+    force: bool | Tensor = False,
+    ratio_cap: float = math.inf,
+) -> TVFilter:
     """VACO's TV filter: which samples keep their gradient in this minibatch.
 
     If tv_estimate(log_ratio) <= tv_threshold (and not ``force``) every sample is kept; otherwise
@@ -141,7 +149,7 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
         deviation, tv = _deviation_tv(log_ratio)
         fired = (tv > tv_threshold) | torch.as_tensor(force, device=tv.device)
         # "or" with the 0-dim comparison instead of a Python `if`: stays on device, no host sync.
-        inward = advantages * deviation <= 0   # a step on the sample would not grow |r - 1|
+        inward = advantages * deviation <= 0  # a step on the sample would not grow |r - 1|
         keep = inward | ~fired
         if ratio_cap < math.inf:
             keep = keep & (inward | (deviation.abs() <= ratio_cap))
@@ -151,11 +159,20 @@ def tv_filter(*, log_ratio: Tensor, advantages: Tensor, tv_threshold: float, min
     return TVFilter(keep, tv, filtered_fraction, fired, deviation)
 
 
-def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
-                     tv_threshold: float, anchor_log_prob: Tensor | None = None,
-                     surrogate_rho_bar: float = math.inf, min_deviation: float = 0.0,
-                     force: bool | Tensor = False, ratio_cap: float = math.inf,
-                     behavior_band: float = math.inf, band_ratio: str = "full") -> PolicyLoss:
+def vaco_policy_loss(
+    *,
+    log_prob: Tensor,
+    behavior_log_prob: Tensor,
+    advantages: Tensor,
+    tv_threshold: float,
+    anchor_log_prob: Tensor | None = None,
+    surrogate_rho_bar: float = math.inf,
+    min_deviation: float = 0.0,
+    force: bool | Tensor = False,
+    ratio_cap: float = math.inf,
+    behavior_band: float = math.inf,
+    band_ratio: str = "full",
+) -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
         w_i = min(surrogate_rho_bar, anchor_i/β_i)   (w_i = 1 for the β anchor)
@@ -206,8 +223,15 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         raise ValueError(f"band_ratio must be one of {BAND_RATIOS}, got {band_ratio!r}")
     if band_ratio == "backward" and anchor_log_prob is None:
         raise ValueError("band_ratio='backward' bounds π_T/β and needs anchor_log_prob (the learning anchor)")
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages,
-             **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}))
+    checks.tensors(
+        dims=1,
+        floating=True,
+        same_dtype=True,
+        log_prob=log_prob,
+        behavior_log_prob=behavior_log_prob,
+        advantages=advantages,
+        **({} if anchor_log_prob is None else {"anchor_log_prob": anchor_log_prob}),
+    )
     bar = checks.scalar("surrogate_rho_bar", surrogate_rho_bar, low=0.0, low_open=True, allow_inf=True)
     anchor = behavior_log_prob if anchor_log_prob is None else anchor_log_prob
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
@@ -217,8 +241,14 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
         with torch.no_grad():
             weight = torch.exp(_log_ratio(anchor, behavior_log_prob)).clamp(max=bar)
         surrogate = weight * torch.exp(_log_ratio(log_prob, anchor)) * advantages.detach()
-    filt = tv_filter(log_ratio=log_prob.detach() - anchor.detach(), advantages=advantages.detach(),
-                     tv_threshold=tv_threshold, min_deviation=min_deviation, force=force, ratio_cap=ratio_cap)
+    filt = tv_filter(
+        log_ratio=log_prob.detach() - anchor.detach(),
+        advantages=advantages.detach(),
+        tv_threshold=tv_threshold,
+        min_deviation=min_deviation,
+        force=force,
+        ratio_cap=ratio_cap,
+    )
     keep = filt.keep_mask
     band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
     if band < math.inf:
@@ -227,15 +257,14 @@ def vaco_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages:
                 deviation = torch.exp(_log_ratio(anchor.detach(), behavior_log_prob)) - 1.0
             elif band_ratio == "full" and anchor_log_prob is not None:
                 deviation = torch.exp(_log_ratio(log_prob.detach(), behavior_log_prob)) - 1.0
-            else:   # π_θ/anchor ("forward", or "full" with the β anchor): the filter's own r - 1
+            else:  # π_θ/anchor ("forward", or "full" with the β anchor): the filter's own r - 1
                 deviation = filt.deviation
             keep = keep & ((advantages.detach() * deviation <= 0) | (deviation.abs() <= band))
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()
     return _result(loss, log_ratio, tv=filt.tv_estimate, keep=keep, fired=filt.fired)
 
 
-def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
-                      advantages: Tensor) -> PolicyLoss:
+def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor) -> PolicyLoss:
     """Plain importance-ratio surrogate, loss = -mean_i r_i A_i (preset vaco_no_filter).
 
     Args:
@@ -251,14 +280,20 @@ def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor,
 
     Paper: VACO, arXiv:2603.01365 (its ablation without the filter).
     """
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    checks.tensors(
+        dims=1,
+        floating=True,
+        same_dtype=True,
+        log_prob=log_prob,
+        behavior_log_prob=behavior_log_prob,
+        advantages=advantages,
+    )
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     loss = -(torch.exp(log_ratio) * advantages.detach()).mean()
     return _result(loss, log_ratio)
 
 
-def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
-                  clip_eps: float) -> PolicyLoss:
+def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor, clip_eps: float) -> PolicyLoss:
     """PPO clipped surrogate, loss = -mean_i min(r_i A_i, clip(r_i, 1-ε, 1+ε) A_i), r = π_θ/β.
 
     Args:
@@ -277,20 +312,26 @@ def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Te
 
     Paper: Schulman et al., arXiv:1707.06347.
     """
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    checks.tensors(
+        dims=1,
+        floating=True,
+        same_dtype=True,
+        log_prob=log_prob,
+        behavior_log_prob=behavior_log_prob,
+        advantages=advantages,
+    )
     eps = checks.scalar("clip_eps", clip_eps, low=0.0, low_open=True)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio, adv = torch.exp(log_ratio), advantages.detach()
     loss = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv).mean()
     with torch.no_grad():
         outside = (ratio - 1.0).abs() > eps
-        keep = ~outside | (adv * (ratio - 1.0) <= 0)   # the clipped branch is the min only outward
+        keep = ~outside | (adv * (ratio - 1.0) <= 0)  # the clipped branch is the min only outward
         two_sided = outside.to(ratio.dtype).mean()
     return _result(loss, log_ratio, keep=keep)._replace(clip_fraction_two_sided=two_sided)
 
 
-def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
-                kl_coef: float) -> PolicyLoss:
+def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor, kl_coef: float) -> PolicyLoss:
     """Ratio surrogate with a KL(β ‖ π_θ) penalty (k3 estimator).
 
         loss = -mean_i r_i A_i + kl_coef * mean_i ((r_i - 1) - log r_i),  r = π_θ/β
@@ -309,7 +350,14 @@ def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tens
 
     Paper: Schulman et al., arXiv:1707.06347 (the KL-penalty variant, fixed coefficient).
     """
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    checks.tensors(
+        dims=1,
+        floating=True,
+        same_dtype=True,
+        log_prob=log_prob,
+        behavior_log_prob=behavior_log_prob,
+        advantages=advantages,
+    )
     kl_coef = checks.scalar("kl_coef", kl_coef, low=0.0)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio = torch.exp(log_ratio)
@@ -318,8 +366,7 @@ def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tens
     return _result(loss, log_ratio)
 
 
-def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
-             spo_eps: float) -> PolicyLoss:
+def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor, spo_eps: float) -> PolicyLoss:
     """Simple Policy Optimization surrogate.
 
         loss = -mean_i [r_i A_i - |A_i| (r_i - 1)^2 / (2 ε)],  r = π_θ/β
@@ -338,7 +385,14 @@ def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
 
     Paper: Xie et al., arXiv:2401.16025.
     """
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
+    checks.tensors(
+        dims=1,
+        floating=True,
+        same_dtype=True,
+        log_prob=log_prob,
+        behavior_log_prob=behavior_log_prob,
+        advantages=advantages,
+    )
     eps = checks.scalar("spo_eps", spo_eps, low=0.0, low_open=True)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio, adv = torch.exp(log_ratio), advantages.detach()
@@ -346,8 +400,9 @@ def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
     return _result(loss, log_ratio)
 
 
-def impala_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, pg_advantages: Tensor,
-                       rho_bar: float) -> PolicyLoss:
+def impala_policy_loss(
+    *, log_prob: Tensor, behavior_log_prob: Tensor, pg_advantages: Tensor, rho_bar: float
+) -> PolicyLoss:
     """IMPALA policy gradient, loss = -mean_i rho_i stopgrad(pg_A_i) log π_θ(a_i|s_i).
 
     rho_i = min(rho_bar, exp(stopgrad(log π_θ) - log β)) (no clamp of the log ratio here:
@@ -367,7 +422,14 @@ def impala_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, pg_advant
 
     Paper: Espeholt et al., arXiv:1802.01561.
     """
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_prob=log_prob, behavior_log_prob=behavior_log_prob, pg_advantages=pg_advantages)
+    checks.tensors(
+        dims=1,
+        floating=True,
+        same_dtype=True,
+        log_prob=log_prob,
+        behavior_log_prob=behavior_log_prob,
+        pg_advantages=pg_advantages,
+    )
     rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
     with torch.no_grad():
         rhos = torch.clamp(torch.exp(log_prob - behavior_log_prob), max=rho_bar)
@@ -421,8 +483,14 @@ def _log_ratio(log_prob: Tensor, reference: Tensor) -> Tensor:
     return torch.clamp(log_prob - reference.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
-def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None, keep: Tensor | None = None,
-            fired: Tensor | None = None) -> PolicyLoss:
+def _result(
+    loss: Tensor,
+    log_ratio: Tensor,
+    *,
+    tv: Tensor | None = None,
+    keep: Tensor | None = None,
+    fired: Tensor | None = None,
+) -> PolicyLoss:
     """The PolicyLoss of ``loss``; ``keep`` [N] bool (None: every sample keeps its gradient) gives
     no_grad_fraction, the one definition every loss reports."""
     with torch.no_grad():
@@ -431,8 +499,9 @@ def _result(loss: Tensor, log_ratio: Tensor, *, tv: Tensor | None = None, keep: 
         return PolicyLoss(
             loss=loss,
             tv_estimate=(0.5 * (ratio - 1.0).abs().mean() if tv is None else tv.detach()),
-            no_grad_fraction=(torch.zeros((), dtype=lr.dtype, device=lr.device) if keep is None
-                              else 1.0 - keep.to(lr.dtype).mean()),
+            no_grad_fraction=(
+                torch.zeros((), dtype=lr.dtype, device=lr.device) if keep is None else 1.0 - keep.to(lr.dtype).mean()
+            ),
             approx_kl=((ratio - 1.0) - lr).mean(),
             filter_fired=fired,
             keep_mask=keep,

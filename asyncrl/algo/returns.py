@@ -9,6 +9,7 @@ Everything here is plain differentiable torch: nothing is detached inside. Value
 advantages are constants of a learner iteration, so pass detached inputs (or call under
 ``torch.no_grad()``).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -46,8 +47,7 @@ class GAEReturns(NamedTuple):
     returns: Tensor
 
 
-def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: Tensor,
-                      truncated: Tensor) -> Tensor:
+def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: Tensor, truncated: Tensor) -> Tensor:
     """V'_t: the value of the state reached by step t, with episode ends applied.
 
     Args:
@@ -67,17 +67,27 @@ def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: T
 
     Paper: VACO arXiv:2603.01365 (definition of V'_t in its V-trace, see VACO.md).
     """
-    checks.tensors(dims=2, values_tp1=values_tp1, final_values=final_values, terminated=terminated,
-              truncated=truncated)
+    checks.tensors(dims=2, values_tp1=values_tp1, final_values=final_values, terminated=terminated, truncated=truncated)
     checks.floats(values_tp1=values_tp1, final_values=final_values)
     checks.bools(terminated=terminated, truncated=truncated)
     out = torch.where(truncated, final_values, values_tp1)
     return torch.where(terminated, torch.zeros_like(out), out)
 
 
-def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tensor,
-           values: Tensor, next_values: Tensor, episode_end: Tensor, gamma: float, lam: float,
-           rho_bar: float = 1.0, c_bar: float = 1.0, traces: str = "vtrace") -> VTraceReturns:
+def vtrace(
+    *,
+    behavior_log_prob: Tensor,
+    target_log_prob: Tensor,
+    rewards: Tensor,
+    values: Tensor,
+    next_values: Tensor,
+    episode_end: Tensor,
+    gamma: float,
+    lam: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    traces: str = "vtrace",
+) -> VTraceReturns:
     """V-trace value targets and VACO's realigned advantages of the learning policy π_T.
 
     With log_rho_t = target_log_prob - behavior_log_prob, rho_t = min(rho_bar, e^log_rho_t),
@@ -116,10 +126,22 @@ def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tenso
     Papers: V-trace, Espeholt et al., arXiv:1802.01561; realigned advantages, VACO,
     arXiv:2603.01365.
     """
-    checks.tensors(dims=2, behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
-              rewards=rewards, values=values, next_values=next_values, episode_end=episode_end)
-    checks.floats(behavior_log_prob=behavior_log_prob, target_log_prob=target_log_prob,
-                 rewards=rewards, values=values, next_values=next_values)
+    checks.tensors(
+        dims=2,
+        behavior_log_prob=behavior_log_prob,
+        target_log_prob=target_log_prob,
+        rewards=rewards,
+        values=values,
+        next_values=next_values,
+        episode_end=episode_end,
+    )
+    checks.floats(
+        behavior_log_prob=behavior_log_prob,
+        target_log_prob=target_log_prob,
+        rewards=rewards,
+        values=values,
+        next_values=next_values,
+    )
     checks.bools(episode_end=episode_end)
     gamma = checks.scalar("gamma", gamma, low=0.0, high=1.0)
     lam = checks.scalar("lam", lam, low=0.0, high=1.0)
@@ -140,8 +162,9 @@ def vtrace(*, behavior_log_prob: Tensor, target_log_prob: Tensor, rewards: Tenso
     return VTraceReturns(values + diffs, advantages, pg_advantages, clipped_rhos)
 
 
-def gae(*, rewards: Tensor, values: Tensor, next_values: Tensor, episode_end: Tensor,
-        gamma: float, lam: float) -> GAEReturns:
+def gae(
+    *, rewards: Tensor, values: Tensor, next_values: Tensor, episode_end: Tensor, gamma: float, lam: float
+) -> GAEReturns:
     """Generalised advantage estimation, no off-policy correction.
 
         delta_t = r_t + γ V'_t - V(s_t);  A_t = delta_t + γ λ (1 - end_t) A_{t+1};  A_T = 0

@@ -1,5 +1,6 @@
 """Running statistics of a stream of batches: the observation normaliser of the control task's
 policy and the return scale of reward scaling both use them."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,7 @@ class RunningMeanStd:
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * n / total
-        m2 = self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
         self.var, self.count = m2 / total, total
 
     def state_dict(self) -> dict:

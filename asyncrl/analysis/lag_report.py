@@ -4,6 +4,7 @@ Backward lag in versions and seconds (count, mean, p50, p90, p99, max) overall, 
 host, the samples dropped by ``max_policy_lag``, and forward lag (tv_estimate and filtered / clip
 fraction per optimizer step). ``--plot`` draws histograms and time series with matplotlib.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def build_report(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"no run directory {run_dir}")
-    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl") if not is_event(r)]   # resume records
+    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl") if not is_event(r)]  # resume records
     if not rows:
         raise ReportError(f"{run_dir}: no lag records (lag.jsonl missing, empty or unreadable)")
     fields = ("actor", "host", "samples", "lag_versions", "lag_seconds", "iteration")
@@ -54,13 +55,19 @@ def build_report(run_dir: str | Path) -> dict:
     report: dict = {"run_dir": str(run_dir)}
     for name, by_key in groups.items():
         report[name] = {
-            key: {"lag_versions": _stats([r["lag_versions"] for r in rs], [r["samples"] for r in rs]),
-                  "lag_seconds": _stats([r["lag_seconds"] for r in rs], [r["samples"] for r in rs])}
-            for key, rs in sorted(by_key.items())}
+            key: {
+                "lag_versions": _stats([r["lag_versions"] for r in rs], [r["samples"] for r in rs]),
+                "lag_seconds": _stats([r["lag_seconds"] for r in rs], [r["samples"] for r in rs]),
+            }
+            for key, rs in sorted(by_key.items())
+        }
     dropped = [r for r in rows if r.get("dropped")]
-    report["dropped"] = {"samples": int(sum(r["samples"] for r in dropped)),
-                         "per_actor": {a: int(sum(r["samples"] for r in dropped if r["actor"] == a))
-                                       for a in sorted({r["actor"] for r in dropped})}}
+    report["dropped"] = {
+        "samples": int(sum(r["samples"] for r in dropped)),
+        "per_actor": {
+            a: int(sum(r["samples"] for r in dropped if r["actor"] == a)) for a in sorted({r["actor"] for r in dropped})
+        },
+    }
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
     steps = [mb for m in metrics for mb in m.get("minibatches", [])]
     if steps:
@@ -68,8 +75,9 @@ def build_report(run_dir: str | Path) -> dict:
             "optimizer_steps": len(steps),
             "tv_estimate": _stats([s[1] for s in steps], [1] * len(steps)),
             # rows of older runs had 4 columns [step, tv, filtered, clip]: another definition
-            "no_grad_fraction_mean": (float(np.mean([s[2] for s in steps if len(s) == 3]))
-                                      if any(len(s) == 3 for s in steps) else None),
+            "no_grad_fraction_mean": (
+                float(np.mean([s[2] for s in steps if len(s) == 3])) if any(len(s) == 3 for s in steps) else None
+            ),
         }
     return report
 
@@ -80,26 +88,34 @@ def format_report(report: dict) -> str:
     def line(label, s, unit_fmt):
         if s["count"] == 0:
             return f"{label:<24} {0:>10}"
-        return (f"{label:<24} {s['count']:>10,} " +
-                " ".join(unit_fmt.format(s[k]) for k in ("mean", "p50", "p90", "p99", "max")))
+        return f"{label:<24} {s['count']:>10,} " + " ".join(
+            unit_fmt.format(s[k]) for k in ("mean", "p50", "p90", "p99", "max")
+        )
 
     out = [f"policy lag report: {report['run_dir']}"]
-    for metric, title, fmt in (("lag_versions", "backward lag, versions", "{:>8.2f}"),
-                               ("lag_seconds", "backward lag, seconds", "{:>8.3f}")):
+    for metric, title, fmt in (
+        ("lag_versions", "backward lag, versions", "{:>8.2f}"),
+        ("lag_seconds", "backward lag, seconds", "{:>8.3f}"),
+    ):
         out += ["", title, head]
         for group in ("overall", "per_actor", "per_host"):
             for key, stats in report[group].items():
                 label = key if group == "overall" else f"{group[4:]} {key}"
                 out.append(line(label, stats[metric], fmt))
     d = report["dropped"]
-    out += ["", f"dropped by max_policy_lag: {d['samples']:,} samples"
-            + (" (" + ", ".join(f"{a}: {n:,}" for a, n in d["per_actor"].items()) + ")" if d["per_actor"] else "")]
+    out += [
+        "",
+        f"dropped by max_policy_lag: {d['samples']:,} samples"
+        + (" (" + ", ".join(f"{a}: {n:,}" for a, n in d["per_actor"].items()) + ")" if d["per_actor"] else ""),
+    ]
     f = report.get("forward_lag")
     if f:
         t = f["tv_estimate"]
-        out += [f"forward lag over {f['optimizer_steps']:,} optimizer steps: tv_estimate mean {t['mean']:.3f} "
-                f"p50 {t['p50']:.3f} p99 {t['p99']:.3f} max {t['max']:.3f}; no_grad_fraction mean "
-                + ("n/a" if f["no_grad_fraction_mean"] is None else f"{f['no_grad_fraction_mean']:.3f}")]
+        out += [
+            f"forward lag over {f['optimizer_steps']:,} optimizer steps: tv_estimate mean {t['mean']:.3f} "
+            f"p50 {t['p50']:.3f} p99 {t['p99']:.3f} max {t['max']:.3f}; no_grad_fraction mean "
+            + ("n/a" if f["no_grad_fraction_mean"] is None else f"{f['no_grad_fraction_mean']:.3f}")
+        ]
     return "\n".join(out)
 
 
@@ -108,9 +124,13 @@ def plot_report(run_dir: str | Path, path: str | Path) -> None:
     tv_estimate against the TV budget δ, and no_grad_fraction. Raises ImportError with
     install advice when matplotlib is missing, OSError when ``path`` cannot be written."""
     from asyncrl.analysis.plots import plot_lag, tv_budget
+
     run_dir = Path(run_dir)
-    rows = [r for r in _read_jsonl(run_dir / "lag.jsonl")
-            if isinstance(r, dict) and not r.get("dropped") and not is_event(r)]
+    rows = [
+        r
+        for r in _read_jsonl(run_dir / "lag.jsonl")
+        if isinstance(r, dict) and not r.get("dropped") and not is_event(r)
+    ]
     metrics = [m for m in _read_jsonl(run_dir / "metrics.jsonl") if isinstance(m, dict) and "iteration" in m]
     delta = None
     try:

@@ -12,12 +12,14 @@ Series sharing a ``group`` are aggregated: each is linearly interpolated onto a 
 200 x values spanning the range all of them cover, and the band is Student's t 95 % interval of
 their mean (``scipy.stats.t``), so it is drawn only where a group has two or more members.
 """
+
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,18 +41,22 @@ def _pyplot():
     """matplotlib.pyplot on the Agg backend. Raises ImportError with the install command."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError("plotting needs matplotlib: .venv/bin/pip install 'asyncrl[plot]' "
-                          "(or pip install matplotlib)") from None
+        raise ImportError(
+            "plotting needs matplotlib: .venv/bin/pip install 'asyncrl[plot]' (or pip install matplotlib)"
+        ) from None
     return plt
 
 
 # ---------------------------------------------------------------------------- aggregation
 
-def mean_ci(xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]], *, points: int = GRID_POINTS,
-            confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+
+def mean_ci(
+    xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]], *, points: int = GRID_POINTS, confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Mean of several curves and a t-interval across them.
 
     Args:
@@ -75,10 +81,11 @@ def mean_ci(xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]], *, poi
             raise PlotError("the curves of a group share no x range")
         return curves[0][0], curves[0][1], None, None
     grid = np.linspace(lo, hi, points)
-    stack = np.stack([np.interp(grid, x, y) for x, y in curves])        # [n, G]
+    stack = np.stack([np.interp(grid, x, y) for x, y in curves])  # [n, G]
     mean = stack.mean(0)
     n = stack.shape[0]
     from scipy import stats
+
     sem = stack.std(0, ddof=1) / np.sqrt(n)
     half = stats.t.ppf(0.5 + confidence / 2, df=n - 1) * sem
     return grid, mean, mean - half, mean + half
@@ -86,6 +93,7 @@ def mean_ci(xs: Sequence[Sequence[float]], ys: Sequence[Sequence[float]], *, poi
 
 def _colours(keys: Iterable[str]) -> dict[str, Any]:
     import matplotlib
+
     cmap = matplotlib.colormaps["tab10"]
     return {k: cmap(i % 10) for i, k in enumerate(dict.fromkeys(keys))}
 
@@ -130,6 +138,7 @@ def _finite(x, y) -> tuple[np.ndarray, np.ndarray]:
 def _finish(fig, axes, title, entries, out_path, *, dpi: int) -> Path:
     """Grid, title, the legend below the panels; write the PNG and close the figure."""
     import matplotlib.pyplot as plt
+
     for a in axes:
         a.grid(alpha=0.3)
     if title:
@@ -171,10 +180,14 @@ def _headroom(ax, y: float) -> None:
 def _plain_log_ticks(axis) -> None:
     """Tick labels of a log axis as plain numbers (0.3, 1, 2), not 3x10^-1."""
     from matplotlib import ticker
+
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     # label the minor ticks at 2 and 5 x 10^k too, so a range within one decade has labels
-    axis.set_minor_formatter(ticker.FuncFormatter(
-        lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** np.floor(np.log10(v)), 6) in (2.0, 5.0) else ""))
+    axis.set_minor_formatter(
+        ticker.FuncFormatter(
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** np.floor(np.log10(v)), 6) in (2.0, 5.0) else ""
+        )
+    )
 
 
 def _key(s: dict) -> str:
@@ -183,8 +196,10 @@ def _key(s: dict) -> str:
 
 # ---------------------------------------------------------------------------- learning curves
 
-def plot_curves(series: list[dict], out_path: str | Path, *, title: str | None = None,
-                return_label: str = "average return") -> Path:
+
+def plot_curves(
+    series: list[dict], out_path: str | Path, *, title: str | None = None, return_label: str = "average return"
+) -> Path:
     """Two panels: return against env steps, and against wall-clock seconds.
 
     Args:
@@ -225,7 +240,7 @@ def read_run(run_dir: str | Path, *, returns: str = "auto") -> dict:
     cfg = {}
     try:
         cfg = json.loads((run_dir / "config.json").read_text())
-        if isinstance(cfg, dict):   # an older run's llm keys under [task]: --group-by names their new names
+        if isinstance(cfg, dict):  # an older run's llm keys under [task]: --group-by names their new names
             cfg, _record, _lines = translate_moved_keys(cfg, None, where=str(run_dir / "config.json"))
     except (OSError, json.JSONDecodeError, ConfigError):
         pass
@@ -235,12 +250,20 @@ def read_run(run_dir: str | Path, *, returns: str = "auto") -> dict:
         raise PlotError(f"{run_dir}: no evaluation returns (the run had run.eval_every = 0)")
     src = evals if use_eval else rows
     col = lambda rs, k: [r.get(k) for r in rs]  # noqa: E731
-    return {"label": run_dir.name, "group": None, "config": cfg, "returns_kind": "eval" if use_eval else "train",
-            "env_steps": col(src, "env_steps"), "wall_time_s": col(src, "wall_time_s"),
-            "return": col(src, "eval_return_mean" if use_eval else "average_return"),
-            "iter_env_steps": col(rows, "env_steps"), "tv_estimate": col(rows, "tv_estimate"),
-            "no_grad_fraction": [_no_grad(r, ((cfg or {}).get("algo") or {}).get("preset")) for r in rows],
-            "lag_versions_p50": col(rows, "lag_versions_p50"), "lag_seconds_p50": col(rows, "lag_seconds_p50")}
+    return {
+        "label": run_dir.name,
+        "group": None,
+        "config": cfg,
+        "returns_kind": "eval" if use_eval else "train",
+        "env_steps": col(src, "env_steps"),
+        "wall_time_s": col(src, "wall_time_s"),
+        "return": col(src, "eval_return_mean" if use_eval else "average_return"),
+        "iter_env_steps": col(rows, "env_steps"),
+        "tv_estimate": col(rows, "tv_estimate"),
+        "no_grad_fraction": [_no_grad(r, ((cfg or {}).get("algo") or {}).get("preset")) for r in rows],
+        "lag_versions_p50": col(rows, "lag_versions_p50"),
+        "lag_seconds_p50": col(rows, "lag_seconds_p50"),
+    }
 
 
 def _no_grad(record: dict, preset: str | None) -> float | None:
@@ -265,9 +288,13 @@ def plot_runs(series: list[dict], out_path: str | Path, *, title: str | None = N
         raise PlotError("no runs to plot")
     plt = _pyplot()
     kinds = {s["returns_kind"] for s in series}
-    ret_label = ("evaluation return (mean action)" if kinds == {"eval"} else
-                 "average training return (last 20 episodes)" if kinds == {"train"} else
-                 "return (evaluation where recorded, else training)")
+    ret_label = (
+        "evaluation return (mean action)"
+        if kinds == {"eval"}
+        else "average training return (last 20 episodes)"
+        if kinds == {"train"}
+        else "return (evaluation where recorded, else training)"
+    )
     colours = _colours(_key(s) for s in series)
     fig, ax = plt.subplots(3, 2, figsize=(12, 11), layout="constrained")
     entries = _draw(ax[0, 0], series, "env_steps", "return", colours)
@@ -279,14 +306,24 @@ def plot_runs(series: list[dict], out_path: str | Path, *, title: str | None = N
     deltas = sorted({tv_budget(s["config"]) for s in series} - {None})
     for d in deltas:
         ax[1, 0].axhline(d, color="0.3", ls="--", lw=1)
-        ax[1, 0].annotate(f"TV budget δ = {d:g}", (0.01, d), xycoords=("axes fraction", "data"),
-                          xytext=(0, 3), textcoords="offset points", fontsize=8, color="0.3")
+        ax[1, 0].annotate(
+            f"TV budget δ = {d:g}",
+            (0.01, d),
+            xycoords=("axes fraction", "data"),
+            xytext=(0, 3),
+            textcoords="offset points",
+            fontsize=8,
+            color="0.3",
+        )
     if deltas:
         _headroom(ax[1, 0], max(deltas))
     ax[1, 0].set(xlabel="env steps", ylabel="tv_estimate (iteration mean)", title="forward lag: TV estimate")
     _draw(ax[1, 1], [{**s, "y": s["no_grad_fraction"]} for s in per_iter], "env_steps", "y", colours)
-    ax[1, 1].set(xlabel="env steps", ylabel="no_grad_fraction of samples (clip, band, filter)",
-                 title="samples without gradient (no_grad_fraction)")
+    ax[1, 1].set(
+        xlabel="env steps",
+        ylabel="no_grad_fraction of samples (clip, band, filter)",
+        title="samples without gradient (no_grad_fraction)",
+    )
     _draw(ax[2, 0], [{**s, "y": s["lag_versions_p50"]} for s in per_iter], "env_steps", "y", colours)
     ax[2, 0].set(xlabel="env steps", ylabel="policy lag, batch p50 (versions)", title="backward lag in versions")
     _draw(ax[2, 1], [{**s, "y": s["lag_seconds_p50"]} for s in per_iter], "env_steps", "y", colours)
@@ -296,8 +333,10 @@ def plot_runs(series: list[dict], out_path: str | Path, *, title: str | None = N
 
 # ---------------------------------------------------------------------------- policy lag
 
-def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, title: str,
-             tv_threshold: float | None = None) -> Path:
+
+def plot_lag(
+    rows: list[dict], metrics: list[dict], out_path: str | Path, *, title: str, tv_threshold: float | None = None
+) -> Path:
     """The ``asyncrl lag --plot`` figure from lag.jsonl rows (consumed ones) and metrics.jsonl rows.
 
     Panels: lag histograms in versions (actors side by side) and in seconds (log-spaced bins,
@@ -319,18 +358,29 @@ def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, tit
                 counts[int(r["lag_versions"])] += r["samples"]
         h = ax[0, 0].bar(np.arange(top + 1) - 0.4 + width * (i + 0.5), counts, width=width, color=colours[a])
         entries.append((h, a))
-    ax[0, 0].set(yscale="log", xlabel="backward lag (versions)", ylabel="samples (log scale)",
-                 title="lag in versions")
+    ax[0, 0].set(yscale="log", xlabel="backward lag (versions)", ylabel="samples (log scale)", title="lag in versions")
     ax[0, 0].set_xticks(range(top + 1) if top < 20 else np.linspace(0, top, 11).round())
     secs_all = [max(r["lag_seconds"], 1e-4) for r in rows]
     if secs_all:
         edges = np.logspace(np.log10(min(secs_all)) - 0.05, np.log10(max(secs_all)) + 0.05, 40)
         for i, a in enumerate(actors):
             rs = [r for r in rows if r["actor"] == a]
-            ax[0, 1].hist([max(r["lag_seconds"], 1e-4) for r in rs], weights=[r["samples"] for r in rs], bins=edges,
-                          histtype="step", lw=1.8, color=colours[a], ls=_DASHES[i % len(_DASHES)])
-    ax[0, 1].set(xscale="log", yscale="log", xlabel="backward lag (s, learner clock; log scale)",
-                 ylabel="samples (log scale)", title="lag in seconds (actors: line styles)")
+            ax[0, 1].hist(
+                [max(r["lag_seconds"], 1e-4) for r in rs],
+                weights=[r["samples"] for r in rs],
+                bins=edges,
+                histtype="step",
+                lw=1.8,
+                color=colours[a],
+                ls=_DASHES[i % len(_DASHES)],
+            )
+    ax[0, 1].set(
+        xscale="log",
+        yscale="log",
+        xlabel="backward lag (s, learner clock; log scale)",
+        ylabel="samples (log scale)",
+        title="lag in seconds (actors: line styles)",
+    )
     _plain_log_ticks(ax[0, 1].xaxis)
     by_iter: dict = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0]))
     for r in rows:
@@ -338,7 +388,7 @@ def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, tit
         acc[0] += r["lag_versions"] * r["samples"]
         acc[1] += r["lag_seconds"] * r["samples"]
         acc[2] += r["samples"]
-    for k, a in enumerate(actors):    # hollow markers of different shapes: overlapping actors stay visible
+    for k, a in enumerate(actors):  # hollow markers of different shapes: overlapping actors stay visible
         its = sorted(by_iter[a])
         style = dict(ls="none", marker=_MARKERS[k % len(_MARKERS)], ms=4, mfc="none", mew=1.0, color=colours[a])
         ax[1, 0].plot(its, [by_iter[a][i][0] / by_iter[a][i][2] for i in its], **style)
@@ -354,14 +404,18 @@ def plot_lag(rows: list[dict], metrics: list[dict], out_path: str | Path, *, tit
         _headroom(ax[2, 0], tv_threshold)
     entries.append((h_tv, "tv_estimate (iteration mean)"))
     ax[2, 0].set(xlabel="learner iteration", ylabel="tv_estimate", title="forward lag: TV estimate per iteration")
-    fracs = [("no_grad_fraction", "no_grad_fraction", "C4"),
-             ("clip_fraction_two_sided", "clip fraction, two-sided (ppo)", "C5")]
+    fracs = [
+        ("no_grad_fraction", "no_grad_fraction", "C4"),
+        ("clip_fraction_two_sided", "clip fraction, two-sided (ppo)", "C5"),
+    ]
     for key, text, colour in fracs:
         ys = np.asarray([np.nan if m.get(key) is None else m[key] for m in metrics], np.float64)
         if ys.size and np.nanmax(np.nan_to_num(ys)) > 0:
             (h,) = ax[2, 1].plot(its, ys, color=colour, lw=1.2)
             entries.append((h, text))
-    ax[2, 1].set(xlabel="learner iteration", ylabel="fraction of samples", title="samples without gradient per iteration")
+    ax[2, 1].set(
+        xlabel="learner iteration", ylabel="fraction of samples", title="samples without gradient per iteration"
+    )
     for a in ax.flat:
         a.grid(alpha=0.3)
     fig.suptitle(title)

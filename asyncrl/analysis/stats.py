@@ -6,9 +6,11 @@ The resampling is scipy's (:func:`scipy.stats.bootstrap`, percentile method, as 
 given one sample per task (env), scipy resamples each sample independently, which is exactly the
 bootstrap stratified by task. Scores are plain floats (returns, or normalised scores).
 """
+
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats as _st
@@ -48,8 +50,14 @@ def _samples(scores_by_task: Mapping[str, Sequence[float]]) -> list[np.ndarray]:
     return out
 
 
-def aggregate(scores_by_task: Mapping[str, Sequence[float]], statistic: str = "iqm", *,
-              resamples: int = RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE) -> Interval:
+def aggregate(
+    scores_by_task: Mapping[str, Sequence[float]],
+    statistic: str = "iqm",
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> Interval:
     """``statistic`` ("iqm", "median" or "mean") of all runs pooled over tasks, with a
     ``confidence`` stratified-bootstrap percentile interval (runs resampled within each task).
 
@@ -67,9 +75,16 @@ def aggregate(scores_by_task: Mapping[str, Sequence[float]], statistic: str = "i
     value = fn(np.concatenate(samples))
     if min(s.size for s in samples) < 2:
         return Interval(value, float("nan"), float("nan"))
-    res = _st.bootstrap(tuple(samples), lambda *xs: fn(np.concatenate(xs)), paired=False, vectorized=False,
-                        n_resamples=resamples, confidence_level=confidence, method="percentile",
-                        random_state=np.random.default_rng(seed))
+    res = _st.bootstrap(
+        tuple(samples),
+        lambda *xs: fn(np.concatenate(xs)),
+        paired=False,
+        vectorized=False,
+        n_resamples=resamples,
+        confidence_level=confidence,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
     return Interval(value, float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
@@ -83,8 +98,14 @@ def _poi(*pairs: np.ndarray) -> float:
     return float(np.mean(out))
 
 
-def probability_of_improvement(x_by_task: Mapping[str, Sequence[float]], y_by_task: Mapping[str, Sequence[float]], *,
-                               resamples: int = RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE) -> Interval:
+def probability_of_improvement(
+    x_by_task: Mapping[str, Sequence[float]],
+    y_by_task: Mapping[str, Sequence[float]],
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> Interval:
     """P(X > Y): the probability that a run of method X scores above a run of method Y on the same
     task, averaged over the tasks both have (rliable's ``probability_of_improvement``, the
     Mann-Whitney U statistic over n*m), with a stratified-bootstrap percentile interval.
@@ -101,8 +122,16 @@ def probability_of_improvement(x_by_task: Mapping[str, Sequence[float]], y_by_ta
     value = _poi(*pairs)
     if min(p.size for p in pairs) < 2:
         return Interval(value, float("nan"), float("nan"))
-    res = _st.bootstrap(tuple(pairs), _poi, paired=False, vectorized=False, n_resamples=resamples,
-                        confidence_level=confidence, method="percentile", random_state=np.random.default_rng(seed))
+    res = _st.bootstrap(
+        tuple(pairs),
+        _poi,
+        paired=False,
+        vectorized=False,
+        n_resamples=resamples,
+        confidence_level=confidence,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
     return Interval(value, float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 

@@ -11,32 +11,42 @@ depend on it); serial cells are bit-reproducible whatever the load.
 
 This module runs the cells (:class:`Runner`) and re-exports the names callers import from it.
 """
+
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from asyncrl.core.metrics import strict_json
-from asyncrl.run.pdeathsig import die_with_parent
 from asyncrl.analysis.study_code import PACKAGE, REPORTING_MODULES, git_commit, training_code_fingerprint  # noqa: F401
 from asyncrl.analysis.study_file import Cell, Study, StudyError, condition_settings, load_study  # noqa: F401
 from asyncrl.analysis.study_record import cell_record, cpu_kernels, machine_info  # noqa: F401
-from asyncrl.analysis.study_store import CellStore, cell_key, identity as _identity  # noqa: F401
+from asyncrl.analysis.study_store import CellStore, cell_key  # noqa: F401
+from asyncrl.analysis.study_store import identity as _identity
+from asyncrl.core.metrics import strict_json
 from asyncrl.core.wording import count_of
+from asyncrl.run.pdeathsig import die_with_parent
 
 
 class Runner:
     """Runs a study's cells into ``out``/cells/<key>/ (run/ = the run directory, cell.json = the record)."""
 
-    def __init__(self, study: Study, out: Path, *, jobs: int = 1, echo: Callable[[str], None] = print,
-                 retry_failed: bool = False, executor=None):
+    def __init__(
+        self,
+        study: Study,
+        out: Path,
+        *,
+        jobs: int = 1,
+        echo: Callable[[str], None] = print,
+        retry_failed: bool = False,
+        executor=None,
+    ):
         if jobs < 1:
             raise StudyError(f"--jobs must be >= 1, got {jobs}")
         self.study, self.out, self.jobs, self.echo = study, Path(out).resolve(), jobs, echo
@@ -98,7 +108,9 @@ class Runner:
             if rec is None and any_code:
                 # its own records first; a cell that never ran as itself shared a run with a cell that
                 # resolves to the same run today (a sweep value equal to the default then and now)
-                same = others.get(_identity(c)) or [r for s in sharing[self.keys[c]] for r in others.get(_identity(s), [])]
+                same = others.get(_identity(c)) or [
+                    r for s in sharing[self.keys[c]] for r in others.get(_identity(s), [])
+                ]
                 rec = max(same, key=lambda r: r.get("started", "")) if same else None
             if rec is None:
                 continue
@@ -110,23 +122,37 @@ class Runner:
     def run_cell(self, cell: Cell) -> dict | None:
         cell_dir = self.record_path(cell).parent
         if cell_dir.exists():
-            shutil.rmtree(cell_dir)               # what a killed earlier attempt left
+            shutil.rmtree(cell_dir)  # what a killed earlier attempt left
         cell_dir.mkdir(parents=True)
         run_dir = cell_dir / "run"
         cmd = cell.command(run_dir)
         t0, started = time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
         ran = (self.executor.execute if self.executor else self._execute_local)(cell, cell_dir, run_dir)
         if self._stop.is_set():
-            return None                           # interrupted: no record, the cell runs again next time
+            return None  # interrupted: no record, the cell runs again next time
         rc = ran["rc"]
         rec: dict[str, Any] = {
-            "label": cell.label, "env": cell.env, "preset": cell.preset, "condition": cell.condition,
-            "seed": cell.seed, "mode": cell.mode, "overrides": list(cell.overrides),
-            "total_env_steps": cell.total_env_steps, "key": self.keys[cell], "study": self.study.name,
-            "code_fingerprint": self.fingerprint, "commit": self.commit, "command": cmd[2:],
-            "started": started, "cell_wall_s": round(time.time() - t0, 1),
-            "load_start": ran["load_start"], "load_end": ran["load_end"], "machine": ran["machine"],
-            "launcher": "ray" if self.executor else "local", "returncode": rc}
+            "label": cell.label,
+            "env": cell.env,
+            "preset": cell.preset,
+            "condition": cell.condition,
+            "seed": cell.seed,
+            "mode": cell.mode,
+            "overrides": list(cell.overrides),
+            "total_env_steps": cell.total_env_steps,
+            "key": self.keys[cell],
+            "study": self.study.name,
+            "code_fingerprint": self.fingerprint,
+            "commit": self.commit,
+            "command": cmd[2:],
+            "started": started,
+            "cell_wall_s": round(time.time() - t0, 1),
+            "load_start": ran["load_start"],
+            "load_end": ran["load_end"],
+            "machine": ran["machine"],
+            "launcher": "ray" if self.executor else "local",
+            "returncode": rc,
+        }
         if rc == 0 and (run_dir / "summary.json").exists():
             rec.update(cell_record(cell, run_dir))
             rec["status"] = "diverged" if rec["diverged"] else "ok"
@@ -145,16 +171,26 @@ class Runner:
         with open(cell_dir / "log.txt", "w") as log:
             # cwd = the cell's directory: `python -m asyncrl` puts its cwd first on sys.path, so
             # a checkout in the study's cwd would otherwise shadow the code the study was started with
-            proc = subprocess.Popen(cell.command(run_dir), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=cell_dir, env=_child_env(),
-                                    preexec_fn=die_with_parent())   # no cell outlives a killed study
+            proc = subprocess.Popen(
+                cell.command(run_dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cell_dir,
+                env=_child_env(),
+                preexec_fn=die_with_parent(),
+            )  # no cell outlives a killed study
             with self._lock:
                 self._procs.add(proc)
             rc = proc.wait()
             with self._lock:
                 self._procs.discard(proc)
-        return {"rc": rc, "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
-                "machine": machine_info()}
+        return {
+            "rc": rc,
+            "load_start": round(load0, 2),
+            "load_end": round(os.getloadavg()[0], 2),
+            "machine": machine_info(),
+        }
 
     def _announce(self, rec: dict | None, done: int, total: int) -> None:
         if rec is None:
@@ -167,8 +203,10 @@ class Runner:
         else:
             text = f"{score:,.0f}"
         with self._lock:
-            self.echo(f"[{done}/{total}] {rec['label']} | {rec['env']} | {rec['condition']} | seed {rec['seed']}: "
-                      f"{text} ({rec['cell_wall_s']:.0f} s)")
+            self.echo(
+                f"[{done}/{total}] {rec['label']} | {rec['env']} | {rec['condition']} | seed {rec['seed']}: "
+                f"{text} ({rec['cell_wall_s']:.0f} s)"
+            )
 
     def run(self) -> int:
         """Run every pending cell; returns how many ran. Multi-process cells first, one at a time
@@ -176,14 +214,16 @@ class Runner:
         time (they are bit-reproducible whatever the load, so their order does not matter). With a
         Ray executor ``jobs`` cells are in flight at once and Ray places them (a multi-process cell
         on a whole node)."""
-        todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")   # stable: keeps the order
+        todo = sorted(self.pending(), key=lambda c: c.mode != "multiprocess")  # stable: keeps the order
         total, runs = len(todo), len(set(self.keys.values()))
-        shared = len(self.study.cells) - runs      # cells whose key another arm's cell has too
+        shared = len(self.study.cells) - runs  # cells whose key another arm's cell has too
         cells = count_of(len(self.study.cells), "cell")
         if shared:
             cells += f" ({count_of(runs, 'run')}: {shared} {'shares' if shared == 1 else 'share'} another arm's run)"
-        self.echo(f"study {self.study.name}: {cells}, {runs - total} already finished, {total} to run, "
-                  f"{self.jobs} at a time; results in {self.out}")
+        self.echo(
+            f"study {self.study.name}: {cells}, {runs - total} already finished, {total} to run, "
+            f"{self.jobs} at a time; results in {self.out}"
+        )
         self._schedule(todo, set(), total)
         return total
 
@@ -199,6 +239,7 @@ class Runner:
     def _schedule(self, todo: list[Cell], running: set[Future], total: int) -> None:
         done = 0
         with ThreadPoolExecutor(self.jobs) as pool:
+
             def drain(all_: bool) -> None:
                 nonlocal done
                 while running and (all_ or len(running) >= self.jobs):
@@ -207,9 +248,10 @@ class Runner:
                         running.discard(f)
                         done += 1
                         self._announce(f.result(), done, total)
-            try:                                  # inside the pool: its exit waits for the running cells
+
+            try:  # inside the pool: its exit waits for the running cells
                 for cell in todo:
-                    if cell.mode == "multiprocess" and not self.executor:   # Ray gives it a whole node
+                    if cell.mode == "multiprocess" and not self.executor:  # Ray gives it a whole node
                         drain(all_=True)
                         running.add(pool.submit(self.run_cell, cell))
                         drain(all_=True)

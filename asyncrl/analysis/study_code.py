@@ -16,6 +16,7 @@ same syntax tree in both once docstrings are dropped and every import of a packa
 as the imported module's name. Any other change (a statement, a constant, an import of another
 module, a module added or removed) fails the check, and the cells run again.
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,12 +28,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent     # the asyncrl package (this module is in analysis/)
+PACKAGE = Path(__file__).resolve().parent.parent  # the asyncrl package (this module is in analysis/)
 # Modules that only read or report results in the flat layout of older revisions (a revision's own
 # code decides its fingerprint; kept for reading them, see the probe below).
-REPORTING_MODULES = {"study.py", "study_report.py", "stats.py", "plots.py", "lag_report.py", "evaluate.py",
-                     "study_ray.py", "provenance.py", "study_file.py", "study_code.py", "study_store.py",
-                     "study_record.py"}
+REPORTING_MODULES = {
+    "study.py",
+    "study_report.py",
+    "stats.py",
+    "plots.py",
+    "lag_report.py",
+    "evaluate.py",
+    "study_ray.py",
+    "provenance.py",
+    "study_file.py",
+    "study_code.py",
+    "study_store.py",
+    "study_record.py",
+}
 # The folders a run imports: every folder of the package but analysis/ (which no run imports:
 # tests/test_study_code.py runs a cell and checks both). None: the flat layout (REPORTING_MODULES decides).
 TRAINING_FOLDERS: tuple[str, ...] | None = ("algo", "cli", "core", "roles", "run", "tasks", "wire")
@@ -41,13 +53,16 @@ TRAINING_FOLDERS: tuple[str, ...] | None = ("algo", "cli", "core", "roles", "run
 CODE_MODULES = ("asyncrl.analysis.study_code", "asyncrl.study_code", "asyncrl.study")
 
 
-def training_code_files(package: Path = PACKAGE, folders: tuple[str, ...] | None = TRAINING_FOLDERS,
-                        reporting: set[str] | frozenset[str] = frozenset(REPORTING_MODULES)) -> list[Path]:
+def training_code_files(
+    package: Path = PACKAGE,
+    folders: tuple[str, ...] | None = TRAINING_FOLDERS,
+    reporting: set[str] | frozenset[str] = frozenset(REPORTING_MODULES),
+) -> list[Path]:
     """The modules that can change a run, sorted: see the module docstring."""
     if folders is None:
         return [p for p in sorted(package.rglob("*.py")) if not (p.name in reporting and p.parent == package)]
     files = {p for f in folders for p in (package / f).rglob("*.py")}
-    files |= set(package.glob("*.py"))   # the package's __init__.py and __main__.py (the command's entry)
+    files |= set(package.glob("*.py"))  # the package's __init__.py and __main__.py (the command's entry)
     return sorted(files)
 
 
@@ -63,19 +78,24 @@ def git_commit() -> str:
     """The checkout's commit, with "+dirty" when training code has uncommitted changes; "unknown"
     outside a git checkout."""
     try:
+
         def git(*args: str) -> str:
             return subprocess.run(["git", *args], cwd=PACKAGE, capture_output=True, text=True, timeout=10).stdout
+
         sha, top = git("rev-parse", "HEAD").strip(), git("rev-parse", "--show-toplevel").strip()
         status = git("status", "--porcelain", "--", ".").splitlines()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     training = set(training_code_files())
     changed = [(Path(top) / line[3:].split(" -> ")[-1].strip('"')).resolve() for line in status]
-    dirty = [p for p in changed if not p.exists() or any(t == p or t.is_relative_to(p) for t in training)]   # a new folder too
+    dirty = [
+        p for p in changed if not p.exists() or any(t == p or t.is_relative_to(p) for t in training)
+    ]  # a new folder too
     return (sha or "unknown") + ("+dirty" if dirty else "")
 
 
 # -- layout check -------------------------------------------------------------------------------
+
 
 def _module_names(package: Path) -> dict[Path, str]:
     """Dotted name (relative to the package; "" for its own __init__) of every module under it."""
@@ -115,7 +135,7 @@ def paired_identities(old_names, new_names) -> tuple[dict[str, str], dict[str, s
     unpaired old module keeps its own, marked as gone."""
     ident_new = _identities(new_names)
     old_label, new_label = {}, dict(ident_new)
-    leaf = lambda n: n.rsplit(".", 1)[-1] if n else ""   # noqa: E731
+    leaf = lambda n: n.rsplit(".", 1)[-1] if n else ""  # noqa: E731
     groups: dict[str, tuple[list[str], list[str]]] = {}
     for n in old_names:
         groups.setdefault(leaf(n), ([], []))[0].append(n)
@@ -128,11 +148,11 @@ def paired_identities(old_names, new_names) -> tuple[dict[str, str], dict[str, s
         olds = [o for o in olds if o not in news]
         news = [n for n in news if all(n != b for _, b in pairs)]
         while olds and news:
-            best = max(((_common_suffix(o, n), o, n) for o in olds for n in news))
+            best = max((_common_suffix(o, n), o, n) for o in olds for n in news)
             k, o, n = best
             ties = [(o2, n2) for o2 in olds for n2 in news if _common_suffix(o2, n2) == k]
             if len(ties) > 1 and not (len(olds) == 1 and len(news) == 1):
-                break                       # ambiguous: leave them unpaired (the check then refuses)
+                break  # ambiguous: leave them unpaired (the check then refuses)
             pairs.append((o, n))
             olds.remove(o)
             news.remove(n)
@@ -153,8 +173,12 @@ class _Normalise(ast.NodeTransformer):
     def _docstring(self, node):
         self.generic_visit(node)
         body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or ([] if isinstance(node, ast.Module) else [ast.Pass()])
         return node
 
@@ -163,20 +187,27 @@ class _Normalise(ast.NodeTransformer):
     def _inside(self, dotted: str) -> str | None:
         if dotted == self.root:
             return ""
-        return dotted[len(self.root) + 1:] if dotted.startswith(self.root + ".") else None
+        return dotted[len(self.root) + 1 :] if dotted.startswith(self.root + ".") else None
 
     def visit_Import(self, node):
         if all(self._inside(a.name) is None for a in node.names):
             return node
-        return ast.Expr(ast.Constant(" ".join(
-            f"import {a.name if self._inside(a.name) is None else '@' + self.ident.get(self._inside(a.name), '?')}"
-            f" as {a.asname or a.name}" for a in node.names)))
+        return ast.Expr(
+            ast.Constant(
+                " ".join(
+                    "import "
+                    + (a.name if self._inside(a.name) is None else "@" + self.ident.get(self._inside(a.name), "?"))
+                    + f" as {a.asname or a.name}"
+                    for a in node.names
+                )
+            )
+        )
 
     def visit_ImportFrom(self, node):
         if node.level:
             pkg = self.name.split(".") if self.name else []
             pkg = pkg if self.is_package else pkg[:-1]
-            pkg = pkg[:len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+            pkg = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
             base = ".".join(pkg + (node.module.split(".") if node.module else []))
         else:
             base = self._inside(node.module or "")
@@ -190,7 +221,9 @@ class _Normalise(ast.NodeTransformer):
         return ast.Expr(ast.Constant("from " + " ".join(parts)))
 
 
-def layout_signature(package: Path, files, root: str = "asyncrl", ident: dict[str, str] | None = None) -> dict[str, str]:
+def layout_signature(
+    package: Path, files, root: str = "asyncrl", ident: dict[str, str] | None = None
+) -> dict[str, str]:
     """{identity: normalised syntax tree} of ``files`` (modules of ``package``); a package's
     ``__init__.py`` with nothing left once normalised is left out (a new folder's empty one).
     ``ident``: the label of each dotted module name (default: :func:`_identities` of this tree)."""
@@ -220,7 +253,7 @@ def layout_difference(old: tuple[Path, list], new: tuple[Path, list], root: str 
     sig_new = layout_signature(new_pkg, sorted(names_new), root, ident_new)
     for i in sorted(train_old | train_new):
         if i not in sig_old and i not in sig_new:
-            continue                                  # an empty __init__ on both sides
+            continue  # an empty __init__ on both sides
         if i not in sig_old:
             return f"module {i} is new"
         if i not in sig_new:
@@ -243,7 +276,8 @@ for name in sys.argv[1].split(","):
     if hasattr(m, "training_code_files"):
         files = m.training_code_files()
     elif hasattr(m, "REPORTING_MODULES"):
-        files = [p for p in sorted(m.PACKAGE.rglob("*.py")) if not (p.name in m.REPORTING_MODULES and p.parent == m.PACKAGE)]
+        files = [p for p in sorted(m.PACKAGE.rglob("*.py"))
+                 if not (p.name in m.REPORTING_MODULES and p.parent == m.PACKAGE)]
     else:
         continue
     print(json.dumps({"fingerprint": m.training_code_fingerprint(), "package": str(m.PACKAGE),
@@ -264,8 +298,10 @@ def alias_check(revision: str, package: Path = PACKAGE, folders: tuple[str, ...]
     Raises:
         AliasError: not a git revision of the package's repository, or more than modules moved.
     """
+
     def git(*args: str, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=top or package, capture_output=True, timeout=60, **kw)
+
     top = ""
     top = git("rev-parse", "--show-toplevel", text=True).stdout.strip()
     sha = git("rev-parse", "--verify", f"{revision}^{{commit}}", text=True).stdout.strip()
@@ -279,19 +315,27 @@ def alias_check(revision: str, package: Path = PACKAGE, folders: tuple[str, ...]
         subprocess.run(["tar", "-x", "-C", tmp], input=tar.stdout, check=True, timeout=60)
         old_root = Path(tmp) / rel.parent
         env = {**os.environ, "PYTHONPATH": str(old_root)}
-        probe = subprocess.run([sys.executable, "-c", _PROBE, ",".join(CODE_MODULES), tmp], cwd=old_root, env=env,
-                               capture_output=True, text=True, timeout=300)
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE, ",".join(CODE_MODULES), tmp],
+            cwd=old_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         try:
             got = json.loads(probe.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
-            raise AliasError(f"revision {sha[:12]}: its fingerprint could not be computed: "
-                             f"{probe.stderr.strip()[-500:]}") from None
+            raise AliasError(
+                f"revision {sha[:12]}: its fingerprint could not be computed: {probe.stderr.strip()[-500:]}"
+            ) from None
         old_pkg = Path(got["package"])
         if not old_pkg.resolve().is_relative_to(Path(tmp).resolve()):
             raise AliasError(f"revision {sha[:12]}: the probe imported {old_pkg}, not the revision's tree")
         new_files = training_code_files(package, folders)
         diff = layout_difference((old_pkg, got["files"]), (package, new_files), root=package.name)
         if diff:
-            raise AliasError(f"revision {sha[:12]} and this checkout differ by more than a move: {diff}; "
-                             "the cells run again")
+            raise AliasError(
+                f"revision {sha[:12]} and this checkout differ by more than a move: {diff}; the cells run again"
+            )
     return {"old": got["fingerprint"], "new": training_code_fingerprint(package, folders), "revision": sha}

@@ -23,6 +23,7 @@ Lag conditions (STUDY.md): ``none`` (serial), ``age-K`` (policy-age buffer K, se
 ``delay-K`` (policy delay K, serial), ``async-N`` (multi-process, N actors), ``straggler`` or
 ``straggler-N-S`` (multi-process, N actors, actor0 slowed by S seconds per rollout; default 2, 0.2).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,8 +37,19 @@ from pathlib import Path
 from asyncrl.core import config as config_mod
 
 CONDITION = re.compile(r"^(none|age-(\d+)|delay-(\d+)|async-(\d+)|straggler(?:-(\d+)-([0-9.]+))?)$")
-STUDY_KEYS = {"name", "total_env_steps", "seeds", "envs", "config", "set", "reference", "modes", "arm",
-              "random_episodes", "compare"}
+STUDY_KEYS = {
+    "name",
+    "total_env_steps",
+    "seeds",
+    "envs",
+    "config",
+    "set",
+    "reference",
+    "modes",
+    "arm",
+    "random_episodes",
+    "compare",
+}
 ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs"}
 
 
@@ -68,21 +80,35 @@ def condition_settings(name: str) -> tuple[str, list[str]]:
 
 @dataclass(frozen=True)
 class Cell:
-    label: str                 # the arm's name (or preset) plus its sweep values
+    label: str  # the arm's name (or preset) plus its sweep values
     env: str
     preset: str
     condition: str
     seed: int
     overrides: tuple[str, ...]  # study + arm + sweep + condition settings, in that order
-    mode: str                  # "serial" or "multiprocess"
+    mode: str  # "serial" or "multiprocess"
     total_env_steps: int
     config_file: str | None = None
 
     def command(self, run_dir: Path) -> list[str]:
         """The `asyncrl run` command line of this cell."""
-        cmd = [sys.executable, "-m", "asyncrl", "run", *(["--serial"] if self.mode == "serial" else []),
-               "--env", self.env, "--preset", self.preset, "--seed", str(self.seed),
-               "--total-steps", str(self.total_env_steps), "--run-dir", str(run_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "asyncrl",
+            "run",
+            *(["--serial"] if self.mode == "serial" else []),
+            "--env",
+            self.env,
+            "--preset",
+            self.preset,
+            "--seed",
+            str(self.seed),
+            "--total-steps",
+            str(self.total_env_steps),
+            "--run-dir",
+            str(run_dir),
+        ]
         if self.config_file:
             cmd += ["--config", self.config_file]
         for o in self.overrides:
@@ -97,15 +123,25 @@ class Cell:
         if resolved["task"]["kind"] != "llm":
             return []
         llm = resolved["llm"]
-        return [a for key in ("cache_dir", "model_dir") if llm[key] and not Path(llm[key]).is_absolute()
-                for a in ("--set", f"llm.{key}={Path(llm[key]).resolve()}")]
+        return [
+            a
+            for key in ("cache_dir", "model_dir")
+            if llm[key] and not Path(llm[key]).is_absolute()
+            for a in ("--set", f"llm.{key}={Path(llm[key]).resolve()}")
+        ]
 
     def resolved_config(self) -> dict:
-        cfg = config_mod.load(self.config_file, self.overrides, {
-            "env": {"id": self.env}, "algo": {"preset": self.preset},
-            "run": {"seed": self.seed, "total_env_steps": self.total_env_steps}})
+        cfg = config_mod.load(
+            self.config_file,
+            self.overrides,
+            {
+                "env": {"id": self.env},
+                "algo": {"preset": self.preset},
+                "run": {"seed": self.seed, "total_env_steps": self.total_env_steps},
+            },
+        )
         d = cfg.to_dict()
-        for k in ("run_dir", "log_every_s"):       # where and how often it logs: not the outcome
+        for k in ("run_dir", "log_every_s"):  # where and how often it logs: not the outcome
             d["run"].pop(k, None)
         d.pop("transport", None)
         return d
@@ -123,14 +159,24 @@ class Study:
 
 
 def _list(where: str, value, kind) -> list:
-    if not isinstance(value, list) or not value or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+    ):
         raise StudyError(f"{where} must be a non-empty list of {kind.__name__}, got {value!r}")
     return value
 
 
-def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: list[int] | None = None,
-               envs: list[str] | None = None, presets: list[str] | None = None,
-               conditions: list[str] | None = None) -> Study:
+def load_study(
+    path: str | Path,
+    *,
+    total_env_steps: int | None = None,
+    seeds: list[int] | None = None,
+    envs: list[str] | None = None,
+    presets: list[str] | None = None,
+    conditions: list[str] | None = None,
+) -> Study:
     """Parse a study file into its cells; the keyword arguments shrink it (smoke runs).
 
     Raises:
@@ -158,7 +204,9 @@ def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: l
     common = _list("set", data["set"], str) if "set" in data else []
     cfg_file = data.get("config")
     if cfg_file is not None:
-        cfg_file = str((path.parent / cfg_file) if not Path(cfg_file).is_absolute() and not Path(cfg_file).exists() else cfg_file)
+        cfg_file = str(
+            (path.parent / cfg_file) if not Path(cfg_file).is_absolute() and not Path(cfg_file).exists() else cfg_file
+        )
     arms = data.get("arm")
     if not isinstance(arms, list) or not arms:
         raise StudyError(f"{path}: a study needs at least one [[arm]]")
@@ -177,20 +225,38 @@ def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: l
             raise StudyError(f"{where}: sweep must be a table of key = [values]")
         axes = [[(k, v) for v in _list(f"{where}: sweep.{k}", vals, object)] for k, vals in sweep.items()]
         arm_envs = envs or (_list(f"{where}: envs", arm["envs"], str) if "envs" in arm else all_envs)
-        for env, preset, cond, combo in itertools.product(arm_envs, arm_presets, arm_conditions,
-                                                          itertools.product(*axes)):
+        for env, preset, cond, combo in itertools.product(
+            arm_envs, arm_presets, arm_conditions, itertools.product(*axes)
+        ):
             if (only_presets and preset not in only_presets) or (only_conditions and cond not in only_conditions):
                 continue
             mode, cond_set = condition_settings(cond)
             swept = [f"{k}={json.dumps(v)}" for k, v in combo]
-            label = " ".join([arm.get("name", preset) if len(arm_presets) == 1 or "name" not in arm else f"{arm['name']}:{preset}",
-                              *(f"{k.split('.')[-1]}={v}" for k, v in combo)])
+            label = " ".join(
+                [
+                    arm.get("name", preset)
+                    if len(arm_presets) == 1 or "name" not in arm
+                    else f"{arm['name']}:{preset}",
+                    *(f"{k.split('.')[-1]}={v}" for k, v in combo),
+                ]
+            )
             for seed in all_seeds:
-                cells.append(Cell(label, env, preset, cond, int(seed), tuple(common + arm_set + swept + cond_set),
-                                  mode, steps, cfg_file))
+                cells.append(
+                    Cell(
+                        label,
+                        env,
+                        preset,
+                        cond,
+                        int(seed),
+                        tuple(common + arm_set + swept + cond_set),
+                        mode,
+                        steps,
+                        cfg_file,
+                    )
+                )
     if not cells:
         raise StudyError(f"{path}: no cell matches the given presets / conditions")
-    for c in cells[:: max(1, len(all_seeds))]:       # one check per (arm, env, preset, condition, sweep)
+    for c in cells[:: max(1, len(all_seeds))]:  # one check per (arm, env, preset, condition, sweep)
         try:
             c.resolved_config()
         except config_mod.ConfigError as exc:
@@ -199,5 +265,12 @@ def load_study(path: str | Path, *, total_env_steps: int | None = None, seeds: l
     order = {s: k for k, s in enumerate(all_seeds)}
     cells.sort(key=lambda c: order[c.seed])
     compare = [tuple(p) for p in data.get("compare", [])]
-    return Study(name, path, cells, reference=dict(data.get("reference", {})), modes=dict(data.get("modes", {})),
-                 random_episodes=int(data.get("random_episodes", 10)), compare=compare)  # type: ignore[arg-type]
+    return Study(
+        name,
+        path,
+        cells,
+        reference=dict(data.get("reference", {})),
+        modes=dict(data.get("modes", {})),
+        random_episodes=int(data.get("random_episodes", 10)),
+        compare=compare,
+    )  # type: ignore[arg-type]

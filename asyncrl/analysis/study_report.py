@@ -6,6 +6,7 @@ figure) and ``auc`` (mean of the return curve over its evaluation points). Acros
 normalised as (score - random) / (reference - random), the random-policy return measured here and
 the reference fixed in the study file (STUDY.md).
 """
+
 from __future__ import annotations
 
 import csv
@@ -16,35 +17,64 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from asyncrl.analysis import stats
+from asyncrl.analysis.study import Study
 from asyncrl.core.metrics import strict_json
 from asyncrl.core.wording import count_of
-from asyncrl.analysis.study import Study
 
-CSV_FIELDS = ("study", "label", "env", "preset", "condition", "seed", "mode", "status", "final_return", "auc",
-              "env_steps", "wall_time_s", "env_steps_per_s", "lag_p50", "lag_p95", "lag_seconds_p50",
-              "lag_seconds_p95", "tv_estimate", "no_grad_fraction", "filter_fire_rate", "clip_fraction_two_sided",
-              "approx_kl",
-              "entropy_last",
-              "load_start", "load_end", "commit", "code_fingerprint", "key", "overrides")
+CSV_FIELDS = (
+    "study",
+    "label",
+    "env",
+    "preset",
+    "condition",
+    "seed",
+    "mode",
+    "status",
+    "final_return",
+    "auc",
+    "env_steps",
+    "wall_time_s",
+    "env_steps_per_s",
+    "lag_p50",
+    "lag_p95",
+    "lag_seconds_p50",
+    "lag_seconds_p95",
+    "tv_estimate",
+    "no_grad_fraction",
+    "filter_fire_rate",
+    "clip_fraction_two_sided",
+    "approx_kl",
+    "entropy_last",
+    "load_start",
+    "load_end",
+    "commit",
+    "code_fingerprint",
+    "key",
+    "overrides",
+)
 
 
 def random_returns(study: Study, out: Path) -> dict[str, float]:
     """The random-policy return of every env of the study that has a reference return (the only ones
     normalised), measured once and kept in random.json."""
     from asyncrl.tasks.control.envs import random_policy_return
+
     path = out / "random.json"
     known = json.loads(path.read_text()) if path.exists() else {}
-    for env in sorted({c.env for c in study.cells} & set(study.reference)):   # only normalised envs need it
+    for env in sorted({c.env for c in study.cells} & set(study.reference)):  # only normalised envs need it
         if env not in known or known[env].get("episodes") != study.random_episodes:
-            known[env] = {"return": random_policy_return(env, episodes=study.random_episodes, seed=0),
-                          "episodes": study.random_episodes, "seed": 0}
+            known[env] = {
+                "return": random_policy_return(env, episodes=study.random_episodes, seed=0),
+                "episodes": study.random_episodes,
+                "seed": 0,
+            }
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(strict_json(known, indent=1) + "\n")
     return {k: v["return"] for k, v in known.items()}
 
 
 CELL_DIAGNOSTICS = ("tv_estimate", "no_grad_fraction", "filter_fire_rate", "clip_fraction_two_sided", "approx_kl")
-_CLIP_PRESETS = ("ppo", "grpo")   # PPO's clip: the presets whose old "clip_fraction" was two-sided
+_CLIP_PRESETS = ("ppo", "grpo")  # PPO's clip: the presets whose old "clip_fraction" was two-sided
 
 
 def cell_diagnostic(record: dict, key: str) -> float | None:
@@ -88,17 +118,28 @@ def group_rows(study: Study, records: list[dict]) -> list[dict]:
     for (env, label, cond), rs in groups.items():
         ok = _scored(rs)
         finals = [r["final_return"] for r in ok]
-        row = {"env": env, "label": label, "condition": cond, "cells": len(rs), "n": len(ok),
-               "failed": sum(r.get("status") == "failed" for r in rs),
-               "diverged": sum(r.get("status") == "diverged" for r in rs),
-               "seeds": sorted(r["seed"] for r in ok), "final_returns": finals}
+        row = {
+            "env": env,
+            "label": label,
+            "condition": cond,
+            "cells": len(rs),
+            "n": len(ok),
+            "failed": sum(r.get("status") == "failed" for r in rs),
+            "diverged": sum(r.get("status") == "diverged" for r in rs),
+            "seeds": sorted(r["seed"] for r in ok),
+            "final_returns": finals,
+        }
         if finals:
             row["median"] = statistics.median(finals)
             row["iqm"] = stats.aggregate({env: finals}, "iqm")._asdict()
             row["auc_iqm"] = stats.iqm([r["auc"] for r in ok if r.get("auc") is not None] or [float("nan")])
         if env in study.modes and finals:
             split = study.modes[env]
-            row["modes"] = {"split": split, "low": sum(f < split for f in finals), "high": sum(f >= split for f in finals)}
+            row["modes"] = {
+                "split": split,
+                "low": sum(f < split for f in finals),
+                "high": sum(f >= split for f in finals),
+            }
         for k in CELL_DIAGNOSTICS:
             row[k] = _avg(cell_diagnostic(r, k) for r in ok)
         row["entropy_last"] = _avg(r["diagnostics"]["entropy"]["last"] for r in ok)
@@ -124,12 +165,20 @@ def aggregates(study: Study, records: list[dict], random: dict[str, float]) -> l
     for r in _scored(records):
         if r["env"] in study.reference and r["env"] in random:
             by[(r["label"], r["condition"])][r["env"]].append(
-                stats.normalized(r["final_return"], random=random[r["env"]], reference=study.reference[r["env"]]))
+                stats.normalized(r["final_return"], random=random[r["env"]], reference=study.reference[r["env"]])
+            )
     out = []
     for (label, cond), per_env in by.items():
-        out.append({"label": label, "condition": cond, "envs": sorted(per_env), "n": sum(map(len, per_env.values())),
-                    "iqm": stats.aggregate(per_env, "iqm")._asdict(),
-                    "median": stats.aggregate(per_env, "median")._asdict()})
+        out.append(
+            {
+                "label": label,
+                "condition": cond,
+                "envs": sorted(per_env),
+                "n": sum(map(len, per_env.values())),
+                "iqm": stats.aggregate(per_env, "iqm")._asdict(),
+                "median": stats.aggregate(per_env, "median")._asdict(),
+            }
+        )
     return out
 
 
@@ -155,10 +204,20 @@ def comparisons(study: Study, records: list[dict]) -> list[dict]:
             envs = sorted(set(sx) & set(sy))
             mx = statistics.median([v for e in envs for v in sx[e]])
             my = statistics.median([v for e in envs for v in sy[e]])
-            out.append({"condition": cond if "@" not in x + y else f"{cx} vs {cy}", "x": lx, "y": ly, "envs": envs,
-                        "n_x": sum(map(len, sx.values())), "n_y": sum(map(len, sy.values())),
-                        "median_x": mx, "median_y": my, "median_ratio": mx / my if my else None,
-                        "probability_of_improvement": iv._asdict()})
+            out.append(
+                {
+                    "condition": cond if "@" not in x + y else f"{cx} vs {cy}",
+                    "x": lx,
+                    "y": ly,
+                    "envs": envs,
+                    "n_x": sum(map(len, sx.values())),
+                    "n_y": sum(map(len, sy.values())),
+                    "median_x": mx,
+                    "median_y": my,
+                    "median_ratio": mx / my if my else None,
+                    "probability_of_improvement": iv._asdict(),
+                }
+            )
     return out
 
 
@@ -172,64 +231,91 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
     accuracy = bool(ok) and all(r.get("score_kind") == "accuracy" for r in ok)
     nd = 3 if accuracy else 0
     modes = ", ".join(sorted({str(r.get("eval_mode") or "greedy") for r in ok}))
-    score = (f"exact-match accuracy on the held-out problems after RL (llm cells; evaluation: {modes})" if accuracy else
-             "average return of the last 20 episodes at the step budget")
+    score = (
+        f"exact-match accuracy on the held-out problems after RL (llm cells; evaluation: {modes})"
+        if accuracy
+        else "average return of the last 20 episodes at the step budget"
+    )
     loads = [r["load_start"] for r in records if r.get("load_start") is not None]
     cpus = Counter(_cpu(r.get("machine") or {}) for r in records)
-    lines = [f"# Study `{study.name}`", "",
-             f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} by `asyncrl study {study.path}`. "
-             f"{len(records)} of {count_of(len(study.cells), 'cell')} finished ({len(ok)} scored, "
-             f"{sum(r.get('status') == 'failed' for r in records)} failed, "
-             f"{sum(r.get('status') == 'diverged' for r in records)} diverged). "
-             f"Code fingerprints: {', '.join(sorted({r['code_fingerprint'] for r in records})) or 'n/a'}; "
-             f"commits: {', '.join(sorted({r['commit'] for r in records})) or 'n/a'}; "
-             f"machine load at cell start (1-min average): {_fmt(min(loads), 1) if loads else 'n/a'} "
-             f"to {_fmt(max(loads), 1) if loads else 'n/a'}. CPU models (cells): "
-             f"{'; '.join(f'{m} ({n})' for m, n in cpus.most_common()) or 'n/a'}; serial cells repeat bit for bit "
-             "on one CPU model and kernel set, not across them.", "",
-             f"Score: {score}; IQM with its 95 % "
-             "percentile bootstrap CI over seeds (2,000 resamples). Modes: seeds below / at or above the "
-             "study's split. Diagnostics are means over learner iterations (entropy: last 10 %). 'no grad' "
-             "(no_grad_fraction) is the share of samples whose gradient the preset's rule removed, one definition "
-             "for every preset: PPO's clip mask (A (r - 1) > 0 and |r - 1| > ε), VACO's per-sample band and TV "
-             "filter together; 0 for presets without such a rule (ppo_kl, spo, impala); n/a for ppo cells "
-             "recorded before it was measured. 'fires': the share of minibatches over the TV budget δ (VACO's "
-             "filter proper). 'clip 2-sided': PPO's usual clip fraction, |r - 1| > ε in either direction (half "
-             "of those samples keep their gradient: not comparable with 'no grad').", "",
-             "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | no grad | fires | "
-             "clip 2-sided | KL | "
-             "entropy | lag p50/p95 (versions) | lag p50/p95 (s) | seeds: final returns |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Study `{study.name}`",
+        "",
+        f"Written {time.strftime('%Y-%m-%d %H:%M %Z')} by `asyncrl study {study.path}`. "
+        f"{len(records)} of {count_of(len(study.cells), 'cell')} finished ({len(ok)} scored, "
+        f"{sum(r.get('status') == 'failed' for r in records)} failed, "
+        f"{sum(r.get('status') == 'diverged' for r in records)} diverged). "
+        f"Code fingerprints: {', '.join(sorted({r['code_fingerprint'] for r in records})) or 'n/a'}; "
+        f"commits: {', '.join(sorted({r['commit'] for r in records})) or 'n/a'}; "
+        f"machine load at cell start (1-min average): {_fmt(min(loads), 1) if loads else 'n/a'} "
+        f"to {_fmt(max(loads), 1) if loads else 'n/a'}. CPU models (cells): "
+        f"{'; '.join(f'{m} ({n})' for m, n in cpus.most_common()) or 'n/a'}; serial cells repeat bit for bit "
+        "on one CPU model and kernel set, not across them.",
+        "",
+        f"Score: {score}; IQM with its 95 % "
+        "percentile bootstrap CI over seeds (2,000 resamples). Modes: seeds below / at or above the "
+        "study's split. Diagnostics are means over learner iterations (entropy: last 10 %). 'no grad' "
+        "(no_grad_fraction) is the share of samples whose gradient the preset's rule removed, one definition "
+        "for every preset: PPO's clip mask (A (r - 1) > 0 and |r - 1| > ε), VACO's per-sample band and TV "
+        "filter together; 0 for presets without such a rule (ppo_kl, spo, impala); n/a for ppo cells "
+        "recorded before it was measured. 'fires': the share of minibatches over the TV budget δ (VACO's "
+        "filter proper). 'clip 2-sided': PPO's usual clip fraction, |r - 1| > ε in either direction (half "
+        "of those samples keep their gradient: not comparable with 'no grad').",
+        "",
+        "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | no grad | fires | "
+        "clip 2-sided | KL | "
+        "entropy | lag p50/p95 (versions) | lag p50/p95 (s) | seeds: final returns |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         iqm = _interval(stats.Interval(**r["iqm"]), nd) if "iqm" in r else "n/a"
         modes = f"{r['modes']['low']}/{r['modes']['high']}" if "modes" in r else ""
-        bad = (f" ({r['failed']} failed)" if r["failed"] else "") + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
+        bad = (f" ({r['failed']} failed)" if r["failed"] else "") + (
+            f" ({r['diverged']} diverged)" if r["diverged"] else ""
+        )
         lines.append(
-            f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'), nd)} | {iqm} | {modes} | "
+            f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'), nd)} | {iqm} | "
+            f"{modes} | "
             f"{_fmt(r['tv_estimate'], 3)} | {_fmt(r['no_grad_fraction'], 3)} | {_fmt(r['filter_fire_rate'], 3)} | "
             f"{_fmt(r['clip_fraction_two_sided'], 3)} | "
             f"{_fmt(r['approx_kl'], 3)} | {_fmt(r['entropy_last'], 2)} | {_fmt(r['lag_p50'])}/{_fmt(r['lag_p95'])} | "
             f"{_fmt(r['lag_seconds_p50'], 2)}/{_fmt(r['lag_seconds_p95'], 2)} | "
-            f"{', '.join(f'{s}: {_fmt(f, nd)}' for s, f in zip(r['seeds'], r['final_returns']))} |")
+            f"{', '.join(f'{s}: {_fmt(f, nd)}' for s, f in zip(r['seeds'], r['final_returns']))} |"
+        )
     if aggs:
-        lines += ["", "## Across envs: normalised score (score - random) / (reference - random)", "",
-                  "Random-policy returns (measured): " + ", ".join(f"{k} {_fmt(v, 1)}" for k, v in sorted(random.items()))
-                  + "; references (fixed in the study file): "
-                  + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(study.reference.items())) + ".", "",
-                  "| arm | condition | envs | runs | IQM [95% CI, stratified by env] | median [95% CI] |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Across envs: normalised score (score - random) / (reference - random)",
+            "",
+            "Random-policy returns (measured): "
+            + ", ".join(f"{k} {_fmt(v, 1)}" for k, v in sorted(random.items()))
+            + "; references (fixed in the study file): "
+            + ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(study.reference.items()))
+            + ".",
+            "",
+            "| arm | condition | envs | runs | IQM [95% CI, stratified by env] | median [95% CI] |",
+            "|---|---|---|---|---|---|",
+        ]
         for a in aggs:
-            lines.append(f"| {a['label']} | {a['condition']} | {len(a['envs'])} | {a['n']} | "
-                         f"{_interval(stats.Interval(**a['iqm']), 2)} | {_interval(stats.Interval(**a['median']), 2)} |")
+            lines.append(
+                f"| {a['label']} | {a['condition']} | {len(a['envs'])} | {a['n']} | "
+                f"{_interval(stats.Interval(**a['iqm']), 2)} | {_interval(stats.Interval(**a['median']), 2)} |"
+            )
     if comps:
-        lines += ["", f"## Probability of improvement P(X > Y) of final {'accuracies' if accuracy else 'returns'} "
-                  "(averaged over envs)", "",
-                  "| condition | X | Y | envs | runs X/Y | median X / median Y | P(X > Y) [95% CI] |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Probability of improvement P(X > Y) of final {'accuracies' if accuracy else 'returns'} "
+            "(averaged over envs)",
+            "",
+            "| condition | X | Y | envs | runs X/Y | median X / median Y | P(X > Y) [95% CI] |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for c in comps:
             ratio = f"{_fmt(c['median_x'], nd)} / {_fmt(c['median_y'], nd)} = {_fmt(c['median_ratio'], 2)}"
-            lines.append(f"| {c['condition']} | {c['x']} | {c['y']} | {len(c['envs'])} | {c['n_x']}/{c['n_y']} | "
-                         f"{ratio} | {_interval(stats.Interval(**c['probability_of_improvement']), 2)} |")
+            lines.append(
+                f"| {c['condition']} | {c['x']} | {c['y']} | {len(c['envs'])} | {c['n_x']}/{c['n_y']} | "
+                f"{ratio} | {_interval(stats.Interval(**c['probability_of_improvement']), 2)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -244,10 +330,16 @@ def plot_study(study: Study, records: list[dict], out: Path) -> list[Path]:
     for r in _scored(records):
         by[(r["env"], r["condition"])].append(r)
     for (env, cond), rs in sorted(by.items()):
-        series = [{"label": f"{r['label']} seed {r['seed']}", "group": r["label"],
-                   "env_steps": [p[0] for p in r["curve"] if p[2] is not None],
-                   "wall_time_s": [p[1] for p in r["curve"] if p[2] is not None],
-                   "return": [p[2] for p in r["curve"] if p[2] is not None]} for r in rs]
+        series = [
+            {
+                "label": f"{r['label']} seed {r['seed']}",
+                "group": r["label"],
+                "env_steps": [p[0] for p in r["curve"] if p[2] is not None],
+                "wall_time_s": [p[1] for p in r["curve"] if p[2] is not None],
+                "return": [p[2] for p in r["curve"] if p[2] is not None],
+            }
+            for r in rs
+        ]
         path = out / "plots" / f"{env}-{cond}.png".replace("/", "_")
         path.parent.mkdir(parents=True, exist_ok=True)
         paths.append(plot_curves(series, path, title=f"{env}, {cond}: mean and 95% CI over seeds"))
@@ -258,9 +350,18 @@ def write_report(study: Study, records: list[dict], out: Path) -> dict:
     """Write results.json, results.csv, report.md and plots/ under ``out``; returns the results."""
     random = random_returns(study, out)
     rows, aggs, comps = group_rows(study, records), aggregates(study, records, random), comparisons(study, records)
-    results = {"study": study.name, "study_file": str(study.path), "cells_total": len(study.cells),
-               "random_returns": random, "reference_returns": study.reference, "modes": study.modes,
-               "groups": rows, "aggregates": aggs, "comparisons": comps, "cells": records}
+    results = {
+        "study": study.name,
+        "study_file": str(study.path),
+        "cells_total": len(study.cells),
+        "random_returns": random,
+        "reference_returns": study.reference,
+        "modes": study.modes,
+        "groups": rows,
+        "aggregates": aggs,
+        "comparisons": comps,
+        "cells": records,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(strict_json(results, indent=1) + "\n")
     with open(out / "results.csv", "w", newline="") as f:
@@ -279,6 +380,6 @@ def write_report(study: Study, records: list[dict], out: Path) -> dict:
 
 
 def _cpu(machine: dict) -> str:
-    """"AMD EPYC, AVX512 kernels" (the kernels only where the record has them)."""
+    """ "AMD EPYC, AVX512 kernels" (the kernels only where the record has them)."""
     model = machine.get("cpu_model") or "not recorded"
     return f"{model}, {machine['cpu_kernels']} kernels" if machine.get("cpu_kernels") else model

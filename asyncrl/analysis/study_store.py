@@ -11,6 +11,7 @@ extracted. A record file wins over the archive's record of the same key (a cell 
 to a later one but for moved modules: a cell keyed under an aliased fingerprint counts as the same
 cell under the new one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,16 +29,25 @@ ALIASES = "aliases.json"
 
 
 def cell_key(study: Study, cell: Cell, fingerprint: str) -> str:
-    blob = json.dumps({"study": study.name, "mode": cell.mode, "config": cell.resolved_config(),
-                       "code": fingerprint}, sort_keys=True)
+    blob = json.dumps(
+        {"study": study.name, "mode": cell.mode, "config": cell.resolved_config(), "code": fingerprint}, sort_keys=True
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def identity(x) -> tuple:
     """What names a cell in its study file (a Cell or a record of one), code aside."""
     get = (lambda k: x[k]) if isinstance(x, dict) else (lambda k: getattr(x, k))
-    return (get("label"), get("env"), get("preset"), get("condition"), get("seed"), tuple(get("overrides")),
-            get("total_env_steps"), get("mode"))
+    return (
+        get("label"),
+        get("env"),
+        get("preset"),
+        get("condition"),
+        get("seed"),
+        tuple(get("overrides")),
+        get("total_env_steps"),
+        get("mode"),
+    )
 
 
 class CellStore:
@@ -89,11 +99,12 @@ class CellStore:
 
     def pack(self) -> tuple[int, int]:
         """Write every finished record into the archive, byte for byte as written (sorted, fixed
-        metadata: the same records give the same archive), then remove the packed record files and any cell directory left empty
+        metadata: the same records give the same archive), then remove the packed record files and any cell directory
+        left empty
         (a local study's run directories and logs stay). Returns (records in the archive, files
         packed)."""
         files = self.files()
-        records = {**self._archived_bytes(), **{k: p.read_bytes() for k, p in files.items()}}   # as written
+        records = {**self._archived_bytes(), **{k: p.read_bytes() for k, p in files.items()}}  # as written
         tmp = self.archive_path.with_suffix(".tmp")
         with tarfile.open(tmp, "w:xz", format=tarfile.PAX_FORMAT, preset=9) as tar:
             for key in sorted(records):
@@ -107,7 +118,7 @@ class CellStore:
             try:
                 p.parent.rmdir()
             except OSError:
-                pass                                  # the run directory and log stay
+                pass  # the run directory and log stay
         try:
             (self.out / "cells").rmdir()
         except OSError:

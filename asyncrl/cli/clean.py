@@ -1,7 +1,6 @@
 """``asyncrl clean``: remove what killed runs left behind."""
+
 from __future__ import annotations
-
-
 
 import click
 
@@ -17,11 +16,15 @@ def clean(run_id):
     from asyncrl.run.launch import remove_stale_endpoint_dirs
     from asyncrl.wire.security import remove_stale_weights_secrets
     from asyncrl.wire.shm import cleanup_stale, remove_run
+
     removed = remove_run(run_id) if run_id else cleanup_stale()
     click.echo(f"removed {len(removed)} segment(s)" + (": " + ", ".join(removed) if removed else ""))
     if not run_id:
         secrets_removed = remove_stale_weights_secrets()
-        click.echo("weights secrets: listening ports unknown (no /proc/net/tcp), none removed"
-                   if secrets_removed is None else f"removed {len(secrets_removed)} stale weights secret(s)")
+        click.echo(
+            "weights secrets: listening ports unknown (no /proc/net/tcp), none removed"
+            if secrets_removed is None
+            else f"removed {len(secrets_removed)} stale weights secret(s)"
+        )
         dirs = remove_stale_endpoint_dirs()
         click.echo(f"removed {len(dirs)} stale endpoint director{'y' if len(dirs) == 1 else 'ies'}")

@@ -1,5 +1,6 @@
 """What every command shares: the click group ``main``, one-line errors (UserError, RunFailed), the
 config loading of the --config / --set options and the device and env-module options."""
+
 from __future__ import annotations
 
 import faulthandler
@@ -10,7 +11,8 @@ from typing import NoReturn
 import click
 
 from asyncrl import __version__
-from asyncrl.core import config as config_mod, exit_status
+from asyncrl.core import config as config_mod
+from asyncrl.core import exit_status
 from asyncrl.core.config import Config, ConfigError
 
 
@@ -32,8 +34,9 @@ def _interrupted(line: str) -> NoReturn:
     sys.exit(exit_status.interrupted_status())
 
 
-def load_config(config_file, overrides, flags: dict | None = None, *, env: bool = True, resolved: bool = False,
-                notes: bool = True):
+def load_config(
+    config_file, overrides, flags: dict | None = None, *, env: bool = True, resolved: bool = False, notes: bool = True
+):
     """Defaults <- --config FILE <- CLI flags <- --set overrides (asyncrl.core.config.resolve: presets and
     the task kind set their keys unless the user does); each user value that overrides a preset or
     task-kind value, or has no effect, is said once on stderr (with ``notes``). With ``env``, the env must be one
@@ -47,6 +50,7 @@ def load_config(config_file, overrides, flags: dict | None = None, *, env: bool 
         res = config_mod.load_resolved(config_file, overrides, extra)
         if env and res.config.task.kind == "control":
             from asyncrl.tasks.control.envs import check_env
+
             check_env(res.config.env.id, res.config.env.max_episode_steps, res.config.env.module)
     except (ConfigError, ValueError) as exc:  # EnvError is a ValueError
         raise UserError(str(exc)) from None
@@ -56,10 +60,16 @@ def load_config(config_file, overrides, flags: dict | None = None, *, env: bool 
 
 
 def _common(f):
-    f = click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-                     help="Override one config value (repeatable), e.g. --set algo.lr=1e-4.")(f)
-    f = click.option("--config", "config_file", type=click.Path(dir_okay=False),
-                     help="TOML config file (see configs/).")(f)
+    f = click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="SECTION.KEY=VALUE",
+        help="Override one config value (repeatable), e.g. --set algo.lr=1e-4.",
+    )(f)
+    f = click.option(
+        "--config", "config_file", type=click.Path(dir_okay=False), help="TOML config file (see configs/)."
+    )(f)
     return f
 
 
@@ -74,7 +84,7 @@ class _Command(click.Command):
 
 class _Group(click.Group, _Command):
     command_class = _Command
-    group_class = type          # subgroups are _Group too
+    group_class = type  # subgroups are _Group too
 
     def invoke(self, ctx: click.Context):
         """A Ctrl-C (or SIGTERM) that arrives before a command's own handling of it, e.g. while it
@@ -92,29 +102,37 @@ class _Group(click.Group, _Command):
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
-    exit_status.install_stop_handlers()   # from the first moment: a SIGINT / SIGTERM during start-up is an interruption too
+    # from the first moment: a SIGINT / SIGTERM during start-up is an interruption too
+    exit_status.install_stop_handlers()
     # A fatal signal (SIGBUS on a shared-memory page that cannot be backed, SIGSEGV) prints the
     # Python stack to stderr (the role's log) before the process dies of it.
     try:
         faulthandler.enable()
-    except (OSError, ValueError, AttributeError):   # stderr without a file descriptor (tests' CliRunner)
+    except (OSError, ValueError, AttributeError):  # stderr without a file descriptor (tests' CliRunner)
         pass
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    if not verbose:   # libraries' start-up notes (font cache built, no OpenGL_accelerate) are not ours to print
-        for name in ("matplotlib", "OpenGL", "PIL", "torch"):   # torch: FakeTensor cache stats at exit
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    if not verbose:  # libraries' start-up notes (font cache built, no OpenGL_accelerate) are not ours to print
+        for name in ("matplotlib", "OpenGL", "PIL", "torch"):  # torch: FakeTensor cache stats at exit
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _device_option(key: str, what: str):
-    return click.option("--device", help=f"{what}: cpu, cuda or cuda:N (config {key}; default cpu). Checked "
-                                         f"before anything starts: cuda on a machine without it is one error line.")
+    return click.option(
+        "--device",
+        help=f"{what}: cpu, cuda or cuda:N (config {key}; default cpu). Checked "
+        f"before anything starts: cuda on a machine without it is one error line.",
+    )
 
 
 def _check_devices(cfg: Config, *, learner: bool = True, actor: bool = True) -> None:
     """Raise UserError (one line) unless this machine has the devices the roles started here use:
     learner.device (and learner.precision), and actor.device of llm generators."""
     from asyncrl.core.device import check_device
+
     try:
         if learner:
             check_device(cfg.learner.device, cfg.learner.precision)
@@ -125,6 +143,9 @@ def _check_devices(cfg: Config, *, learner: bool = True, actor: bool = True) -> 
 
 
 def _env_module(f):
-    return click.option("--env-module", "env_module",
-                        help="Python module to import first, e.g. one that registers your env id "
-                             "(config env.module); or give --env module:callable.")(f)
+    return click.option(
+        "--env-module",
+        "env_module",
+        help="Python module to import first, e.g. one that registers your env id "
+        "(config env.module); or give --env module:callable.",
+    )(f)

@@ -3,6 +3,7 @@
 Wire it into the main CLI with ``main.add_command(asyncrl.cli.llm.llm)``. Every command works
 offline: HF_HUB_OFFLINE=1 is set before transformers is imported, and models load by path only.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ import click
 
 from asyncrl.core.wording import count_of
 from asyncrl.tasks.llm.defaults import DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_THREADS, WARMUP_STAMP  # noqa: F401 (WARMUP_STAMP re-exported)
-
 
 
 class LLMUserError(click.ClickException):
@@ -32,26 +32,47 @@ def llm() -> None:
 
 def _threads(n: int | None) -> None:
     import torch
+
     if n:
         torch.set_num_threads(n)
 
 
 @llm.command(short_help="Train a tokenizer on the generated task and initialise a tiny causal LM.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Directory to write (default runs/llm/tiny-qwen2-s<seed>); reused if prepared with the same settings.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory to write (default runs/llm/tiny-qwen2-s<seed>); reused if prepared with the same settings.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Tokenizer data and initial weights.")
-@click.option("--model-config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="transformers JSON config (default configs/llm/tiny-qwen2.json).")
-@click.option("--vocab-size", type=int, default=1024, show_default=True, help="Tokenizer vocabulary size (upper bound).")
-@click.option("--texts", "n_texts", type=int, default=20000, show_default=True,
-              help="Generated train problems the tokenizer is trained on.")
+@click.option(
+    "--model-config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="transformers JSON config (default configs/llm/tiny-qwen2.json).",
+)
+@click.option(
+    "--vocab-size", type=int, default=1024, show_default=True, help="Tokenizer vocabulary size (upper bound)."
+)
+@click.option(
+    "--texts",
+    "n_texts",
+    type=int,
+    default=20000,
+    show_default=True,
+    help="Generated train problems the tokenizer is trained on.",
+)
 def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
     """Train a tokenizer on the generated task and initialise a tiny causal LM (Hugging Face format)."""
     from asyncrl.tasks.llm import model as m
+
     out = Path(out_dir) if out_dir else Path("runs/llm") / f"tiny-qwen2-s{seed}"
     try:
-        path, reused = m.prepare(out, seed=seed, config_path=config_path or m.DEFAULT_CONFIG,
-                                 vocab_size=vocab_size, n_texts=n_texts)
+        path, reused = m.prepare(
+            out, seed=seed, config_path=config_path or m.DEFAULT_CONFIG, vocab_size=vocab_size, n_texts=n_texts
+        )
         stamp = json.loads((path / m.STAMP).read_text())
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         raise LLMUserError(str(e)) from None
@@ -59,9 +80,21 @@ def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
 
 
 @llm.command(short_help="Supervised warm-up on generated problems, then held-out greedy accuracy.")
-@click.option("--model", "model_dir", type=click.Path(), required=True, help="Hugging Face causal-LM directory (e.g. from llm prepare).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Directory for the warmed-up model (default <model>-warm-s<seed>-n<steps>); reused if made with the same settings.")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(),
+    required=True,
+    help="Hugging Face causal-LM directory (e.g. from llm prepare).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory for the warmed-up model (default <model>-warm-s<seed>-n<steps>); reused if made with the "
+    "same settings.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Problem generation and batch order.")
 @click.option("--steps", type=int, default=DEFAULT_STEPS, show_default=True, help="Optimizer steps.")
 @click.option("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True, help="Problems per step.")
@@ -69,46 +102,97 @@ def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
 @click.option("--train", "n_train", type=int, default=20000, show_default=True, help="Generated train problems.")
 @click.option("--heldout", "n_heldout", type=int, default=500, show_default=True, help="Held-out problems evaluated.")
 @click.option("--max-new-tokens", type=int, default=160, show_default=True, help="Generation budget in evaluation.")
-@click.option("--calculator/--no-calculator", default=True, show_default=True,
-              help="Train for and evaluate with the calculator (no loss on the annotation results it writes).")
-@click.option("--max-seconds", type=float, default=None,
-              help="Wall-clock budget of the training loop (stops early; deterministic only if --steps binds first).")
-@click.option("--threads", type=int, default=DEFAULT_THREADS, show_default=True, help="torch CPU threads (0: torch's default).")
-def warmup(model_dir, out_dir, seed, steps, batch_size, lr, n_train, n_heldout, max_new_tokens, calculator,
-           max_seconds, threads) -> None:
+@click.option(
+    "--calculator/--no-calculator",
+    default=True,
+    show_default=True,
+    help="Train for and evaluate with the calculator (no loss on the annotation results it writes).",
+)
+@click.option(
+    "--max-seconds",
+    type=float,
+    default=None,
+    help="Wall-clock budget of the training loop (stops early; deterministic only if --steps binds first).",
+)
+@click.option(
+    "--threads", type=int, default=DEFAULT_THREADS, show_default=True, help="torch CPU threads (0: torch's default)."
+)
+def warmup(
+    model_dir,
+    out_dir,
+    seed,
+    steps,
+    batch_size,
+    lr,
+    n_train,
+    n_heldout,
+    max_new_tokens,
+    calculator,
+    max_seconds,
+    threads,
+) -> None:
     """Supervised warm-up on generated problems, then greedy exact-match accuracy on the held-out split."""
-    from asyncrl.tasks.llm import model as m, warmup as w
+    from asyncrl.tasks.llm import model as m
+    from asyncrl.tasks.llm import warmup as w
+
     out = Path(out_dir) if out_dir else Path(f"{str(model_dir).rstrip('/')}-warm-s{seed}-n{steps}")
     try:
-        res = w.warm_start(model_dir, out, seed=seed, steps=steps, batch_size=batch_size, lr=lr, n_train=n_train,
-                           n_heldout=n_heldout, max_new_tokens=max_new_tokens, calculator=calculator,
-                           max_seconds=max_seconds, threads=threads,
-                           log=lambda s, loss: click.echo(f"step {s} loss {loss:.3f}", err=True))
+        res = w.warm_start(
+            model_dir,
+            out,
+            seed=seed,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            n_train=n_train,
+            n_heldout=n_heldout,
+            max_new_tokens=max_new_tokens,
+            calculator=calculator,
+            max_seconds=max_seconds,
+            threads=threads,
+            log=lambda s, loss: click.echo(f"step {s} loss {loss:.3f}", err=True),
+        )
     except (FileExistsError, m.ModelLoadError) as e:
         raise LLMUserError(str(e)) from None
     st = res.stamp
     if res.reused:
         click.echo(f"reused {out}: held-out accuracy {st['heldout_accuracy']:.3f}")
         return
-    click.echo(f"warmed up {out}: held-out accuracy {st['heldout_accuracy']:.3f} on "
-               f"{count_of(st['n_heldout'], 'problem')}, {count_of(st['steps_taken'], 'step')}, train {st['train_wall_s']:.0f} s wall ({st['train_cpu_s']:.0f} s CPU), "
-               f"eval {st['eval_wall_s']:.0f} s")
+    click.echo(
+        f"warmed up {out}: held-out accuracy {st['heldout_accuracy']:.3f} on "
+        f"{count_of(st['n_heldout'], 'problem')}, {count_of(st['steps_taken'], 'step')}, train "
+        f"{st['train_wall_s']:.0f} s wall ({st['train_cpu_s']:.0f} s CPU), "
+        f"eval {st['eval_wall_s']:.0f} s"
+    )
 
 
 @llm.command("eval", short_help="Greedy exact-match accuracy of a model on GSM8k-format problems.")
 @click.option("--model", "model_dir", type=click.Path(), required=True, help="Hugging Face causal-LM directory.")
-@click.option("--file", "jsonl", type=click.Path(), default=None,
-              help="GSM8k JSONL file to evaluate on (default: the generated held-out split of --seed).")
+@click.option(
+    "--file",
+    "jsonl",
+    type=click.Path(),
+    default=None,
+    help="GSM8k JSONL file to evaluate on (default: the generated held-out split of --seed).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the generated held-out split.")
 @click.option("--limit", type=int, default=500, show_default=True, help="Evaluate the first N problems.")
 @click.option("--max-new-tokens", type=int, default=160, show_default=True, help="Generation budget.")
-@click.option("--calculator/--no-calculator", default=True, show_default=True,
-              help="Write the value of each <<expr= annotation for the model (GSM8k's calculator).")
-@click.option("--breakdown", is_flag=True, help="Also print where completions first go wrong (JSON, gsm.error_breakdown).")
+@click.option(
+    "--calculator/--no-calculator",
+    default=True,
+    show_default=True,
+    help="Write the value of each <<expr= annotation for the model (GSM8k's calculator).",
+)
+@click.option(
+    "--breakdown", is_flag=True, help="Also print where completions first go wrong (JSON, gsm.error_breakdown)."
+)
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads (0: torch's default).")
 def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, calculator, breakdown, threads) -> None:
     """Greedy exact-match accuracy of a model on GSM8k-format problems."""
-    from asyncrl.tasks.llm import gsm, model as m, sampling
+    from asyncrl.tasks.llm import gsm, sampling
+    from asyncrl.tasks.llm import model as m
+
     _threads(threads)
     try:
         problems = gsm.load_jsonl(jsonl) if jsonl else gsm.make_splits(seed=seed, n_train=0, n_heldout=limit).heldout
@@ -116,13 +200,14 @@ def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, calculator, breakdow
     except (FileNotFoundError, gsm.GSMFormatError, m.ModelLoadError) as e:
         raise LLMUserError(str(e)) from None
     problems = problems[:limit]
-    texts = sampling.eval_completions(loaded.model, loaded.tokenizer, problems, greedy=True,
-                                      max_new_tokens=max_new_tokens, calculator=calculator)
+    texts = sampling.eval_completions(
+        loaded.model, loaded.tokenizer, problems, greedy=True, max_new_tokens=max_new_tokens, calculator=calculator
+    )
     acc = sum(gsm.reward(t, p.target) for t, p in zip(texts, problems)) / len(problems) if problems else 0.0
     click.echo(f"accuracy {acc:.3f} on {count_of(len(problems), 'problem')}")
     if breakdown:
         click.echo(json.dumps(gsm.error_breakdown(problems, texts)))
 
 
-if __name__ == "__main__":   # python -m asyncrl.cli.llm ... until the main CLI wires the group in
+if __name__ == "__main__":  # python -m asyncrl.cli.llm ... until the main CLI wires the group in
     llm()

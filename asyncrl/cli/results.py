@@ -1,13 +1,12 @@
 """``asyncrl lag | eval | plot``: read a finished (or running) run: its policy lag, its policy's
 return (and a video), its curves."""
+
 from __future__ import annotations
-
-
 
 import click
 
-from asyncrl.core.wording import count_of
 from asyncrl.cli.common import UserError, _env_module, _interrupted, main
+from asyncrl.core.wording import count_of
 
 
 @main.command()
@@ -17,11 +16,13 @@ from asyncrl.cli.common import UserError, _env_module, _interrupted, main
 def lag(run_dir, as_json, plot_path):
     """Policy-lag report of a run: versions and seconds, overall, per actor, per host."""
     from asyncrl.analysis.lag_report import ReportError, build_report, format_report, plot_report
+
     try:
         report = build_report(run_dir)
     except ReportError as exc:
         raise UserError(str(exc)) from None
     from asyncrl.core.metrics import strict_json
+
     click.echo(strict_json(report, indent=2) if as_json else format_report(report))
     if plot_path:
         try:
@@ -37,12 +38,20 @@ def lag(run_dir, as_json, plot_path):
 @click.argument("target", metavar="RUN_DIR|CHECKPOINT", type=click.Path())
 @click.option("--episodes", type=int, default=10, show_default=True, help="Episodes to run.")
 @click.option("--stochastic", is_flag=True, help="Sample actions from the policy (default: its mean action).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Episode k starts from env.reset(seed=SEED+k); also seeds --stochastic sampling.")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Episode k starts from env.reset(seed=SEED+k); also seeds --stochastic sampling.",
+)
 @click.option("--env", "env_id", help="Evaluate on this env id instead of the run's (its spaces must fit the policy).")
 @_env_module
-@click.option("--video", type=click.Path(dir_okay=False), help="Also write FILE.mp4 of the first episodes "
-                                                                 "(offscreen rendering; MuJoCo needs EGL or OSMesa).")
+@click.option(
+    "--video",
+    type=click.Path(dir_okay=False),
+    help="Also write FILE.mp4 of the first episodes (offscreen rendering; MuJoCo needs EGL or OSMesa).",
+)
 @click.option("--video-episodes", type=int, default=1, show_default=True, help="Episodes in the video.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with every episode's return).")
 def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, video_episodes, as_json):
@@ -50,6 +59,7 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
     from asyncrl.tasks.control.envs import EnvError, follow_with_camera, is_mujoco, make_env
     from asyncrl.tasks.control.evaluate import EvalError, check_spaces, load_checkpoint, run_episodes
     from asyncrl.tasks.control.render import INSTALL_GL, RenderError, VideoWriter, choose_gl_backend
+
     if episodes < 1 or video_episodes < 1:
         raise UserError(f"--episodes and --video-episodes must be >= 1, got {episodes}, {video_episodes}")
     if video and not video.lower().endswith(".mp4"):
@@ -58,8 +68,9 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
         ckpt = load_checkpoint(target)
         e = ckpt.cfg.env
         env_id, env_module = env_id or e.id, env_module if env_module is not None else e.module
-        env = make_env(env_id, module=env_module, max_episode_steps=e.max_episode_steps,
-                       render_mode="rgb_array" if video else None)
+        env = make_env(
+            env_id, module=env_module, max_episode_steps=e.max_episode_steps, render_mode="rgb_array" if video else None
+        )
     except (EvalError, EnvError) as exc:
         raise UserError(str(exc)) from None
     except Exception as exc:  # the env's own constructor failed: one line
@@ -73,17 +84,26 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
             follow_with_camera(env)
             writer = VideoWriter(video, fps=env.metadata.get("render_fps", 30))
         try:
-            result = run_episodes(ckpt.policy, env, episodes=episodes, seed=seed, stochastic=stochastic,
-                                  on_frame=(lambda k, frame: writer.add(frame)) if writer else None,
-                                  record_episodes=video_episodes)
+            result = run_episodes(
+                ckpt.policy,
+                env,
+                episodes=episodes,
+                seed=seed,
+                stochastic=stochastic,
+                on_frame=(lambda k, frame: writer.add(frame)) if writer else None,
+                record_episodes=video_episodes,
+            )
         except (RenderError, EvalError):
             raise
         except Exception as exc:
             if writer is None:
                 raise
             import os
-            raise UserError(f"rendering failed (MUJOCO_GL={os.environ.get('MUJOCO_GL', 'unset')}): "
-                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+            raise UserError(
+                f"rendering failed (MUJOCO_GL={os.environ.get('MUJOCO_GL', 'unset')}): "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from None
     except (EvalError, RenderError) as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
@@ -95,19 +115,32 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
             writer.close()
         env.close()
     s = result.summary()
-    out = {"checkpoint": str(ckpt.path), "version": ckpt.version, "env_steps": ckpt.env_steps, "env_id": env_id,
-           "seed": seed, "actions": "sampled" if stochastic else "mean", **s,
-           "returns": result.returns, "lengths": result.lengths, "video": video}
+    out = {
+        "checkpoint": str(ckpt.path),
+        "version": ckpt.version,
+        "env_steps": ckpt.env_steps,
+        "env_id": env_id,
+        "seed": seed,
+        "actions": "sampled" if stochastic else "mean",
+        **s,
+        "returns": result.returns,
+        "lengths": result.lengths,
+        "video": video,
+    }
     if as_json:
         from asyncrl.core.metrics import strict_json
+
         click.echo(strict_json(out, indent=2))
     else:
         seeds = f"seed {seed}" if episodes == 1 else f"seeds {seed}..{seed + episodes - 1}"
-        click.echo(f"{count_of(s['episodes'], 'episode')} of {env_id}, {out['actions']} actions, {seeds} "
-                   f"(policy version {ckpt.version}, {ckpt.env_steps:,} env steps): return {s['return_mean']:.1f} ± "
-                   f"{s['return_std']:.1f}, length {s['length_mean']:.1f} ± {s['length_std']:.1f} (mean ± std)")
+        click.echo(
+            f"{count_of(s['episodes'], 'episode')} of {env_id}, {out['actions']} actions, {seeds} "
+            f"(policy version {ckpt.version}, {ckpt.env_steps:,} env steps): return {s['return_mean']:.1f} ± "
+            f"{s['return_std']:.1f}, length {s['length_mean']:.1f} ± {s['length_std']:.1f} (mean ± std)"
+        )
     if video:
         import os
+
         gl = f", MUJOCO_GL={os.environ['MUJOCO_GL']}" if os.environ.get("MUJOCO_GL") else ""
         click.echo(f"video written to {video} ({writer.frames} frames{gl})", err=as_json)
 
@@ -115,17 +148,30 @@ def eval_cmd(target, episodes, stochastic, seed, env_id, env_module, video, vide
 @main.command()
 @click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True, type=click.Path())
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
-@click.option("--label", "labels", multiple=True, help="Label of each RUN_DIR in order (repeat it; default: the "
-                                                       "directory names). Runs with the same label form a group.")
-@click.option("--group-by", help="Group runs by a config key, e.g. algo.preset: mean and 95% CI band across each "
-                                 "group's runs (seeds).")
-@click.option("--returns", type=click.Choice(["auto", "train", "eval"]), default="auto", show_default=True,
-              help="train: average of the last 20 training episodes; eval: run.eval_every evaluations; auto: "
-                   "eval where a run has them.")
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    help="Label of each RUN_DIR in order (repeat it; default: the "
+    "directory names). Runs with the same label form a group.",
+)
+@click.option(
+    "--group-by",
+    help="Group runs by a config key, e.g. algo.preset: mean and 95% CI band across each group's runs (seeds).",
+)
+@click.option(
+    "--returns",
+    type=click.Choice(["auto", "train", "eval"]),
+    default="auto",
+    show_default=True,
+    help="train: average of the last 20 training episodes; eval: run.eval_every evaluations; auto: "
+    "eval where a run has them.",
+)
 @click.option("--title", help="Figure title.")
 def plot(run_dirs, out, labels, group_by, returns, title):
     """Learning curves of runs: return vs env steps and wall-clock time, TV estimate, no_grad_fraction, lag."""
     from asyncrl.analysis.plots import PlotError, plot_runs, read_run
+
     if labels and len(labels) != len(run_dirs):
         raise UserError(f"--label given {len(labels)} times for {len(run_dirs)} run directories")
     try:

@@ -1,5 +1,6 @@
 """A run's directory as the commands see it: create, resume or refuse it, write config.json, and the
 one outcome line of a run (:func:`summary_line`)."""
+
 from __future__ import annotations
 
 import json
@@ -8,11 +9,10 @@ from pathlib import Path
 
 import click
 
+from asyncrl.cli.common import UserError
 from asyncrl.core import config as config_mod
 from asyncrl.core.config import Config, ConfigError
 from asyncrl.core.wording import count_of
-from asyncrl.cli.common import UserError
-
 
 RUN_OUTPUTS = ("metrics.jsonl", "lag.jsonl", "lag_histograms.jsonl", "summary.json", "checkpoint.pt")
 
@@ -33,10 +33,12 @@ def prepare_run_dir(run_dir, cfg: Config, restart: str = "resume") -> tuple[Path
         out.mkdir(parents=True, exist_ok=True)
         return out, False
     if restart == "refuse":
-        raise UserError(f"run directory {out} already holds a run; choose another --run-dir (or --restart resume / "
-                        f"overwrite)")
+        raise UserError(
+            f"run directory {out} already holds a run; choose another --run-dir (or --restart resume / overwrite)"
+        )
     if restart == "overwrite":
         import shutil
+
         for name in (*RUN_OUTPUTS, "config.json"):
             (out / name).unlink(missing_ok=True)
         for p in out.glob("checkpoint.*.pt"):
@@ -49,34 +51,49 @@ def prepare_run_dir(run_dir, cfg: Config, restart: str = "resume") -> tuple[Path
     except (OSError, ValueError):
         summary = {}
     if summary.get("outcome") == "finished":
-        raise UserError(f"run directory {out} holds a run that finished ({summary.get('env_steps', 0):,} env steps); "
-                        f"--restart overwrite to train again there, or choose another --run-dir")
+        raise UserError(
+            f"run directory {out} holds a run that finished ({summary.get('env_steps', 0):,} env steps); "
+            f"--restart overwrite to train again there, or choose another --run-dir"
+        )
     if not (out / "config.json").exists():
-        raise UserError(f"run directory {out} holds a run without config.json, which cannot be resumed; "
-                        f"--restart overwrite, or choose another --run-dir")
+        raise UserError(
+            f"run directory {out} holds a run without config.json, which cannot be resumed; "
+            f"--restart overwrite, or choose another --run-dir"
+        )
     try:
         saved_res = config_mod.load_resolved(out / "config.json")
     except (ConfigError, ValueError) as exc:
-        raise UserError(f"run directory {out}: its config.json does not load, so the run cannot be resumed: "
-                        f"{exc}") from None
-    for line in saved_res.translated:   # an older run's config.json: keys read under their new names
+        raise UserError(
+            f"run directory {out}: its config.json does not load, so the run cannot be resumed: {exc}"
+        ) from None
+    for line in saved_res.translated:  # an older run's config.json: keys read under their new names
         click.echo(f"config: {line}", err=True)
     saved = saved_res.config.to_dict()
     ours = cfg.to_dict()
-    diff = [f"{section}.{key} ({saved[section][key]!r} there, {value!r} now)" for section, keys in ours.items()
-            for key, value in keys.items() if (section, key) != ("run", "run_dir") and saved[section][key] != value]
+    diff = [
+        f"{section}.{key} ({saved[section][key]!r} there, {value!r} now)"
+        for section, keys in ours.items()
+        for key, value in keys.items()
+        if (section, key) != ("run", "run_dir") and saved[section][key] != value
+    ]
     if diff:
-        raise UserError(f"run directory {out} holds a run with another config, which cannot be resumed: "
-                        f"{', '.join(diff[:3])}{' ...' if len(diff) > 3 else ''}; run the same command, or "
-                        f"--restart overwrite")
+        raise UserError(
+            f"run directory {out} holds a run with another config, which cannot be resumed: "
+            f"{', '.join(diff[:3])}{' ...' if len(diff) > 3 else ''}; run the same command, or "
+            f"--restart overwrite"
+        )
     return out, True
 
 
 def _restart_option(f):
-    return click.option("--restart", type=click.Choice(["resume", "overwrite", "refuse"]), default="resume",
-                        show_default=True,
-                        help="When --run-dir already holds a run: resume it from its checkpoint (if it did not "
-                             "finish and its config is the same), overwrite it, or refuse.")(f)
+    return click.option(
+        "--restart",
+        type=click.Choice(["resume", "overwrite", "refuse"]),
+        default="resume",
+        show_default=True,
+        help="When --run-dir already holds a run: resume it from its checkpoint (if it did not "
+        "finish and its config is the same), overwrite it, or refuse.",
+    )(f)
 
 
 def write_config_json(out: Path, res: config_mod.Resolved) -> None:
@@ -84,10 +101,14 @@ def write_config_json(out: Path, res: config_mod.Resolved) -> None:
     task-kind value; values without effect) and where it ran (code commit, package versions, load)."""
     from asyncrl.core.metrics import RunDirError, write_json_atomic
     from asyncrl.core.provenance import provenance
+
     try:
         # infinities ("off", e.g. algo.behavior_band) as "inf": strict JSON that config.load reads back
-        write_json_atomic(out / "config.json", {**res.config.to_dict(), "resolution": res.record(),
-                                                "provenance": provenance()}, inf_as_text=True)
+        write_json_atomic(
+            out / "config.json",
+            {**res.config.to_dict(), "resolution": res.record(), "provenance": provenance()},
+            inf_as_text=True,
+        )
     except RunDirError as exc:
         raise UserError(f"asyncrl: {exc}") from None
 
@@ -110,9 +131,10 @@ def _prepare_task(cfg: Config, out: Path) -> None:
     """What the task needs before its roles start (llm: the start model, made and warmed up once and
     cached, and its held-out accuracy before RL); nothing for control tasks. Raises UserError."""
     from asyncrl.tasks import make_task
+
     try:
         make_task(cfg).prepare_run(out, click.echo)
-    except (OSError, ValueError) as exc:   # a missing model directory, a cache made with other settings
+    except (OSError, ValueError) as exc:  # a missing model directory, a cache made with other settings
         raise UserError(str(exc)) from None
 
 
@@ -124,15 +146,20 @@ def summary_line(s: dict) -> str:
         return "interrupted: before the run wrote its summary"
     ret = s.get("final_average_return")
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
-    outcome = s.get("outcome", "finished") or "interrupted"   # an interrupted or failed run says so, not "done"
+    outcome = s.get("outcome", "finished") or "interrupted"  # an interrupted or failed run says so, not "done"
     head = "done" if outcome == "finished" else outcome
-    line = (f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
-            f"({s['env_steps_per_s']:,.0f}/s), {count_of(s['learner_iterations'], 'learner iteration')}, "
-            f"average return {ret_text}, lag p50/p95 {_num(s.get('lag_p50'))}/{_num(s.get('lag_p95'))} versions")
+    line = (
+        f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
+        f"({s['env_steps_per_s']:,.0f}/s), {count_of(s['learner_iterations'], 'learner iteration')}, "
+        f"average return {ret_text}, lag p50/p95 {_num(s.get('lag_p50'))}/{_num(s.get('lag_p95'))} versions"
+    )
     ck = s.get("resume_checkpoint")
     if outcome != "finished":
-        line += (f"; a resume starts from {ck['file']} at {ck['env_steps']:,} env steps (version {ck['version']})"
-                 if ck else "; no checkpoint: a resume starts from scratch")
+        line += (
+            f"; a resume starts from {ck['file']} at {ck['env_steps']:,} env steps (version {ck['version']})"
+            if ck
+            else "; no checkpoint: a resume starts from scratch"
+        )
     return line
 
 

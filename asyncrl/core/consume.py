@@ -1,6 +1,7 @@
 """What the learner does with a batch of full slots, shared by the learner role and serial mode:
 drop samples over ``max_policy_lag``, account lag, assemble the batch, run the learner iteration,
 and write metrics, checkpoints, progress and the summary."""
+
 from __future__ import annotations
 
 import logging
@@ -13,22 +14,33 @@ import numpy as np
 import torch
 
 from asyncrl.core.config import Config
-from asyncrl.core.provenance import provenance
 from asyncrl.core.lag import LagTracker
-from asyncrl.core.metrics import (Clock, EpisodeTracker, JsonlWriter, RunDirError, is_event, progress_line, rewrite_jsonl, tensorboard_writer, write_json_atomic, write_scalars)
+from asyncrl.core.metrics import (
+    Clock,
+    EpisodeTracker,
+    JsonlWriter,
+    RunDirError,
+    is_event,
+    progress_line,
+    rewrite_jsonl,
+    tensorboard_writer,
+    write_json_atomic,
+    write_scalars,
+)
+from asyncrl.core.provenance import provenance
 from asyncrl.core.spec import SlotSpec
 from asyncrl.core.state import CHECKPOINT, LearnerState, NonFiniteError, read_checkpoint, write_checkpoint
 
 log = logging.getLogger("asyncrl.core.consume")
 
 
-OUTCOMES = ("finished", "interrupted", "failed")   # how a run ended (summary.json "outcome")
+OUTCOMES = ("finished", "interrupted", "failed")  # how a run ended (summary.json "outcome")
 
 
 class SlotData(NamedTuple):
-    actor: str                    # actor id: also the reward-scaling stream key
+    actor: str  # actor id: also the reward-scaling stream key
     host: str
-    arrays: dict                  # field -> array of one slot (already copied out of shared memory)
+    arrays: dict  # field -> array of one slot (already copied out of shared memory)
     env_steps: int
     episode_returns: list
 
@@ -42,8 +54,7 @@ class SlotError(ValueError):
         self.reason = reason
 
 
-def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int,
-               grant_id: int | None = None) -> None:
+def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int, grant_id: int | None = None) -> None:
     """Raise SlotError unless one slot's arrays (fields of ``spec``) can be trained on: every float
     field finite (obs, rewards, log-probs, final_obs, continuous actions), one behaviour version in
     0..``version`` for the whole slot, the task's value ranges (``spec.invalid_values``: discrete
@@ -58,9 +69,9 @@ def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int,
     v = arrays["behavior_version"]
     if v.min() < 0 or v.max() > version:
         raise SlotError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{version}")
-    if v.min() != v.max():   # one rollout, one policy version: what makes max_policy_lag exact
+    if v.min() != v.max():  # one rollout, one policy version: what makes max_policy_lag exact
         raise SlotError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
-    bad = spec.invalid_values(arrays)   # the task's own ranges (control: discrete action indices)
+    bad = spec.invalid_values(arrays)  # the task's own ranges (control: discrete action indices)
     if bad is not None:
         raise SlotError(*bad)
     if grant_id is not None and not own_rows(arrays, grant_id):
@@ -86,25 +97,29 @@ class Consumer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.state = LearnerState(cfg, spec, task)
         self.resumed_extra: dict | None = None
-        self.boundary: dict | None = None     # the last snapshot() taken between iterations
-        self.resume_checkpoint: dict | None = None   # the newest checkpoint on disk: where a resume starts
+        self.boundary: dict | None = None  # the last snapshot() taken between iterations
+        self.resume_checkpoint: dict | None = None  # the newest checkpoint on disk: where a resume starts
         own = None
         if resume:
             own, event = self._resume()
         # TensorBoard (when installed): every metrics scalar and the lag histograms, in tb/
         self.tb = tensorboard_writer(self.run_dir / "tb")
-        self.lag = LagTracker(self.run_dir / "lag.jsonl", window_s=cfg.run.log_every_s,
-                              histogram_path=self.run_dir / "lag_histograms.jsonl", tb=self.tb)
+        self.lag = LagTracker(
+            self.run_dir / "lag.jsonl",
+            window_s=cfg.run.log_every_s,
+            histogram_path=self.run_dir / "lag_histograms.jsonl",
+            tb=self.tb,
+        )
         self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
         self.episodes = EpisodeTracker()
         self.clock = Clock(cfg.run.log_every_s, elapsed_s=own["elapsed_s"] if own else 0.0)
         self.last_stats: dict = {}
         self.update_s = 0.0
-        self.rejected_slots: Counter[str] = Counter()   # reason -> slots never trained on (reject_slot)
+        self.rejected_slots: Counter[str] = Counter()  # reason -> slots never trained on (reject_slot)
         # the row-tag audit of slot integrity (Learner.collect_full), kept apart from rejected_slots
         self.slot_audit: Counter[str] = Counter()
-        self.provenance = provenance()       # at the start: the load the run began under
-        self.evaluate = self.state.task.periodic_eval()    # run.eval_every: evaluation returns in metrics.jsonl
+        self.provenance = provenance()  # at the start: the load the run began under
+        self.evaluate = self.state.task.periodic_eval()  # run.eval_every: evaluation returns in metrics.jsonl
         self.last_eval: dict = {}
         # the epoch of the learner role that writes the checkpoints (0: none, serial mode); a resumed
         # learner starts at a higher one (roles/learner.learner_epoch) whatever the clock says
@@ -138,16 +153,35 @@ class Consumer:
             since = float(own["time"]) if own else 0.0
         st.resumes += 1
         n = st.iteration
-        superseded = rewrite_jsonl(self.run_dir / "metrics.jsonl",
-                                   lambda r: is_event(r) or (isinstance(r, dict) and r.get("iteration", 0) <= n))
-        rewrite_jsonl(self.run_dir / "lag.jsonl",
-                      lambda r: is_event(r) or (isinstance(r, dict) and r.get("iteration", 0) <= n))
-        rewrite_jsonl(self.run_dir / "lag_histograms.jsonl",
-                      lambda r: is_event(r) or (isinstance(r, dict) and r.get("end", 0) <= since))
-        event = {"event": "resume", "resume": st.resumes, "checkpoint": name, "from_iteration": n,
-                 "from_env_steps": st.env_steps, "superseded_iterations": superseded, "time": time.time()}
-        log.info("resume %d of this run: from %s, iteration %d, %d env steps (%d later iterations logged before "
-                 "are superseded)", st.resumes, name or "the start (no checkpoint)", n, st.env_steps, superseded)
+        superseded = rewrite_jsonl(
+            self.run_dir / "metrics.jsonl",
+            lambda r: is_event(r) or (isinstance(r, dict) and r.get("iteration", 0) <= n),
+        )
+        rewrite_jsonl(
+            self.run_dir / "lag.jsonl", lambda r: is_event(r) or (isinstance(r, dict) and r.get("iteration", 0) <= n)
+        )
+        rewrite_jsonl(
+            self.run_dir / "lag_histograms.jsonl",
+            lambda r: is_event(r) or (isinstance(r, dict) and r.get("end", 0) <= since),
+        )
+        event = {
+            "event": "resume",
+            "resume": st.resumes,
+            "checkpoint": name,
+            "from_iteration": n,
+            "from_env_steps": st.env_steps,
+            "superseded_iterations": superseded,
+            "time": time.time(),
+        }
+        log.info(
+            "resume %d of this run: from %s, iteration %d, %d env steps (%d later iterations logged before "
+            "are superseded)",
+            st.resumes,
+            name or "the start (no checkpoint)",
+            n,
+            st.env_steps,
+            superseded,
+        )
         return own, event
 
     def consume(self, slots: list[SlotData]) -> dict | None:
@@ -159,44 +193,53 @@ class Consumer:
             return self._consume(slots)
         except RunDirError:
             raise
-        except OSError as exc:   # TensorBoard's writer raises a bare OSError
+        except OSError as exc:  # TensorBoard's writer raises a bare OSError
             raise RunDirError(exc.filename or self.run_dir / "tb", exc) from None
 
     def _consume(self, slots: list[SlotData]) -> dict | None:
         st, now, limit = self.state, time.time(), self.cfg.learner.max_policy_lag
         kept, gaps, ended = [], [], []
-        dropped_streams: set[str] = set()     # a dropped slot leaves a gap in its stream
+        dropped_streams: set[str] = set()  # a dropped slot leaves a gap in its stream
         for sd in slots:
             st.env_steps += sd.env_steps
             self.episodes.add(sd.episode_returns)
             ended += sd.episode_returns
             lag_versions = st.version - int(np.min(sd.arrays["behavior_version"]))
             if 0 <= limit < lag_versions:
-                self.lag.dropped(st.version, now, sd.actor, sd.host, sd.arrays["behavior_version"],
-                                 iteration=st.iteration + 1)
+                self.lag.dropped(
+                    st.version, now, sd.actor, sd.host, sd.arrays["behavior_version"], iteration=st.iteration + 1
+                )
                 dropped_streams.add(sd.actor)
             else:
                 kept.append(sd)
                 gaps.append(sd.actor in dropped_streams)
                 dropped_streams.discard(sd.actor)
-        for stream in dropped_streams:        # no later slot of it in this batch: restart it now
+        for stream in dropped_streams:  # no later slot of it in this batch: restart it now
             st.reward_scaler.reset(stream)
         if not kept:
             return None
-        batch_lag = self.lag.consumed(st.version, now, [(s.actor, s.host, s.arrays["behavior_version"]) for s in kept],
-                                      iteration=st.iteration + 1)
+        batch_lag = self.lag.consumed(
+            st.version, now, [(s.actor, s.host, s.arrays["behavior_version"]) for s in kept], iteration=st.iteration + 1
+        )
         batch = st.make_batch([(s.actor, s.arrays) for s in kept], gaps)
         t0 = time.perf_counter()
         stats = st.iterate(batch)
         self.update_s += time.perf_counter() - t0
         self.lag.published(st.version, time.time())
         self.last_stats = stats
-        if self.evaluate.due(st.env_steps):   # the policy of version st.version, after this iteration
+        if self.evaluate.due(st.env_steps):  # the policy of version st.version, after this iteration
             self.last_eval = {**self.evaluate(st.policy, st.env_steps), "eval_version": st.version}
             stats = {**stats, **self.last_eval}
-        record = {"iteration": st.iteration, "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
-                  "average_return": self.episodes.average_return, "episode_returns": ended,
-                  "dropped_samples": self.lag.dropped_samples, **batch_lag, **stats}
+        record = {
+            "iteration": st.iteration,
+            "env_steps": st.env_steps,
+            "wall_time_s": self.clock.elapsed,
+            "average_return": self.episodes.average_return,
+            "episode_returns": ended,
+            "dropped_samples": self.lag.dropped_samples,
+            **batch_lag,
+            **stats,
+        }
         self.metrics.write(record)
         if self.tb is not None:
             write_scalars(self.tb, record)
@@ -207,10 +250,18 @@ class Consumer:
         """A checkpoint of now, copied (later iterations do not change it): the learner's state,
         this object's counters, and ``extra`` (the caller's own state, e.g. serial mode's envs;
         plain values and tensors only)."""
-        own = {"lag": self.lag.state_dict(), "episodes": self.episodes.state_dict(), "update_s": self.update_s,
-               "rejected_slots": dict(self.rejected_slots), "slot_audit": dict(self.slot_audit),
-               "eval_next_at": self.evaluate.next_at, "learner_epoch": self.learner_epoch,
-               "last_eval": dict(self.last_eval), "elapsed_s": self.clock.elapsed, "time": time.time()}
+        own = {
+            "lag": self.lag.state_dict(),
+            "episodes": self.episodes.state_dict(),
+            "update_s": self.update_s,
+            "rejected_slots": dict(self.rejected_slots),
+            "slot_audit": dict(self.slot_audit),
+            "eval_next_at": self.evaluate.next_at,
+            "learner_epoch": self.learner_epoch,
+            "last_eval": dict(self.last_eval),
+            "elapsed_s": self.clock.elapsed,
+            "time": time.time(),
+        }
         return {**_copied(self.state.state_dict()), "consumer": own, "extra": _copied(extra)}
 
     def end_iteration(self, extra: dict | None = None) -> None:
@@ -244,14 +295,21 @@ class Consumer:
 
     def progress(self, echo) -> None:
         if self.clock.due():
-            echo(progress_line(env_steps=self.state.env_steps, total=self.cfg.run.total_env_steps,
-                               steps_per_s=self.state.env_steps / max(self.clock.elapsed, 1e-9),
-                               avg_return=self.episodes.average_return, lag=self.lag.recent_percentiles(),
-                               tv=self.last_stats.get("tv_estimate"),
-                               no_grad=self.last_stats.get("no_grad_fraction")))
+            echo(
+                progress_line(
+                    env_steps=self.state.env_steps,
+                    total=self.cfg.run.total_env_steps,
+                    steps_per_s=self.state.env_steps / max(self.clock.elapsed, 1e-9),
+                    avg_return=self.episodes.average_return,
+                    lag=self.lag.recent_percentiles(),
+                    tv=self.last_stats.get("tv_estimate"),
+                    no_grad=self.last_stats.get("no_grad_fraction"),
+                )
+            )
 
-    def finish(self, *, outcome: str = "finished", failed_role: str | None = None, reason: str | None = None,
-               **extra) -> dict:
+    def finish(
+        self, *, outcome: str = "finished", failed_role: str | None = None, reason: str | None = None, **extra
+    ) -> dict:
         """Final checkpoint and summary.json; returns the summary.
 
         ``outcome``: "finished" (the step budget was reached), "interrupted" (Ctrl-C, SIGTERM) or
@@ -270,31 +328,44 @@ class Consumer:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         st = self.state
-        snap = self.boundary   # a run stopped mid-iteration keeps the state between its last two iterations
-        if snap is None or (outcome == "finished" and (snap["iteration"], snap["env_steps"]) != (st.iteration,
-                                                                                                st.env_steps)):
+        snap = self.boundary  # a run stopped mid-iteration keeps the state between its last two iterations
+        if snap is None or (
+            outcome == "finished" and (snap["iteration"], snap["env_steps"]) != (st.iteration, st.env_steps)
+        ):
             snap = self.snapshot()
         try:
             self.write(snap)
-        except NonFiniteError as exc:      # the last good checkpoint stays; the run failed
+        except NonFiniteError as exc:  # the last good checkpoint stays; the run failed
             outcome, failed_role, reason = "failed", "learner", reason or str(exc)
-        except RunDirError as exc:         # disk full: the last good checkpoint stays; still try the summary
+        except RunDirError as exc:  # disk full: the last good checkpoint stays; still try the summary
             if outcome != "failed":
                 outcome, failed_role, reason = "failed", "learner", str(exc)
         failure = {"role": failed_role, "reason": reason} if outcome == "failed" else None
-        summary = {"outcome": outcome, "failure": failure, "resumes": st.resumes,
-                   "actor_rejoins": {a: n - 1 for a, n in sorted(st.actor_joins.items()) if n > 1},
-                   "env_id": self.state.task.id, "preset": self.cfg.algo.preset, "seed": self.cfg.run.seed,
-                   "env_steps": st.env_steps, "wall_time_s": self.clock.elapsed,
-                   "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
-                   "learner_iterations": st.iteration, "resume_checkpoint": self.resume_checkpoint,
-                   "final_average_return": self.episodes.average_return,
-                   "dropped_samples": self.lag.dropped_samples, "rejected_slots": dict(self.rejected_slots),
-                   "slot_audit": dict(self.slot_audit), "skipped_optimizer_steps": st.optimizer.skipped, "last_eval": self.last_eval or None,
-                   **self.lag.summary(), **extra,
-                   # the task's own (llm: held-out accuracy before and after RL); control adds none
-                   **(self.state.task.final_summary(st.policy, self.run_dir) if outcome == "finished" else {}),
-                   "provenance": self.provenance}
+        summary = {
+            "outcome": outcome,
+            "failure": failure,
+            "resumes": st.resumes,
+            "actor_rejoins": {a: n - 1 for a, n in sorted(st.actor_joins.items()) if n > 1},
+            "env_id": self.state.task.id,
+            "preset": self.cfg.algo.preset,
+            "seed": self.cfg.run.seed,
+            "env_steps": st.env_steps,
+            "wall_time_s": self.clock.elapsed,
+            "env_steps_per_s": st.env_steps / max(self.clock.elapsed, 1e-9),
+            "learner_iterations": st.iteration,
+            "resume_checkpoint": self.resume_checkpoint,
+            "final_average_return": self.episodes.average_return,
+            "dropped_samples": self.lag.dropped_samples,
+            "rejected_slots": dict(self.rejected_slots),
+            "slot_audit": dict(self.slot_audit),
+            "skipped_optimizer_steps": st.optimizer.skipped,
+            "last_eval": self.last_eval or None,
+            **self.lag.summary(),
+            **extra,
+            # the task's own (llm: held-out accuracy before and after RL); control adds none
+            **(self.state.task.final_summary(st.policy, self.run_dir) if outcome == "finished" else {}),
+            "provenance": self.provenance,
+        }
         write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
 
@@ -302,13 +373,19 @@ class Consumer:
         """Close every writer. One that cannot write its last rows (disk full) does not stop the
         others; the first such error is raised after all are closed (RunDirError)."""
         first = None
-        for close in (self.evaluate.close, self.metrics.close, self.lag.close,
-                      self.tb.close if self.tb is not None else None):
+        for close in (
+            self.evaluate.close,
+            self.metrics.close,
+            self.lag.close,
+            self.tb.close if self.tb is not None else None,
+        ):
             try:
                 if close is not None:
                     close()
             except OSError as exc:
-                first = first or (exc if isinstance(exc, RunDirError) else RunDirError(exc.filename or self.run_dir, exc))
+                first = first or (
+                    exc if isinstance(exc, RunDirError) else RunDirError(exc.filename or self.run_dir, exc)
+                )
         if first is not None:
             raise first
 
@@ -316,8 +393,12 @@ class Consumer:
 def checkpoint_record(file: str, snapshot: dict) -> dict:
     """What summary.json says of a checkpoint: its file name (in the run directory), env steps,
     policy version and learner iterations."""
-    return {"file": file, "env_steps": int(snapshot["env_steps"]), "version": int(snapshot["version"]),
-            "learner_iterations": int(snapshot["iteration"])}
+    return {
+        "file": file,
+        "env_steps": int(snapshot["env_steps"]),
+        "version": int(snapshot["version"]),
+        "learner_iterations": int(snapshot["iteration"]),
+    }
 
 
 def _copied(tree):

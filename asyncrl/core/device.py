@@ -11,10 +11,12 @@ kept in float32. The log-probs and values they give are cast to float32 before a
 advantage or loss; the loss, its backward pass, the gradient clipping, Adam and the weights stay
 float32 (autocast is not mixed-precision weights: the parameters are float32 throughout).
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 
 import torch
 
@@ -36,13 +38,16 @@ def check_device(device: str, precision: str = "fp32", *, key: str = "learner.de
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"{key} = {device}, but torch {torch.__version__} sees no CUDA device on this "
-                              f"machine; use {key}=cpu")
+            raise ConfigError(
+                f"{key} = {device}, but torch {torch.__version__} sees no CUDA device on this machine; use {key}=cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"{key} = {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
         if precision == "bf16" and not torch.cuda.is_bf16_supported():
-            raise ConfigError(f"learner.precision = bf16, but {torch.cuda.get_device_name(dev)} does not support "
-                              f"bf16; use learner.precision=fp32")
+            raise ConfigError(
+                f"learner.precision = bf16, but {torch.cuda.get_device_name(dev)} does not support "
+                f"bf16; use learner.precision=fp32"
+            )
     return dev
 
 

@@ -13,14 +13,15 @@ Outcome line: the last line a command prints, one per command, starting with ``d
 ``interrupted:`` (on stdout), or click's ``Error:`` line for a failure (on stderr). A learner that
 `asyncrl run` started writes its own to its log (``--supervised``); the launcher prints the run's.
 """
+
 from __future__ import annotations
 
 import signal
 
 FINISHED, FAILED, REFUSED = 0, 1, 2
 
-_stopped_by: int | None = None   # the signal that interrupted this process
-_deferred = False                # start-up: a stop is recorded, raised by arm()
+_stopped_by: int | None = None  # the signal that interrupted this process
+_deferred = False  # start-up: a stop is recorded, raised by arm()
 
 
 def install_stop_handlers(*, defer: bool = False) -> None:
@@ -46,6 +47,7 @@ def install_stop_handlers(*, defer: bool = False) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if not _deferred:
             raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, handler)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, handler)

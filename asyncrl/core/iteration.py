@@ -2,6 +2,7 @@
 preset, the optimizer step, the per-step records and their reduction, minibatch advantage
 normalisation and the TV filter's split by lag. The control task's iteration
 (:mod:`asyncrl.tasks.control.update`) and the llm task's (:mod:`asyncrl.tasks.llm.learn`) both build on them."""
+
 from __future__ import annotations
 
 import math
@@ -20,27 +21,43 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
     p = cfg.preset
     if p in ("vaco", "vaco_paper", "vaco_no_realign"):
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
-        return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
-                                       advantages=adv, tv_threshold=cfg.tv_threshold, anchor_log_prob=anchor,
-                                       surrogate_rho_bar=cfg.surrogate_rho_bar,
-                                       min_deviation=cfg.tv_filter_min_deviation, force=force,
-                                       ratio_cap=cfg.tv_filter_ratio_cap, behavior_band=cfg.behavior_band,
-                                       band_ratio=cfg.behavior_band_ratio)
-    if p == "vaco_no_filter":      # vaco's surrogate (same anchor, weight bound and band) without the TV filter
+        return losses.vaco_policy_loss(
+            log_prob=log_prob,
+            behavior_log_prob=behavior_log_prob,
+            advantages=adv,
+            tv_threshold=cfg.tv_threshold,
+            anchor_log_prob=anchor,
+            surrogate_rho_bar=cfg.surrogate_rho_bar,
+            min_deviation=cfg.tv_filter_min_deviation,
+            force=force,
+            ratio_cap=cfg.tv_filter_ratio_cap,
+            behavior_band=cfg.behavior_band,
+            band_ratio=cfg.behavior_band_ratio,
+        )
+    if p == "vaco_no_filter":  # vaco's surrogate (same anchor, weight bound and band) without the TV filter
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
-        return losses.vaco_policy_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv,
-                                       tv_threshold=math.inf, anchor_log_prob=anchor,
-                                       surrogate_rho_bar=cfg.surrogate_rho_bar, behavior_band=cfg.behavior_band,
-                                       band_ratio=cfg.behavior_band_ratio)
-    if p in ("ppo", "grpo"):       # grpo: PPO-clip on token ratios (its advantages are the group-normalised ones)
-        return losses.ppo_clip_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
-                                    advantages=adv, clip_eps=cfg.clip_eps)
+        return losses.vaco_policy_loss(
+            log_prob=log_prob,
+            behavior_log_prob=behavior_log_prob,
+            advantages=adv,
+            tv_threshold=math.inf,
+            anchor_log_prob=anchor,
+            surrogate_rho_bar=cfg.surrogate_rho_bar,
+            behavior_band=cfg.behavior_band,
+            band_ratio=cfg.behavior_band_ratio,
+        )
+    if p in ("ppo", "grpo"):  # grpo: PPO-clip on token ratios (its advantages are the group-normalised ones)
+        return losses.ppo_clip_loss(
+            log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, clip_eps=cfg.clip_eps
+        )
     if p == "ppo_kl":
-        return losses.ppo_kl_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
-                                  advantages=adv, kl_coef=cfg.kl_coef)
+        return losses.ppo_kl_loss(
+            log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, kl_coef=cfg.kl_coef
+        )
     if p == "spo":
-        return losses.spo_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob,
-                               advantages=adv, spo_eps=cfg.spo_eps)
+        return losses.spo_loss(
+            log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, spo_eps=cfg.spo_eps
+        )
     raise ValueError(f"unknown preset {p!r}")
 
 
@@ -49,7 +66,7 @@ def optimizer_step(optimizer, loss, max_grad_norm) -> torch.Tensor:
     step: returns the norm before clipping (0-dim tensor). A :class:`asyncrl.core.optim.GuardedAdam` is
     given that norm and skips the step when it is not finite."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    for p in params:   # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
+    for p in params:  # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
         p.grad = None
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -63,9 +80,15 @@ def optimizer_step(optimizer, loss, max_grad_norm) -> torch.Tensor:
 def step_record(step: int, pl: losses.PolicyLoss, grad_norm: torch.Tensor, **extra) -> dict[str, Any]:
     """One optimizer step's diagnostics, kept as 0-dim tensors (no device sync per step); the
     iteration converts them all at once (:func:`scalar_steps`)."""
-    record = {"step": step, "policy_loss": pl.loss.detach(), "approx_kl": pl.approx_kl, "tv_estimate": pl.tv_estimate,
-              "no_grad_fraction": pl.no_grad_fraction, "grad_norm": grad_norm}
-    if pl.clip_fraction_two_sided is not None:   # PPO clip only (ppo, grpo)
+    record = {
+        "step": step,
+        "policy_loss": pl.loss.detach(),
+        "approx_kl": pl.approx_kl,
+        "tv_estimate": pl.tv_estimate,
+        "no_grad_fraction": pl.no_grad_fraction,
+        "grad_norm": grad_norm,
+    }
+    if pl.clip_fraction_two_sided is not None:  # PPO clip only (ppo, grpo)
         record["clip_fraction_two_sided"] = pl.clip_fraction_two_sided
     return {**record, **extra}
 
@@ -87,12 +110,16 @@ def scalar_steps(steps: list[dict]) -> list[dict]:
 def step_means(steps: list[dict]) -> dict[str, float]:
     """Mean over an iteration's optimizer steps of each scalar they report (NaN steps ignored; NaN
     when every step is NaN), ``step`` left out."""
-    return {k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
-            for k in steps[0] if k != "step"}
+    return {
+        k: float(np.nanmean([s[k] for s in steps])) if any(s[k] == s[k] for s in steps) else float("nan")
+        for k in steps[0]
+        if k != "step"
+    }
 
 
 def minibatch_rows(steps: list[dict]) -> list[list[float]]:
-    """Per optimizer step [step, tv_estimate, no_grad_fraction] (forward lag; asyncrl.core.metrics.MINIBATCH_COLUMNS)."""
+    """Per optimizer step [step, tv_estimate, no_grad_fraction] (forward lag;
+    asyncrl.core.metrics.MINIBATCH_COLUMNS)."""
     return [[s["step"], s["tv_estimate"], s["no_grad_fraction"]] for s in steps]
 
 

@@ -10,6 +10,7 @@ version. Outputs in the run directory:
   versions and in seconds of the samples consumed in it (and TensorBoard histograms under
   ``tb/`` when the ``tensorboard`` package is installed).
 """
+
 from __future__ import annotations
 
 import time
@@ -25,14 +26,22 @@ SECONDS_EDGES = [0.0, *np.logspace(-3, 3, 25).round(6).tolist()]
 
 
 def seconds_histogram(values, weights) -> list[int]:
-    counts, _ = np.histogram(np.asarray(values, np.float64), bins=SECONDS_EDGES + [np.inf],
-                             weights=np.asarray(weights, np.float64))
+    counts, _ = np.histogram(
+        np.asarray(values, np.float64), bins=SECONDS_EDGES + [np.inf], weights=np.asarray(weights, np.float64)
+    )
     return [int(c) for c in counts]
 
 
 class LagTracker:
-    def __init__(self, path: str | Path | None, *, window_s: float = 10.0, histogram_path: str | Path | None = None,
-                 recent: int = 4096, tb=None):
+    def __init__(
+        self,
+        path: str | Path | None,
+        *,
+        window_s: float = 10.0,
+        histogram_path: str | Path | None = None,
+        recent: int = 4096,
+        tb=None,
+    ):
         """``tb``: a TensorBoard SummaryWriter to share (closed by its owner); default: one of its own
         under ``tb/`` beside ``histogram_path`` when tensorboard is installed."""
         self.publish_time: dict[int, float] = {}
@@ -40,8 +49,8 @@ class LagTracker:
         self.hist_rows = JsonlWriter(histogram_path) if histogram_path else None
         self._own_tb = tb is None
         self.tb = tb if tb is not None else _tensorboard(Path(histogram_path).parent / "tb") if histogram_path else None
-        self.version_counts: Counter[int] = Counter()        # whole run: lag in versions -> samples
-        self.seconds_ms_counts: Counter[int] = Counter()     # whole run: lag in whole ms -> samples
+        self.version_counts: Counter[int] = Counter()  # whole run: lag in versions -> samples
+        self.seconds_ms_counts: Counter[int] = Counter()  # whole run: lag in whole ms -> samples
         self.recent_versions: deque[int] = deque(maxlen=recent)
         self.recent_seconds: deque[float] = deque(maxlen=recent)
         self.dropped_samples = 0
@@ -58,9 +67,19 @@ class LagTracker:
         for bv, n in zip(versions.tolist(), counts.tolist()):
             lag_s = now - self.publish_time.get(bv, now)
             if self.rows is not None:
-                self.rows.write({"iteration": iteration, "actor": actor, "host": host, "version": version,
-                                 "behavior_version": bv, "samples": n, "lag_versions": version - bv,
-                                 "lag_seconds": round(lag_s, 6), "dropped": dropped})
+                self.rows.write(
+                    {
+                        "iteration": iteration,
+                        "actor": actor,
+                        "host": host,
+                        "version": version,
+                        "behavior_version": bv,
+                        "samples": n,
+                        "lag_versions": version - bv,
+                        "lag_seconds": round(lag_s, 6),
+                        "dropped": dropped,
+                    }
+                )
             yield version - bv, lag_s, n
 
     def dropped(self, version: int, now: float, actor: str, host: str, behavior_version, *, iteration: int) -> int:
@@ -82,25 +101,35 @@ class LagTracker:
                 self.window_versions[lag_v] += n
                 self.window_seconds.append((lag_s, n))
                 self.seconds_ms_counts[_whole_ms(lag_s)] += n
-        for v, s, n in zip(vals_v, vals_s, weights):         # a bounded, sample-weighted recent window
+        for v, s, n in zip(vals_v, vals_s, weights):  # a bounded, sample-weighted recent window
             k = max(1, n // 64)
             self.recent_versions.extend([v] * k)
             self.recent_seconds.extend([s] * k)
         self._maybe_close_window(now)
         v50, v95, vmax = weighted_percentiles(vals_v, weights, (50, 95, 100))
         s50, s95 = weighted_percentiles(vals_s, weights, (50, 95))
-        return {"lag_versions_p50": v50, "lag_versions_p95": v95, "lag_versions_max": vmax,
-                "lag_seconds_p50": s50, "lag_seconds_p95": s95}
+        return {
+            "lag_versions_p50": v50,
+            "lag_versions_p95": v95,
+            "lag_versions_max": vmax,
+            "lag_seconds_p50": s50,
+            "lag_seconds_p95": s95,
+        }
 
     def _maybe_close_window(self, now: float, force: bool = False) -> None:
         if not self.window_versions or (not force and now - self.window_start < self.window_s):
             return
         secs = [s for s, _ in self.window_seconds]
         w = [n for _, n in self.window_seconds]
-        row = {"window": self.windows, "start": self.window_start, "end": now,
-               "samples": sum(self.window_versions.values()),
-               "lag_versions": {str(k): v for k, v in sorted(self.window_versions.items())},
-               "lag_seconds_edges": SECONDS_EDGES, "lag_seconds_counts": seconds_histogram(secs, w)}
+        row = {
+            "window": self.windows,
+            "start": self.window_start,
+            "end": now,
+            "samples": sum(self.window_versions.values()),
+            "lag_versions": {str(k): v for k, v in sorted(self.window_versions.items())},
+            "lag_seconds_edges": SECONDS_EDGES,
+            "lag_seconds_counts": seconds_histogram(secs, w),
+        }
         if self.hist_rows is not None:
             self.hist_rows.write(row)
         if self.tb is not None:
@@ -114,17 +143,21 @@ class LagTracker:
         """The whole-run accounting (histograms, seconds, dropped samples, window count, recent
         publish times) as plain values, for a checkpoint; the current window is not kept."""
         recent = sorted(self.publish_time)[-256:]
-        return {"version_counts": {int(k): int(v) for k, v in self.version_counts.items()},
-                "seconds_ms_counts": {int(k): int(v) for k, v in self.seconds_ms_counts.items()},
-                "recent_versions": list(self.recent_versions), "recent_seconds": list(self.recent_seconds),
-                "dropped_samples": self.dropped_samples, "windows": self.windows,
-                "publish_time": {v: self.publish_time[v] for v in recent}}
+        return {
+            "version_counts": {int(k): int(v) for k, v in self.version_counts.items()},
+            "seconds_ms_counts": {int(k): int(v) for k, v in self.seconds_ms_counts.items()},
+            "recent_versions": list(self.recent_versions),
+            "recent_seconds": list(self.recent_seconds),
+            "dropped_samples": self.dropped_samples,
+            "windows": self.windows,
+            "publish_time": {v: self.publish_time[v] for v in recent},
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.version_counts = Counter({int(k): int(v) for k, v in d["version_counts"].items()})
         if "seconds_ms_counts" in d:
             self.seconds_ms_counts = Counter({int(k): int(v) for k, v in d["seconds_ms_counts"].items()})
-        else:   # a checkpoint of before 2026-12-01 kept one value per (slot, version)
+        else:  # a checkpoint of before 2026-12-01 kept one value per (slot, version)
             self.seconds_ms_counts = Counter()
             for s, n in zip(d["seconds_values"], d["seconds_weights"]):
                 self.seconds_ms_counts[_whole_ms(float(s))] += int(n)
@@ -145,10 +178,17 @@ class LagTracker:
         weights = [self.version_counts[v] for v in values]
         v50, v95 = weighted_percentiles(values, weights, (50, 95))
         ms = sorted(self.seconds_ms_counts)
-        s50, s95 = (None if v is None else v / 1000.0 for v in
-                    weighted_percentiles(ms, [self.seconds_ms_counts[m] for m in ms], (50, 95)))
-        return {"lag_p50": v50, "lag_p95": v95, "lag_seconds_p50": s50, "lag_seconds_p95": s95,
-                "lag_histogram": {str(v): w for v, w in zip(values, weights)}}
+        s50, s95 = (
+            None if v is None else v / 1000.0
+            for v in weighted_percentiles(ms, [self.seconds_ms_counts[m] for m in ms], (50, 95))
+        )
+        return {
+            "lag_p50": v50,
+            "lag_p95": v95,
+            "lag_seconds_p50": s50,
+            "lag_seconds_p95": s95,
+            "lag_histogram": {str(v): w for v, w in zip(values, weights)},
+        }
 
     def close(self) -> None:
         self._maybe_close_window(time.time(), force=True)

@@ -6,6 +6,7 @@
   received: the simulated asynchrony of VACO's MuJoCo study (arXiv:2603.01365).
 Both 0/1 (the defaults) mean: act with the newest version.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -22,8 +23,9 @@ class WeightHistory:
 
     def __init__(self, *, policy_delay: int = 0, policy_age_buffer: int = 1, seed: int = 0):
         if policy_delay < 0 or policy_age_buffer < 1:
-            raise ValueError(f"policy_delay must be >= 0 and policy_age_buffer >= 1, got "
-                             f"{policy_delay}, {policy_age_buffer}")
+            raise ValueError(
+                f"policy_delay must be >= 0 and policy_age_buffer >= 1, got {policy_delay}, {policy_age_buffer}"
+            )
         if policy_delay > 0 and policy_age_buffer > 1:
             raise ValueError("use policy_delay or policy_age_buffer, not both")
         self.delay, self.buffer = policy_delay, policy_age_buffer
@@ -38,7 +40,7 @@ class WeightHistory:
 
     def add(self, version: int, flat: np.ndarray) -> None:
         if self.versions and version <= next(reversed(self.versions)):
-            return                                   # stale or repeated
+            return  # stale or repeated
         self.versions[version] = np.array(flat, np.float32)
         while len(self.versions) > self.keep:
             self.versions.popitem(last=False)
@@ -46,8 +48,11 @@ class WeightHistory:
     def state_dict(self) -> dict:
         """The versions kept (as tensors) and the generator's state, for a checkpoint."""
         import torch
-        return {"versions": [[v, torch.from_numpy(w.copy())] for v, w in self.versions.items()],
-                "rng": self.rng.bit_generator.state}
+
+        return {
+            "versions": [[v, torch.from_numpy(w.copy())] for v, w in self.versions.items()],
+            "rng": self.rng.bit_generator.state,
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.versions = OrderedDict((int(v), w.numpy().astype(np.float32)) for v, w in d["versions"])

@@ -9,6 +9,7 @@ infinite one alike. config.json is the exception that must round-trip: there ``i
 (e.g. ``algo.behavior_band = inf``, "off") are written as the strings "inf" and "-inf", which
 asyncrl.core.config reads back as floats.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ class JsonlWriter:
         try:
             start = os.fstat(self._fd).st_size
             done = os.write(self._fd, data)
-            while done < len(data):            # a short write: the disk filled up mid-line
+            while done < len(data):  # a short write: the disk filled up mid-line
                 done += os.write(self._fd, data[done:])
         except OSError as exc:
             if start is not None:
@@ -82,12 +83,13 @@ def strict_json(value: Any, *, indent: int | None = None, inf_as_text: bool = Fa
     NaN becomes ``null``; +-inf becomes ``null``, or the strings "inf" / "-inf" with ``inf_as_text``
     (config.json, whose infinities mean "off" and must load back). numpy scalars and arrays become
     numbers and lists, tuples lists. Raises TypeError for a value JSON cannot hold."""
-    return json.dumps(_finite_only(value, inf_as_text), indent=indent, allow_nan=False, default=_jsonable,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        _finite_only(value, inf_as_text), indent=indent, allow_nan=False, default=_jsonable, sort_keys=sort_keys
+    )
 
 
 def _finite_only(x: Any, inf_as_text: bool) -> Any:
-    if isinstance(x, float):   # numpy's float64 too
+    if isinstance(x, float):  # numpy's float64 too
         if x == x and abs(x) != float("inf"):
             return float(x)
         if x != x or not inf_as_text:
@@ -167,7 +169,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -211,12 +213,23 @@ def percentiles(values, qs=(50, 95)) -> list[float | None]:
     return [float(v) for v in np.percentile(np.asarray(values, np.float64), qs)]
 
 
-def progress_line(*, env_steps: int, total: int, steps_per_s: float, avg_return: float | None,
-                  lag: tuple | None = None, tv: float | None = None, no_grad: float | None = None) -> str:
+def progress_line(
+    *,
+    env_steps: int,
+    total: int,
+    steps_per_s: float,
+    avg_return: float | None,
+    lag: tuple | None = None,
+    tv: float | None = None,
+    no_grad: float | None = None,
+) -> str:
     """One console line. tv / no_grad (no_grad_fraction, asyncrl.algo.losses): None or NaN (an LLM
     iteration whose groups were all silent took no optimizer step) print nothing."""
-    parts = [f"steps {env_steps:>9,}/{total:,}", f"{steps_per_s:7,.0f} steps/s",
-             f"return {avg_return:8.1f}" if avg_return is not None else "return      n/a"]
+    parts = [
+        f"steps {env_steps:>9,}/{total:,}",
+        f"{steps_per_s:7,.0f} steps/s",
+        f"return {avg_return:8.1f}" if avg_return is not None else "return      n/a",
+    ]
     if lag is not None and lag[0] is not None:
         parts.append(f"lag p50/p95 {lag[0]:.0f}/{lag[1]:.0f} v")
         if len(lag) > 2 and lag[2] is not None:
@@ -300,11 +313,14 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
             put(key, value)
         elif key == "minibatches" and value and isinstance(value[0], (list, tuple)):
             table = np.asarray(value, np.float64)
-            for j, name in enumerate(MINIBATCH_COLUMNS[1:table.shape[1]], start=1):
+            for j, name in enumerate(MINIBATCH_COLUMNS[1 : table.shape[1]], start=1):
                 put(f"minibatches/{name}/mean", table[:, j].mean())
                 put(f"minibatches/{name}/max", table[:, j].max())
-        elif isinstance(value, (list, tuple)) and value and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        elif (
+            isinstance(value, (list, tuple))
+            and value
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        ):
             put(f"{key}/mean", np.mean(value))
             put(f"{key}/max", np.max(value))
     return out

@@ -1,4 +1,5 @@
 """The learner's optimizer: Adam that never takes a non-finite step."""
+
 from __future__ import annotations
 
 import torch

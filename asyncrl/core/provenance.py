@@ -1,6 +1,7 @@
 """Where a run came from: the code commit, the versions of the main packages and the machine.
 Recorded under ``"provenance"`` in a run's config.json and summary.json, so every figure can be
 traced to the code and the load it was measured under."""
+
 from __future__ import annotations
 
 import os
@@ -20,12 +21,17 @@ def code_commit() -> dict:
     package (None where it is not a git checkout, or git is missing)."""
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if commit.returncode != 0:
             return {"commit": None, "dirty": None}
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {"commit": None, "dirty": None}
     return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
@@ -60,11 +66,18 @@ def machine() -> dict:
     1/5/15-minute load averages at the time of the call."""
     try:
         usable = len(os.sched_getaffinity(0))
-    except AttributeError:       # not Linux
+    except AttributeError:  # not Linux
         usable = os.cpu_count()
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    return {"host": socket.gethostname(), "platform": platform.platform(), "cpu_model": cpu_model(), "python": sys.version.split()[0],
-            "cpu_count": os.cpu_count(), "usable_cores": usable, "load_average_1_5_15": load}
+    return {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "usable_cores": usable,
+        "load_average_1_5_15": load,
+    }
 
 
 def provenance() -> dict:

@@ -6,6 +6,7 @@ same run share an env stream, and the same run seed gives the same streams again
 bit-reproducibility). The actor id enters as the 8 32-bit words of its SHA-256, so ids of any
 length map to a spawn key of fixed length (keys of different lengths could otherwise collide).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,19 +14,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-ENV, ACTION, LAG = 0, 1, 2          # stream kinds
-_MAX_WORD = 2 ** 32
+ENV, ACTION, LAG = 0, 1, 2  # stream kinds
+_MAX_WORD = 2**32
 
 
 class ActorSeeds(NamedTuple):
-    env: tuple[int, ...]    # one per env index: the seed of that env's first reset (gymnasium)
-    action: int             # the Generator that draws the actor's actions (policy.InferencePolicy)
-    lag: int                # the Generator of the lag controls (lag_control.WeightHistory)
+    env: tuple[int, ...]  # one per env index: the seed of that env's first reset (gymnasium)
+    action: int  # the Generator that draws the actor's actions (policy.InferencePolicy)
+    lag: int  # the Generator of the lag controls (lag_control.WeightHistory)
 
 
 def _id_words(actor_id: str) -> tuple[int, ...]:
     digest = hashlib.sha256(actor_id.encode("utf-8")).digest()
-    return tuple(int.from_bytes(digest[i:i + 4], "little") for i in range(0, 32, 4))
+    return tuple(int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4))
 
 
 def stream_seed(run_seed: int, actor_id: str, restart: int, kind: int, index: int = 0) -> int:
@@ -52,8 +53,9 @@ def actor_seeds(run_seed: int, actor_id: str, restart: int, num_envs: int) -> Ac
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
     env = tuple(stream_seed(run_seed, actor_id, restart, ENV, i) for i in range(num_envs))
-    return ActorSeeds(env, stream_seed(run_seed, actor_id, restart, ACTION),
-                      stream_seed(run_seed, actor_id, restart, LAG))
+    return ActorSeeds(
+        env, stream_seed(run_seed, actor_id, restart, ACTION), stream_seed(run_seed, actor_id, restart, LAG)
+    )
 
 
 def fingerprint(seeds: ActorSeeds) -> str:

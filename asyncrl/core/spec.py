@@ -13,6 +13,7 @@ that row held. It is an audit of slot integrity independent of the generation ch
 (the learner compares every row's tag with the grant whose report it accepted); it is not
 training data (``batch_field_names`` leaves it out).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-
 
 AUDIT_FIELDS = ("grant_id",)
 
@@ -53,8 +53,7 @@ class SlotSpec:
         floats and behaviour versions every slot is checked for); None if they are fine."""
         return None
 
-    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float],
-                         lengths: list[int]) -> str | None:
+    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float], lengths: list[int]) -> str | None:
         """One line if a report's episode statistics (``returns``, ``lengths``: one per episode it
         says the slot ended) cannot be those of the slot's ``arrays``; None if they can. Base rule:
         one length (>= 1) per return, at most ``num_envs * rollout_length`` episodes."""
@@ -66,8 +65,9 @@ class SlotSpec:
             return "an episode of length 0"
         return None
 
-    def episode_statistics(self, arrays: dict[str, np.ndarray], returns: list[float],
-                           lengths: list[int]) -> tuple[list[float], list[int]]:
+    def episode_statistics(
+        self, arrays: dict[str, np.ndarray], returns: list[float], lengths: list[int]
+    ) -> tuple[list[float], list[int]]:
         """The episode returns and lengths to record for a report ``episode_mismatch`` accepted
         (base: the report's own)."""
         return list(returns), list(lengths)
@@ -107,10 +107,7 @@ class SlotSpec:
     def views(self, buf, base: int = 0) -> dict[str, np.ndarray]:
         """Numpy views of one slot that starts at byte ``base`` of ``buf`` (a buffer object)."""
         offs = self.offsets()
-        return {
-            f.name: np.ndarray(f.shape, f.dtype, buffer=buf, offset=base + offs[f.name])
-            for f in self.fields
-        }
+        return {f.name: np.ndarray(f.shape, f.dtype, buffer=buf, offset=base + offs[f.name]) for f in self.fields}
 
     @property
     def layout_hash(self) -> str:
@@ -144,8 +141,11 @@ class RolloutSpec(SlotSpec):
     @property
     def fields(self) -> tuple[Field, ...]:
         T, E, D = self.rollout_length, self.num_envs, self.obs_dim
-        act = Field("actions", (T, E), np.dtype(np.int64)) if self.discrete else \
-            Field("actions", (T, E, self.action_dim), np.dtype(np.float32))
+        act = (
+            Field("actions", (T, E), np.dtype(np.int64))
+            if self.discrete
+            else Field("actions", (T, E, self.action_dim), np.dtype(np.float32))
+        )
         return (
             Field("obs", (T + 1, E, D), np.dtype(np.float32)),
             act,
@@ -159,11 +159,15 @@ class RolloutSpec(SlotSpec):
         )
 
     def to_dict(self) -> dict:
-        return {"obs_dim": self.obs_dim, "action_dim": self.action_dim, "discrete": self.discrete,
-                "rollout_length": self.rollout_length, "num_envs": self.num_envs}
+        return {
+            "obs_dim": self.obs_dim,
+            "action_dim": self.action_dim,
+            "discrete": self.discrete,
+            "rollout_length": self.rollout_length,
+            "num_envs": self.num_envs,
+        }
 
-    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float],
-                         lengths: list[int]) -> str | None:
+    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float], lengths: list[int]) -> str | None:
         """The base rule, no more episodes than the slot's episode ends (terminated or truncated
         steps), and, when the report lists one episode per end (in the order the actor finds them:
         step-major, env-minor), each episode checked against the slot: one that starts inside it
@@ -187,18 +191,23 @@ class RolloutSpec(SlotSpec):
             if i in last_end:
                 start = last_end[i] + 1
                 if lengths[k] != t + 1 - start:
-                    return f"episode {k} (env {i}, ends at step {t}): length {lengths[k]}, the slot holds {t + 1 - start}"
-                span = rewards[start:t + 1, i].astype(np.float64)
+                    return (
+                        f"episode {k} (env {i}, ends at step {t}): length {lengths[k]}, the slot holds {t + 1 - start}"
+                    )
+                span = rewards[start : t + 1, i].astype(np.float64)
                 if abs(returns[k] - float(span.sum())) > 1e-6 * float(np.abs(span).sum()) + 1e-6:
-                    return f"episode {k} (env {i}, ends at step {t}): return {returns[k]!r:.20}, its rewards in the " \
-                           f"slot sum to {float(span.sum())!r:.20}"
+                    return (
+                        f"episode {k} (env {i}, ends at step {t}): return {returns[k]!r:.20}, its rewards in the "
+                        f"slot sum to {float(span.sum())!r:.20}"
+                    )
             elif lengths[k] < t + 1:
                 return f"episode {k} (env {i}, ends at step {t}): length {lengths[k]} < its {t + 1} steps in the slot"
             last_end[i] = t
         return None
 
-    def episode_statistics(self, arrays: dict[str, np.ndarray], returns: list[float],
-                           lengths: list[int]) -> tuple[list[float], list[int]]:
+    def episode_statistics(
+        self, arrays: dict[str, np.ndarray], returns: list[float], lengths: list[int]
+    ) -> tuple[list[float], list[int]]:
         """The episode returns and lengths to record for a report ``episode_mismatch`` accepted: the
         report's when it lists one episode per end (checked there), else (the actor left some out)
         only the episodes that start and end inside the slot, recomputed from its rewards."""
@@ -208,7 +217,7 @@ class RolloutSpec(SlotSpec):
         out_r, out_l, last_end = [], [], {}
         for t, i in zip(steps.tolist(), envs.tolist()):
             if i in last_end:
-                out_r.append(float(arrays["rewards"][last_end[i] + 1:t + 1, i].astype(np.float64).sum()))
+                out_r.append(float(arrays["rewards"][last_end[i] + 1 : t + 1, i].astype(np.float64).sum()))
                 out_l.append(t - last_end[i])
             last_end[i] = t
         return out_r, out_l

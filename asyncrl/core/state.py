@@ -2,21 +2,23 @@
 from slots and the learner iteration through the task (asyncrl.tasks.base: control runs
 :func:`asyncrl.tasks.control.update.learner_iteration`), and atomic checkpoints. Used by the learner role and
 by serial mode alike, for every task kind."""
+
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from asyncrl.algo.running_stats import RunningMeanStd
 from asyncrl.core.config import Config
 from asyncrl.core.device import check_device, forward_context, to_device
 from asyncrl.core.metrics import RunDirError, write_atomic
 from asyncrl.core.optim import GuardedAdam
-from asyncrl.algo.running_stats import RunningMeanStd
 from asyncrl.core.spec import SlotSpec
 
 
@@ -100,9 +102,9 @@ class LearnerState:
         self.task = task
         # ConfigError before anything is built when this machine lacks the device
         self.device = check_device(cfg.learner.device, cfg.learner.precision)
-        self.forward_context = forward_context(self.device, cfg.learner.precision)   # bf16 autocast or none
+        self.forward_context = forward_context(self.device, cfg.learner.precision)  # bf16 autocast or none
         torch.manual_seed(cfg.run.seed)
-        self.policy = self.task.build_policy().to(self.device)   # CPU: the same module, untouched
+        self.policy = self.task.build_policy().to(self.device)  # CPU: the same module, untouched
         # fused: one kernel for all parameters; the per-tensor loop cost ~0.6 ms of a ~3 ms optimizer step here
         # GuardedAdam: a step with a non-finite loss or gradient is skipped and counted, never taken
         self.optimizer = GuardedAdam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
@@ -112,15 +114,16 @@ class LearnerState:
         self.version = 0
         self.env_steps = 0
         self.iteration = 0
-        self.actor_joins: dict[str, int] = {}   # actor id -> times it joined (its next restart count)
-        self.resumes = 0                        # times this run was resumed from a checkpoint
+        self.actor_joins: dict[str, int] = {}  # actor id -> times it joined (its next restart count)
+        self.resumes = 0  # times this run was resumed from a checkpoint
         self.layout_hash = self.task.layout_hash(self.policy)
 
     def flat_weights(self) -> np.ndarray:
         return self.task.flat_weights(self.policy)
 
-    def make_batch(self, slots: Sequence[tuple[str, dict[str, np.ndarray]]],
-                   gaps: Sequence[bool] | None = None) -> dict[str, torch.Tensor]:
+    def make_batch(
+        self, slots: Sequence[tuple[str, dict[str, np.ndarray]]], gaps: Sequence[bool] | None = None
+    ) -> dict[str, torch.Tensor]:
         """One batch from B slots (stream key, field arrays), copied, so the slots can be freed as
         soon as this returns; ``gaps[i]``: slot i does not follow its stream's previous slot (one
         in between was dropped). Control: [T(+1), B*E, ...] tensors, rewards scaled per stream."""
@@ -140,14 +143,18 @@ class LearnerState:
         stats["skipped_steps"] = self.optimizer.skipped - skipped_before
         limit = self.cfg.learner.max_consecutive_skips
         if self.optimizer.consecutive > limit:
-            raise NonFiniteError(f"learner: {self.optimizer.consecutive} optimizer steps in a row skipped for a "
-                                 f"non-finite loss or gradient (learner.max_consecutive_skips = {limit}), at "
-                                 f"iteration {self.iteration + 1}")
-        self.task.after_iteration(self, batch)   # control: observation statistics
+            raise NonFiniteError(
+                f"learner: {self.optimizer.consecutive} optimizer steps in a row skipped for a "
+                f"non-finite loss or gradient (learner.max_consecutive_skips = {limit}), at "
+                f"iteration {self.iteration + 1}"
+            )
+        self.task.after_iteration(self, batch)  # control: observation statistics
         bad = nonfinite_entries({"policy": self.policy.state_dict()})
-        if bad:   # never published nor checkpointed
-            raise NonFiniteError(f"learner: non-finite weights after iteration {self.iteration + 1}: "
-                                 + ", ".join(f"{name} ({n})" for name, n in bad[:3]))
+        if bad:  # never published nor checkpointed
+            raise NonFiniteError(
+                f"learner: non-finite weights after iteration {self.iteration + 1}: "
+                + ", ".join(f"{name} ({n})" for name, n in bad[:3])
+            )
         self.iteration += 1
         self.version += 1
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -158,13 +165,22 @@ class LearnerState:
         """Everything a resumed learner needs, as tensors and plain Python values (so that
         ``torch.load(weights_only=True)`` reads it back). The tensors are the live ones: copy
         the dict (``copy.deepcopy``) to keep it past the next iteration."""
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "optimizer_skipped": self.optimizer.skipped,
-                "obs_rms": self.obs_rms.state_dict(), "reward_scaler": self.reward_scaler.state_dict(),
-                "version": self.version, "env_steps": self.env_steps, "iteration": self.iteration,
-                "generator": self.generator.get_state(), "config": self.cfg.to_dict(),
-                "actor_joins": dict(self.actor_joins), "resumes": self.resumes,
-                "spec": self.spec.to_dict(), "layout_hash": self.layout_hash}
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "optimizer_skipped": self.optimizer.skipped,
+            "obs_rms": self.obs_rms.state_dict(),
+            "reward_scaler": self.reward_scaler.state_dict(),
+            "version": self.version,
+            "env_steps": self.env_steps,
+            "iteration": self.iteration,
+            "generator": self.generator.get_state(),
+            "config": self.cfg.to_dict(),
+            "actor_joins": dict(self.actor_joins),
+            "resumes": self.resumes,
+            "spec": self.spec.to_dict(),
+            "layout_hash": self.layout_hash,
+        }
 
     def save(self, path: str | Path) -> None:
         """Atomic: write to a temporary file in the same directory, then rename.
@@ -199,8 +215,10 @@ CHECKPOINT = "checkpoint.pt"
 def checkpoint_files(run_dir: str | Path) -> list[Path]:
     """The checkpoints of a run directory, newest first: checkpoint.pt, checkpoint.1.pt, ..."""
     run_dir = Path(run_dir)
-    older = sorted((p for p in run_dir.glob("checkpoint.*.pt") if p.name.split(".")[1].isdigit()),
-                   key=lambda p: int(p.name.split(".")[1]))
+    older = sorted(
+        (p for p in run_dir.glob("checkpoint.*.pt") if p.name.split(".")[1].isdigit()),
+        key=lambda p: int(p.name.split(".")[1]),
+    )
     return ([run_dir / CHECKPOINT] if (run_dir / CHECKPOINT).exists() else []) + older
 
 
@@ -216,19 +234,20 @@ def write_checkpoint(path: str | Path, state: dict, *, keep: int) -> None:
     path = Path(path)
     bad = nonfinite_entries({k: state[k] for k in ("policy", "optimizer", "obs_rms", "reward_scaler")})
     if bad:
-        raise NonFiniteError(f"learner: checkpoint not written, non-finite values in "
-                             + ", ".join(f"{name} ({n})" for name, n in bad[:3]))
+        raise NonFiniteError(
+            "learner: checkpoint not written, non-finite values in " + ", ".join(f"{name} ({n})" for name, n in bad[:3])
+        )
     buf = io.BytesIO()
     torch.save(state, buf)
     new = path.with_suffix(path.suffix + ".new")
     try:
-        write_atomic(new, buf.getbuffer())   # disk full, read-only: nothing older touched
+        write_atomic(new, buf.getbuffer())  # disk full, read-only: nothing older touched
     except RunDirError as exc:
         raise RunDirError(path, exc) from None
-    stem, suffix = path.name[:-len(path.suffix)] if path.suffix else path.name, path.suffix
+    stem, suffix = path.name[: -len(path.suffix)] if path.suffix else path.name, path.suffix
     older = [path.with_name(f"{stem}.{i}{suffix}") for i in range(1, keep)]
     try:
-        for i in range(len(older) - 1, -1, -1):   # .k-1 -> .k, ..., path -> .1
+        for i in range(len(older) - 1, -1, -1):  # .k-1 -> .k, ..., path -> .1
             src = older[i - 1] if i else path
             if src.exists():
                 os.replace(src, older[i])

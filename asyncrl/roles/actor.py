@@ -1,6 +1,6 @@
-"""Actor role: a task's producer (asyncrl.tasks: envs or a prompt stream) + a copy of the policy. Connects to the learner (slot grants, reports) and
-the broadcaster (weights), fills granted slots in the learner's shared memory when it can attach
-to it, and ships rollouts over TCP when it cannot.
+"""Actor role: a task's producer (asyncrl.tasks: envs or a prompt stream) + a copy of the policy.
+Connects to the learner (slot grants, reports) and the broadcaster (weights), fills granted slots
+in the learner's shared memory when it can attach to it, and ships rollouts over TCP when it cannot.
 
 Top to bottom: handshake -> first weights -> loop(newest weights, wait for a grant, collect,
 report). Every step records the policy version that chose its action.
@@ -10,6 +10,7 @@ not know this actor (``rejoin``: the learner was restarted, or dropped this acto
 is silent for ``transport.actor_timeout_s``: the actor drops the session's grants, slots and
 weights, and says hello again (with its token) for up to ``transport.rejoin_timeout_s``.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,20 +24,20 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.core import exit_status
-from asyncrl.wire import transport as tp
-from asyncrl.wire.transport import snapshot_endpoint
 from asyncrl.core.config import Config, from_dict
 from asyncrl.core.lag_control import WeightHistory
 from asyncrl.core.seeding import ActorSeeds, actor_seeds, fingerprint
-from asyncrl.wire.security import Security
-from asyncrl.wire.shm import ShmError, SlotRing
 from asyncrl.core.spec import SlotSpec
 from asyncrl.tasks import make_task
+from asyncrl.wire import transport as tp
+from asyncrl.wire.security import Security
+from asyncrl.wire.shm import ShmError, SlotRing
+from asyncrl.wire.transport import snapshot_endpoint
 
 log = logging.getLogger("asyncrl.actor")
 
 
-MAX_SLOTS = 1 << 16   # the most slots a welcome may name (a ring is one segment of S slots)
+MAX_SLOTS = 1 << 16  # the most slots a welcome may name (a ring is one segment of S slots)
 
 
 class ActorError(RuntimeError):
@@ -45,16 +46,16 @@ class ActorError(RuntimeError):
 
 @dataclass
 class ActorOptions:
-    learner: str                # tcp://host:port of the learner's ROUTER
-    broadcaster: str            # tcp://host:port of the broadcaster's PUB; its ROUTER is port + 1
+    learner: str  # tcp://host:port of the learner's ROUTER
+    broadcaster: str  # tcp://host:port of the broadcaster's PUB; its ROUTER is port + 1
     actor_id: str
-    seed: int | None = None     # run seed the actor's streams derive from (None: the learner's run.seed)
+    seed: int | None = None  # run seed the actor's streams derive from (None: the learner's run.seed)
     connect_timeout_s: float = 60.0
-    max_rollouts: int = 0       # 0: until the learner says stop
-    run_id: str = ""            # refuse to join any other run ("": any)
-    host_label: str = ""        # the host this actor reports (lag report per host); "": hostname
-    security: Security | None = None   # keys for non-loopback addresses (default: none)
-    token_file: str | None = None   # keeps the learner's token for this id, so a restart proves it at once
+    max_rollouts: int = 0  # 0: until the learner says stop
+    run_id: str = ""  # refuse to join any other run ("": any)
+    host_label: str = ""  # the host this actor reports (lag report per host); "": hostname
+    security: Security | None = None  # keys for non-loopback addresses (default: none)
+    token_file: str | None = None  # keeps the learner's token for this id, so a restart proves it at once
 
 
 class Rejoin(Exception):
@@ -70,41 +71,43 @@ class Actor:
         # control: its envs, seeded at the first reset, once the welcome gave the run seed and this id's restart count
         self.producer = self.task.producer()
         self.spec: SlotSpec = self.producer.spec
-        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
+        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)  # reports of E*T episodes
         self.security = opts.security or Security(f"actor {opts.actor_id}")
         sec = self.security.client
         snapshot_ep = snapshot_endpoint(opts.broadcaster)
-        keys = sec(opts.learner), sec(opts.broadcaster), sec(snapshot_ep)   # SecurityError before any socket
+        keys = sec(opts.learner), sec(opts.broadcaster), sec(snapshot_ep)  # SecurityError before any socket
         self.ctx = tp.context()
         # random identities: no other peer can take over this actor's routes
         self.learner = tp.dealer(self.ctx, opts.learner, tp.route_identity(opts.actor_id), security=keys[0])
         self.weights_sub = tp.sub(self.ctx, opts.broadcaster, security=keys[1])
         self.snapshot = tp.dealer(self.ctx, snapshot_ep, tp.route_identity(opts.actor_id), security=keys[2])
-        self.watches = [("learner", opts.learner, tp.handshakes(self.learner)),
-                        ("broadcaster", opts.broadcaster, tp.handshakes(self.weights_sub)),
-                        ("broadcaster", snapshot_ep, tp.handshakes(self.snapshot))]
+        self.watches = [
+            ("learner", opts.learner, tp.handshakes(self.learner)),
+            ("broadcaster", opts.broadcaster, tp.handshakes(self.weights_sub)),
+            ("broadcaster", snapshot_ep, tp.handshakes(self.snapshot)),
+        ]
         self.run_id = ""
-        self.epoch = -1                   # the learner epoch of this session (from its welcome)
-        self.token = self.read_token()    # this id's token of an earlier welcome, if kept
-        self.sessions = 0                 # welcomes so far
-        self.sent = 0                     # rollouts sent, all sessions
+        self.epoch = -1  # the learner epoch of this session (from its welcome)
+        self.token = self.read_token()  # this id's token of an earlier welcome, if kept
+        self.sessions = 0  # welcomes so far
+        self.sent = 0  # rollouts sent, all sessions
         self.ring: SlotRing | None = None
-        self.local_slot = None            # TCP mode: one slot in ordinary memory
+        self.local_slot = None  # TCP mode: one slot in ordinary memory
         self.grants: list[tuple[int, int]] = []
-        self.policy = None                # the producer, once a welcome bound its policy copy
-        self.version = -1                 # the version the policy copy holds now
-        self.history: WeightHistory | None = None   # made at the welcome (its seed is one of the streams)
+        self.policy = None  # the producer, once a welcome bound its policy copy
+        self.version = -1  # the version the policy copy holds now
+        self.history: WeightHistory | None = None  # made at the welcome (its seed is one of the streams)
         self.seeds: ActorSeeds | None = None
         self.last_heartbeat = 0.0
-        self.last_learner_message = time.monotonic()   # the learner answers every heartbeat
+        self.last_learner_message = time.monotonic()  # the learner answers every heartbeat
         self.rejects = tp.RejectCounter("actor")
-        self.revoked = 0                  # rollouts dropped because their grant was revoked mid-write
+        self.revoked = 0  # rollouts dropped because their grant was revoked mid-write
         # NaN/inf from this actor's own envs: counted and logged, never fatal
         self.bad_numbers = tp.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
         self.step_sleep_s = cfg.actor.slowdown_s / self.spec.rollout_length
         self.stopped = ""
         self.num_params = 0
-        self.num_slots = 0                # slots of the learner's ring (from its welcome)
+        self.num_slots = 0  # slots of the learner's ring (from its welcome)
 
     # ---- token ----
     def read_token(self) -> bytes | None:
@@ -136,17 +139,30 @@ class Actor:
         (keys), or does not answer in time."""
         timeout_s = self.opts.connect_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
-        header = {"type": "hello", "proto": tp.PROTOCOL_VERSION, "run_id": self.opts.run_id,
-                  "actor_id": self.opts.actor_id, "host": self.opts.host_label or socket.gethostname(),
-                  "pid": os.getpid(), "env_id": self.task.id, "spec": self.spec.to_dict(),
-                  "shm_token": None, "token": self.token, "spaces": self.producer.spaces}
+        header = {
+            "type": "hello",
+            "proto": tp.PROTOCOL_VERSION,
+            "run_id": self.opts.run_id,
+            "actor_id": self.opts.actor_id,
+            "host": self.opts.host_label or socket.gethostname(),
+            "pid": os.getpid(),
+            "env_id": self.task.id,
+            "spec": self.spec.to_dict(),
+            "shm_token": None,
+            "token": self.token,
+            "spaces": self.producer.spaces,
+        }
         next_hello, said_waiting, bad_welcome = 0.0, False, ""
         while time.monotonic() < deadline:
-            exit_status.check_stop()      # an interrupt a library swallowed during start-up
+            exit_status.check_stop()  # an interrupt a library swallowed during start-up
             if not said_waiting and deadline - time.monotonic() < timeout_s - 3:
-                said_waiting = True    # only once the learner is clearly not there yet
-                log.info("actor %s: waiting for the learner at %s (up to %.0f s)", self.opts.actor_id,
-                         self.opts.learner, timeout_s)
+                said_waiting = True  # only once the learner is clearly not there yet
+                log.info(
+                    "actor %s: waiting for the learner at %s (up to %.0f s)",
+                    self.opts.actor_id,
+                    self.opts.learner,
+                    timeout_s,
+                )
             if time.monotonic() >= next_hello:
                 tp.send(self.learner, tp.encode(header), block=False)
                 next_hello = time.monotonic() + 1.0
@@ -156,17 +172,19 @@ class Actor:
                 continue
             try:
                 reply, _ = tp.decode(frames)
-            except tp.ProtocolError as exc:    # counted and logged; a real answer may still come
+            except tp.ProtocolError as exc:  # counted and logged; a real answer may still come
                 self.rejects.reject(exc, "learner")
                 continue
             if reply["type"] == "refuse":
-                raise ActorError(f"actor {self.opts.actor_id}: refused by the learner: {tp.printable(reply['reason'], 1000)}")
+                raise ActorError(
+                    f"actor {self.opts.actor_id}: refused by the learner: {tp.printable(reply['reason'], 1000)}"
+                )
             if reply["type"] == "welcome":
                 try:
                     return self._welcome(reply)
                 except ActorError:
                     raise
-                except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:   # the learner's config
+                except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:  # the learner's config
                     # is not one this actor can build: counted, logged, and the hello goes on (until its timeout)
                     bad_welcome = tp.printable(f"{type(exc).__name__}: {exc}")
                     self.rejects.reject(tp.ProtocolError("bad_welcome", bad_welcome), "learner")
@@ -174,13 +192,16 @@ class Actor:
                     continue
             # anything else (a "rejoin" or heartbeat answer of the session before): not for this hello
         if bad_welcome:
-            raise ActorError(f"actor {self.opts.actor_id}: the learner at {self.opts.learner} sent a welcome this "
-                             f"actor cannot use: {bad_welcome}")
-        raise ActorError(f"actor {self.opts.actor_id}: no learner answered at {self.opts.learner} "
-                         f"within {timeout_s:.0f} s")
+            raise ActorError(
+                f"actor {self.opts.actor_id}: the learner at {self.opts.learner} sent a welcome this "
+                f"actor cannot use: {bad_welcome}"
+            )
+        raise ActorError(
+            f"actor {self.opts.actor_id}: no learner answered at {self.opts.learner} within {timeout_s:.0f} s"
+        )
 
     def _welcome(self, reply: dict) -> None:
-        learner_cfg = from_dict(json.loads(reply["config"]))   # ValueError etc. before anything changes
+        learner_cfg = from_dict(json.loads(reply["config"]))  # ValueError etc. before anything changes
         if not 1 <= reply["num_slots"] <= MAX_SLOTS:
             raise ValueError(f"welcome names {reply['num_slots']} slots, outside 1..{MAX_SLOTS}")
         self.run_id, self.epoch = reply["run_id"], reply["epoch"]
@@ -190,31 +211,48 @@ class Actor:
         self.num_slots = reply["num_slots"]
         run_seed = self.opts.seed if self.opts.seed is not None else learner_cfg.run.seed
         self.seeds = actor_seeds(run_seed, self.opts.actor_id, reply["restart"], self.cfg.env.num_envs)
-        self.producer.bind(learner_cfg, self.seeds)    # the policy copy, in the learner's layout
+        self.producer.bind(learner_cfg, self.seeds)  # the policy copy, in the learner's layout
         self.layout_hash, self.num_params = self.producer.layout_hash, self.producer.num_params
         self.policy = self.producer
         a = self.cfg.actor
-        self.history = WeightHistory(policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer,
-                                     seed=self.seeds.lag)
-        log.info("actor %s: joined run %s (restart %d); env and action streams %s from run seed %d; learner epoch %d",
-                 self.opts.actor_id, tp.printable(self.run_id), reply["restart"], fingerprint(self.seeds), run_seed,
-                 self.epoch)
+        self.history = WeightHistory(
+            policy_delay=a.policy_delay, policy_age_buffer=a.policy_age_buffer, seed=self.seeds.lag
+        )
+        log.info(
+            "actor %s: joined run %s (restart %d); env and action streams %s from run seed %d; learner epoch %d",
+            self.opts.actor_id,
+            tp.printable(self.run_id),
+            reply["restart"],
+            fingerprint(self.seeds),
+            run_seed,
+            self.epoch,
+        )
         mode = self.cfg.actor.rollout_transport
         if mode == "tcp":
             log.info("actor %s: shipping rollouts over TCP (actor.rollout_transport = tcp)", self.opts.actor_id)
             self.local_slot = self.spec.allocate()
             return
         try:
-            self.ring = SlotRing.attach(name=reply["shm_name"], spec=self.spec, num_slots=reply["num_slots"],
-                                        token=reply["token"])
+            self.ring = SlotRing.attach(
+                name=reply["shm_name"], spec=self.spec, num_slots=reply["num_slots"], token=reply["token"]
+            )
             log.info("actor %s: attached to shared memory %s", self.opts.actor_id, reply["shm_name"])
-        except (ShmError, OSError, ValueError) as exc:   # any attach error: missing, EACCES (another user's), EINVAL, ...
+        except (
+            ShmError,
+            OSError,
+            ValueError,
+        ) as exc:  # any attach error: missing, EACCES (another user's), EINVAL, ...
             why = tp.printable(f"{type(exc).__name__}: {exc}")
             if mode == "shm":
-                raise ActorError(f"actor {self.opts.actor_id}: actor.rollout_transport is shm, but the learner's "
-                                 f"shared memory is not reachable from here: {why}") from None
-            log.info("actor %s: learner's shared memory not reachable (%s); shipping rollouts over TCP",
-                     self.opts.actor_id, why)
+                raise ActorError(
+                    f"actor {self.opts.actor_id}: actor.rollout_transport is shm, but the learner's "
+                    f"shared memory is not reachable from here: {why}"
+                ) from None
+            log.info(
+                "actor %s: learner's shared memory not reachable (%s); shipping rollouts over TCP",
+                self.opts.actor_id,
+                why,
+            )
             self.local_slot = self.spec.allocate()
 
     def check_connections(self) -> None:
@@ -223,13 +261,25 @@ class Actor:
         for what, endpoint, watch in self.watches:
             bad = watch.fatal()
             if bad is not None:
-                raise ActorError(f"actor {self.opts.actor_id}: the {what} at {endpoint} refused the connection: "
-                                 f"{bad.detail}")
+                raise ActorError(
+                    f"actor {self.opts.actor_id}: the {what} at {endpoint} refused the connection: {bad.detail}"
+                )
 
     def _send(self, kind: str, **fields) -> None:
-        tp.send(self.learner, tp.encode({"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
-                                         "actor_id": self.opts.actor_id, "token": self.token or b"", **fields},
-                                        limits=self.wire_limits))
+        tp.send(
+            self.learner,
+            tp.encode(
+                {
+                    "type": kind,
+                    "proto": tp.PROTOCOL_VERSION,
+                    "run_id": self.run_id,
+                    "actor_id": self.opts.actor_id,
+                    "token": self.token or b"",
+                    **fields,
+                },
+                limits=self.wire_limits,
+            ),
+        )
 
     def end_session(self) -> None:
         """Drop everything of the session with the learner: grants, its shared memory, the weights
@@ -240,13 +290,23 @@ class Actor:
             self.ring = None
         self.local_slot = None
         self.policy, self.history, self.version, self.epoch = None, None, -1, -1
-        tp.drain_all(self.weights_sub)     # a backlog of old versions, and late snapshot replies
+        tp.drain_all(self.weights_sub)  # a backlog of old versions, and late snapshot replies
         tp.drain_all(self.snapshot)
 
     # ---- weights ----
     def ask_snapshot(self) -> None:
-        tp.send(self.snapshot, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION,
-                                          "run_id": self.run_id, "actor_id": self.opts.actor_id}), block=False)
+        tp.send(
+            self.snapshot,
+            tp.encode(
+                {
+                    "type": "snapshot",
+                    "proto": tp.PROTOCOL_VERSION,
+                    "run_id": self.run_id,
+                    "actor_id": self.opts.actor_id,
+                }
+            ),
+            block=False,
+        )
 
     def read_snapshots(self, timeout_ms: int) -> bool:
         """Take the broadcaster's snapshot replies that come within ``timeout_ms`` (and any
@@ -255,11 +315,11 @@ class Actor:
         got = False
         frames = tp.recv_multipart_timeout(self.snapshot, timeout_ms)
         while frames is not None:
-            if len(frames) == 3:              # [topic, header, payload]
+            if len(frames) == 3:  # [topic, header, payload]
                 self._receive(frames)
                 got = True
             else:
-                try:                          # else a refusal: "no weights yet"
+                try:  # else a refusal: "no weights yet"
                     tp.decode(frames)
                 except tp.ProtocolError as exc:
                     self.rejects.reject(exc, "broadcaster")
@@ -274,8 +334,9 @@ class Actor:
         while self.history.newest < 0 and not self.stopped:
             exit_status.check_stop()
             if time.monotonic() > deadline:
-                raise ActorError(f"actor {self.opts.actor_id}: no weights from the broadcaster "
-                                 f"at {self.opts.broadcaster}")
+                raise ActorError(
+                    f"actor {self.opts.actor_id}: no weights from the broadcaster at {self.opts.broadcaster}"
+                )
             self.ask_snapshot()
             self.check_connections()
             # snapshots only: what waits on the SUB socket may be a backlog of old versions (after a
@@ -303,12 +364,13 @@ class Actor:
         try:
             header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
             if self.num_params and flat.size != self.num_params:
-                raise tp.ProtocolError("frame_size", f"weights of {flat.size} parameters, the policy has "
-                                                     f"{self.num_params}")
+                raise tp.ProtocolError(
+                    "frame_size", f"weights of {flat.size} parameters, the policy has {self.num_params}"
+                )
         except tp.ProtocolError as exc:
             self.rejects.reject(exc, "broadcaster")
             return
-        if header["epoch"] == self.epoch:       # another epoch: an old learner's, or a newer one's
+        if header["epoch"] == self.epoch:  # another epoch: an old learner's, or a newer one's
             self.history.add(header["version"], flat)
 
     def select_weights(self) -> None:
@@ -330,8 +392,12 @@ class Actor:
                 self.last_learner_message = time.monotonic()
                 if header["type"] == "grant":
                     if header["slot"] >= self.num_slots or header["grant_id"] < 1:
-                        self.rejects.reject(tp.ProtocolError("bad_grant", f"slot {header['slot']} of {self.num_slots}, "
-                                                                          f"grant {header['grant_id']}"), "learner")
+                        self.rejects.reject(
+                            tp.ProtocolError(
+                                "bad_grant", f"slot {header['slot']} of {self.num_slots}, grant {header['grant_id']}"
+                            ),
+                            "learner",
+                        )
                     else:
                         self.grants.append((header["slot"], header["grant_id"]))
                 elif header["type"] == "stop":
@@ -396,8 +462,12 @@ class Actor:
                 self.session()
                 return self.sent
             except Rejoin as why:
-                log.warning("actor %s: %s; dropping the work of that session and saying hello again (up to %.0f s)",
-                            self.opts.actor_id, why, self.cfg.transport.rejoin_timeout_s)
+                log.warning(
+                    "actor %s: %s; dropping the work of that session and saying hello again (up to %.0f s)",
+                    self.opts.actor_id,
+                    why,
+                    self.cfg.transport.rejoin_timeout_s,
+                )
                 self.end_session()
                 self.hello(self.cfg.transport.rejoin_timeout_s)
 
@@ -405,7 +475,7 @@ class Actor:
         """One session: first weights, then collect until stop or max_rollouts. Raises Rejoin."""
         self.first_weights()
         self.producer.reset()
-        for _ in range(tp.GRANT_CREDITS):       # two credits: fill one slot while the next is granted
+        for _ in range(tp.GRANT_CREDITS):  # two credits: fill one slot while the next is granted
             self._send("request")
         while not self.stopped and (self.opts.max_rollouts == 0 or self.sent < self.opts.max_rollouts):
             self.poll_learner(0)
@@ -420,27 +490,42 @@ class Actor:
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None
             stats = self.producer.collect(slot, version=self.version, guard=guard, grant_id=grant_id, tick=self.tick)
-            if stats.revoked:          # the learner reclaimed this grant (we were silent too long)
+            if stats.revoked:  # the learner reclaimed this grant (we were silent too long)
                 del slot
                 self.revoked += 1
-                log.warning("actor %s: grant %d of slot %d was revoked while this actor held it (it was silent "
-                            "longer than the learner's actor timeout); its rollout is dropped (%d so far)",
-                            self.opts.actor_id, grant_id, slot_index, self.revoked)
+                log.warning(
+                    "actor %s: grant %d of slot %d was revoked while this actor held it (it was silent "
+                    "longer than the learner's actor timeout); its rollout is dropped (%d so far)",
+                    self.opts.actor_id,
+                    grant_id,
+                    slot_index,
+                    self.revoked,
+                )
                 continue
             returns, lengths = self.finite_episodes(stats)
-            try:   # a slot with NaN/inf is still reported: the learner refuses it and frees the grant
+            try:  # a slot with NaN/inf is still reported: the learner refuses it and frees the grant
                 tp.check_finite(slot)
             except tp.ProtocolError as exc:
                 self.bad_numbers.reject(exc, "its envs")
-            report = dict(grant_id=grant_id, env_steps=stats.env_steps,
-                          episode_returns=returns, episode_lengths=lengths,
-                          timing={"env_s": stats.env_s, "inference_s": stats.inference_s, "wait_s": wait_s})
+            report = dict(
+                grant_id=grant_id,
+                env_steps=stats.env_steps,
+                episode_returns=returns,
+                episode_lengths=lengths,
+                timing={"env_s": stats.env_s, "inference_s": stats.inference_s, "wait_s": wait_s},
+            )
             if self.ring is not None:
                 del slot
                 self._send("ready", slot=slot_index, **report)
             else:
-                header = {"type": "rollout", "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
-                          "actor_id": self.opts.actor_id, "token": self.token or b"", **report}
+                header = {
+                    "type": "rollout",
+                    "proto": tp.PROTOCOL_VERSION,
+                    "run_id": self.run_id,
+                    "actor_id": self.opts.actor_id,
+                    "token": self.token or b"",
+                    **report,
+                }
                 tp.send(self.learner, tp.encode_rollout(header, slot, self.spec))
             self.sent += 1
             self.heartbeat()
@@ -448,9 +533,19 @@ class Actor:
     def close(self) -> None:
         try:
             if self.run_id and not self.stopped:
-                tp.send(self.learner, tp.encode({"type": "bye", "proto": tp.PROTOCOL_VERSION, "run_id": self.run_id,
-                                                 "actor_id": self.opts.actor_id, "token": self.token or b""}),
-                        block=False)
+                tp.send(
+                    self.learner,
+                    tp.encode(
+                        {
+                            "type": "bye",
+                            "proto": tp.PROTOCOL_VERSION,
+                            "run_id": self.run_id,
+                            "actor_id": self.opts.actor_id,
+                            "token": self.token or b"",
+                        }
+                    ),
+                    block=False,
+                )
         finally:
             tp.close(self.learner, self.weights_sub, self.snapshot)
             self.security.close()

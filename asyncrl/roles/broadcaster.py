@@ -13,6 +13,7 @@ the secret this broadcaster writes at start (security.create_weights_secret). Ne
 (learner epoch, version), so a restarted learner (a higher epoch) replaces the old one's weights.
 Rejects are counted by reason in ``--summary FILE`` (JSON, rewritten every 2 s and at exit).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,18 +23,24 @@ import socket
 import time
 from pathlib import Path
 
-from asyncrl.wire import transport as tp
 from asyncrl.core.metrics import write_json_atomic
+from asyncrl.wire import transport as tp
+from asyncrl.wire.security import (
+    Security,
+    advertised_with_source,
+    create_weights_secret,
+    is_loopback,
+    remove_weights_secret,
+)
 from asyncrl.wire.transport import snapshot_endpoint
-from asyncrl.wire.security import (Security, advertised_with_source, create_weights_secret, is_loopback, remove_weights_secret)
 
 log = logging.getLogger("asyncrl.broadcaster")
-ROUTER_HWM = 4                # messages queued per connection on the request ROUTER, each way (weights:
-                              # only the newest matter; an actor has one snapshot request out at a time)
-SNAPSHOT_INTERVAL_S = 0.2     # one snapshot reply per connection per this many seconds
-MAX_SNAPSHOT_PEERS = 4096     # connections remembered for that rate limit
+ROUTER_HWM = 4  # messages queued per connection on the request ROUTER, each way (weights:
+# only the newest matter; an actor has one snapshot request out at a time)
+SNAPSHOT_INTERVAL_S = 0.2  # one snapshot reply per connection per this many seconds
+MAX_SNAPSHOT_PEERS = 4096  # connections remembered for that rate limit
 MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
-STALE_EPOCH_S = 10.0          # a learner republishes every 2 s: silent this long, its epoch gives way to any
+STALE_EPOCH_S = 10.0  # a learner republishes every 2 s: silent this long, its epoch gives way to any
 # The largest weights payload a broadcaster takes when not told the run's (``max_weights_bytes``):
 # 1 GiB, 268M float32 parameters (the tiny llm model and every control policy are far smaller).
 DEFAULT_MAX_WEIGHTS_BYTES = 1 << 30
@@ -51,17 +58,30 @@ class BroadcasterError(RuntimeError):
 
 
 class Broadcaster:
-    def __init__(self, bind: str, *, upstream: str | None = None, security: Security | None = None,
-                 advertise: str | None = None, echo=print, summary: str | Path | None = None,
-                 max_weights_bytes: int | None = None):
+    def __init__(
+        self,
+        bind: str,
+        *,
+        upstream: str | None = None,
+        security: Security | None = None,
+        advertise: str | None = None,
+        echo=print,
+        summary: str | Path | None = None,
+        max_weights_bytes: int | None = None,
+    ):
         """``summary``: a JSON file for this role's counts (rejects by reason, refused connections,
         weights published). ``max_weights_bytes``: the run's weights payload (4 x parameters; default
         DEFAULT_MAX_WEIGHTS_BYTES): every socket that takes weights refuses a larger frame
         (ZMQ_MAXMSGSIZE, ``weights_frame_limit``; its peer is disconnected before the frame is
-        buffered), the PUB socket takes subscription frames only. Raises SecurityError (keys missing for a non-loopback address, an
-        unsafe secret directory), transport.AddressError (address in use, not of this host)."""
-        self.security, self.upstream, self.advertise, self.echo = \
-            security or Security("broadcaster"), upstream, advertise, echo
+        buffered), the PUB socket takes subscription frames only. Raises SecurityError (keys missing
+        for a non-loopback address, an unsafe secret directory), transport.AddressError (address in
+        use, not of this host)."""
+        self.security, self.upstream, self.advertise, self.echo = (
+            security or Security("broadcaster"),
+            upstream,
+            advertise,
+            echo,
+        )
         self.summary_path = Path(summary) if summary else None
         self.secret_file, self.secret = None, None
         self.max_weights_bytes = DEFAULT_MAX_WEIGHTS_BYTES if max_weights_bytes is None else int(max_weights_bytes)
@@ -70,32 +90,42 @@ class Broadcaster:
         try:
             self.pub = tp.pub(self.ctx, bind, security=self.security.server(self.ctx, bind))
             self.endpoint = tp.endpoint_of(self.pub)
-            if not upstream:   # before the socket that takes weights exists
+            if not upstream:  # before the socket that takes weights exists
                 self.secret_file, self.secret = create_weights_secret(self.endpoint)
             request_ep = snapshot_endpoint(self.endpoint)
             # a short queue per connection: it takes weights (the learner) and snapshot requests, one at a time
-            self.router = tp.router(self.ctx, request_ep, hwm=ROUTER_HWM, max_message_bytes=frame_limit,
-                                    security=self.security.server(self.ctx, request_ep))
+            self.router = tp.router(
+                self.ctx,
+                request_ep,
+                hwm=ROUTER_HWM,
+                max_message_bytes=frame_limit,
+                security=self.security.server(self.ctx, request_ep),
+            )
             self.watches = [tp.handshakes(self.pub), tp.handshakes(self.router)]
             self.up_watches: list[tuple[str, tp.HandshakeWatch]] = []
             if upstream:
                 up_request = snapshot_endpoint(upstream)
-                self.up_sub = tp.sub(self.ctx, upstream, security=self.security.client(upstream),
-                                     max_message_bytes=frame_limit)
-                self.up_req = tp.dealer(self.ctx, up_request, tp.route_identity(f"relay-{socket.gethostname()}-{os.getpid()}"),
-                                        security=self.security.client(up_request), hwm=ROUTER_HWM,
-                                        max_message_bytes=frame_limit)
-                self.up_watches = [(upstream, tp.handshakes(self.up_sub)),
-                                   (up_request, tp.handshakes(self.up_req))]
+                self.up_sub = tp.sub(
+                    self.ctx, upstream, security=self.security.client(upstream), max_message_bytes=frame_limit
+                )
+                self.up_req = tp.dealer(
+                    self.ctx,
+                    up_request,
+                    tp.route_identity(f"relay-{socket.gethostname()}-{os.getpid()}"),
+                    security=self.security.client(up_request),
+                    hwm=ROUTER_HWM,
+                    max_message_bytes=frame_limit,
+                )
+                self.up_watches = [(upstream, tp.handshakes(self.up_sub)), (up_request, tp.handshakes(self.up_req))]
         except BaseException:
             if self.secret_file is not None:
                 remove_weights_secret(self.secret_file, self.secret)
             self.security.close()
             self.ctx.destroy(linger=0)
             raise
-        self.latest = None                   # frames [topic, header, payload] of the newest weights
-        self.newest, self.run_id = (-1, -1), None   # (learner epoch, version) of self.latest
-        self.epoch_heard = 0.0               # monotonic time of the last weights of the held epoch
+        self.latest = None  # frames [topic, header, payload] of the newest weights
+        self.newest, self.run_id = (-1, -1), None  # (learner epoch, version) of self.latest
+        self.epoch_heard = 0.0  # monotonic time of the last weights of the held epoch
         # With CURVE, weights come from the learner's key only: an actor host's key must not be
         # able to hand every actor weights of its own.
         self.learner_key = self.security.learner_key
@@ -103,7 +133,7 @@ class Broadcaster:
         self.published = 0
         self.next_check = self.next_ask = 0.0
         self.next_summary, self.summary_written = 0.0, None
-        self.last_snapshot: dict[bytes, float] = {}   # connection -> monotonic time of its last snapshot reply
+        self.last_snapshot: dict[bytes, float] = {}  # connection -> monotonic time of its last snapshot reply
 
     @property
     def version(self) -> int:
@@ -118,17 +148,27 @@ class Broadcaster:
         header, _ = tp.decode_weights(frames)
         key, now = (header["epoch"], header["version"]), time.monotonic()
         if key[0] == self.newest[0]:
-            self.epoch_heard = now            # the learner of the held epoch is alive (it republishes)
+            self.epoch_heard = now  # the learner of the held epoch is alive (it republishes)
         if key <= self.newest:
             if key[0] == self.newest[0] or now - self.epoch_heard <= STALE_EPOCH_S:
                 return False
             # a lower epoch, from the learner (only its weights get here), while the learner of the held
             # epoch is silent: a new learner started after the wall clock stepped back; take it
-            log.warning("broadcaster: learner epoch %d is silent for %.0f s; taking epoch %d (a lower one: the "
-                        "clock went back)", self.newest[0], now - self.epoch_heard, key[0])
+            log.warning(
+                "broadcaster: learner epoch %d is silent for %.0f s; taking epoch %d (a lower one: the "
+                "clock went back)",
+                self.newest[0],
+                now - self.epoch_heard,
+                key[0],
+            )
         if key[0] != self.newest[0] and self.run_id is not None:
-            log.info("broadcaster: weights of learner epoch %d (run %s) replace those of epoch %d (run %s)", key[0],
-                     tp.printable(header["run_id"]), self.newest[0], tp.printable(self.run_id))
+            log.info(
+                "broadcaster: weights of learner epoch %d (run %s) replace those of epoch %d (run %s)",
+                key[0],
+                tp.printable(header["run_id"]),
+                self.newest[0],
+                tp.printable(self.run_id),
+            )
         self.latest = [bytes(f) for f in frames]
         self.newest, self.run_id, self.epoch_heard = key, header["run_id"], now
         tp.send(self.pub, self.latest, block=False)
@@ -141,12 +181,15 @@ class Broadcaster:
         try:
             if len(body) in (3, 4) and bytes(body[0]) == tp.WEIGHTS_TOPIC:
                 if self.upstream:
-                    raise tp.ProtocolError("unexpected_type", "weights sent to a relay (it takes them from "
-                                                              f"{self.upstream} only)")
-                if self.learner_key is not None:    # CURVE: the authenticator vouches for the key
+                    raise tp.ProtocolError(
+                        "unexpected_type", f"weights sent to a relay (it takes them from {self.upstream} only)"
+                    )
+                if self.learner_key is not None:  # CURVE: the authenticator vouches for the key
                     if tp.user_id(body[0]) != self.learner_key:
-                        raise tp.ProtocolError("not_learner", f"weights from client key {tp.user_id(body[0])}, "
-                                                              "not the learner's (allowed/learner.key)")
+                        raise tp.ProtocolError(
+                            "not_learner",
+                            f"weights from client key {tp.user_id(body[0])}, not the learner's (allowed/learner.key)",
+                        )
                     self.take(body[:3])
                 else:
                     self.take(tp.verify_weights(body, self.secret))
@@ -169,14 +212,17 @@ class Broadcaster:
         key, now = bytes(identity), time.monotonic()
         if now - self.last_snapshot.get(key, -math.inf) < SNAPSHOT_INTERVAL_S:
             raise tp.ProtocolError("snapshot_rate", f"more than one snapshot request per {SNAPSHOT_INTERVAL_S} s")
-        if len(self.last_snapshot) >= MAX_SNAPSHOT_PEERS:   # forget peers not heard of for a while
+        if len(self.last_snapshot) >= MAX_SNAPSHOT_PEERS:  # forget peers not heard of for a while
             self.last_snapshot = {k: t for k, t in self.last_snapshot.items() if now - t < SNAPSHOT_INTERVAL_S}
         self.last_snapshot[key] = now
         if self.latest is not None:
             tp.send(self.router, [identity, *self.latest], block=False, copy=False)
         else:
-            tp.send(self.router, [identity, *tp.encode({"type": "refuse", "run_id": header["run_id"],
-                                                        "reason": "no weights yet"})], block=False)
+            tp.send(
+                self.router,
+                [identity, *tp.encode({"type": "refuse", "run_id": header["run_id"], "reason": "no weights yet"})],
+                block=False,
+            )
 
     def serve(self, timeout_ms: int = 200) -> None:
         socks = [self.router, self.up_sub, self.up_req] if self.upstream else [self.router]
@@ -194,11 +240,17 @@ class Broadcaster:
     def counts(self) -> dict:
         """What ``--summary`` holds: role, address, weights taken, newest (epoch, version),
         ``rejected_messages`` and ``refused_connections`` by reason."""
-        return {"role": "relay" if self.upstream else "broadcaster", "endpoint": self.endpoint,
-                "upstream": self.upstream, "published": self.published, "run_id": self.run_id,
-                "epoch": self.newest[0], "version": self.newest[1],
-                "rejected_messages": self.rejects.by_reason(),
-                "refused_connections": self.security.refused.by_reason()}
+        return {
+            "role": "relay" if self.upstream else "broadcaster",
+            "endpoint": self.endpoint,
+            "upstream": self.upstream,
+            "published": self.published,
+            "run_id": self.run_id,
+            "epoch": self.newest[0],
+            "version": self.newest[1],
+            "rejected_messages": self.rejects.by_reason(),
+            "refused_connections": self.security.refused.by_reason(),
+        }
 
     def write_summary(self, *, force: bool = False) -> None:
         """Rewrite the summary file when its counts changed, at most every 2 s (or now, with
@@ -224,7 +276,7 @@ class Broadcaster:
             if len(frames) == 3:
                 replies.append(frames)
                 continue
-            try:                               # else a "no weights yet" refusal
+            try:  # else a "no weights yet" refusal
                 tp.decode(frames)
             except tp.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
@@ -234,8 +286,9 @@ class Broadcaster:
             except tp.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
             except Exception as exc:  # noqa: BLE001 - upstream input must never end a relay: counted, logged
-                self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]),
-                                    self.upstream)
+                self.rejects.reject(
+                    tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), self.upstream
+                )
         now = time.monotonic()
         if self.latest is None and now >= self.next_ask:
             self.next_ask = now + 1.0
@@ -253,26 +306,35 @@ class Broadcaster:
         for endpoint, watch in self.up_watches:
             bad = watch.fatal()
             if bad is not None:
-                raise BroadcasterError(f"broadcaster: the upstream broadcaster at {endpoint} refused the "
-                                       f"connection: {bad.detail}")
+                raise BroadcasterError(
+                    f"broadcaster: the upstream broadcaster at {endpoint} refused the connection: {bad.detail}"
+                )
 
     def announce(self) -> None:
         """Where actors (and relays) connect; the exact commands for a non-loopback address."""
         adv, source = advertised_with_source(self.endpoint, self.advertise)
         security = self.security.describe(self.endpoint)
         if self.upstream:
-            self.echo(f"broadcaster: relaying weights from {self.upstream}; actors on this host use "
-                      f"--broadcaster {adv} ({security}), address from {source}")
+            self.echo(
+                f"broadcaster: relaying weights from {self.upstream}; actors on this host use "
+                f"--broadcaster {adv} ({security}), address from {source}"
+            )
         elif not is_loopback(self.endpoint):
             keys = "--insecure" if self.security.insecure else "--keys KEYS/client-K"
-            self.echo(f"broadcaster: actors use --broadcaster {adv} ({security}), address from {source}; "
-                      f"a relay on each actor host:\n"
-                      f"  asyncrl broadcaster --upstream {adv} --bind tcp://127.0.0.1:{adv.rsplit(':', 1)[1]} {keys}")
+            self.echo(
+                f"broadcaster: actors use --broadcaster {adv} ({security}), address from {source}; "
+                f"a relay on each actor host:\n"
+                f"  asyncrl broadcaster --upstream {adv} --bind tcp://127.0.0.1:{adv.rsplit(':', 1)[1]} {keys}"
+            )
 
     def run(self, stop_after_s: float | None = None) -> None:
         deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
-        log.info("broadcaster: PUB %s, requests %s%s", self.endpoint, snapshot_endpoint(self.endpoint),
-                 f", upstream {self.upstream}" if self.upstream else "")
+        log.info(
+            "broadcaster: PUB %s, requests %s%s",
+            self.endpoint,
+            snapshot_endpoint(self.endpoint),
+            f", upstream {self.upstream}" if self.upstream else "",
+        )
         self.announce()
         while deadline is None or time.monotonic() < deadline:
             self.serve()

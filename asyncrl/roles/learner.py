@@ -6,6 +6,7 @@ accounts for policy lag.
 Top to bottom: serve messages -> consume a batch when B slots are full -> publish -> repeat
 until the env-step budget; then stop the actors, checkpoint, summarise, remove the segment.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -22,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.wire import transport as tp
-from asyncrl.wire.transport import snapshot_endpoint
 from asyncrl.core.config import Config, EnvConfig
-from asyncrl.wire.security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
 from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot, own_rows
-from asyncrl.wire.shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
 from asyncrl.tasks import make_task
+from asyncrl.wire import transport as tp
+from asyncrl.wire.security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
+from asyncrl.wire.shm import SlotLedger, SlotRing, check_space, cleanup_stale, segment_nbytes
+from asyncrl.wire.transport import snapshot_endpoint
 
 log = logging.getLogger("asyncrl.learner")
 
@@ -41,11 +42,11 @@ REPUBLISH_S = 2.0
 # an honest actor never holds more; a peer asking for more (to hoard the ring) is held to it, per
 # actor id and per connection (one connection may speak for several ids).
 MAX_IDS_PER_CONNECTION = 4
-ROUTER_HWM = 64                       # messages queued per actor connection, each way
-MAX_MESSAGES_PER_SERVE = 256          # serve() returns after this many: a flood cannot keep it from training
-LEASE_TIMEOUTS = 6                    # derived lease: this many actor timeouts ...
-LEASE_SLOT_TIMES = 4                  # ... or this many of the slowest report interval seen, whichever is longer
-MAX_UNDELIVERED_IDS = 1024            # join records kept for ids that never delivered a trained slot
+ROUTER_HWM = 64  # messages queued per actor connection, each way
+MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many: a flood cannot keep it from training
+LEASE_TIMEOUTS = 6  # derived lease: this many actor timeouts ...
+LEASE_SLOT_TIMES = 4  # ... or this many of the slowest report interval seen, whichever is longer
+MAX_UNDELIVERED_IDS = 1024  # join records kept for ids that never delivered a trained slot
 
 
 class LearnerError(RuntimeError):
@@ -66,21 +67,32 @@ class ActorInfo:
     host: str
     pid: int
     last_seen: float
-    route: bytes = b""                     # its DEALER identity: where replies go
-    token: bytes = b""                     # its per-actor token: every message must carry it
-    pending: int = 0                       # grants asked for and not yet given
+    route: bytes = b""  # its DEALER identity: where replies go
+    token: bytes = b""  # its per-actor token: every message must carry it
+    pending: int = 0  # grants asked for and not yet given
     mode: str = "shm"
     meta: dict = field(default_factory=dict)
-    joined: float = 0.0                    # monotonic time of its welcome
-    lease_from: float = 0.0                # monotonic: its welcome, last accepted report, or first grant since
+    joined: float = 0.0  # monotonic time of its welcome
+    lease_from: float = 0.0  # monotonic: its welcome, last accepted report, or first grant since
 
 
 class Learner:
-    write_error: OSError | None = None     # the run-directory failure that ended the run, if one did
+    write_error: OSError | None = None  # the run-directory failure that ended the run, if one did
 
-    def __init__(self, cfg: Config, run_dir: str | Path, *, run_id: str, bind: str, broadcaster: str,
-                 echo=print, security: Security | None = None, advertise: str | None = None,
-                 resume: bool = False, epoch: int | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: str | Path,
+        *,
+        run_id: str,
+        bind: str,
+        broadcaster: str,
+        echo=print,
+        security: Security | None = None,
+        advertise: str | None = None,
+        resume: bool = False,
+        epoch: int | None = None,
+    ):
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
         ``advertise``: the address actors on other hosts use, when not the bound one; ``resume``:
         go on from the run directory's newest checkpoint (asyncrl.core.consume.Consumer); ``epoch``:
@@ -96,24 +108,35 @@ class Learner:
         self.task = make_task(cfg)
         self.spec = self.task.spec
         self.spaces = self.task.spaces
-        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)   # reports of E*T episodes
+        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)  # reports of E*T episodes
         # no frame larger than a report's header or one field of a slot is ever buffered
-        max_frame = max(self.wire_limits.max_bytes,
-                        *(int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields))
+        max_frame = max(
+            self.wire_limits.max_bytes, *(int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields)
+        )
         # Sockets next: a refused key or a busy port must not leave a shared-memory segment behind.
         self.ctx = tp.context()
         try:
             weights_ep = snapshot_endpoint(broadcaster)
             # a small queue per actor connection: an honest actor has a few messages in flight
-            self.router = tp.router(self.ctx, bind, hwm=ROUTER_HWM, max_message_bytes=max_frame,
-                                    security=self.security.server(self.ctx, bind))
+            self.router = tp.router(
+                self.ctx,
+                bind,
+                hwm=ROUTER_HWM,
+                max_message_bytes=max_frame,
+                security=self.security.server(self.ctx, bind),
+            )
             self.weights_curve = self.security.client(weights_ep)
             # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
             # hold any more); it gets the weights when it (re)connects, see check_connections
             # it receives nothing (the broadcaster answers snapshot requests only): any frame is small
-            self.weights_out = tp.dealer(self.ctx, weights_ep, tp.route_identity(f"learner-{run_id}"),
-                                         security=self.weights_curve, immediate=True,
-                                         max_message_bytes=tp.MAX_HEADER_BYTES)
+            self.weights_out = tp.dealer(
+                self.ctx,
+                weights_ep,
+                tp.route_identity(f"learner-{run_id}"),
+                security=self.weights_curve,
+                immediate=True,
+                max_message_bytes=tp.MAX_HEADER_BYTES,
+            )
         except BaseException:
             self.security.close()
             self.ctx.destroy(linger=0)
@@ -121,8 +144,8 @@ class Learner:
         self.endpoint = tp.endpoint_of(self.router)
         self.actor_watch, self.broadcaster_watch = tp.handshakes(self.router), tp.handshakes(self.weights_out)
         self.next_check = self.next_reap = 0.0
-        self.by_route: dict[bytes, set[str]] = {}   # connection -> the actor ids it speaks for
-        self.broadcaster_handshakes = 0          # seen so far: a new one means a (re)connected broadcaster
+        self.by_route: dict[bytes, set[str]] = {}  # connection -> the actor ids it speaks for
+        self.broadcaster_handshakes = 0  # seen so far: a new one means a (re)connected broadcaster
         self.last_publish = 0.0
         self.warned_unsigned = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,13 +162,15 @@ class Learner:
         self.ledger = SlotLedger(cfg.learner.num_slots)
         self.actors: dict[str, ActorInfo] = {}
         self.full_meta: dict[int, tuple[str, dict]] = {}
-        self.copied: list[SlotData] = []         # slots copied out of the ring, not yet trained on
+        self.copied: list[SlotData] = []  # slots copied out of the ring, not yet trained on
         self.rejects = tp.RejectCounter("learner")
-        self.session_log = tp.LogBudget(per_window=50, window_s=10.0)   # joins, leaves, refusals (peer_log)
-        self.undelivered: dict[str, None] = {}   # ids joined in this life that delivered no trained slot yet, oldest first
-        self.slowest_report_s = 0.0               # longest time an actor held grants before an accepted report
-        self.timing: Counter[str] = Counter()   # seconds: where the time goes
-        self.rollouts_by_transport: Counter[str] = Counter()   # "shm" / "tcp"
+        self.session_log = tp.LogBudget(per_window=50, window_s=10.0)  # joins, leaves, refusals (peer_log)
+        self.undelivered: dict[
+            str, None
+        ] = {}  # ids joined in this life that delivered no trained slot yet, oldest first
+        self.slowest_report_s = 0.0  # longest time an actor held grants before an accepted report
+        self.timing: Counter[str] = Counter()  # seconds: where the time goes
+        self.rollouts_by_transport: Counter[str] = Counter()  # "shm" / "tcp"
         self.publish()
 
     # ---- weights ----
@@ -154,16 +179,24 @@ class Learner:
         signed with the secret the broadcaster wrote on this host (security.read_weights_secret;
         read at each publish, so a restarted broadcaster's new secret is used at once)."""
         now = self.consumer.lag.publish_time[self.state.version]
-        frames = tp.encode_weights(run_id=self.run_id, epoch=self.epoch, version=self.state.version,
-                                   publish_time=now, layout_hash=self.state.layout_hash,
-                                   payload=self.state.flat_weights())
+        frames = tp.encode_weights(
+            run_id=self.run_id,
+            epoch=self.epoch,
+            version=self.state.version,
+            publish_time=now,
+            layout_hash=self.state.layout_hash,
+            payload=self.state.flat_weights(),
+        )
         self.last_publish = time.monotonic()
         secret = read_weights_secret(self.broadcaster)
-        if secret is None and self.weights_curve is None:    # it would refuse them
+        if secret is None and self.weights_curve is None:  # it would refuse them
             if not self.warned_unsigned:
                 self.warned_unsigned = True
-                log.warning("learner: no weights secret of the broadcaster at %s on this host (not started yet, or "
-                            "run by another user); weights are held back until there is one", self.broadcaster)
+                log.warning(
+                    "learner: no weights secret of the broadcaster at %s on this host (not started yet, or "
+                    "run by another user); weights are held back until there is one",
+                    self.broadcaster,
+                )
             return
         tp.send(self.weights_out, tp.sign_weights(frames, secret), block=False)
 
@@ -181,7 +214,7 @@ class Learner:
                 break
             frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
         now = time.monotonic()
-        if now >= self.next_reap:              # each scans every actor: at most 10 times a second
+        if now >= self.next_reap:  # each scans every actor: at most 10 times a second
             self.next_reap = now + 0.1
             self.reap_silent_actors()
             self.reclaim_expired_leases()
@@ -198,8 +231,10 @@ class Learner:
         self.security.note_refusals(self.actor_watch)
         bad = self.broadcaster_watch.fatal()
         if bad is not None:
-            raise LearnerError(f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} refused the "
-                               f"connection: {bad.detail}")
+            raise LearnerError(
+                f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} refused the "
+                f"connection: {bad.detail}"
+            )
         if self.broadcaster_watch.succeeded != self.broadcaster_handshakes or now - self.last_publish > REPUBLISH_S:
             # a broadcaster (re)connected, or no publish for a while: it may hold no weights
             # (restarted), and actors waiting for their first weights would wait for ever, since the
@@ -223,30 +258,37 @@ class Learner:
                 self.ask_rejoin(identity, kind, "this learner does not know this actor (restarted, or it dropped it)")
                 raise tp.ProtocolError("unknown_actor", f"{kind} from an actor that did not say hello")
             if identity != actor.route or not hmac.compare_digest(header.get("token", b""), actor.token):
-                raise tp.ProtocolError("bad_token", f"{kind} for actor {header['actor_id']!r} from another "
-                                                    f"connection or without its token")
+                raise tp.ProtocolError(
+                    "bad_token", f"{kind} for actor {header['actor_id']!r} from another connection or without its token"
+                )
             actor.last_seen = time.monotonic()
             if kind == "request":
-                if self.outstanding(actor_id=header["actor_id"]) >= tp.GRANT_CREDITS or \
-                        self.outstanding(route=identity) >= tp.GRANT_CREDITS:
-                    raise tp.ProtocolError("over_credit", f"request beyond the {tp.GRANT_CREDITS} outstanding grants "
-                                                          f"an actor (and a connection) may hold")
+                if (
+                    self.outstanding(actor_id=header["actor_id"]) >= tp.GRANT_CREDITS
+                    or self.outstanding(route=identity) >= tp.GRANT_CREDITS
+                ):
+                    raise tp.ProtocolError(
+                        "over_credit",
+                        f"request beyond the {tp.GRANT_CREDITS} outstanding grants "
+                        f"an actor (and a connection) may hold",
+                    )
                 actor.pending += 1
             elif kind in ("ready", "rollout"):
                 self.on_report(header["actor_id"], header, arrays)
-                actor.pending += 1            # every report of a slot it held asks for the next one
+                actor.pending += 1  # every report of a slot it held asks for the next one
             elif kind == "bye":
                 self.forget(header["actor_id"], "said bye")
-            elif kind == "heartbeat":             # answered, so an actor can tell a dead learner
+            elif kind == "heartbeat":  # answered, so an actor can tell a dead learner
                 self.reply(identity, {"type": "heartbeat", "actor_id": header["actor_id"], "token": actor.token})
             else:
                 raise tp.ProtocolError("unexpected_type", kind)
         except tp.ProtocolError as exc:
             self.rejects.reject(exc, sender)
             raw = tp.peek(frames[1]) if exc.reason == "proto" and len(frames) > 1 else {}
-            if raw.get("type") == "hello":    # tell an actor of another version why it gets nothing
-                reason = tp.printable(f"proto: actor has protocol {raw.get('proto')!r}, learner has "
-                                      f"{tp.PROTOCOL_VERSION}", 1000)
+            if raw.get("type") == "hello":  # tell an actor of another version why it gets nothing
+                reason = tp.printable(
+                    f"proto: actor has protocol {raw.get('proto')!r}, learner has {tp.PROTOCOL_VERSION}", 1000
+                )
                 self.peer_log(logging.WARNING, "learner: refused actor %s: %s", tp.printable(sender), reason)
                 self.reply(identity, {"type": "refuse", "reason": reason})
         except Exception as exc:  # noqa: BLE001 - peer input must never end the learner: counted, logged, refused
@@ -265,47 +307,75 @@ class Learner:
         for ``actor_timeout_s``, or the hello carries that id's token (a restarted actor proving
         it is that actor: it takes over at once); any other claim on a live id is refused."""
         actor_id = h["actor_id"]
-        mismatch = tp.printable(self.mismatch(h), 1000)   # it quotes the actor's values: keep it sendable
+        mismatch = tp.printable(self.mismatch(h), 1000)  # it quotes the actor's values: keep it sendable
         if mismatch:
-            self.peer_log(logging.WARNING, "learner: refused actor %s from %s: %s", tp.printable(actor_id),
-                          tp.printable(h["host"]), mismatch)
+            self.peer_log(
+                logging.WARNING,
+                "learner: refused actor %s from %s: %s",
+                tp.printable(actor_id),
+                tp.printable(h["host"]),
+                mismatch,
+            )
             self.reply(identity, {"type": "refuse", "reason": mismatch})
             return
         old = self.actors.get(actor_id)
         if old is not None and old.route == identity:
-            return                             # a repeated hello from the same connection
+            return  # a repeated hello from the same connection
         if len(self.by_route.get(identity, ())) >= MAX_IDS_PER_CONNECTION:
             reason = f"this connection already speaks for {MAX_IDS_PER_CONNECTION} actor ids"
             self.reply(identity, {"type": "refuse", "reason": reason})
             raise tp.ProtocolError("ids_per_connection", f"hello as {tp.printable(actor_id, 64)}: {reason}")
         proved = old is not None and h["token"] is not None and hmac.compare_digest(h["token"], old.token)
-        if old is not None and not proved and _gone_here(old):   # it died on this host (e.g. restarted by asyncrl run)
+        if old is not None and not proved and _gone_here(old):  # it died on this host (e.g. restarted by asyncrl run)
             self.forget(actor_id, f"its process {old.pid} is gone")
             old = None
         if old is not None and not proved and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
-            reason = tp.printable(f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another "
-                                  f"--actor-id", 1000)
-            self.peer_log(logging.WARNING, "learner: refused a second actor %s from %s: %s",
-                          tp.printable(actor_id), tp.printable(h["host"]), reason)
+            reason = tp.printable(
+                f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another --actor-id", 1000
+            )
+            self.peer_log(
+                logging.WARNING,
+                "learner: refused a second actor %s from %s: %s",
+                tp.printable(actor_id),
+                tp.printable(h["host"]),
+                reason,
+            )
             self.reply(identity, {"type": "refuse", "reason": reason})
             return
         if old is not None:
             self.forget(actor_id, "came back with its token" if proved else "restarted")
-        self.state.reward_scaler.reset(actor_id)   # a new incarnation: its envs start afresh
-        restart = self.state.actor_joins.get(actor_id, 0)    # a seed input: a rejoin draws new streams
+        self.state.reward_scaler.reset(actor_id)  # a new incarnation: its envs start afresh
+        restart = self.state.actor_joins.get(actor_id, 0)  # a seed input: a rejoin draws new streams
         self.state.actor_joins[actor_id] = restart + 1
         self.note_undelivered(actor_id, restart)
         token = old.token if proved else secrets.token_bytes(16)
         now = time.monotonic()
-        self.actors[actor_id] = ActorInfo(h["host"], h["pid"], now, route=identity, token=token, joined=now,
-                                          lease_from=now)
+        self.actors[actor_id] = ActorInfo(
+            h["host"], h["pid"], now, route=identity, token=token, joined=now, lease_from=now
+        )
         self.by_route.setdefault(identity, set()).add(actor_id)
-        self.peer_log(logging.INFO, "learner: actor %s joined from %s (pid %d)%s", tp.printable(actor_id),
-                      tp.printable(h["host"]), h["pid"], f", restart {restart}" if restart else "")
-        self.reply(identity, {"type": "welcome", "shm_name": self.ring.name, "num_slots": self.cfg.learner.num_slots,
-                              "spec": self.spec.to_dict(), "token": self.ring.token,
-                              "config": json.dumps(self.cfg.to_dict()), "restart": restart,
-                              "epoch": self.epoch, "actor_token": token})
+        self.peer_log(
+            logging.INFO,
+            "learner: actor %s joined from %s (pid %d)%s",
+            tp.printable(actor_id),
+            tp.printable(h["host"]),
+            h["pid"],
+            f", restart {restart}" if restart else "",
+        )
+        self.reply(
+            identity,
+            {
+                "type": "welcome",
+                "shm_name": self.ring.name,
+                "num_slots": self.cfg.learner.num_slots,
+                "spec": self.spec.to_dict(),
+                "token": self.ring.token,
+                "config": json.dumps(self.cfg.to_dict()),
+                "restart": restart,
+                "epoch": self.epoch,
+                "actor_token": token,
+            },
+        )
 
     def peer_log(self, level: int, msg: str, *args) -> None:
         """A log line caused by a peer (joins, leaves, refusals): at most ``session_log``'s budget a
@@ -320,7 +390,7 @@ class Learner:
         record not in use goes. Its restart count may then start again at 0, which is harmless: no
         sample of its streams was ever trained on. Ids that delivered, or come from the checkpoint,
         keep their monotonic count (seeding needs it)."""
-        if restart == 0:                       # a new id (ids of the checkpoint or that delivered have joined before)
+        if restart == 0:  # a new id (ids of the checkpoint or that delivered have joined before)
             self.undelivered[actor_id] = None
         while len(self.undelivered) > MAX_UNDELIVERED_IDS:
             victim = next((a for a in self.undelivered if a not in self.actors and a != actor_id), None)
@@ -337,8 +407,9 @@ class Learner:
     def mismatch(self, h: dict) -> str:
         """'' if the actor's run id (when it names one), env, rollout shape and spaces match this
         run; else one line naming the field."""
-        return handshake_mismatch(h, run_id=self.run_id, env_id=self.task.id, spec=self.spec.to_dict(),
-                                  spaces=self.spaces)
+        return handshake_mismatch(
+            h, run_id=self.run_id, env_id=self.task.id, spec=self.spec.to_dict(), spaces=self.spaces
+        )
 
     def reply(self, identity: bytes, header: dict) -> None:
         """Send ``header`` to ``identity``; never raises: a reply that cannot be encoded (e.g. a
@@ -360,8 +431,9 @@ class Learner:
             slot = next((g.slot for g in self.ledger.granted_to(actor_id) if g.grant_id == h["grant_id"]), None)
             held = slot is not None
         if not held:
-            raise tp.ProtocolError("stale_grant", f"{h['type']} for slot {slot} grant {h['grant_id']} "
-                                                  f"not held by {actor_id}")
+            raise tp.ProtocolError(
+                "stale_grant", f"{h['type']} for slot {slot} grant {h['grant_id']} not held by {actor_id}"
+            )
         info = self.actors[actor_id]
         try:
             env_steps = self.check_report(info, h)
@@ -384,15 +456,17 @@ class Learner:
         except tp.ProtocolError:
             if self.ledger.void(actor_id, slot, h["grant_id"]):
                 self.ring.disarm(slot)
-            info.pending += 1     # the grant it held is void: it may ask again
-            self.state.reward_scaler.reset(actor_id)   # the stream has a gap now
+            info.pending += 1  # the grant it held is void: it may ask again
+            self.state.reward_scaler.reset(actor_id)  # the stream has a gap now
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         now = time.monotonic()
         self.slowest_report_s = max(self.slowest_report_s, now - info.lease_from)
         info.lease_from = now
-        self.full_meta[slot] = (actor_id, {"host": info.host, "env_steps": env_steps,
-                                           "episode_returns": episode_returns, "grant_id": h["grant_id"]})
+        self.full_meta[slot] = (
+            actor_id,
+            {"host": info.host, "env_steps": env_steps, "episode_returns": episode_returns, "grant_id": h["grant_id"]},
+        )
         for key in ("env_s", "inference_s", "wait_s"):
             self.timing["actors_" + key] += float(h["timing"].get(key, 0.0))
 
@@ -407,8 +481,10 @@ class Learner:
         limit = time.monotonic() - info.joined + 1.0
         for key, value in h["timing"].items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= limit:
-                raise tp.ProtocolError("timing", f"timing {tp.printable(key, 40)} = {tp.printable(repr(value), 40)}: "
-                                                 f"not seconds in 0..{limit:.0f}")
+                raise tp.ProtocolError(
+                    "timing",
+                    f"timing {tp.printable(key, 40)} = {tp.printable(repr(value), 40)}: not seconds in 0..{limit:.0f}",
+                )
         return steps
 
     def check_episodes(self, views: dict, h: dict) -> list[float]:
@@ -433,15 +509,16 @@ class Learner:
     def forget(self, actor_id: str, why: str) -> None:
         freed = self.ledger.reclaim(actor_id)
         for s in freed:
-            self.ring.disarm(s)                    # the old writer must stop writing these
+            self.ring.disarm(s)  # the old writer must stop writing these
         info = self.actors.pop(actor_id, None)
         if info is not None:
             ids = self.by_route.get(info.route, set())
             ids.discard(actor_id)
             if not ids:
                 self.by_route.pop(info.route, None)
-        self.peer_log(logging.INFO, "learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why,
-                      len(freed))
+        self.peer_log(
+            logging.INFO, "learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why, len(freed)
+        )
 
     def lease_s(self) -> float:
         """Seconds an actor may hold grants without an accepted report: transport.grant_lease_s, or
@@ -460,7 +537,7 @@ class Learner:
         for actor_id, info in self.actors.items():
             if now - info.lease_from <= lease:
                 continue
-            info.lease_from = now                  # the next lease starts now
+            info.lease_from = now  # the next lease starts now
             freed = self.ledger.reclaim(actor_id)
             if not freed:
                 continue
@@ -468,10 +545,14 @@ class Learner:
                 self.ring.disarm(s)
             self.ledger.counters["lease_expired"] += len(freed)
             info.pending += len(freed)
-            self.state.reward_scaler.reset(actor_id)   # its stream has a gap now
+            self.state.reward_scaler.reset(actor_id)  # its stream has a gap now
             if self.rejects.budget.allow()[0]:
-                log.warning("learner: actor %s held %d granted slots for %.0f s without a report (lease); taken back",
-                            tp.printable(actor_id), len(freed), lease)
+                log.warning(
+                    "learner: actor %s held %d granted slots for %.0f s without a report (lease); taken back",
+                    tp.printable(actor_id),
+                    len(freed),
+                    lease,
+                )
 
     def reap_silent_actors(self) -> None:
         now = time.monotonic()
@@ -492,10 +573,10 @@ class Learner:
                 return
             info = self.actors.pop(actor_id)
             info.pending -= 1
-            if len(self.ledger.granted_to(actor_id)) == 1:   # it held none: its lease starts now
+            if len(self.ledger.granted_to(actor_id)) == 1:  # it held none: its lease starts now
                 info.lease_from = time.monotonic()
             self.actors[actor_id] = info
-            self.ring.arm(g.slot, g.grant_id)      # before the actor can know of the grant
+            self.ring.arm(g.slot, g.grant_id)  # before the actor can know of the grant
             self.reply(info.route, {"type": "grant", "slot": g.slot, "grant_id": g.grant_id})
 
     # ---- learning ----
@@ -517,8 +598,11 @@ class Learner:
             self.audit(intact, own)
             try:
                 if not intact:
-                    raise SlotError("revoked_writer", f"slot {s} of grant {meta['grant_id']} was written into by a "
-                                                      f"writer whose grant had been revoked")
+                    raise SlotError(
+                        "revoked_writer",
+                        f"slot {s} of grant {meta['grant_id']} was written into by a "
+                        f"writer whose grant had been revoked",
+                    )
                 # the tags were read once above: check_slot's own tag check only where they are foreign
                 check_slot(arrays, self.spec, version=self.state.version, grant_id=None if own else meta["grant_id"])
             except SlotError as exc:
@@ -550,12 +634,12 @@ class Learner:
         B = self.cfg.learner.slots_per_batch
         if self.ledger.num_full and len(self.copied) < B:
             self.collect_full(B - len(self.copied))
-            self.grant_pending()               # actors go on while the learner learns
+            self.grant_pending()  # actors go on while the learner learns
         if len(self.copied) < B:
             return False
         batch, self.copied = self.copied[:B], self.copied[B:]
         trained = self.consumer.consume(batch) is not None
-        for sd in batch:                       # these ids' join records are now kept for good (seeding)
+        for sd in batch:  # these ids' join records are now kept for good (seeding)
             self.undelivered.pop(sd.actor, None)
         # The snapshot (and every learner.checkpoint_every iterations the checkpoint) is taken before
         # the weights go out, not after: after the publish, its 0.5-1 ms delayed the next grants just
@@ -574,7 +658,7 @@ class Learner:
             return
         adv, source = advertised_with_source(self.endpoint, self.advertise)
         b = self.broadcaster
-        if is_loopback(b):                  # same host as the learner: other hosts use the learner's name
+        if is_loopback(b):  # same host as the learner: other hosts use the learner's name
             b = f"tcp://{endpoint_host(adv)}:{b.rsplit(':', 1)[1]}"
         env, default = self.cfg.env, EnvConfig()
         flags = [f"--env {env.id}"] + ([f"--env-module {env.module}"] if env.module else [])
@@ -584,10 +668,12 @@ class Learner:
             if getattr(env, key) != getattr(default, key):
                 flags.append(f"--set env.{key}={getattr(env, key)}")
         flags.append("--insecure" if self.security.insecure else "--keys KEYS/client-K")
-        self.echo(f"learner: run {self.run_id}, actors connect to {adv} ({security}), address from {source}; "
-                  f"on each actor host run:\n"
-                  f"  asyncrl actor --learner {adv} --broadcaster {b} {' '.join(flags)} "
-                  f"--run-id {self.run_id} --actor-id NAME")
+        self.echo(
+            f"learner: run {self.run_id}, actors connect to {adv} ({security}), address from {source}; "
+            f"on each actor host run:\n"
+            f"  asyncrl actor --learner {adv} --broadcaster {b} {' '.join(flags)} "
+            f"--run-id {self.run_id} --actor-id NAME"
+        )
 
     def run(self) -> dict:
         self.announce()
@@ -604,17 +690,27 @@ class Learner:
     def finish(self, *, outcome: str = "finished", reason: str | None = None) -> dict:
         """Stop the actors, write the final checkpoint and summary.json (``outcome`` as in
         ``Consumer.finish``; a failure is the learner's, for ``reason``); returns the summary."""
-        why = {"finished": "step budget reached", "interrupted": "the learner was interrupted",
-               "failed": "the learner failed"}.get(outcome, outcome)
+        why = {
+            "finished": "step budget reached",
+            "interrupted": "the learner was interrupted",
+            "failed": "the learner failed",
+        }.get(outcome, outcome)
         for info in list(self.actors.values()):
             self.reply(info.route, {"type": "stop", "reason": why})
         self.timing["learner_update_s"] = self.consumer.update_s
-        return self.consumer.finish(outcome=outcome, failed_role="learner" if outcome == "failed" else None,
-                                    reason=reason, mode="async", run_id=self.run_id,
-                                    rejected_messages=self.rejects.by_reason(),
-                                    time_breakdown_s=dict(self.timing), slot_counters=dict(self.ledger.counters),
-                                    refused_connections=self.security.refused.by_reason(), learner_epoch=self.epoch,
-                                    rollouts_by_transport=dict(self.rollouts_by_transport))
+        return self.consumer.finish(
+            outcome=outcome,
+            failed_role="learner" if outcome == "failed" else None,
+            reason=reason,
+            mode="async",
+            run_id=self.run_id,
+            rejected_messages=self.rejects.by_reason(),
+            time_breakdown_s=dict(self.timing),
+            slot_counters=dict(self.ledger.counters),
+            refused_connections=self.security.refused.by_reason(),
+            learner_epoch=self.epoch,
+            rollouts_by_transport=dict(self.rollouts_by_transport),
+        )
 
     def record_failure(self, exc: BaseException) -> None:
         """summary.json of a run this learner cannot go on with: outcome "failed", role learner,
@@ -628,15 +724,18 @@ class Learner:
         except Exception as inner:  # noqa: BLE001 - logged; the original error goes on
             same = isinstance(exc, OSError) and isinstance(inner, OSError) and inner.errno == exc.errno
             # the run directory's own failure (disk full): the caller's one line says it all
-            log.log(logging.DEBUG if same else logging.ERROR,
-                    "learner: could not write the summary of the failed run: %s", inner)
+            log.log(
+                logging.DEBUG if same else logging.ERROR,
+                "learner: could not write the summary of the failed run: %s",
+                inner,
+            )
 
     def close(self) -> None:
         """Idempotent; always removes the shared-memory segment."""
         try:
             try:
                 self.consumer.close()
-            except OSError as exc:   # disk full at its last rows: what was written stays readable
+            except OSError as exc:  # disk full at its last rows: what was written stays readable
                 if self.write_error is None:
                     log.warning("learner: %s", exc)
             tp.close(self.router, self.weights_out)
@@ -649,13 +748,13 @@ class Learner:
 
 def _gone_here(actor: ActorInfo) -> bool:
     """True if ``actor`` said it runs on this host and no process of its pid exists here."""
-    if actor.host != socket.gethostname() or not 1 <= actor.pid <= tp.MAX_PID:   # declared: not trusted as a pid
+    if actor.host != socket.gethostname() or not 1 <= actor.pid <= tp.MAX_PID:  # declared: not trusted as a pid
         return False
     try:
         os.kill(actor.pid, 0)
     except ProcessLookupError:
         return True
-    except (OSError, OverflowError, ValueError):   # it exists (another user's), or no pid: not ours to judge
+    except (OSError, OverflowError, ValueError):  # it exists (another user's), or no pid: not ours to judge
         return False
     return False
 

@@ -15,6 +15,7 @@ frames of one message an attacker sends as an input, ``frames_per_message`` (def
 legal message of the protocol has); only peers past the handshake (an allowed CURVE key, or a
 process of the same user on an ipc endpoint) can send frames at all.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -23,20 +24,21 @@ import numpy as np
 
 from asyncrl.wire import transport as tp
 
-MSG_OVERHEAD = 64                  # bytes libzmq keeps per frame besides its data (one zmq_msg_t)
-PER_CONNECTION = 256 * 1024        # bytes per accepted connection: session, engine, pipes, 8 KiB I/O
-                                   # buffers, CURVE state (measured: under 100 KiB on libzmq 4.3.5)
+MSG_OVERHEAD = 64  # bytes libzmq keeps per frame besides its data (one zmq_msg_t)
+PER_CONNECTION = 256 * 1024  # bytes per accepted connection: session, engine, pipes, 8 KiB I/O
+# buffers, CURVE state (measured: under 100 KiB on libzmq 4.3.5)
 ALLOCATOR_SLACK = 48 * 1024 * 1024  # glibc arenas of the I/O and main threads: freed memory is not
-                                    # always given back, so RSS keeps a high-water mark of ~this
-RECORD_BYTES = 2 * tp.MAX_STR_BYTES + 1024   # one per-actor-id record: id and host strings (<= 4 KiB
-                                             # each on the wire) plus the dict entries and objects
-REJECT_KEY_BYTES = 2 * 64 * 4 + 256          # one (reason, sender) key of a RejectCounter (64
-                                             # characters each, escaped) plus its Counter entry
-REJECT_KEYS = 4096                           # RejectCounter.max_keys (transport.py)
+# always given back, so RSS keeps a high-water mark of ~this
+RECORD_BYTES = 2 * tp.MAX_STR_BYTES + 1024  # one per-actor-id record: id and host strings (<= 4 KiB
+# each on the wire) plus the dict entries and objects
+REJECT_KEY_BYTES = 2 * 64 * 4 + 256  # one (reason, sender) key of a RejectCounter (64
+# characters each, escaped) plus its Counter entry
+REJECT_KEYS = 4096  # RejectCounter.max_keys (transport.py)
 
 
 class Bound(NamedTuple):
     """``total``: bytes; ``terms``: {name: bytes}, what each cap contributes (they sum to total)."""
+
     total: int
     terms: dict[str, int]
 
@@ -60,9 +62,16 @@ def learner_max_frame(spec) -> int:
     return max(limits.max_bytes, *(int(np.prod(f.shape)) * f.dtype.itemsize for f in spec.fields))
 
 
-def memory_bound_bytes(role: str, *, spec=None, num_slots: int = 0, weights_bytes: int = 0,
-                       connections: int, frames_per_message: int | None = None,
-                       frame_bytes: int | None = None) -> Bound:
+def memory_bound_bytes(
+    role: str,
+    *,
+    spec=None,
+    num_slots: int = 0,
+    weights_bytes: int = 0,
+    connections: int,
+    frames_per_message: int | None = None,
+    frame_bytes: int | None = None,
+) -> Bound:
     """The most extra RSS (bytes) a ``role`` ("learner" or "broadcaster") may reach under attack.
 
     Args:
@@ -104,6 +113,7 @@ def memory_bound_bytes(role: str, *, spec=None, num_slots: int = 0, weights_byte
     terms: dict[str, int] = {}
     if role == "learner":
         from asyncrl.roles.learner import MAX_IDS_PER_CONNECTION, MAX_UNDELIVERED_IDS, ROUTER_HWM
+
         if spec is None:
             raise ValueError("a learner bound needs the slot layout (spec)")
         frames = frames_per_message or 1 + len(spec.fields)
@@ -114,11 +124,13 @@ def memory_bound_bytes(role: str, *, spec=None, num_slots: int = 0, weights_byte
         terms["records"] = (connections * MAX_IDS_PER_CONNECTION + MAX_UNDELIVERED_IDS) * RECORD_BYTES
     elif role == "broadcaster":
         from asyncrl.roles.broadcaster import ROUTER_HWM, weights_frame_limit
+
         frames = frames_per_message or 4
         terms["weights"] = 2 * weights_bytes
         terms["replies"] = connections * ROUTER_HWM * weights_bytes
-        terms["receive"] = connections * _message_term(ROUTER_HWM, frames, weights_frame_limit(weights_bytes),
-                                                     frame_bytes)
+        terms["receive"] = connections * _message_term(
+            ROUTER_HWM, frames, weights_frame_limit(weights_bytes), frame_bytes
+        )
     else:
         raise ValueError(f"role must be 'learner' or 'broadcaster', not {role!r}")
     terms["connections"] = connections * PER_CONNECTION

@@ -8,6 +8,7 @@ user starts it by hand, so the processes share nothing but the endpoints, the ru
 the learner's shared-memory segment. No fork after ZeroMQ or torch are initialised: the children
 are fresh interpreters.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,6 @@ from asyncrl.core.wording import count_of
 from asyncrl.run.pdeathsig import die_with_parent
 from asyncrl.wire.shm import SHM_DIR, remove_run
 
-
 BROADCASTER_SUMMARY = "broadcaster-summary.json"
 
 
@@ -43,7 +43,7 @@ class RoleFailed(RuntimeError):
 
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-LISTEN_PORTS = range(20000, 32768)    # below Linux's default ephemeral range (32768-60999)
+LISTEN_PORTS = range(20000, 32768)  # below Linux's default ephemeral range (32768-60999)
 
 
 def listen_port_candidates(count: int = 200, span: int = 1) -> list[int]:
@@ -59,8 +59,11 @@ def listen_port_candidates(count: int = 200, span: int = 1) -> list[int]:
         lo, hi = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
     except (OSError, ValueError):
         pass
-    ports = ([p for p in LISTEN_PORTS if p + span - 1 < lo] or list(range(hi + 1, 65536 - span + 1))
-             or list(range(1024, 65536 - span + 1)))   # no room outside it: any unprivileged port
+    ports = (
+        [p for p in LISTEN_PORTS if p + span - 1 < lo]
+        or list(range(hi + 1, 65536 - span + 1))
+        or list(range(1024, 65536 - span + 1))
+    )  # no room outside it: any unprivileged port
     rng = random.SystemRandom()
     return [rng.choice(ports) for _ in range(count)]
 
@@ -99,7 +102,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     return _free_ports(host, 1)
 
 
-IPC_PATH_MAX = 100   # bytes of an ipc:// socket path (sun_path holds 108 with its NUL; room for ".snapshot")
+IPC_PATH_MAX = 100  # bytes of an ipc:// socket path (sun_path holds 108 with its NUL; room for ".snapshot")
 
 
 def private_endpoint_dir() -> Path:
@@ -169,9 +172,9 @@ class Supervisor:
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.restarts: dict[str, int] = {}    # role name -> times it was restarted (the whole run)
-        self.restarted_at: dict[str, list[float]] = {}   # role name -> monotonic times of its restarts
-        self.due: dict[str, float] = {}       # role name -> monotonic time of its pending restart
+        self.restarts: dict[str, int] = {}  # role name -> times it was restarted (the whole run)
+        self.restarted_at: dict[str, list[float]] = {}  # role name -> monotonic times of its restarts
+        self.due: dict[str, float] = {}  # role name -> monotonic time of its pending restart
         self.endpoint_dir = private_endpoint_dir()
         self.learner_ep = f"ipc://{self.endpoint_dir}/learner"
         self.broadcaster_ep = f"ipc://{self.endpoint_dir}/weights"
@@ -180,28 +183,59 @@ class Supervisor:
         cfg_file = str(self.run_dir / "config.json")
         if name == "broadcaster":
             return ["broadcaster", "--bind", self.broadcaster_ep, "--summary", str(self.run_dir / BROADCASTER_SUMMARY)]
-        if name == "learner":   # a restarted learner, or the first of a resumed run, resumes
+        if name == "learner":  # a restarted learner, or the first of a resumed run, resumes
             restart = "resume" if self.resume or self.restarts.get("learner") else "refuse"
-            return ["learner", "--config", cfg_file, "--run-dir", str(self.run_dir), "--run-id", self.run_id,
-                    "--bind", self.learner_ep, "--broadcaster", self.broadcaster_ep, "--restart", restart,
-                    "--supervised"]   # its outcome line to its log: `asyncrl run` prints the run's
-        i = int(name[len("actor"):])
-        return ["actor", "--config", cfg_file, "--learner", self.learner_ep, "--broadcaster", self.broadcaster_ep,
-                "--actor-id", name, "--token-file", str(self.run_dir / "tokens" / name), *self._straggler(i)]   # seeds: from run.seed, id and restart count
+            return [
+                "learner",
+                "--config",
+                cfg_file,
+                "--run-dir",
+                str(self.run_dir),
+                "--run-id",
+                self.run_id,
+                "--bind",
+                self.learner_ep,
+                "--broadcaster",
+                self.broadcaster_ep,
+                "--restart",
+                restart,
+                "--supervised",
+            ]  # its outcome line to its log: `asyncrl run` prints the run's
+        i = int(name[len("actor") :])
+        return [
+            "actor",
+            "--config",
+            cfg_file,
+            "--learner",
+            self.learner_ep,
+            "--broadcaster",
+            self.broadcaster_ep,
+            "--actor-id",
+            name,
+            "--token-file",
+            str(self.run_dir / "tokens" / name),
+            *self._straggler(i),
+        ]  # seeds: from run.seed, id and restart count
 
     def start(self, name: str) -> None:
         cmd = [sys.executable, "-m", "asyncrl", *self.role_args(name)]
         log = open(self.logs / f"{name}.log", "a" if name in self.procs else "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.procs[name] = subprocess.Popen(cmd, stdout=sys.stdout if name == "learner" else log, stderr=log, env=env,
-                                            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
+        self.procs[name] = subprocess.Popen(
+            cmd,
+            stdout=sys.stdout if name == "learner" else log,
+            stderr=log,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),
+        )
         log.close()
 
     def names(self) -> list[str]:
         return ["broadcaster", "learner", *(f"actor{i}" for i in range(self.cfg.run.num_actors))]
 
     def start_all(self) -> None:
-        tokens = self.run_dir / "tokens"      # per-actor tokens: a replacement proves its id at once
+        tokens = self.run_dir / "tokens"  # per-actor tokens: a replacement proves its id at once
         tokens.mkdir(mode=0o700, exist_ok=True)
         for name in self.names():
             self.start(name)
@@ -243,9 +277,11 @@ class Supervisor:
         n, limit, window = self.recent_restarts(name), self.cfg.run.max_restarts, self.cfg.run.restart_window_s
         within = f" in the last {window:g} s" if window > 0 else ""
         budget = f" (restarted {count_of(n, 'time')}{within}, run.max_restarts = {limit})" if n or limit else ""
-        if rc == -signal.SIGBUS:   # a page of the shared-memory ring could not be backed
-            why = (f"exited with status {rc}{budget}: shared-memory failure (SIGBUS): {SHM_DIR} full, or the "
-                   f"segment removed or truncated under it (see `df {SHM_DIR}`)")
+        if rc == -signal.SIGBUS:  # a page of the shared-memory ring could not be backed
+            why = (
+                f"exited with status {rc}{budget}: shared-memory failure (SIGBUS): {SHM_DIR} full, or the "
+                f"segment removed or truncated under it (see `df {SHM_DIR}`)"
+            )
             return RoleFailed(name, why, self.tail(name))
         return RoleFailed(name, f"exited with status {rc}{budget}: {self.last_line(name)}", self.tail(name))
 
@@ -254,14 +290,16 @@ class Supervisor:
         n = self.recent_restarts(name)
         if n >= self.cfg.run.max_restarts:
             raise self.role_failed(name, rc)
-        delay = self.cfg.run.restart_backoff_s * 2 ** n
+        delay = self.cfg.run.restart_backoff_s * 2**n
         self.restarts[name] = self.restarts.get(name, 0) + 1
         self.restarted_at.setdefault(name, []).append(time.monotonic())
         window = self.cfg.run.restart_window_s
         within = f" within {window:g} s," if window > 0 else ""
-        self.echo(f"asyncrl run: {name} exited with status {rc} ({self.last_line(name)}); restart {n + 1} of "
-                  f"{self.cfg.run.max_restarts}{within} in {delay:.1f} s")
-        if name == "learner":   # the others worked for the learner that died: they start again with it
+        self.echo(
+            f"asyncrl run: {name} exited with status {rc} ({self.last_line(name)}); restart {n + 1} of "
+            f"{self.cfg.run.max_restarts}{within} in {delay:.1f} s"
+        )
+        if name == "learner":  # the others worked for the learner that died: they start again with it
             others = [other for other in self.procs if other != "learner"]
             self.stop(others)
             self.due.update({other: time.monotonic() + delay for other in others})
@@ -291,13 +329,14 @@ class Supervisor:
             summary = json.loads(path.read_text())
         except (OSError, ValueError):
             summary = {"outcome": None, "failure": None, "run_id": self.run_id}
-        if failure is not None and summary.get("outcome") != "failed":   # keep a learner's own reason
+        if failure is not None and summary.get("outcome") != "failed":  # keep a learner's own reason
             summary["outcome"], summary["failure"] = "failed", {"role": failure.role, "reason": failure.reason}
         summary["restarts"] = {name: self.restarts.get(name, 0) for name in self.names()}
-        try:      # the broadcaster's own counts (its summary file; absent if it never started)
+        try:  # the broadcaster's own counts (its summary file; absent if it never started)
             counts = json.loads((self.run_dir / BROADCASTER_SUMMARY).read_text())
-            summary["broadcaster"] = {k: counts.get(k) for k in ("published", "rejected_messages",
-                                                                 "refused_connections")}
+            summary["broadcaster"] = {
+                k: counts.get(k) for k in ("published", "rejected_messages", "refused_connections")
+            }
         except (OSError, ValueError, AttributeError):
             summary["broadcaster"] = None
         rejected = (summary["broadcaster"] or {}).get("rejected_messages")
@@ -305,8 +344,10 @@ class Supervisor:
             self.echo(f"asyncrl run: the broadcaster rejected messages: {rejected}")
         try:
             write_json_atomic(path, summary)
-        except OSError as exc:   # must not hide why the run ended
-            self.echo(f"asyncrl run: {exc}" if str(path) in str(exc) else f"asyncrl run: could not update {path}: {exc}")
+        except OSError as exc:  # must not hide why the run ended
+            self.echo(
+                f"asyncrl run: {exc}" if str(path) in str(exc) else f"asyncrl run: could not update {path}: {exc}"
+            )
 
     def stop(self, names=None, grace_s: float = 5.0) -> None:
         """SIGINT to the roles ``names`` (default: all) still running; SIGKILL to any left after ``grace_s``."""
@@ -326,7 +367,7 @@ class Supervisor:
         """Stop every role (as :meth:`stop`), then remove the run's shared memory and its private
         endpoint directory."""
         self.stop(grace_s=grace_s)
-        remove_run(self.run_id)   # a segment of a learner that had to be killed
+        remove_run(self.run_id)  # a segment of a learner that had to be killed
         shutil.rmtree(self.endpoint_dir, ignore_errors=True)
 
 
@@ -335,8 +376,10 @@ def launch(cfg: Config, run_dir: Path, *, echo=print, resume: bool = False) -> d
     goes on from the run directory's checkpoint. Raises RoleFailed (a role died more often than
     run.max_restarts)."""
     sup = Supervisor(cfg, run_dir, echo, resume=resume)
-    echo(f"run {sup.run_id}: learner {sup.learner_ep}, broadcaster {sup.broadcaster_ep}, "
-         f"{count_of(cfg.run.num_actors, 'actor')}; logs in {sup.logs}")
+    echo(
+        f"run {sup.run_id}: learner {sup.learner_ep}, broadcaster {sup.broadcaster_ep}, "
+        f"{count_of(cfg.run.num_actors, 'actor')}; logs in {sup.logs}"
+    )
     failure = None
     try:
         sup.start_all()

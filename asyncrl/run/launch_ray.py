@@ -21,6 +21,7 @@ the nodes' asyncrl ports but not Ray.
 Ray is an optional extra: ``pip install -e '.[ray]'``. Usage statistics stay off
 (RAY_USAGE_STATS_ENABLED=0), and a local cluster started here gets a capped object store.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,13 +36,13 @@ import time
 from pathlib import Path
 
 from asyncrl.core.config import Config
-from asyncrl.run.launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair, new_run_id
 from asyncrl.core.metrics import write_json_atomic
 from asyncrl.core.wording import count_of
+from asyncrl.run.launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair, new_run_id
 from asyncrl.run.pdeathsig import die_with_parent
 
 RAY_MISSING = "asyncrl run --launcher ray needs Ray: pip install -e '.[ray]' (make install installs it)"
-OBJECT_STORE_BYTES = 256 * 1024 * 1024      # a local cluster's object store: the roles put nothing in it
+OBJECT_STORE_BYTES = 256 * 1024 * 1024  # a local cluster's object store: the roles put nothing in it
 LEARNER_RESOURCE = "learner"
 # Ray starts its workers at niceness 15 (its RAY_worker_niceness), and a role inherits it: on a busy node
 # (seen beside two serial runs) a role then gets a small share of a core, the learner's tiny update took
@@ -60,7 +61,7 @@ def import_ray(address: str | None = None):
     RAY_AUTH_MODE once, when it is imported. Raises LauncherError (one line) when Ray is not
     installed or token authentication would be off."""
     require_token_auth(address)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # set before ray is imported: no outside host
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # set before ray is imported: no outside host
     try:
         import ray
     except ImportError:
@@ -69,10 +70,12 @@ def import_ray(address: str | None = None):
 
 
 RAY_AUTH_ENV, RAY_TOKEN_ENV, RAY_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
-RAY_AUTH_OFF = ("Ray's token authentication is off for this cluster ({why}): whoever reaches it could run code on every "
-                "node. Start every node and this command with RAY_AUTH_MODE=token and the head's token (ray "
-                "get-auth-token --generate on the head; RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token on "
-                "each node): docs/multi-host.md")
+RAY_AUTH_OFF = (
+    "Ray's token authentication is off for this cluster ({why}): whoever reaches it could run code on every "
+    "node. Start every node and this command with RAY_AUTH_MODE=token and the head's token (ray "
+    "get-auth-token --generate on the head; RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token on "
+    "each node): docs/multi-host.md"
+)
 
 
 def require_token_auth(address: str | None, environ=os.environ) -> None:
@@ -85,8 +88,9 @@ def require_token_auth(address: str | None, environ=os.environ) -> None:
     mode = environ.get(RAY_AUTH_ENV, "").strip().lower()
     if mode and mode != "token":
         raise LauncherError(RAY_AUTH_OFF.format(why=f"RAY_AUTH_MODE={environ[RAY_AUTH_ENV]}"))
-    if address and not (environ.get(RAY_TOKEN_ENV) or environ.get(RAY_TOKEN_PATH_ENV)
-                        or (Path.home() / ".ray" / "auth_token").is_file()):
+    if address and not (
+        environ.get(RAY_TOKEN_ENV) or environ.get(RAY_TOKEN_PATH_ENV) or (Path.home() / ".ray" / "auth_token").is_file()
+    ):
         raise LauncherError(RAY_AUTH_OFF.format(why=f"no Ray token on this host to join {address}"))
     environ[RAY_AUTH_ENV] = "token"
 
@@ -123,9 +127,16 @@ class RoleHost:
     ``run_files``: {absolute path: bytes} written only where missing (the learner's config.json on
     its node). A learner started again by Ray resumes (``--restart resume``)."""
 
-    def __init__(self, name: str, run_id: str, argv: list[str], files: dict[str, bytes],
-                 run_files: dict[str, bytes] | None = None):
+    def __init__(
+        self,
+        name: str,
+        run_id: str,
+        argv: list[str],
+        files: dict[str, bytes],
+        run_files: dict[str, bytes] | None = None,
+    ):
         import ray
+
         self.name, self.dir = name, node_workdir(run_id, name)
         for rel, data in files.items():
             path = self.dir / rel
@@ -139,23 +150,30 @@ class RoleHost:
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_bytes(data)
         argv = [a.replace("{dir}", str(self.dir)) for a in argv]
-        counter = self.dir / "starts"      # on this node's disk: how often Ray started this role
+        counter = self.dir / "starts"  # on this node's disk: how often Ray started this role
         self.starts = (int(counter.read_text()) if counter.exists() else 0) + 1
         counter.write_text(str(self.starts))
-        if ray.get_runtime_context().was_current_actor_reconstructed and "--restart" in argv:    # Ray restarted the learner: go on from its checkpoint
+        if (
+            ray.get_runtime_context().was_current_actor_reconstructed and "--restart" in argv
+        ):  # Ray restarted the learner: go on from its checkpoint
             argv[argv.index("--restart") + 1] = "resume"
         self.stopping = False
         log = open(self.dir / "role.log", "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "asyncrl", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                     preexec_fn=die_with_parent())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            preexec_fn=die_with_parent(),
+        )
         log.close()
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> int:
         rc = self.proc.wait()
         if rc != 0 and not self.stopping:
-            os._exit(1)      # the Ray actor dies with its role, so Ray restarts both
+            os._exit(1)  # the Ray actor dies with its role, so Ray restarts both
         return rc
 
     def wait(self) -> int:
@@ -199,6 +217,7 @@ def pick_ports() -> dict:
     """On the node it runs on (a Ray task): its IP, a free port (a learner's) and a free pair (a
     broadcaster's)."""
     import ray
+
     return {"ip": ray.util.get_node_ip_address(), "port": free_port("0.0.0.0"), "pair": free_port_pair("0.0.0.0")}
 
 
@@ -209,9 +228,10 @@ def choose_nodes(nodes: list[dict], num_actors: int) -> tuple[dict, list[dict]]:
     alive = [n for n in nodes if n.get("Alive")]
     if not alive:
         raise LauncherError("the Ray cluster has no alive node")
-    res = lambda n, k: (n.get("Resources") or {}).get(k, 0)   # noqa: E731
-    learner = next((n for n in alive if res(n, LEARNER_RESOURCE) > 0), None) \
-        or next((n for n in alive if res(n, "node:__internal_head__") > 0), alive[0])
+    res = lambda n, k: (n.get("Resources") or {}).get(k, 0)  # noqa: E731
+    learner = next((n for n in alive if res(n, LEARNER_RESOURCE) > 0), None) or next(
+        (n for n in alive if res(n, "node:__internal_head__") > 0), alive[0]
+    )
     others = sorted((n for n in alive if n["NodeID"] != learner["NodeID"]), key=lambda n: n["NodeManagerAddress"])
     pool = others or [learner]
     return learner, [pool[i % len(pool)] for i in range(num_actors)]
@@ -221,7 +241,8 @@ def key_files(run_nodes: int) -> tuple[dict[str, bytes], list[dict[str, bytes]]]
     """A fresh CURVE key set (asyncrl.wire.security.generate) read into memory: the server part and one
     client part per node; the temporary directory it was made in is removed."""
     from asyncrl.wire.security import generate
-    tmp = Path(tempfile.mkdtemp(prefix="asyncrl-keys-"))    # 0700
+
+    tmp = Path(tempfile.mkdtemp(prefix="asyncrl-keys-"))  # 0700
     try:
         generate(tmp, run_nodes)
         read = lambda d: {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}  # noqa: E731
@@ -242,59 +263,136 @@ class RayRun:
         self.ray, self.cfg, self.run_dir, self.echo, self.resume = ray, cfg, run_dir.resolve(), echo, resume
         self.run_id = new_run_id()
         self.handles: dict[str, object] = {}
-        self.nodes: dict[str, str] = {}      # role name -> node IP
+        self.nodes: dict[str, str] = {}  # role name -> node IP
 
     def _remote(self, node: dict, name: str, argv, files, run_files=None):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         cls = self.ray.remote(RoleHost).options(
-            name=f"asyncrl-{self.run_id}-{name}", num_cpus=0, max_restarts=self.cfg.run.max_restarts,
-            max_task_retries=0, max_concurrency=4, runtime_env=ROLE_RUNTIME_ENV,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+            name=f"asyncrl-{self.run_id}-{name}",
+            num_cpus=0,
+            max_restarts=self.cfg.run.max_restarts,
+            max_task_retries=0,
+            max_concurrency=4,
+            runtime_env=ROLE_RUNTIME_ENV,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+        )
         self.handles[name] = cls.remote(name, self.run_id, argv, files, run_files)
         self.nodes[name] = node["NodeManagerAddress"]
 
     def _on(self, node: dict, fn, *args):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        task = self.ray.remote(fn).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            node["NodeID"], soft=False))
+
+        task = self.ray.remote(fn).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        )
         return self.ray.get(task.remote(*args), timeout=120)
 
     def start(self) -> None:
         cfg_bytes = (self.run_dir / "config.json").read_bytes()
         learner_node, actor_nodes = choose_nodes(self.ray.nodes(), self.cfg.run.num_actors)
-        remote_nodes = sorted({n["NodeID"]: n for n in actor_nodes if n["NodeID"] != learner_node["NodeID"]}.values(),
-                              key=lambda n: n["NodeManagerAddress"])
+        remote_nodes = sorted(
+            {n["NodeID"]: n for n in actor_nodes if n["NodeID"] != learner_node["NodeID"]}.values(),
+            key=lambda n: n["NodeManagerAddress"],
+        )
         server_keys, client_keys = key_files(max(1, len(remote_nodes)))
         at = self._on(learner_node, pick_ports)
         learner_ep, bcast_ep = f"tcp://{at['ip']}:{at['port']}", f"tcp://{at['ip']}:{at['pair']}"
-        self.echo(f"run {self.run_id} on Ray: learner {learner_ep}, broadcaster {bcast_ep}, "
-                  f"{count_of(self.cfg.run.num_actors, 'actor')} on {count_of(len(remote_nodes) or 1, 'node')}")
+        self.echo(
+            f"run {self.run_id} on Ray: learner {learner_ep}, broadcaster {bcast_ep}, "
+            f"{count_of(self.cfg.run.num_actors, 'actor')} on {count_of(len(remote_nodes) or 1, 'node')}"
+        )
         server = _prefixed(server_keys, "keys")
-        self._remote(learner_node, "broadcaster", ["broadcaster", "--bind", f"tcp://0.0.0.0:{at['pair']}",
-                                                   "--advertise", f"{at['ip']}:{at['pair']}", "--keys", "{dir}/keys",
-                                                   "--summary", str(self.run_dir / BROADCASTER_SUMMARY)], server)
+        self._remote(
+            learner_node,
+            "broadcaster",
+            [
+                "broadcaster",
+                "--bind",
+                f"tcp://0.0.0.0:{at['pair']}",
+                "--advertise",
+                f"{at['ip']}:{at['pair']}",
+                "--keys",
+                "{dir}/keys",
+                "--summary",
+                str(self.run_dir / BROADCASTER_SUMMARY),
+            ],
+            server,
+        )
         restart = "resume" if self.resume else "refuse"
-        self._remote(learner_node, "learner",
-                     ["learner", "--config", str(self.run_dir / "config.json"), "--run-dir", str(self.run_dir),
-                      "--run-id", self.run_id, "--bind", f"tcp://0.0.0.0:{at['port']}", "--advertise",
-                      f"{at['ip']}:{at['port']}", "--broadcaster", bcast_ep, "--keys", "{dir}/keys",
-                      "--restart", restart, "--supervised"], server, {str(self.run_dir / "config.json"): cfg_bytes})
+        self._remote(
+            learner_node,
+            "learner",
+            [
+                "learner",
+                "--config",
+                str(self.run_dir / "config.json"),
+                "--run-dir",
+                str(self.run_dir),
+                "--run-id",
+                self.run_id,
+                "--bind",
+                f"tcp://0.0.0.0:{at['port']}",
+                "--advertise",
+                f"{at['ip']}:{at['port']}",
+                "--broadcaster",
+                bcast_ep,
+                "--keys",
+                "{dir}/keys",
+                "--restart",
+                restart,
+                "--supervised",
+            ],
+            server,
+            {str(self.run_dir / "config.json"): cfg_bytes},
+        )
         self.wait_listening()
         relays = {}
-        for k, node in enumerate(remote_nodes):      # one relay broadcaster per actor node, on its loopback
+        for k, node in enumerate(remote_nodes):  # one relay broadcaster per actor node, on its loopback
             ports = self._on(node, pick_ports)
             relay = f"relay{k}"
-            self._remote(node, relay, ["broadcaster", "--bind", f"tcp://127.0.0.1:{ports['pair']}", "--upstream",
-                                       bcast_ep, "--keys", "{dir}/keys"], _prefixed(client_keys[k], "keys"))
+            self._remote(
+                node,
+                relay,
+                [
+                    "broadcaster",
+                    "--bind",
+                    f"tcp://127.0.0.1:{ports['pair']}",
+                    "--upstream",
+                    bcast_ep,
+                    "--keys",
+                    "{dir}/keys",
+                ],
+                _prefixed(client_keys[k], "keys"),
+            )
             relays[node["NodeID"]] = (f"tcp://127.0.0.1:{ports['pair']}", client_keys[k])
         for i, node in enumerate(actor_nodes):
             name = f"actor{i}"
             weights, keys = relays.get(node["NodeID"], (bcast_ep, client_keys[0]))
-            self._remote(node, name, ["actor", "--config", "{dir}/config.json", "--learner", learner_ep,
-                                      "--broadcaster", weights, "--actor-id", name, "--run-id", self.run_id,
-                                      "--keys", "{dir}/keys", "--token-file", "{dir}/token",
-                                      "--host-label", node["NodeManagerAddress"]],
-                         {**_prefixed(keys, "keys"), "config.json": cfg_bytes})
+            self._remote(
+                node,
+                name,
+                [
+                    "actor",
+                    "--config",
+                    "{dir}/config.json",
+                    "--learner",
+                    learner_ep,
+                    "--broadcaster",
+                    weights,
+                    "--actor-id",
+                    name,
+                    "--run-id",
+                    self.run_id,
+                    "--keys",
+                    "{dir}/keys",
+                    "--token-file",
+                    "{dir}/token",
+                    "--host-label",
+                    node["NodeManagerAddress"],
+                ],
+                {**_prefixed(keys, "keys"), "config.json": cfg_bytes},
+            )
 
     def supervise(self) -> None:
         """Until the learner exits 0. Raises RoleFailed once a role is dead past Ray's restarts, or
@@ -308,17 +406,22 @@ class RayRun:
                 name = pending.pop(ref)
                 try:
                     rc = ray.get(ref)
-                except ray.exceptions.ActorUnavailableError:    # it died; Ray is restarting it
+                except ray.exceptions.ActorUnavailableError:  # it died; Ray is restarting it
                     if time.monotonic() - announced.get(name, -1e9) > 10.0:
-                        self.echo(f"asyncrl run (ray): {name} died; Ray restarts it (run.max_restarts = "
-                                  f"{self.cfg.run.max_restarts})")
+                        self.echo(
+                            f"asyncrl run (ray): {name} died; Ray restarts it (run.max_restarts = "
+                            f"{self.cfg.run.max_restarts})"
+                        )
                     announced[name] = time.monotonic()
                     time.sleep(0.5)
                     pending[self.handles[name].wait.remote()] = name
                     continue
-                except ray.exceptions.RayActorError as exc:     # dead for good: restarts spent, or its node gone
-                    raise RoleFailed(name, f"died and Ray will not restart it (run.max_restarts = "
-                                           f"{self.cfg.run.max_restarts})", str(exc)[-2000:]) from None
+                except ray.exceptions.RayActorError as exc:  # dead for good: restarts spent, or its node gone
+                    raise RoleFailed(
+                        name,
+                        f"died and Ray will not restart it (run.max_restarts = {self.cfg.run.max_restarts})",
+                        str(exc)[-2000:],
+                    ) from None
                 if name == "learner":
                     if rc == 0:
                         return
@@ -339,7 +442,7 @@ class RayRun:
             if ref in ready:
                 try:
                     out[name] = self.ray.get(ref)
-                except Exception:   # noqa: BLE001 - its actor is dead: nothing to get
+                except Exception:  # noqa: BLE001 - its actor is dead: nothing to get
                     pass
         return out
 
@@ -350,8 +453,9 @@ class RayRun:
         deadline = time.monotonic() + timeout_s
         waiting = self.handles["learner"].wait.remote()
         while time.monotonic() < deadline:
-            if b"listening on" in (self._gather({"l": self.handles["learner"].read.remote("role.log")}, 30).get("l")
-                                   or b""):
+            if b"listening on" in (
+                self._gather({"l": self.handles["learner"].read.remote("role.log")}, 30).get("l") or b""
+            ):
                 return
             done, _ = self.ray.wait([waiting], timeout=1.0)
             if done:
@@ -378,8 +482,11 @@ class RayRun:
         """The learner's summary.json (read on its node) with the launcher, the restarts Ray made
         of each role and each role's node; written back there and to RUN_DIR on this host."""
         path = self.run_dir / "summary.json"
-        data = self._gather({"l": self.handles["learner"].read.remote(str(path))}, 30).get("l") \
-            if "learner" in self.handles else None
+        data = (
+            self._gather({"l": self.handles["learner"].read.remote(str(path))}, 30).get("l")
+            if "learner" in self.handles
+            else None
+        )
         try:
             summary = json.loads(data) if data else {"outcome": None, "failure": None, "run_id": self.run_id}
         except ValueError:
@@ -388,7 +495,7 @@ class RayRun:
             summary["outcome"], summary["failure"] = "failed", {"role": failure.role, "reason": failure.reason}
         summary["launcher"] = "ray"
         counts = self._gather({n: h.restarts.remote() for n, h in self.handles.items()}, 30)
-        summary["restarts"] = {n: counts.get(n) for n in self.handles}   # None: its node could not be asked
+        summary["restarts"] = {n: counts.get(n) for n in self.handles}  # None: its node could not be asked
         summary["restart_authority"] = "ray"
         summary["nodes"] = dict(self.nodes)
         write_json_atomic(path, summary)

@@ -1,5 +1,6 @@
 """Child-process set-up between fork and exec: children that die with their parent (Linux
 prctl(PR_SET_PDEATHSIG)), and children that take Ctrl-C as in a terminal."""
+
 from __future__ import annotations
 
 import os
@@ -18,10 +19,11 @@ def die_with_parent(sig: int = signal.SIGTERM):
     def preexec() -> None:
         try:
             import ctypes
+
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         except (OSError, AttributeError):
             return
-        if os.getppid() != parent:   # the parent died before prctl took effect
+        if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 
     return preexec

@@ -1,7 +1,9 @@
 """Serial mode: actors and learner in one process with the same modules and an in-process
-transport (plain arrays instead of shared-memory slots), for every task kind (asyncrl.tasks). The way to debug, and bit-reproducible
+transport (plain arrays instead of shared-memory slots), for every task kind (asyncrl.tasks). The
+way to debug, and bit-reproducible
 for a given seed. Actors act with the newest weights (policy lag 0) unless the lag controls of
 [actor] say otherwise (asyncrl.core.lag_control), exactly as actor processes would."""
+
 from __future__ import annotations
 
 import logging
@@ -17,12 +19,12 @@ from asyncrl.core.lag_control import WeightHistory
 from asyncrl.core.seeding import actor_seeds
 from asyncrl.tasks import make_task
 
-
 _log = logging.getLogger("asyncrl.run.serial")
 
 
-def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None = None,
-               echo=print, resume: bool = False) -> dict:
+def run_serial(
+    cfg: Config, run_dir: str | Path, *, max_iterations: int | None = None, echo=print, resume: bool = False
+) -> dict:
     """Train until ``cfg.run.total_env_steps`` (or ``max_iterations``); returns the summary.
 
     ``resume``: go on from the run directory's newest checkpoint (Consumer). Checkpoints are
@@ -35,7 +37,7 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
     # actor env group i draws from the streams of actor id "actor{i}", as `asyncrl run`'s actor i does
     names = [f"actor{i}" for i in range(cfg.run.num_actors)]
     task = make_task(cfg)
-    producers = [task.producer() for _ in names]   # control: each makes its envs
+    producers = [task.producer() for _ in names]  # control: each makes its envs
     consumer = Consumer(cfg, producers[0].spec, run_dir, resume=resume, task=task)
     state = consumer.state
     saved = consumer.resumed_extra
@@ -43,11 +45,13 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
     # a resume without saved envs draws fresh streams, as a restarted actor does
     restart = 0 if restored or state.iteration == 0 and state.env_steps == 0 else state.resumes
     seeds = [actor_seeds(cfg.run.seed, name, restart, cfg.env.num_envs) for name in names]
-    for p, s in zip(producers, seeds):   # the learner's policy is the template: nothing more drawn from torch's RNG
+    for p, s in zip(producers, seeds):  # the learner's policy is the template: nothing more drawn from torch's RNG
         p.bind(cfg, s, template=state.policy)
     # each actor env group keeps the versions it was sent, as an actor process does (lag controls)
-    histories = [WeightHistory(policy_delay=cfg.actor.policy_delay, policy_age_buffer=cfg.actor.policy_age_buffer,
-                               seed=s.lag) for s in seeds]
+    histories = [
+        WeightHistory(policy_delay=cfg.actor.policy_delay, policy_age_buffer=cfg.actor.policy_age_buffer, seed=s.lag)
+        for s in seeds
+    ]
     for h in histories:
         h.add(state.version, state.flat_weights())
     host, next_actor = socket.gethostname(), 0
@@ -62,10 +66,14 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
         for p in producers:
             p.reset()
 
-    def own_state() -> dict:   # what a checkpoint between iterations needs to go on bit-identically
+    def own_state() -> dict:  # what a checkpoint between iterations needs to go on bit-identically
         own = [p.state_dict() for p in producers]
-        return {"envs": [o["source"] for o in own], "policy_rng": [o["rng"] for o in own],
-                "histories": [h.state_dict() for h in histories], "next_actor": next_actor}
+        return {
+            "envs": [o["source"] for o in own],
+            "policy_rng": [o["rng"] for o in own],
+            "histories": [h.state_dict() for h in histories],
+            "next_actor": next_actor,
+        }
 
     try:
         while not consumer.done and (max_iterations is None or state.iteration < max_iterations):
@@ -76,26 +84,26 @@ def run_serial(cfg: Config, run_dir: str | Path, *, max_iterations: int | None =
                 arrays = consumer.state.spec.allocate()
                 stats = producers[next_actor].collect(arrays, version=version)
                 name, next_actor = names[next_actor], (next_actor + 1) % len(producers)
-                try:   # the checks the learner applies to an actor's slot, and the same counting
+                try:  # the checks the learner applies to an actor's slot, and the same counting
                     check_slot(arrays, consumer.state.spec, version=state.version)
                 except SlotError as exc:
                     consumer.reject_slot(name, exc.reason, env_steps=stats.env_steps)
                     n = sum(consumer.rejected_slots.values())
-                    if n & (n - 1) == 0:   # 1st, 2nd, 4th, ...: a broken env cannot flood the log
+                    if n & (n - 1) == 0:  # 1st, 2nd, 4th, ...: a broken env cannot flood the log
                         _log.warning("serial: slot of %s not trained on: %s (%d so far)", name, exc, n)
                     continue
                 returns = [r for r in stats.episode_returns if np.isfinite(r)]
                 slots.append(SlotData(name, host, arrays, stats.env_steps, returns))
-            if len(slots) < cfg.learner.slots_per_batch:   # the budget went on rejected slots
+            if len(slots) < cfg.learner.slots_per_batch:  # the budget went on rejected slots
                 break
             if consumer.consume(slots) is not None:
-                flat = state.flat_weights()              # what the broadcaster sends between processes
+                flat = state.flat_weights()  # what the broadcaster sends between processes
                 for h in histories:
                     h.add(state.version, flat)
             consumer.end_iteration(own_state())
             consumer.progress(echo)
     except KeyboardInterrupt:
-        consumer.finish(outcome="interrupted", mode="serial")   # Ctrl-C keeps what was learned
+        consumer.finish(outcome="interrupted", mode="serial")  # Ctrl-C keeps what was learned
         raise
     except Exception as exc:
         _record_failure(consumer, exc)
@@ -112,7 +120,8 @@ def _record_failure(consumer: Consumer, exc: Exception) -> None:
     """summary.json of a serial run that failed: outcome "failed", the learner's reason. A failure
     to write it (e.g. the cause was the run directory) must not hide the original error."""
     try:
-        consumer.finish(outcome="failed", failed_role="learner", reason=f"{type(exc).__name__}: {exc}",
-                        mode="serial")
+        consumer.finish(outcome="failed", failed_role="learner", reason=f"{type(exc).__name__}: {exc}", mode="serial")
     except Exception as inner:  # noqa: BLE001 - reported, and the original error is re-raised
-        logging.getLogger("asyncrl.run.serial").error("serial: could not write the summary of the failed run: %s", inner)
+        logging.getLogger("asyncrl.run.serial").error(
+            "serial: could not write the summary of the failed run: %s", inner
+        )

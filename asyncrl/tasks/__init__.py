@@ -8,6 +8,7 @@
 
 ``make_task(cfg)`` picks the kind from ``cfg.task.kind``.
 """
+
 from __future__ import annotations
 
 KINDS = ("control", "llm")
@@ -17,7 +18,9 @@ def make_task(cfg, *, spec=None):
     """The :class:`asyncrl.tasks.base.Task` of ``cfg`` (``cfg.task.kind``). ``spec``: a control
     task's rollout spec when the caller has it (no env is built to read the spaces then)."""
     if cfg.task.kind == "llm":
-        from asyncrl.tasks.llm.task import LLMTask   # transformers only for language-model runs
+        from asyncrl.tasks.llm.task import LLMTask  # transformers only for language-model runs
+
         return LLMTask(cfg)
     from asyncrl.tasks.control import ControlTask
+
     return ControlTask(cfg, spec=spec)

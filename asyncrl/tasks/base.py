@@ -9,15 +9,18 @@ made from a :class:`asyncrl.core.config.Config` by :func:`asyncrl.tasks.make_tas
 Implementations: :mod:`asyncrl.tasks.control` (gymnasium / MuJoCo, the MLP actor-critic) and
 :mod:`asyncrl.tasks.llm.task` (a causal language model, verifiable math rewards, GRPO advantages).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:   # annotations only: importing these here would pull gymnasium into every task
+if TYPE_CHECKING:  # annotations only: importing these here would pull gymnasium into every task
     import torch
+
     from asyncrl.core.seeding import ActorSeeds
     from asyncrl.core.spec import SlotSpec
     from asyncrl.core.state import LearnerState
@@ -26,13 +29,12 @@ if TYPE_CHECKING:   # annotations only: importing these here would pull gymnasiu
 class RolloutStats(NamedTuple):
     """What filling one slot gave (:meth:`Producer.collect`)."""
 
-    env_steps: int                 # T * E
-    episode_returns: list[float]   # undiscounted, raw rewards, episodes that ended in this rollout
+    env_steps: int  # T * E
+    episode_returns: list[float]  # undiscounted, raw rewards, episodes that ended in this rollout
     episode_lengths: list[int]
-    env_s: float                   # seconds spent in env.step (simulation, clipping, bookkeeping)
-    inference_s: float             # seconds spent choosing actions
-    revoked: bool = False          # the guard stopped it: the slot was no longer this writer's
-
+    env_s: float  # seconds spent in env.step (simulation, clipping, bookkeeping)
+    inference_s: float  # seconds spent choosing actions
+    revoked: bool = False  # the guard stopped it: the slot was no longer this writer's
 
 
 class RowGuard(Protocol):
@@ -50,12 +52,12 @@ class RowGuard(Protocol):
 class Producer(Protocol):
     """An actor's side of a task (actor processes and serial mode's actor groups alike)."""
 
-    spec: "SlotSpec"                 # the fields of the slots it writes
-    spaces: dict[str, str]           # what the learner compares at the handshake
-    layout_hash: str                 # of its flat weight buffer (after bind)
-    num_params: int                  # floats in that buffer (after bind)
+    spec: SlotSpec  # the fields of the slots it writes
+    spaces: dict[str, str]  # what the learner compares at the handshake
+    layout_hash: str  # of its flat weight buffer (after bind)
+    num_params: int  # floats in that buffer (after bind)
 
-    def bind(self, cfg, seeds: "ActorSeeds", template=None) -> None:
+    def bind(self, cfg, seeds: ActorSeeds, template=None) -> None:
         """Make the policy copy for a session with a learner of config ``cfg`` and seed its
         streams (``template``: a learner-side policy to copy the layout from; None: build one)."""
 
@@ -65,8 +67,15 @@ class Producer(Protocol):
     def reset(self) -> None:
         """Start the session's streams (envs reset / prompt stream started) from the bound seeds."""
 
-    def collect(self, slot: dict[str, np.ndarray], *, version: int, guard: RowGuard | None = None,
-                grant_id: int = 0, tick: Callable[[], None] | None = None) -> RolloutStats:
+    def collect(
+        self,
+        slot: dict[str, np.ndarray],
+        *,
+        version: int,
+        guard: RowGuard | None = None,
+        grant_id: int = 0,
+        tick: Callable[[], None] | None = None,
+    ) -> RolloutStats:
         """Fill one slot (row by row, ``grant_id`` written last in each row, ``guard`` asked around
         every row) with data of policy ``version``; ``tick`` is called while it works (the
         actor's heartbeat and straggler sleep)."""
@@ -85,7 +94,7 @@ class Producer(Protocol):
 class PeriodicEvaluation(Protocol):
     """``run.eval_every``'s evaluation during training, owned by the learner's consumer."""
 
-    next_at: int                     # env steps at which the next evaluation is due (checkpointed)
+    next_at: int  # env steps at which the next evaluation is due (checkpointed)
 
     def due(self, env_steps: int) -> bool: ...
 
@@ -113,15 +122,15 @@ class NoPeriodicEvaluation:
 class Task(Protocol):
     """The learner's side of a task."""
 
-    kind: str                        # "control" or "llm" (config task.kind)
-    id: str                          # compared at the handshake: the env id, or the task's model and problems
-    spec: "SlotSpec"
+    kind: str  # "control" or "llm" (config task.kind)
+    id: str  # compared at the handshake: the env id, or the task's model and problems
+    spec: SlotSpec
     spaces: dict[str, str]
-    obs_shape: tuple[int, ...]       # of the observation statistics the policy carries (() when none)
+    obs_shape: tuple[int, ...]  # of the observation statistics the policy carries (() when none)
 
     def producer(self) -> Producer: ...
 
-    def build_policy(self) -> "torch.nn.Module":
+    def build_policy(self) -> torch.nn.Module:
         """The learner's policy (the caller has seeded torch's global generator)."""
 
     def flat_weights(self, policy) -> np.ndarray:
@@ -130,16 +139,17 @@ class Task(Protocol):
     def layout_hash(self, policy) -> str:
         """16 hex digits naming the flat buffer's names, shapes and order."""
 
-    def make_batch(self, state: "LearnerState", slots: Sequence[tuple[str, dict[str, np.ndarray]]],
-                   gaps: Sequence[bool] | None) -> dict[str, "torch.Tensor"]:
+    def make_batch(
+        self, state: LearnerState, slots: Sequence[tuple[str, dict[str, np.ndarray]]], gaps: Sequence[bool] | None
+    ) -> dict[str, torch.Tensor]:
         """One batch (copied tensors) from B slots (stream key, field arrays); ``gaps[i]``: slot i
         does not follow its stream's previous slot."""
 
-    def learner_iteration(self, state: "LearnerState", batch: dict) -> dict[str, Any]:
+    def learner_iteration(self, state: LearnerState, batch: dict) -> dict[str, Any]:
         """Epochs x minibatches of the configured preset on ``batch``, in place on state.policy
         and state.optimizer; returns the iteration's scalars (and ``minibatches`` rows)."""
 
-    def after_iteration(self, state: "LearnerState", batch: dict) -> None:
+    def after_iteration(self, state: LearnerState, batch: dict) -> None:
         """What the learner updates besides the weights (control: observation statistics)."""
 
     def periodic_eval(self) -> PeriodicEvaluation:

@@ -21,6 +21,7 @@ client); clients read ``server.key`` and ``client.key_secret``. Only transport.p
 sockets; this module hands it keys (``Curve``) and runs the ZAP authenticator that accepts only
 the allowed client keys and logs every refusal.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -56,12 +57,14 @@ class SecurityError(RuntimeError):
 class Curve:
     """CURVE keys of one socket, z85-encoded (40 bytes each). ``server_key`` None: this socket
     is the CURVE server; else it is a client that only talks to the server holding that key."""
+
     public: bytes
     secret: bytes
     server_key: bytes | None = None
 
 
 # ---------------------------------------------------------------------------------- addresses
+
 
 def endpoint_host(endpoint: str) -> str:
     """``tcp://HOST:PORT`` -> HOST (brackets of an IPv6 literal removed). Raises ValueError for an
@@ -83,7 +86,7 @@ def is_loopback(endpoint: str) -> bool:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
-    except ValueError:                     # a host name or "*": reachable from elsewhere
+    except ValueError:  # a host name or "*": reachable from elsewhere
         return False
 
 
@@ -134,7 +137,7 @@ def _resolves_to_loopback(name: str) -> bool:
     try:
         infos = socket.getaddrinfo(name, None)
     except (socket.gaierror, UnicodeError):
-        return True                       # unresolvable: no use to other hosts either
+        return True  # unresolvable: no use to other hosts either
     return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
 
 
@@ -163,14 +166,18 @@ def wildcard_host() -> tuple[str, str]:
             return name, f"this host's name {name}; --advertise to choose another"
     addr = outbound_address()
     if addr is not None:
-        return addr, (f"this host's outbound address {addr} (its name resolves only to loopback); "
-                      "--advertise to choose another")
+        return addr, (
+            f"this host's outbound address {addr} (its name resolves only to loopback); --advertise to choose another"
+        )
     name = socket.gethostname()
-    return name, (f"this host's name {name}, which other hosts may not resolve: no non-loopback address "
-                  "was found; give --advertise")
+    return name, (
+        f"this host's name {name}, which other hosts may not resolve: no non-loopback address "
+        "was found; give --advertise"
+    )
 
 
 # ---------------------------------------------------------------------------------- key files
+
 
 def _make_pair(directory: Path, name: str) -> None:
     public, secret = zmq.auth.create_certificates(directory, name)
@@ -237,6 +244,7 @@ def load_allowed(directory: Path, *, why: str) -> frozenset[bytes]:
 # host reads it and signs every weights message with it (transport.sign_weights). Another user's
 # process cannot read it; a process of the same user can (as it could ptrace either role).
 
+
 def _secrets_dir() -> Path:
     """``$TMPDIR/asyncrl-<uid>``: this user's directory of broadcaster weights secrets."""
     return Path(tempfile.gettempdir()) / f"asyncrl-{os.getuid()}"
@@ -247,7 +255,7 @@ def weights_secret_path(endpoint: str) -> Path:
     ``$TMPDIR/asyncrl-<uid>/broadcaster-<port>.secret``, or for ``ipc://PATH`` beside the socket
     (``PATH.secret``, in the socket's own private directory)."""
     if endpoint.startswith("ipc://"):
-        return Path(endpoint[len("ipc://"):] + ".secret")
+        return Path(endpoint[len("ipc://") :] + ".secret")
     port = endpoint.rsplit(":", 1)[1]
     return _secrets_dir() / f"broadcaster-{port}.secret"
 
@@ -260,8 +268,9 @@ def create_weights_secret(endpoint: str) -> tuple[Path, bytes]:
     path.parent.mkdir(mode=0o700, exist_ok=True)
     st = path.parent.lstat()
     if not path.parent.is_dir() or path.parent.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise SecurityError(f"broadcaster: {path.parent} must be a directory of this user that no one else can "
-                            f"enter (mode 0700)")
+        raise SecurityError(
+            f"broadcaster: {path.parent} must be a directory of this user that no one else can enter (mode 0700)"
+        )
     secret = secrets.token_hex(32).encode()
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -300,7 +309,7 @@ def listening_tcp_ports() -> set[int] | None:
         read_any = True
         for line in lines:
             fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A":      # st 0A: TCP_LISTEN
+            if len(fields) > 3 and fields[3] == "0A":  # st 0A: TCP_LISTEN
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports if read_any else None
 
@@ -317,7 +326,7 @@ def remove_stale_weights_secrets() -> list[str] | None:
         return None
     removed = []
     for path in sorted(_secrets_dir().glob("broadcaster-*.secret")):
-        port = path.name[len("broadcaster-"):-len(".secret")]
+        port = path.name[len("broadcaster-") : -len(".secret")]
         if port.isdigit() and int(port) not in listening:
             try:
                 path.unlink()
@@ -328,6 +337,7 @@ def remove_stale_weights_secrets() -> list[str] | None:
 
 
 # ---------------------------------------------------------------------------------- policy
+
 
 class Security:
     """What one role was given (``--keys DIR``, ``--insecure``) and the keys each socket gets.
@@ -340,18 +350,23 @@ class Security:
 
     def __init__(self, role: str, keys: str | Path | None = None, *, insecure: bool = False):
         self.role, self.keys, self.insecure = role, Path(keys) if keys else None, insecure
-        self.refused = tp.RejectCounter(role, log, what="refused connection")   # by reason and address
+        self.refused = tp.RejectCounter(role, log, what="refused connection")  # by reason and address
         self._auth: list[ThreadAuthenticator] = []
         self._server: Curve | None = None
         self._allowed: frozenset[bytes] = frozenset()
         if insecure:
-            log.warning("%s: --insecure: CURVE is off; traffic to and from other hosts is neither "
-                        "encrypted nor authenticated, and anyone who reaches its ports can join", role)
+            log.warning(
+                "%s: --insecure: CURVE is off; traffic to and from other hosts is neither "
+                "encrypted nor authenticated, and anyone who reaches its ports can join",
+                role,
+            )
 
     def _need(self, what: str, endpoint: str) -> Path:
         if self.keys is None:
-            raise SecurityError(f"{self.role}: {endpoint} is reachable from other hosts, so CURVE is on: give "
-                                f"--keys DIR with {what} (see `asyncrl keys generate`), or --insecure")
+            raise SecurityError(
+                f"{self.role}: {endpoint} is reachable from other hosts, so CURVE is on: give "
+                f"--keys DIR with {what} (see `asyncrl keys generate`), or --insecure"
+            )
         return self.keys
 
     def server(self, ctx: zmq.Context, endpoint: str) -> Curve | None:
@@ -395,11 +410,12 @@ class Security:
         already logged, with the peer's address and key, by the authenticator."""
         for f in watch.failures():
             if f.reason != "auth":
-                self.refused.reject(tp.ProtocolError(f.reason, f"handshake on {f.endpoint} failed: {f.detail}"),
-                                    f.endpoint)
+                self.refused.reject(
+                    tp.ProtocolError(f.reason, f"handshake on {f.endpoint} failed: {f.detail}"), f.endpoint
+                )
 
     def describe(self, endpoint: str) -> str:
-        """"CURVE" or "no encryption (...)" for a socket at ``endpoint``, for start-up lines."""
+        """ "CURVE" or "no encryption (...)" for a socket at ``endpoint``, for start-up lines."""
         if self.insecure:
             return "no encryption (--insecure)"
         return "no encryption (loopback)" if is_loopback(endpoint) else "CURVE"
@@ -433,9 +449,12 @@ class _AllowedKeys:
         if key in self.allowed:
             return True
         self.security.refused.reject(
-            tp.ProtocolError("unknown_client_key", f"CURVE client key {key.decode('ascii', 'replace')} is "
-                                                   f"not among the allowed keys; connection refused"),
-            self.auth.address)
+            tp.ProtocolError(
+                "unknown_client_key",
+                f"CURVE client key {key.decode('ascii', 'replace')} is not among the allowed keys; connection refused",
+            ),
+            self.auth.address,
+        )
         return False
 
 

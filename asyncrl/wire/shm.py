@@ -32,6 +32,7 @@ The creator owns the name (``unlink``); attached processes only map it.
 ``SlotLedger``: pure bookkeeping of which slot is free, granted to an actor, full, or being
 consumed (monobeast's free/full queues, with grant ids so late or foreign reports are refused).
 """
+
 from __future__ import annotations
 
 import errno
@@ -59,7 +60,7 @@ PREFIX = "asyncrl-"
 SHM_DIR = "/dev/shm"  # where Linux lists POSIX shared memory; cleanup scans it
 HEADER_NBYTES = 64
 TOKEN_NBYTES = 16
-MAGIC = b"ASYNCRL2"                 # 2: a control block (slot generations) follows the header
+MAGIC = b"ASYNCRL2"  # 2: a control block (slot generations) follows the header
 _HEADER = struct.Struct("<8sQQ16s16s8x")
 assert _HEADER.size == HEADER_NBYTES
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -90,16 +91,18 @@ def free_bytes(directory: str = SHM_DIR) -> int:
 
 
 def _space_message(nbytes: int, free: int, spec: RolloutSpec, num_slots: int) -> str:
-    return (f"shared memory: the slot ring needs {nbytes:,} bytes ({num_slots} slots of {spec.slot_nbytes:,}) "
-            f"but {SHM_DIR} has {free:,} free; free space there (`asyncrl clean`; in Docker: --shm-size), "
-            f"or lower learner.num_slots, env.num_envs or env.rollout_length")
+    return (
+        f"shared memory: the slot ring needs {nbytes:,} bytes ({num_slots} slots of {spec.slot_nbytes:,}) "
+        f"but {SHM_DIR} has {free:,} free; free space there (`asyncrl clean`; in Docker: --shm-size), "
+        f"or lower learner.num_slots, env.num_envs or env.rollout_length"
+    )
 
 
 def check_space(nbytes: int, spec: RolloutSpec, num_slots: int) -> None:
     """Raise ShmSpaceError unless ``SHM_DIR`` has ``nbytes`` free (the ring's segment_nbytes)."""
     try:
         free = free_bytes()
-    except OSError:   # no /dev/shm to ask: creating the segment says what is wrong
+    except OSError:  # no /dev/shm to ask: creating the segment says what is wrong
         return
     if nbytes > free:
         raise ShmSpaceError(_space_message(nbytes, free, spec, num_slots))
@@ -111,10 +114,8 @@ class SlotRing:
     Used as a context manager it closes on exit, and the creator also unlinks.
     """
 
-    def __init__(self, shm: SharedMemory, spec: RolloutSpec, num_slots: int, token: bytes,
-                 owner: bool):
-        self._shm, self.spec, self.num_slots, self.token, self.owner = \
-            shm, spec, num_slots, token, owner
+    def __init__(self, shm: SharedMemory, spec: RolloutSpec, num_slots: int, token: bytes, owner: bool):
+        self._shm, self.spec, self.num_slots, self.token, self.owner = shm, spec, num_slots, token, owner
         self._views: dict[int, dict[str, np.ndarray]] = {}
         self._closed = self._unlinked = False
         # [S, 2] int64: (generation, intruder) of each slot; see the module docstring
@@ -139,14 +140,14 @@ class SlotRing:
         check_space(nbytes, spec, num_slots)
         shm = _create_exclusive(run_id, nbytes)
         name = shm.name
-        try:   # commit the pages now: a later write can then never SIGBUS for want of space
+        try:  # commit the pages now: a later write can then never SIGBUS for want of space
             os.posix_fallocate(shm._fd, 0, nbytes)
         except OSError as exc:
             shm.close()
             shm.unlink()
             if exc.errno in (errno.ENOSPC, errno.EFBIG):
                 raise ShmSpaceError(_space_message(nbytes, free_bytes(), spec, num_slots)) from None
-            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):   # no fallocate here: unreserved
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # no fallocate here: unreserved
                 raise ShmError(f"cannot reserve {nbytes:,} bytes for {name!r}: {exc.strerror}") from None
             shm = SharedMemory(name=name.lstrip("/"), create=True, size=nbytes)
         token = secrets.token_bytes(TOKEN_NBYTES)
@@ -154,8 +155,7 @@ class SlotRing:
         return cls(shm, spec, num_slots, token, owner=True)
 
     @classmethod
-    def attach(cls, *, name: str, spec: RolloutSpec, num_slots: int,
-               token: bytes | None = None) -> SlotRing:
+    def attach(cls, *, name: str, spec: RolloutSpec, num_slots: int, token: bytes | None = None) -> SlotRing:
         """Map an existing segment (e.g. the one a learner's ``welcome`` names).
 
         The segment is not registered with this process's resource tracker, so this process
@@ -272,8 +272,7 @@ class SlotRing:
             self.close()
 
     def __repr__(self) -> str:
-        return (f"SlotRing({self.name!r}, num_slots={self.num_slots}, owner={self.owner}, "
-                f"closed={self._closed})")
+        return f"SlotRing({self.name!r}, num_slots={self.num_slots}, owner={self.owner}, closed={self._closed})"
 
 
 def _fence() -> None:
@@ -328,19 +327,25 @@ def _hash(spec: RolloutSpec) -> bytes:
     return spec.layout_hash.encode("ascii")[:16]
 
 
-def _check_header(shm: SharedMemory, spec: RolloutSpec, num_slots: int,
-                  token: bytes | None) -> bytes:
+def _check_header(shm: SharedMemory, spec: RolloutSpec, num_slots: int, token: bytes | None) -> bytes:
     """Validate the header against what the caller expects; return the segment's token."""
     if shm.size < HEADER_NBYTES:
         raise ShmError(f"{shm.name}: {shm.size} bytes, too small for an asyncrl header")
-    magic, n, slot_nbytes, layout, found, = _HEADER.unpack_from(shm.buf, 0)
+    (
+        magic,
+        n,
+        slot_nbytes,
+        layout,
+        found,
+    ) = _HEADER.unpack_from(shm.buf, 0)
     if magic != MAGIC:
         raise ShmError(f"{shm.name}: not an asyncrl slot ring (magic {magic!r})")
     if n != num_slots:
         raise ShmError(f"{shm.name}: has {n} slots, expected {num_slots}")
     if layout != _hash(spec) or slot_nbytes != spec.slot_nbytes:
-        raise ShmError(f"{shm.name}: rollout layout {layout!r} differs from this process's "
-                       f"{_hash(spec)!r} (different RolloutSpec)")
+        raise ShmError(
+            f"{shm.name}: rollout layout {layout!r} differs from this process's {_hash(spec)!r} (different RolloutSpec)"
+        )
     if shm.size < segment_nbytes(spec, n):
         raise ShmError(f"{shm.name}: {shm.size} bytes, expected {segment_nbytes(spec, n)}")
     if token is not None and token != found:
@@ -384,8 +389,11 @@ def _create_exclusive(run_id: str, nbytes: int, tries: int = 8) -> SharedMemory:
         try:
             return SharedMemory(name=name, create=True, size=nbytes)
         except FileExistsError:
-            log.warning("shared-memory name %s is taken (a stale segment, or a file another process put in %s); "
-                        "trying another", name, SHM_DIR)
+            log.warning(
+                "shared-memory name %s is taken (a stale segment, or a file another process put in %s); trying another",
+                name,
+                SHM_DIR,
+            )
     raise ShmError(f"no free shared-memory name for run {run_id!r} after {tries} tries (last {names[-1]!r})")
 
 
@@ -394,7 +402,7 @@ def _create_exclusive(run_id: str, nbytes: int, tries: int = 8) -> SharedMemory:
 # /dev/shm is world-writable: any local user can put any name there (a 20-digit "pid", a
 # directory, a symlink, a file of its own). Clean-up acts only on regular files of this user whose
 # name ends in a pid this kernel could have given (1..MAX_PID), and never raises for a name.
-MAX_PID = 2**22          # Linux's PID_MAX_LIMIT
+MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
 
 
 def _creator_pid(name: str, prefix: str) -> int | None:
@@ -439,8 +447,9 @@ def _unlink_names(names: list[str]) -> list[str]:
         except FileNotFoundError:  # someone else cleaned it first
             continue
         except OSError as exc:
-            log.warning("could not remove shared-memory segment %s: %s", name.encode("unicode_escape").decode(),
-                        exc.strerror)
+            log.warning(
+                "could not remove shared-memory segment %s: %s", name.encode("unicode_escape").decode(), exc.strerror
+            )
             continue
         removed.append(name)
         log.info("removed shared-memory segment %s", name)
@@ -450,7 +459,7 @@ def _unlink_names(names: list[str]) -> list[str]:
 def _listing() -> list[str]:
     try:
         return sorted(os.listdir(SHM_DIR))
-    except OSError:   # no /dev/shm here (or not readable): nothing to clean
+    except OSError:  # no /dev/shm here (or not readable): nothing to clean
         return []
 
 
@@ -461,8 +470,7 @@ def cleanup_stale(prefix: str = PREFIX) -> list[str]:
     Returns the names removed. Assumes the creators ran in this pid namespace (a pid reused by
     an unrelated live process keeps its segment: safe, merely not cleaned).
     """
-    stale = [n for n in _listing()
-             if (pid := _creator_pid(n, prefix)) is not None and not _alive(pid)]
+    stale = [n for n in _listing() if (pid := _creator_pid(n, prefix)) is not None and not _alive(pid)]
     return _unlink_names(stale)
 
 
@@ -482,6 +490,7 @@ def remove_run(run_id: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------- ledger
+
 
 class Grant(NamedTuple):
     slot: int

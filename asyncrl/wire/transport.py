@@ -7,6 +7,7 @@ broadcaster checks (``sign_weights``).
 Everything received is validated here; nothing is ever unpickled. Bad input raises
 ``ProtocolError`` whose ``reason`` is a short stable code for counting (see ``RejectCounter``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,14 +28,16 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from asyncrl.core.limits import MAX_STR_BYTES   # of any one string in a header (config.validate keeps the welcome's config under it)
+from asyncrl.core.limits import (
+    MAX_STR_BYTES,  # of any one string in a header (config.validate keeps the welcome's config under it)
+)
 from asyncrl.core.spec import RolloutSpec
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 3   # 2: welcome carries "restart"; 3: learner epoch, per-actor tokens, "rejoin", signed weights
+PROTOCOL_VERSION = 3  # 2: welcome carries "restart"; 3: learner epoch, per-actor tokens, "rejoin", signed weights
 MAX_HEADER_BYTES = 64 * 1024
-GRANT_CREDITS = 2      # slot grants an actor asks for at the start (then one per report): the most it holds
+GRANT_CREDITS = 2  # slot grants an actor asks for at the start (then one per report): the most it holds
 WEIGHTS_TOPIC = b"weights"
 DEFAULT_TIMEOUT_MS = 5000
 
@@ -55,9 +58,14 @@ class ProtocolError(ValueError):
 # ---------------------------------------------------------------------------- header schemas
 
 _COMMON = {"type": str, "proto": int, "run_id": str}
-_REPORT = {"actor_id": str, "grant_id": int, "env_steps": int,
-           "episode_returns": list[float], "episode_lengths": list[int],
-           "timing": dict}  # actor seconds since its last report: env_s, inference_s, wait_s
+_REPORT = {
+    "actor_id": str,
+    "grant_id": int,
+    "env_steps": int,
+    "episode_returns": list[float],
+    "episode_lengths": list[int],
+    "timing": dict,
+}  # actor seconds since its last report: env_s, inference_s, wait_s
 
 # Every actor message after the hello carries "token", the per-actor token of its welcome: an
 # actor id is bound to it (a peer that merely knows the id can neither speak nor say bye for it).
@@ -66,20 +74,31 @@ _REPORT = {**_ACTOR, **{k: v for k, v in _REPORT.items() if k != "actor_id"}}
 
 SCHEMAS: dict[str, dict[str, object]] = {
     # actor -> learner
-    "hello": {"actor_id": str, "host": str, "pid": int, "env_id": str, "spec": dict,
-              "shm_token": bytes | None,
-              "token": bytes | None},   # the token of an earlier welcome: proves a restart is that actor
+    "hello": {
+        "actor_id": str,
+        "host": str,
+        "pid": int,
+        "env_id": str,
+        "spec": dict,
+        "shm_token": bytes | None,
+        "token": bytes | None,
+    },  # the token of an earlier welcome: proves a restart is that actor
     "request": _ACTOR,  # ask for one slot grant
     "ready": {**_REPORT, "slot": int},  # the granted slot was written through shared memory
     "rollout": _REPORT,  # followed by one raw frame per spec field, in spec order
-    "heartbeat": _ACTOR,   # (also the learner's answer, echoing the token)
+    "heartbeat": _ACTOR,  # (also the learner's answer, echoing the token)
     "bye": _ACTOR,
     # learner -> actor
-    "welcome": {"shm_name": str, "num_slots": int, "spec": dict, "token": bytes,
-                "config": str,   # the learner's resolved config, JSON: actors build the same policy
-                "restart": int,  # times this actor id joined the run before: a seed input (seeding.py)
-                "epoch": int,    # the learner's epoch (weights of other epochs are not this learner's)
-                "actor_token": bytes},   # this actor's token: sent with every message, kept for a restart
+    "welcome": {
+        "shm_name": str,
+        "num_slots": int,
+        "spec": dict,
+        "token": bytes,
+        "config": str,  # the learner's resolved config, JSON: actors build the same policy
+        "restart": int,  # times this actor id joined the run before: a seed input (seeding.py)
+        "epoch": int,  # the learner's epoch (weights of other epochs are not this learner's)
+        "actor_token": bytes,
+    },  # this actor's token: sent with every message, kept for a restart
     # learner -> actor: "I do not know you (any more)": a restarted learner, or one that dropped
     # this actor; the actor drops the work of its old session and says hello again
     "rejoin": {"reason": str},
@@ -89,24 +108,31 @@ SCHEMAS: dict[str, dict[str, object]] = {
     "grant": {"slot": int, "grant_id": int},
     "stop": {"reason": str},
     # learner -> broadcaster -> actors (frame 1 of a weights message)
-    "weights": {"epoch": int, "version": int, "publish_time": float, "nbytes": int, "checksum": int,
-                "layout_hash": str},   # newer = higher (epoch, version): see roles/learner.learner_epoch
+    "weights": {
+        "epoch": int,
+        "version": int,
+        "publish_time": float,
+        "nbytes": int,
+        "checksum": int,
+        "layout_hash": str,
+    },  # newer = higher (epoch, version): see roles/learner.learner_epoch
 }
 # Keys a sender may leave out (older or hand-made clients); checked like the others when present.
 OPTIONAL: dict[str, dict[str, object]] = {
-    "hello": {"spaces": dict},   # {"observation": ..., "action": ...}: envs.describe_spaces
+    "hello": {"spaces": dict},  # {"observation": ..., "action": ...}: envs.describe_spaces
 }
 _UNPACK_LIMITS = dict(max_str_len=MAX_STR_BYTES, max_bin_len=4096, max_map_len=64, max_ext_len=0)
 
 
 class HeaderLimits(NamedTuple):
     """How large a header one channel takes: bytes of its frame, items of any one list."""
+
     max_bytes: int = MAX_HEADER_BYTES
     max_array_len: int = 16384
 
 
 DEFAULT_LIMITS = HeaderLimits()
-_BYTES_PER_EPISODE = 18   # a report's msgpack float64 return (9 bytes) and int length (<= 9 bytes)
+_BYTES_PER_EPISODE = 18  # a report's msgpack float64 return (9 bytes) and int length (<= 9 bytes)
 
 
 def report_limits(num_envs: int, rollout_length: int) -> HeaderLimits:
@@ -115,8 +141,7 @@ def report_limits(num_envs: int, rollout_length: int) -> HeaderLimits:
     its report, so the 64 KiB of the other headers grow by 18 bytes per possible episode: no legal
     config can make a report the learner refuses (e.g. 64 envs of 1-step episodes)."""
     episodes = num_envs * rollout_length
-    return HeaderLimits(MAX_HEADER_BYTES + _BYTES_PER_EPISODE * episodes,
-                        max(DEFAULT_LIMITS.max_array_len, episodes))
+    return HeaderLimits(MAX_HEADER_BYTES + _BYTES_PER_EPISODE * episodes, max(DEFAULT_LIMITS.max_array_len, episodes))
 
 
 # Magnitude bounds of every number a peer sends (class fix of issue 39: a value that fits the type
@@ -127,7 +152,7 @@ def report_limits(num_envs: int, rollout_length: int) -> HeaderLimits:
 # episode counts) are checked by the role that knows the run (roles/learner.py).
 MAX_INT = 2**63 - 1
 MAX_ABS_FLOAT = 1e15
-MAX_PID = 2**22          # Linux's largest pid_max (PID_MAX_LIMIT); pids are >= 1
+MAX_PID = 2**22  # Linux's largest pid_max (PID_MAX_LIMIT); pids are >= 1
 INT_BOUNDS: dict[str, tuple[int, int]] = {"pid": (1, MAX_PID)}
 
 
@@ -145,8 +170,10 @@ def _valid(value, kind, key: str = "") -> bool:
     if isinstance(value, float):
         return math.isfinite(value) and abs(value) <= MAX_ABS_FLOAT
     if isinstance(value, dict):
-        return all(isinstance(k, str) and (isinstance(v, (bool, str)) or type(v) in (int, float) and _valid(v, type(v)))
-                   for k, v in value.items())
+        return all(
+            isinstance(k, str) and (isinstance(v, (bool, str)) or type(v) in (int, float) and _valid(v, type(v)))
+            for k, v in value.items()
+        )
     return True
 
 
@@ -159,8 +186,7 @@ def validate_header(header, *, run_id: str | None = None) -> dict:
         raise ProtocolError("unknown_type", f"{kind!r}")
     proto = header.get("proto")
     if type(proto) is not int or proto != PROTOCOL_VERSION:
-        raise ProtocolError("proto", f"{kind}: protocol {proto!r}, this side speaks "
-                                     f"{PROTOCOL_VERSION}")
+        raise ProtocolError("proto", f"{kind}: protocol {proto!r}, this side speaks {PROTOCOL_VERSION}")
     if run_id is not None and header.get("run_id") != run_id:
         raise ProtocolError("run_id", f"{kind}: run {header.get('run_id')!r}, expected {run_id!r}")
     schema = {**_COMMON, **SCHEMAS[kind]}
@@ -173,8 +199,7 @@ def validate_header(header, *, run_id: str | None = None) -> dict:
     for key, expected in schema.items():
         if not _valid(header[key], expected, key):
             name = expected.__name__ if isinstance(expected, type) else str(expected)
-            raise ProtocolError("schema",
-                                f"{kind}.{key}: {header[key]!r:.80} is not a valid {name}")
+            raise ProtocolError("schema", f"{kind}.{key}: {header[key]!r:.80} is not a valid {name}")
     return header
 
 
@@ -189,8 +214,9 @@ def _unpack_header(frame, run_id: str | None, limits: HeaderLimits = DEFAULT_LIM
     if buf.nbytes > limits.max_bytes:
         raise ProtocolError("oversized", f"header frame of {buf.nbytes} bytes > {limits.max_bytes}")
     try:
-        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, max_array_len=limits.max_array_len,
-                                 **_UNPACK_LIMITS)
+        header = msgpack.unpackb(
+            buf, raw=False, strict_map_key=True, max_array_len=limits.max_array_len, **_UNPACK_LIMITS
+        )
     except (ValueError, TypeError, msgpack.UnpackException) as e:
         raise ProtocolError("malformed", f"header is not valid msgpack ({e})") from None
     return validate_header(header, run_id=run_id)
@@ -203,9 +229,10 @@ def peek(frame) -> dict:
         buf = _bytes(frame)
         if buf.nbytes > MAX_HEADER_BYTES:
             return {}
-        header = msgpack.unpackb(buf, raw=False, strict_map_key=True, max_array_len=DEFAULT_LIMITS.max_array_len,
-                                 **_UNPACK_LIMITS)
-    except (ValueError, TypeError, msgpack.UnpackException):   # ProtocolError is a ValueError
+        header = msgpack.unpackb(
+            buf, raw=False, strict_map_key=True, max_array_len=DEFAULT_LIMITS.max_array_len, **_UNPACK_LIMITS
+        )
+    except (ValueError, TypeError, msgpack.UnpackException):  # ProtocolError is a ValueError
         return {}
     return header if isinstance(header, dict) else {}
 
@@ -213,8 +240,7 @@ def peek(frame) -> dict:
 def _pack_header(header: dict, limits: HeaderLimits = DEFAULT_LIMITS) -> bytes:
     """msgpack a header; numpy scalars become Python numbers. Refuses (ProtocolError) whatever
     the receiving side (taking ``limits``) would refuse, so bugs show up at the sender."""
-    packed = msgpack.packb({"proto": PROTOCOL_VERSION, **header}, use_bin_type=True,
-                           default=_np_scalar)
+    packed = msgpack.packb({"proto": PROTOCOL_VERSION, **header}, use_bin_type=True, default=_np_scalar)
     _unpack_header(packed, None, limits)
     return packed
 
@@ -233,8 +259,10 @@ def _frame(array: np.ndarray) -> memoryview:
 
 # ---------------------------------------------------------------------------- messages
 
-def encode(header: dict, arrays: Sequence[np.ndarray] = (), *,
-           limits: HeaderLimits = DEFAULT_LIMITS) -> list[bytes | memoryview]:
+
+def encode(
+    header: dict, arrays: Sequence[np.ndarray] = (), *, limits: HeaderLimits = DEFAULT_LIMITS
+) -> list[bytes | memoryview]:
     """Frames ``[msgpack header, *array buffers]``. ``proto`` is filled in unless given;
     ``limits``: the receiver's (``report_limits`` for an actor's reports).
 
@@ -258,12 +286,14 @@ def encode_rollout(header: dict, arrays: Mapping[str, np.ndarray], spec: Rollout
         a = arrays[f.name]
         if a.shape != f.shape or a.dtype != f.dtype:
             raise ValueError(f"{f.name}: {a.shape} {a.dtype}, spec says {f.shape} {f.dtype}")
-    return encode({**header, "type": "rollout"}, [arrays[f.name] for f in spec.fields],
-                  limits=report_limits(spec.num_envs, spec.rollout_length))
+    return encode(
+        {**header, "type": "rollout"},
+        [arrays[f.name] for f in spec.fields],
+        limits=report_limits(spec.num_envs, spec.rollout_length),
+    )
 
 
-def decode(frames: Sequence, *, run_id: str | None = None,
-           limits: HeaderLimits = DEFAULT_LIMITS) -> tuple[dict, list]:
+def decode(frames: Sequence, *, run_id: str | None = None, limits: HeaderLimits = DEFAULT_LIMITS) -> tuple[dict, list]:
     """Validate a message (ROUTER: strip the identity frame first); returns (header, frames[1:]).
 
     Raises ProtocolError on an empty message, an oversized (> ``limits``: 64 KiB, lists of at most
@@ -301,15 +331,15 @@ def decode_rollout_frames(frames: Sequence, spec: RolloutSpec) -> dict[str, np.n
     "nonfinite" (naming the field) for NaN/inf in a float field.
     """
     if len(frames) != len(spec.fields):
-        raise ProtocolError("frame_count", f"{len(frames)} array frames, spec has "
-                                           f"{len(spec.fields)} fields")
+        raise ProtocolError("frame_count", f"{len(frames)} array frames, spec has {len(spec.fields)} fields")
     out = {}
     for f, frame in zip(spec.fields, frames):
         buf = _bytes(frame)
         expected = int(np.prod(f.shape)) * f.dtype.itemsize
         if buf.nbytes != expected:
-            raise ProtocolError("frame_size", f"{f.name}: {buf.nbytes} bytes, expected {expected}"
-                                              f" for {f.shape} {f.dtype}")
+            raise ProtocolError(
+                "frame_size", f"{f.name}: {buf.nbytes} bytes, expected {expected} for {f.shape} {f.dtype}"
+            )
         if f.dtype == np.bool_ and np.frombuffer(buf, np.uint8).max(initial=0) > 1:
             raise ProtocolError("bad_bool", f"{f.name} holds bytes other than 0/1")
         arr = np.frombuffer(buf, f.dtype).reshape(f.shape)
@@ -319,24 +349,32 @@ def decode_rollout_frames(frames: Sequence, spec: RolloutSpec) -> dict[str, np.n
     return out
 
 
-def encode_weights(*, run_id: str, version: int, publish_time: float, layout_hash: str,
-                   payload: np.ndarray, epoch: int = 0) -> list[bytes | memoryview]:
+def encode_weights(
+    *, run_id: str, version: int, publish_time: float, layout_hash: str, payload: np.ndarray, epoch: int = 0
+) -> list[bytes | memoryview]:
     """``[b"weights", header, payload]``; payload is the flat float32 [P] parameter vector,
     sent zero-copy; publish_time in seconds on the learner's clock; epoch: the learner's
     (an int >= 0 that rises at every learner start). Raises ValueError for a payload that is
     not 1-D float32."""
     if payload.dtype != np.float32 or payload.ndim != 1:
-        raise ValueError(f"weights payload must be 1-D float32, got {payload.dtype} "
-                         f"{payload.shape}")
+        raise ValueError(f"weights payload must be 1-D float32, got {payload.dtype} {payload.shape}")
     body = _frame(payload)
-    header = {"type": "weights", "run_id": run_id, "epoch": int(epoch), "version": int(version),
-              "publish_time": float(publish_time), "nbytes": body.nbytes,
-              "checksum": zlib.crc32(body), "layout_hash": layout_hash}
+    header = {
+        "type": "weights",
+        "run_id": run_id,
+        "epoch": int(epoch),
+        "version": int(version),
+        "publish_time": float(publish_time),
+        "nbytes": body.nbytes,
+        "checksum": zlib.crc32(body),
+        "layout_hash": layout_hash,
+    }
     return [WEIGHTS_TOPIC, _pack_header(header), body]
 
 
-def decode_weights(frames: Sequence, *, run_id: str | None = None,
-                   layout_hash: str | None = None) -> tuple[dict, np.ndarray]:
+def decode_weights(
+    frames: Sequence, *, run_id: str | None = None, layout_hash: str | None = None
+) -> tuple[dict, np.ndarray]:
     """Validate a weights message; returns (header, read-only float32 [P] view of the payload).
 
     Raises ProtocolError: "frame_count", "topic", header errors as in ``decode``, "layout"
@@ -352,12 +390,10 @@ def decode_weights(frames: Sequence, *, run_id: str | None = None,
     if header["type"] != "weights":
         raise ProtocolError("unknown_type", f"{header['type']} on the weights topic")
     if layout_hash is not None and header["layout_hash"] != layout_hash:
-        raise ProtocolError("layout", f"weights layout {header['layout_hash']!r}, this policy "
-                                      f"has {layout_hash!r}")
+        raise ProtocolError("layout", f"weights layout {header['layout_hash']!r}, this policy has {layout_hash!r}")
     body = _bytes(frames[2])
     if body.nbytes != header["nbytes"] or body.nbytes % 4:
-        raise ProtocolError("frame_size", f"payload {body.nbytes} bytes, header says "
-                                          f"{header['nbytes']}")
+        raise ProtocolError("frame_size", f"payload {body.nbytes} bytes, header says {header['nbytes']}")
     if zlib.crc32(body) != header["checksum"]:
         raise ProtocolError("checksum", f"weights version {header['version']}")
     weights = np.frombuffer(body, np.float32)
@@ -379,8 +415,10 @@ def verify_weights(frames: Sequence, secret: bytes | None) -> list:
     if len(frames) != 4:
         raise ProtocolError("not_learner", f"weights message of {len(frames)} frames carries no learner signature")
     if not secret or not hmac.compare_digest(bytes(_bytes(frames[3])), _weights_mac(frames, secret)):
-        raise ProtocolError("not_learner", "weights whose signature is not the learner's (secret of the "
-                                           "broadcaster's weights-secret file)")
+        raise ProtocolError(
+            "not_learner",
+            "weights whose signature is not the learner's (secret of the broadcaster's weights-secret file)",
+        )
     return list(frames[:3])
 
 
@@ -394,6 +432,7 @@ def _weights_mac(frames: Sequence, secret: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------------------- rejects
+
 
 def printable(text, limit: int = 300) -> str:
     """``text`` (str or bytes from the wire) safe for one log line: control characters, newlines,
@@ -440,8 +479,15 @@ class RejectCounter:
     thread).
     """
 
-    def __init__(self, role: str, logger: logging.Logger | None = None, *, what: str = "rejected message",
-                 max_keys: int = 4096, budget: LogBudget | None = None):
+    def __init__(
+        self,
+        role: str,
+        logger: logging.Logger | None = None,
+        *,
+        what: str = "rejected message",
+        max_keys: int = 4096,
+        budget: LogBudget | None = None,
+    ):
         self.role, self.log, self.what, self.max_keys = role, logger or log, what, max_keys
         self.counts: Counter[tuple[str, str]] = Counter()
         self.budget = budget or LogBudget()
@@ -462,8 +508,9 @@ class RejectCounter:
             allowed, held = self.budget.allow()
             if allowed:
                 more = f"; {held} similar lines suppressed" if held else ""
-                self.log.warning("%s: %s from %s: %s (%d so far%s)", self.role, self.what, key[1], printable(error),
-                                 n, more)
+                self.log.warning(
+                    "%s: %s from %s: %s (%d so far%s)", self.role, self.what, key[1], printable(error), n, more
+                )
 
     def snapshot(self) -> Counter:
         """A copy of ``counts``, taken under the lock."""
@@ -484,6 +531,7 @@ class RejectCounter:
 # ---------------------------------------------------------------------------- sockets
 # One place for socket options: LINGER 0 (close never hangs), bounded queues (HWM, in
 # messages), and send/recv timeouts so no call blocks forever.
+
 
 def snapshot_endpoint(broadcaster: str) -> str:
     """The broadcaster's request socket: one port above its PUB socket (tcp://HOST:PORT), or
@@ -507,7 +555,7 @@ def _socket(ctx: zmq.Context, kind: int, hwm: int, timeout_ms: int, security=Non
     sock.linger = 0
     sock.sndhwm = sock.rcvhwm = hwm
     sock.sndtimeo = sock.rcvtimeo = timeout_ms
-    if security is not None:   # a security.Curve; must be set before bind/connect
+    if security is not None:  # a security.Curve; must be set before bind/connect
         if security.server_key is None:
             sock.curve_server = True
         else:
@@ -537,7 +585,7 @@ def _bind_or_connect(sock: zmq.Socket, bind_to: str | None, connect: str | None)
             bind(sock, bind_to)
         else:
             sock.connect(connect)
-    except (ValueError, zmq.ZMQError) as exc:   # leave no socket open behind
+    except (ValueError, zmq.ZMQError) as exc:  # leave no socket open behind
         close(sock)
         if isinstance(exc, zmq.ZMQError):
             raise AddressError(f"cannot {'bind' if bind_to else 'connect to'} {bind_to or connect}: {exc}") from None
@@ -545,8 +593,15 @@ def _bind_or_connect(sock: zmq.Socket, bind_to: str | None, connect: str | None)
     return sock
 
 
-def router(ctx: zmq.Context, bind: str, *, hwm: int = 1000, max_message_bytes: int = -1,
-           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
+def router(
+    ctx: zmq.Context,
+    bind: str,
+    *,
+    hwm: int = 1000,
+    max_message_bytes: int = -1,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    security=None,
+) -> zmq.Socket:
     """Learner side of the actor channel. Received frames: [identity, header, *arrays].
     No ROUTER_HANDOVER: a second connection under an identity in use is refused by ZeroMQ, so no
     peer can take over a live actor's route (each actor process picks a random identity).
@@ -573,9 +628,17 @@ def route_identity(name: str) -> str:
     return f"{name[:200]}#{secrets.token_hex(4)}"
 
 
-def dealer(ctx: zmq.Context, connect: str, identity: str | bytes, *, hwm: int = 1000,
-           timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None, immediate: bool = False,
-           max_message_bytes: int = -1) -> zmq.Socket:
+def dealer(
+    ctx: zmq.Context,
+    connect: str,
+    identity: str | bytes,
+    *,
+    hwm: int = 1000,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    security=None,
+    immediate: bool = False,
+    max_message_bytes: int = -1,
+) -> zmq.Socket:
     """Actor side of the actor channel; ``identity`` (1..255 bytes) is how the learner routes.
     ``immediate``: queue messages only while connected (ZMQ_IMMEDIATE), none for a peer to come.
     ``max_message_bytes``: ZMQ_MAXMSGSIZE (bytes per received frame; -1: no limit), as ``router``."""
@@ -591,8 +654,9 @@ def dealer(ctx: zmq.Context, connect: str, identity: str | bytes, *, hwm: int = 
 MAX_SUBSCRIPTION_BYTES = 4096
 
 
-def pub(ctx: zmq.Context, bind: str, *, hwm: int = 8,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
+def pub(
+    ctx: zmq.Context, bind: str, *, hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None
+) -> zmq.Socket:
     """Broadcaster's weights publisher. A small HWM: only the newest weights matter. It receives
     only subscription frames (1 + topic bytes) after the handshake: a frame larger than
     MAX_SUBSCRIPTION_BYTES (ZMQ_MAXMSGSIZE) disconnects its peer."""
@@ -601,8 +665,16 @@ def pub(ctx: zmq.Context, bind: str, *, hwm: int = 8,
     return _bind_or_connect(sock, bind, None)
 
 
-def sub(ctx: zmq.Context, connect: str, *, topic: bytes = WEIGHTS_TOPIC, hwm: int = 8,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None, max_message_bytes: int = -1) -> zmq.Socket:
+def sub(
+    ctx: zmq.Context,
+    connect: str,
+    *,
+    topic: bytes = WEIGHTS_TOPIC,
+    hwm: int = 8,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    security=None,
+    max_message_bytes: int = -1,
+) -> zmq.Socket:
     """Actor's weights subscriber; read it with ``drain_latest``. ``max_message_bytes``:
     ZMQ_MAXMSGSIZE (bytes per received frame; -1: no limit), as ``router``."""
     sock = _socket(ctx, zmq.SUB, hwm, timeout_ms, security)
@@ -611,14 +683,28 @@ def sub(ctx: zmq.Context, connect: str, *, topic: bytes = WEIGHTS_TOPIC, hwm: in
     return _bind_or_connect(sock, None, connect)
 
 
-def push(ctx: zmq.Context, *, bind: str | None = None, connect: str | None = None,
-         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
+def push(
+    ctx: zmq.Context,
+    *,
+    bind: str | None = None,
+    connect: str | None = None,
+    hwm: int = 8,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    security=None,
+) -> zmq.Socket:
     """PUSH end of a pipeline (learner -> broadcaster weights); exactly one of bind/connect."""
     return _bind_or_connect(_socket(ctx, zmq.PUSH, hwm, timeout_ms, security), bind, connect)
 
 
-def pull(ctx: zmq.Context, *, bind: str | None = None, connect: str | None = None,
-         hwm: int = 8, timeout_ms: int = DEFAULT_TIMEOUT_MS, security=None) -> zmq.Socket:
+def pull(
+    ctx: zmq.Context,
+    *,
+    bind: str | None = None,
+    connect: str | None = None,
+    hwm: int = 8,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    security=None,
+) -> zmq.Socket:
     """PULL end of a pipeline; exactly one of bind/connect."""
     return _bind_or_connect(_socket(ctx, zmq.PULL, hwm, timeout_ms, security), bind, connect)
 
@@ -689,24 +775,24 @@ def drain_latest(sock: zmq.Socket, *, max_messages: int = 10_000) -> list | None
     return latest
 
 
-_WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # socket -> HandshakeWatch
+_WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # socket -> HandshakeWatch
 
 
 class HandshakeFailure(NamedTuple):
-    reason: str      # "auth", "mechanism_mismatch", "cryptographic", "protocol", "no_detail"
-    endpoint: str    # the socket's own address (ZeroMQ reports no peer address here)
-    detail: str      # one line for a log or an error message
+    reason: str  # "auth", "mechanism_mismatch", "cryptographic", "protocol", "no_detail"
+    endpoint: str  # the socket's own address (ZeroMQ reports no peer address here)
+    detail: str  # one line for a log or an error message
 
 
 _HANDSHAKE_DETAIL = {
     "auth": "the server refused the client's CURVE key (not among its allowed keys)",
     "mechanism_mismatch": "one end uses CURVE and the other does not (a role binding a non-loopback "
-                          "address, 0.0.0.0 included, uses CURVE: connect to it through such an address, "
-                          "with --keys; or give both ends --insecure)",
+    "address, 0.0.0.0 included, uses CURVE: connect to it through such an address, "
+    "with --keys; or give both ends --insecure)",
     "cryptographic": "CURVE decryption failed: the client holds another server's public key",
     "protocol": "ZMTP protocol error",
     "no_detail": "the peer dropped the connection during the handshake (wrong or missing keys: a "
-                 "client holding another server's public key, or CURVE on one end only)",
+    "client holding another server's public key, or CURVE on one end only)",
 }
 
 
@@ -716,8 +802,12 @@ class HandshakeWatch:
     ``failures()`` returns the failed handshakes since the last call; ``succeeded`` counts the
     good ones. ``close()`` before closing the socket."""
 
-    _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-               | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    _EVENTS = (
+        zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    )
 
     def __init__(self, sock: zmq.Socket):
         self.sock, self.succeeded, self._failed_in_a_row = sock, 0, 0
@@ -756,8 +846,11 @@ class HandshakeWatch:
                 reason = "cryptographic"
             else:
                 reason = "protocol"
-            endpoint = event["endpoint"].decode("utf-8", "replace") if isinstance(event["endpoint"], bytes) \
+            endpoint = (
+                event["endpoint"].decode("utf-8", "replace")
+                if isinstance(event["endpoint"], bytes)
                 else str(event["endpoint"])
+            )
             out.append(HandshakeFailure(reason, endpoint, _HANDSHAKE_DETAIL[reason]))
             self._failed_in_a_row += 1
         return out

@@ -1,4 +1,5 @@
 """Tests of asyncrl.algo.distributions against torch.distributions."""
+
 import math
 
 import pytest
@@ -14,8 +15,11 @@ def test_gaussian_matches_torch(dtype, per_sample_std):
     g = torch.Generator().manual_seed(0)
     N, Adim = 64, 6
     mean = torch.randn(N, Adim, generator=g, dtype=dtype)
-    log_std = torch.randn(N, Adim, generator=g, dtype=dtype) * 0.5 if per_sample_std else \
-        torch.randn(Adim, generator=g, dtype=dtype) * 0.5
+    log_std = (
+        torch.randn(N, Adim, generator=g, dtype=dtype) * 0.5
+        if per_sample_std
+        else torch.randn(Adim, generator=g, dtype=dtype) * 0.5
+    )
     actions = mean + 2.0 * torch.randn(N, Adim, generator=g, dtype=dtype)
     ours = DiagGaussian(mean, log_std)
     ref = td.Independent(td.Normal(mean, torch.exp(log_std).expand_as(mean)), 1)
@@ -65,8 +69,7 @@ def test_categorical_matches_torch(dtype):
 
 
 def test_categorical_masked_logits_and_gradients():
-    logits = torch.tensor([[0.0, -math.inf, 1.0], [2.0, 2.0, 2.0]], dtype=torch.float64,
-                          requires_grad=True)
+    logits = torch.tensor([[0.0, -math.inf, 1.0], [2.0, 2.0, 2.0]], dtype=torch.float64, requires_grad=True)
     dist = Categorical(logits)
     ent = dist.entropy()
     assert torch.isfinite(ent).all()

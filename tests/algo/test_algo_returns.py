@@ -1,6 +1,7 @@
 """Tests of asyncrl.algo.returns: V-trace (arXiv:1802.01561) with VACO's realigned advantages
 (arXiv:2603.01365) and GAE (arXiv:1506.02438), against naive references written from the
 definitions in plain Python floats."""
+
 import math
 
 import pytest
@@ -13,37 +14,64 @@ F64 = torch.float64
 
 # ---------------------------------------------------------------- random rollouts and references
 
-def random_rollout(seed, T=13, B=5, *, p_term=0.12, p_trunc=0.12, log_rho_scale=0.7,
-                   dtype=F64):
+
+def random_rollout(seed, T=13, B=5, *, p_term=0.12, p_trunc=0.12, log_rho_scale=0.7, dtype=F64):
     """Random [T, B] rollout with random terminations and truncations (some steps both)."""
     g = torch.Generator().manual_seed(seed)
+
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=dtype)
-    v_all = rand(T + 1, B)                                # V(obs[0..T])
+
+    v_all = rand(T + 1, B)  # V(obs[0..T])
     terminated = torch.rand(T, B, generator=g) < p_term
     truncated = torch.rand(T, B, generator=g) < p_trunc
     behavior = -torch.rand(T, B, generator=g, dtype=dtype) * 2.0
     target = behavior + log_rho_scale * rand(T, B)
-    return dict(values_all=v_all, final_values=rand(T, B), rewards=rand(T, B),
-                terminated=terminated, truncated=truncated,
-                behavior_log_prob=behavior, target_log_prob=target)
+    return dict(
+        values_all=v_all,
+        final_values=rand(T, B),
+        rewards=rand(T, B),
+        terminated=terminated,
+        truncated=truncated,
+        behavior_log_prob=behavior,
+        target_log_prob=target,
+    )
 
 
 def next_values_of(ro):
-    return next_state_values(values_tp1=ro["values_all"][1:], final_values=ro["final_values"],
-                             terminated=ro["terminated"], truncated=ro["truncated"])
+    return next_state_values(
+        values_tp1=ro["values_all"][1:],
+        final_values=ro["final_values"],
+        terminated=ro["terminated"],
+        truncated=ro["truncated"],
+    )
 
 
 def run_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0, traces="vtrace"):
-    return vtrace(behavior_log_prob=ro["behavior_log_prob"], target_log_prob=ro["target_log_prob"],
-                  rewards=ro["rewards"], values=ro["values_all"][:-1], next_values=next_values_of(ro),
-                  episode_end=ro["terminated"] | ro["truncated"], gamma=gamma, lam=lam,
-                  rho_bar=rho_bar, c_bar=c_bar, traces=traces)
+    return vtrace(
+        behavior_log_prob=ro["behavior_log_prob"],
+        target_log_prob=ro["target_log_prob"],
+        rewards=ro["rewards"],
+        values=ro["values_all"][:-1],
+        next_values=next_values_of(ro),
+        episode_end=ro["terminated"] | ro["truncated"],
+        gamma=gamma,
+        lam=lam,
+        rho_bar=rho_bar,
+        c_bar=c_bar,
+        traces=traces,
+    )
 
 
 def run_gae(ro, *, gamma, lam):
-    return gae(rewards=ro["rewards"], values=ro["values_all"][:-1], next_values=next_values_of(ro),
-               episode_end=ro["terminated"] | ro["truncated"], gamma=gamma, lam=lam)
+    return gae(
+        rewards=ro["rewards"],
+        values=ro["values_all"][:-1],
+        next_values=next_values_of(ro),
+        episode_end=ro["terminated"] | ro["truncated"],
+        gamma=gamma,
+        lam=lam,
+    )
 
 
 def naive_column(ro, b):
@@ -56,8 +84,7 @@ def naive_column(ro, b):
     fin = [float(x) for x in ro["final_values"][:, b]]
     next_v = [0.0 if term[t] else fin[t] if trunc[t] else v[t + 1] for t in range(T)]
     end = [term[t] or trunc[t] for t in range(T)]
-    log_rho = [float(x) - float(y) for x, y in zip(ro["target_log_prob"][:, b],
-                                                   ro["behavior_log_prob"][:, b])]
+    log_rho = [float(x) - float(y) for x, y in zip(ro["target_log_prob"][:, b], ro["behavior_log_prob"][:, b])]
     return v, r, next_v, end, log_rho
 
 
@@ -126,8 +153,10 @@ def naive_gae(ro, *, gamma, lam):
     for b in range(B):
         v, r, next_v, end, _ = naive_column(ro, b)
         for s in range(T):
-            out[s][b] = sum((gamma * lam) ** (t - s) * (r[t] + gamma * next_v[t] - v[t])
-                            for t in range(s, episode_horizon(end, s) + 1))
+            out[s][b] = sum(
+                (gamma * lam) ** (t - s) * (r[t] + gamma * next_v[t] - v[t])
+                for t in range(s, episode_horizon(end, s) + 1)
+            )
     return out
 
 
@@ -137,12 +166,16 @@ def t64(rows):
 
 # ---------------------------------------------------------------- naive references
 
-@pytest.mark.parametrize("seed,gamma,lam,rho_bar,c_bar", [
-    (0, 0.99, 0.95, 1.0, 1.0),
-    (1, 0.9, 1.0, 1.0, 1.0),
-    (2, 0.97, 0.8, 2.0, 0.5),
-    (3, 1.0, 0.9, float("inf"), float("inf")),
-])
+
+@pytest.mark.parametrize(
+    "seed,gamma,lam,rho_bar,c_bar",
+    [
+        (0, 0.99, 0.95, 1.0, 1.0),
+        (1, 0.9, 1.0, 1.0, 1.0),
+        (2, 0.97, 0.8, 2.0, 0.5),
+        (3, 1.0, 0.9, float("inf"), float("inf")),
+    ],
+)
 def test_vtrace_matches_naive_reference(seed, gamma, lam, rho_bar, c_bar):
     ro = random_rollout(seed)
     assert ro["terminated"].any() and ro["truncated"].any()
@@ -158,10 +191,13 @@ def test_vtrace_matches_naive_reference(seed, gamma, lam, rho_bar, c_bar):
     torch.testing.assert_close(out.advantages, t64(expanded), rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("seed,gamma,lam,rho_bar,c_bar", [
-    (4, 0.99, 0.95, 1.0, 1.0),
-    (5, 0.97, 0.8, 2.0, 0.5),     # c_bar has no effect on uncorrected traces
-])
+@pytest.mark.parametrize(
+    "seed,gamma,lam,rho_bar,c_bar",
+    [
+        (4, 0.99, 0.95, 1.0, 1.0),
+        (5, 0.97, 0.8, 2.0, 0.5),  # c_bar has no effect on uncorrected traces
+    ],
+)
 def test_uncorrected_traces_match_naive_reference(seed, gamma, lam, rho_bar, c_bar):
     ro = random_rollout(seed)
     out = run_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar, traces="uncorrected")
@@ -171,23 +207,41 @@ def test_uncorrected_traces_match_naive_reference(seed, gamma, lam, rho_bar, c_b
     expanded = naive_realigned_advantages(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, traces="uncorrected")
     torch.testing.assert_close(out.advantages, t64(expanded), rtol=0, atol=1e-10)
     # the traces differ from V-trace's wherever some rho_t < 1 inside an episode
-    assert not torch.allclose(out.advantages, run_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar,
-                                                         c_bar=c_bar).advantages)
+    assert not torch.allclose(
+        out.advantages, run_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar).advantages
+    )
 
 
 def test_uncorrected_traces_hand_computed():
     """T = 3, one env, no episode end, V = 0 everywhere (so delta_t = r_t), gamma 0.5, lam 0.5:
     rho = (1, 0.5, 1) -> vs - V = (1 + 0.25*0.5*2 + 0.0625*3, 0.5*2 + 0.25*3, 3) with c = lam."""
     z = torch.zeros(3, 1, dtype=torch.float64)
-    out = vtrace(behavior_log_prob=z, target_log_prob=torch.log(t64([[1.0], [0.5], [1.0]])),
-                 rewards=t64([[1.0], [2.0], [3.0]]), values=z, next_values=z,
-                 episode_end=torch.zeros(3, 1, dtype=torch.bool), gamma=0.5, lam=0.5, traces="uncorrected")
+    out = vtrace(
+        behavior_log_prob=z,
+        target_log_prob=torch.log(t64([[1.0], [0.5], [1.0]])),
+        rewards=t64([[1.0], [2.0], [3.0]]),
+        values=z,
+        next_values=z,
+        episode_end=torch.zeros(3, 1, dtype=torch.bool),
+        gamma=0.5,
+        lam=0.5,
+        traces="uncorrected",
+    )
     torch.testing.assert_close(out.vs, t64([[1.4375], [1.75], [3.0]]), rtol=0, atol=1e-12)
     # advantages_t = delta_t + gamma lam (vs_{t+1} - V_{t+1}): (1 + 0.25*1.75, 2 + 0.25*3, 3)
     torch.testing.assert_close(out.advantages, t64([[1.4375], [2.75], [3.0]]), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="traces"):
-        vtrace(behavior_log_prob=z, target_log_prob=z, rewards=z, values=z, next_values=z,
-               episode_end=torch.zeros(3, 1, dtype=torch.bool), gamma=0.5, lam=0.5, traces="retrace")
+        vtrace(
+            behavior_log_prob=z,
+            target_log_prob=z,
+            rewards=z,
+            values=z,
+            next_values=z,
+            episode_end=torch.zeros(3, 1, dtype=torch.bool),
+            gamma=0.5,
+            lam=0.5,
+            traces="retrace",
+        )
 
 
 @pytest.mark.parametrize("seed,gamma,lam", [(10, 0.99, 0.95), (11, 0.9, 0.0), (12, 1.0, 1.0)])
@@ -195,17 +249,17 @@ def test_gae_matches_naive_reference(seed, gamma, lam):
     ro = random_rollout(seed)
     out = run_gae(ro, gamma=gamma, lam=lam)
     assert isinstance(out, GAEReturns)
-    torch.testing.assert_close(out.advantages, t64(naive_gae(ro, gamma=gamma, lam=lam)),
-                               rtol=0, atol=1e-10)
+    torch.testing.assert_close(out.advantages, t64(naive_gae(ro, gamma=gamma, lam=lam)), rtol=0, atol=1e-10)
     torch.testing.assert_close(out.returns, out.advantages + ro["values_all"][:-1], rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- on-policy identity
 
+
 @pytest.mark.parametrize("seed,gamma,lam", [(20, 0.99, 0.95), (21, 0.9, 0.5), (22, 1.0, 1.0)])
 def test_on_policy_vtrace_is_lambda_return_and_gae(seed, gamma, lam):
     ro = random_rollout(seed)
-    ro["target_log_prob"] = ro["behavior_log_prob"].clone()   # β = π_T
+    ro["target_log_prob"] = ro["behavior_log_prob"].clone()  # β = π_T
     out = run_vtrace(ro, gamma=gamma, lam=lam, rho_bar=1.0, c_bar=1.0)
     ref = run_gae(ro, gamma=gamma, lam=lam)
     torch.testing.assert_close(out.vs, ref.returns, rtol=0, atol=1e-12)
@@ -223,25 +277,30 @@ def test_on_policy_vtrace_is_lambda_return_and_gae(seed, gamma, lam):
 
 # ---------------------------------------------------------------- episode boundaries
 
+
 def column(values_all, rewards, terminated, truncated, final_values, log_rho):
     T = len(rewards)
     behavior = torch.full((T, 1), -1.0, dtype=F64)
-    return dict(values_all=t64([[x] for x in values_all]), rewards=t64([[x] for x in rewards]),
-                terminated=torch.tensor([[x] for x in terminated]),
-                truncated=torch.tensor([[x] for x in truncated]),
-                final_values=t64([[x] for x in final_values]),
-                behavior_log_prob=behavior, target_log_prob=behavior + t64([[x] for x in log_rho]))
+    return dict(
+        values_all=t64([[x] for x in values_all]),
+        rewards=t64([[x] for x in rewards]),
+        terminated=torch.tensor([[x] for x in terminated]),
+        truncated=torch.tensor([[x] for x in truncated]),
+        final_values=t64([[x] for x in final_values]),
+        behavior_log_prob=behavior,
+        target_log_prob=behavior + t64([[x] for x in log_rho]),
+    )
 
 
 def sub_rollout(ro, start, stop):
     """Rows [start, stop) of a rollout as a rollout of its own (values_all gets one extra row)."""
-    return {k: (v[start:stop + 1] if k == "values_all" else v[start:stop]) for k, v in ro.items()}
+    return {k: (v[start : stop + 1] if k == "values_all" else v[start:stop]) for k, v in ro.items()}
 
 
 @pytest.mark.parametrize("end_kind", ["terminated", "truncated", "both"])
 def test_split_episode_equals_separate_episodes(end_kind):
     ro = random_rollout(30, T=12, B=4, p_term=0.0, p_trunc=0.0)
-    k = 5                                                         # episode A = steps 0..4
+    k = 5  # episode A = steps 0..4
     ro["terminated"][k - 1] = end_kind in ("terminated", "both")
     ro["truncated"][k - 1] = end_kind in ("truncated", "both")
     full = run_vtrace(ro, gamma=0.97, lam=0.9, rho_bar=1.5, c_bar=1.2)
@@ -251,8 +310,12 @@ def test_split_episode_equals_separate_episodes(end_kind):
         joined = torch.cat([getattr(first, name), getattr(second, name)])
         torch.testing.assert_close(getattr(full, name), joined, rtol=0, atol=1e-12)
     g_full = run_gae(ro, gamma=0.97, lam=0.9)
-    g_joined = [torch.cat([a, b]) for a, b in zip(run_gae(sub_rollout(ro, 0, k), gamma=0.97, lam=0.9),
-                                                   run_gae(sub_rollout(ro, k, 12), gamma=0.97, lam=0.9))]
+    g_joined = [
+        torch.cat([a, b])
+        for a, b in zip(
+            run_gae(sub_rollout(ro, 0, k), gamma=0.97, lam=0.9), run_gae(sub_rollout(ro, k, 12), gamma=0.97, lam=0.9)
+        )
+    ]
     torch.testing.assert_close(g_full.advantages, g_joined[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(g_full.returns, g_joined[1], rtol=0, atol=1e-12)
 
@@ -266,31 +329,44 @@ def test_split_episode_equals_separate_episodes(end_kind):
 
 def test_termination_zeroes_the_bootstrap():
     # step 1 terminates; the value after it is 0 no matter what V(obs[2]) or final_values say.
-    ro = column(values_all=[0.5, 2.0, 7.0, 3.0], rewards=[1.0, 4.0, -1.0],
-                terminated=[False, True, False], truncated=[False, False, False],
-                final_values=[9.0, 9.0, 9.0], log_rho=[0.0, 0.0, 0.0])
+    ro = column(
+        values_all=[0.5, 2.0, 7.0, 3.0],
+        rewards=[1.0, 4.0, -1.0],
+        terminated=[False, True, False],
+        truncated=[False, False, False],
+        final_values=[9.0, 9.0, 9.0],
+        log_rho=[0.0, 0.0, 0.0],
+    )
     nv = next_values_of(ro)
     assert nv[1, 0] == 0.0
     out = run_vtrace(ro, gamma=0.9, lam=0.8)
-    assert out.vs[1, 0] == pytest.approx(4.0, abs=1e-14)          # r_1 + γ·0
+    assert out.vs[1, 0] == pytest.approx(4.0, abs=1e-14)  # r_1 + γ·0
     assert out.advantages[1, 0] == pytest.approx(4.0 - 2.0, abs=1e-14)
     # step 0 continues into step 1: vs_0 = V0 + δ0 + γλ(vs_1 - V1)
-    assert out.vs[0, 0] == pytest.approx(0.5 + (1.0 + 0.9 * 2.0 - 0.5) + 0.9 * 0.8 * (4.0 - 2.0),
-                                         abs=1e-14)
+    assert out.vs[0, 0] == pytest.approx(0.5 + (1.0 + 0.9 * 2.0 - 0.5) + 0.9 * 0.8 * (4.0 - 2.0), abs=1e-14)
     # terminated wins over truncated when both are set
-    both = next_state_values(values_tp1=t64([[1.0]]), final_values=t64([[5.0]]),
-                             terminated=torch.tensor([[True]]), truncated=torch.tensor([[True]]))
+    both = next_state_values(
+        values_tp1=t64([[1.0]]),
+        final_values=t64([[5.0]]),
+        terminated=torch.tensor([[True]]),
+        truncated=torch.tensor([[True]]),
+    )
     assert both[0, 0] == 0.0
 
 
 def test_truncation_bootstraps_from_final_obs_not_next_episode():
-    ro = column(values_all=[0.5, 2.0, 7.0, 3.0], rewards=[1.0, 4.0, -1.0],
-                terminated=[False, False, False], truncated=[False, True, False],
-                final_values=[float("nan"), 6.0, float("nan")], log_rho=[0.0, 0.0, 0.0])
+    ro = column(
+        values_all=[0.5, 2.0, 7.0, 3.0],
+        rewards=[1.0, 4.0, -1.0],
+        terminated=[False, False, False],
+        truncated=[False, True, False],
+        final_values=[float("nan"), 6.0, float("nan")],
+        log_rho=[0.0, 0.0, 0.0],
+    )
     nv = next_values_of(ro)
     torch.testing.assert_close(nv[:, 0], t64([2.0, 6.0, 3.0]), rtol=0, atol=0)  # NaN never read
     out = run_vtrace(ro, gamma=0.9, lam=0.8)
-    assert out.vs[1, 0] == pytest.approx(4.0 + 0.9 * 6.0, abs=1e-14)   # V(final_obs), not V(obs[2])=7
+    assert out.vs[1, 0] == pytest.approx(4.0 + 0.9 * 6.0, abs=1e-14)  # V(final_obs), not V(obs[2])=7
     assert out.pg_advantages[1, 0] == pytest.approx(4.0 + 0.9 * 6.0 - 2.0, abs=1e-14)
     # rollout end (t = T-1) bootstraps from V(obs[T])
     assert out.vs[2, 0] == pytest.approx(-1.0 + 0.9 * 3.0, abs=1e-14)
@@ -298,6 +374,7 @@ def test_truncation_bootstraps_from_final_obs_not_next_episode():
 
 
 # ---------------------------------------------------------------- closed-form limits
+
 
 def test_gamma_zero_limit():
     ro = random_rollout(40)
@@ -332,6 +409,7 @@ def test_gamma_one_lambda_one_on_policy_is_monte_carlo():
 
 # ---------------------------------------------------------------- dtypes, autograd, validation
 
+
 def test_float32_matches_float64():
     ro64 = random_rollout(50)
     ro32 = {k: (v.float() if v.is_floating_point() else v) for k, v in ro64.items()}
@@ -347,7 +425,7 @@ def test_works_on_detached_and_on_grad_inputs():
     ro = random_rollout(51)
     ro["values_all"].requires_grad_(True)
     with_grad = run_vtrace(ro, gamma=0.99, lam=0.95)
-    assert with_grad.vs.requires_grad                  # nothing detached silently inside
+    assert with_grad.vs.requires_grad  # nothing detached silently inside
     with_grad.vs.sum().backward()
     assert ro["values_all"].grad is not None
     detached = run_vtrace({k: v.detach() for k, v in ro.items()}, gamma=0.99, lam=0.95)
@@ -356,23 +434,33 @@ def test_works_on_detached_and_on_grad_inputs():
 
 
 def _kwargs(ro):
-    return dict(behavior_log_prob=ro["behavior_log_prob"], target_log_prob=ro["target_log_prob"],
-                rewards=ro["rewards"], values=ro["values_all"][:-1], next_values=next_values_of(ro),
-                episode_end=ro["terminated"] | ro["truncated"], gamma=0.99, lam=0.95)
+    return dict(
+        behavior_log_prob=ro["behavior_log_prob"],
+        target_log_prob=ro["target_log_prob"],
+        rewards=ro["rewards"],
+        values=ro["values_all"][:-1],
+        next_values=next_values_of(ro),
+        episode_end=ro["terminated"] | ro["truncated"],
+        gamma=0.99,
+        lam=0.95,
+    )
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(rewards=torch.zeros(13, 4, dtype=F64)), "rewards"),
-    (dict(values=torch.zeros(13, dtype=F64)), "values"),
-    (dict(episode_end=torch.zeros(13, 5)), "episode_end"),
-    (dict(rewards=torch.zeros(13, 5, dtype=torch.float32)), "rewards"),
-    (dict(gamma=1.5), "gamma"),
-    (dict(lam=-0.1), "lam"),
-    (dict(lam=float("nan")), "lam"),
-    (dict(rho_bar=0.0), "rho_bar"),
-    (dict(c_bar=-1.0), "c_bar"),
-    (dict(gamma="0.9x"), "gamma"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(rewards=torch.zeros(13, 4, dtype=F64)), "rewards"),
+        (dict(values=torch.zeros(13, dtype=F64)), "values"),
+        (dict(episode_end=torch.zeros(13, 5)), "episode_end"),
+        (dict(rewards=torch.zeros(13, 5, dtype=torch.float32)), "rewards"),
+        (dict(gamma=1.5), "gamma"),
+        (dict(lam=-0.1), "lam"),
+        (dict(lam=float("nan")), "lam"),
+        (dict(rho_bar=0.0), "rho_bar"),
+        (dict(c_bar=-1.0), "c_bar"),
+        (dict(gamma="0.9x"), "gamma"),
+    ],
+)
 def test_vtrace_rejects_bad_input(change, match):
     kw = _kwargs(random_rollout(60))
     kw.update(change)
@@ -384,17 +472,43 @@ def test_gae_and_next_state_values_reject_bad_input():
     ro = random_rollout(61)
     kw = _kwargs(ro)
     with pytest.raises(ValueError, match="next_values"):
-        gae(rewards=kw["rewards"], values=kw["values"], next_values=kw["next_values"][:-1],
-            episode_end=kw["episode_end"], gamma=0.9, lam=0.9)
+        gae(
+            rewards=kw["rewards"],
+            values=kw["values"],
+            next_values=kw["next_values"][:-1],
+            episode_end=kw["episode_end"],
+            gamma=0.9,
+            lam=0.9,
+        )
     with pytest.raises(ValueError, match="lam"):
-        gae(rewards=kw["rewards"], values=kw["values"], next_values=kw["next_values"],
-            episode_end=kw["episode_end"], gamma=0.9, lam=2)
+        gae(
+            rewards=kw["rewards"],
+            values=kw["values"],
+            next_values=kw["next_values"],
+            episode_end=kw["episode_end"],
+            gamma=0.9,
+            lam=2,
+        )
     with pytest.raises(ValueError, match="truncated"):
-        next_state_values(values_tp1=ro["values_all"][1:], final_values=ro["final_values"],
-                          terminated=ro["terminated"], truncated=ro["truncated"].double())
+        next_state_values(
+            values_tp1=ro["values_all"][1:],
+            final_values=ro["final_values"],
+            terminated=ro["terminated"],
+            truncated=ro["truncated"].double(),
+        )
     with pytest.raises(ValueError, match="final_values"):
-        next_state_values(values_tp1=ro["values_all"][1:], final_values=ro["final_values"][:, :2],
-                          terminated=ro["terminated"], truncated=ro["truncated"])
+        next_state_values(
+            values_tp1=ro["values_all"][1:],
+            final_values=ro["final_values"][:, :2],
+            terminated=ro["terminated"],
+            truncated=ro["truncated"],
+        )
     with pytest.raises(ValueError, match="rewards"):
-        gae(rewards=kw["rewards"][:0], values=kw["values"][:0], next_values=kw["next_values"][:0],
-            episode_end=kw["episode_end"][:0], gamma=0.9, lam=0.9)
+        gae(
+            rewards=kw["rewards"][:0],
+            values=kw["values"][:0],
+            next_values=kw["next_values"][:0],
+            episode_end=kw["episode_end"][:0],
+            gamma=0.9,
+            lam=0.9,
+        )

@@ -2,14 +2,15 @@
 samples whose policy-gradient term the preset's own rule (PPO's clip, VACO's band and TV filter)
 sets to exactly zero, the same way for every preset; PPO's two-sided clip fraction is reported
 apart, under its own name."""
+
 import dataclasses
 import math
 
 import pytest
 import torch
 
-from asyncrl.core import config
 from asyncrl.algo.losses import impala_policy_loss, ppo_clip_loss, vaco_policy_loss
+from asyncrl.core import config
 from asyncrl.core.iteration import policy_loss
 
 F64 = torch.float64
@@ -37,11 +38,12 @@ def test_ppo_and_vaco_band_count_the_same_samples_by_hand():
     lp_ppo, beh, adv = _hand()
     lp_vaco = lp_ppo.detach().clone().requires_grad_(True)
     ppo = ppo_clip_loss(log_prob=lp_ppo, behavior_log_prob=beh, advantages=adv, clip_eps=0.2)
-    vaco = vaco_policy_loss(log_prob=lp_vaco, behavior_log_prob=beh, advantages=adv,
-                            tv_threshold=math.inf, behavior_band=0.2)      # band only: the filter is inert
+    vaco = vaco_policy_loss(
+        log_prob=lp_vaco, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf, behavior_band=0.2
+    )  # band only: the filter is inert
     assert ppo.keep_mask.tolist() == vaco.keep_mask.tolist() == [not x for x in NO_GRAD]
     assert ppo.no_grad_fraction.item() == vaco.no_grad_fraction.item() == pytest.approx(2 / 6)
-    assert ppo.clip_fraction_two_sided.item() == pytest.approx(4 / 6)   # samples 0, 1, 3, 4
+    assert ppo.clip_fraction_two_sided.item() == pytest.approx(4 / 6)  # samples 0, 1, 3, 4
     assert vaco.clip_fraction_two_sided is None
     ppo.loss.backward()
     vaco.loss.backward()
@@ -53,7 +55,7 @@ def _random_minibatch(n=256, seed=0):
     over δ = 0.2, and many ratios are out of a 0.2 band; A_i != 0 for every sample."""
     g = torch.Generator().manual_seed(seed)
     beh = -torch.rand(n, generator=g, dtype=F64) * 3.0
-    target = beh + 0.3 * torch.randn(n, generator=g, dtype=F64)     # π_T: one or two versions ahead of β
+    target = beh + 0.3 * torch.randn(n, generator=g, dtype=F64)  # π_T: one or two versions ahead of β
     log_prob = target + 0.6 * torch.randn(n, generator=g, dtype=F64)
     adv = torch.randn(n, generator=g, dtype=F64)
     adv = torch.where(adv == 0, torch.ones_like(adv), adv)
@@ -61,13 +63,13 @@ def _random_minibatch(n=256, seed=0):
 
 
 def _algo(preset: str):
-    if preset == "grpo":   # the llm task's PPO clip on token ratios: the same loss and clip_eps as ppo
+    if preset == "grpo":  # the llm task's PPO clip on token ratios: the same loss and clip_eps as ppo
         return dataclasses.replace(config.load(None, ["algo.preset=ppo"]).algo, preset="grpo")
     return config.load(None, [f"algo.preset={preset}", "algo.tv_threshold=0.2"]).algo
 
 
-REMOVES = ("ppo", "grpo", "vaco", "vaco_paper", "vaco_no_realign", "vaco_no_filter")   # a rule that removes gradient
-NEVER = ("ppo_kl", "spo")                                                             # a penalty: shrinks, never removes
+REMOVES = ("ppo", "grpo", "vaco", "vaco_paper", "vaco_no_realign", "vaco_no_filter")  # a rule that removes gradient
+NEVER = ("ppo_kl", "spo")  # a penalty: shrinks, never removes
 
 
 @pytest.mark.parametrize("preset", REMOVES + NEVER)
@@ -102,8 +104,9 @@ def test_vaco_counts_the_filter_and_band_once():
     log_prob, beh, _, adv = _random_minibatch(seed=2)
     lp = log_prob.clone().requires_grad_(True)
     out = vaco_policy_loss(log_prob=lp, behavior_log_prob=beh, advantages=adv, tv_threshold=0.1, behavior_band=0.2)
-    band_only = vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv,
-                                 tv_threshold=math.inf, behavior_band=0.2)
+    band_only = vaco_policy_loss(
+        log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=math.inf, behavior_band=0.2
+    )
     filter_only = vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, tv_threshold=0.1)
     out.loss.backward()
     both = ~band_only.keep_mask & ~filter_only.keep_mask

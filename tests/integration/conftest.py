@@ -1,8 +1,8 @@
 """Fixtures of the multi-process integration tests; helpers live in mp_helpers.py."""
+
 from __future__ import annotations
 
 import pytest
-
 from mp_helpers import Procs
 
 

@@ -2,6 +2,7 @@
 in the test's own process, driven by hand (``Learner.serve``), and ``Peer``, a DEALER on its port
 that speaks (and bends) the actor protocol. In one process nothing needs killing; every learner is
 closed (its shared-memory segment removed) when its ``live_learner`` block ends."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,18 +10,25 @@ import os
 import time
 
 import numpy as np
-
-from asyncrl.core import config
-from asyncrl.wire import transport as tp
-from asyncrl.tasks.control.envs import env_spaces
-from asyncrl.run.launch import free_port
-from asyncrl.roles.learner import Learner
 from slot_examples import SPEC, example_slot
 
+from asyncrl.core import config
+from asyncrl.roles.learner import Learner
+from asyncrl.run.launch import free_port
+from asyncrl.tasks.control.envs import env_spaces
+from asyncrl.wire import transport as tp
+
 CORRIDOR = "asyncrl/Corridor-v0"
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
-         "algo.num_minibatches=4", "algo.num_epochs=2", f"env.id={CORRIDOR}"]
-STEPS = SPEC.num_envs * SPEC.rollout_length    # env steps of one slot
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=6",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+    f"env.id={CORRIDOR}",
+]
+STEPS = SPEC.num_envs * SPEC.rollout_length  # env steps of one slot
 
 
 @contextlib.contextmanager
@@ -28,8 +36,14 @@ def live_learner(tmp_path, *overrides: str, run_id: str = "hostile"):
     """A Learner of SMALL (+ ``overrides``) on a free loopback port, its broadcaster address unused;
     closed (segment removed) at the end."""
     cfg = config.load(None, [*SMALL, *overrides])
-    learner = Learner(cfg, tmp_path / "run", run_id=f"{run_id}-{os.getpid()}-{time.monotonic_ns() % 10**9}",
-                      bind="tcp://127.0.0.1:0", broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
+    learner = Learner(
+        cfg,
+        tmp_path / "run",
+        run_id=f"{run_id}-{os.getpid()}-{time.monotonic_ns() % 10**9}",
+        bind="tcp://127.0.0.1:0",
+        broadcaster=f"tcp://127.0.0.1:{free_port()}",
+        echo=lambda *_: None,
+    )
     try:
         yield learner
     finally:
@@ -48,17 +62,35 @@ class Peer:
         assert tp.send(self.sock, frames, block=True)
 
     def header(self, kind: str, actor_id: str, **fields) -> dict:
-        return {"type": kind, "run_id": self.run_id, "actor_id": actor_id, "token": self.ids.get(actor_id, b""),
-                **fields}
+        return {
+            "type": kind,
+            "run_id": self.run_id,
+            "actor_id": actor_id,
+            "token": self.ids.get(actor_id, b""),
+            **fields,
+        }
 
     def say(self, kind: str, actor_id: str, **fields) -> None:
-        self.send(tp.encode(self.header(kind, actor_id, **fields), limits=tp.report_limits(SPEC.num_envs,
-                                                                                           SPEC.rollout_length)))
+        self.send(
+            tp.encode(
+                self.header(kind, actor_id, **fields), limits=tp.report_limits(SPEC.num_envs, SPEC.rollout_length)
+            )
+        )
 
     def hello_header(self, actor_id: str, **fields) -> dict:
-        return {"type": "hello", "run_id": "", "actor_id": actor_id, "host": "peerhost", "pid": os.getpid(),
-                "env_id": CORRIDOR, "spec": SPEC.to_dict(), "shm_token": None, "token": None,
-                "spaces": env_spaces(CORRIDOR), **fields}
+        return {
+            "type": "hello",
+            "run_id": "",
+            "actor_id": actor_id,
+            "host": "peerhost",
+            "pid": os.getpid(),
+            "env_id": CORRIDOR,
+            "spec": SPEC.to_dict(),
+            "shm_token": None,
+            "token": None,
+            "spaces": env_spaces(CORRIDOR),
+            **fields,
+        }
 
     def pump(self, learner: Learner, seconds: float = 0.3) -> list[dict]:
         """Let ``learner`` serve for ``seconds`` (or until nothing more comes); returns the replies taken."""
@@ -108,20 +140,39 @@ def report(peer: Peer, actor_id: str, grant_id: int, arrays=None, **fields) -> l
     """The frames of a TCP ``rollout`` report of ``arrays`` (default: a valid slot) under ``grant_id``;
     ``fields`` override the honest header (env_steps E*T, two episodes, small timings)."""
     arrays = valid_slot(grant_id) if arrays is None else arrays
-    header = peer.header("rollout", actor_id, grant_id=grant_id, env_steps=STEPS, episode_returns=[1.0, 2.0],
-                         episode_lengths=[6, 10], timing={"env_s": 0.01, "inference_s": 0.01, "wait_s": 0.0})
+    header = peer.header(
+        "rollout",
+        actor_id,
+        grant_id=grant_id,
+        env_steps=STEPS,
+        episode_returns=[1.0, 2.0],
+        episode_lengths=[6, 10],
+        timing={"env_s": 0.01, "inference_s": 0.01, "wait_s": 0.0},
+    )
     header.update(fields)
-    return [tp.encode(header, limits=tp.report_limits(SPEC.num_envs, SPEC.rollout_length))[0],
-            *(arrays[f.name] for f in SPEC.fields)]
+    return [
+        tp.encode(header, limits=tp.report_limits(SPEC.num_envs, SPEC.rollout_length))[0],
+        *(arrays[f.name] for f in SPEC.fields),
+    ]
 
 
 def raw_report(peer: Peer, actor_id: str, grant_id: int, **fields) -> list:
     """Like ``report``, but the header is msgpacked by hand, so fields ``tp.encode`` would refuse
     (NaN timings, 2**64 - 1) reach the learner as a hostile peer would send them."""
     import msgpack
+
     arrays = valid_slot(grant_id)
-    header = {"type": "rollout", "proto": tp.PROTOCOL_VERSION, "run_id": peer.run_id, "actor_id": actor_id,
-              "token": peer.ids[actor_id], "grant_id": grant_id, "env_steps": STEPS, "episode_returns": [1.0, 2.0],
-              "episode_lengths": [6, 10], "timing": {"env_s": 0.01}}
+    header = {
+        "type": "rollout",
+        "proto": tp.PROTOCOL_VERSION,
+        "run_id": peer.run_id,
+        "actor_id": actor_id,
+        "token": peer.ids[actor_id],
+        "grant_id": grant_id,
+        "env_steps": STEPS,
+        "episode_returns": [1.0, 2.0],
+        "episode_lengths": [6, 10],
+        "timing": {"env_s": 0.01},
+    }
     header.update(fields)
     return [msgpack.packb(header, use_bin_type=True), *(arrays[f.name] for f in SPEC.fields)]

@@ -3,6 +3,7 @@ served in its own process, so that the resource tests measure its RSS alone
 (test_hostile_resources.py). Started as ``python hostile_role.py ROLE --run-dir D [--nofile N]
 [--keys DIR]``; prints one JSON line {"endpoint", "pid", "shm"} once it serves, then serves until
 SIGTERM (closes the role: its shared-memory segment is removed) or until --max-s seconds passed."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,18 +16,26 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # slot_examples
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # slot_examples
 
 import numpy as np  # noqa: E402
 
 from asyncrl.core import config  # noqa: E402
-from asyncrl.wire import transport as tp  # noqa: E402
 from asyncrl.run.launch import free_port_pair  # noqa: E402
+from asyncrl.wire import transport as tp  # noqa: E402
 from asyncrl.wire.security import Security  # noqa: E402
 
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=6",
-         "algo.num_minibatches=4", "algo.num_epochs=2", "env.id=asyncrl/Corridor-v0", "run.log_every_s=100000",
-         "run.total_env_steps=1000000000"]
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=6",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+    "env.id=asyncrl/Corridor-v0",
+    "run.log_every_s=100000",
+    "run.total_env_steps=1000000000",
+]
 
 
 def main() -> int:
@@ -46,21 +55,43 @@ def main() -> int:
     shm = None
     if args.role == "learner":
         from asyncrl.roles.learner import Learner
+
         cfg = config.load(None, SMALL)
-        role = Learner(cfg, Path(args.run_dir), run_id=f"res{os.getpid()}", bind=f"tcp://{host}:0",
-                       broadcaster=f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None, security=security)
+        role = Learner(
+            cfg,
+            Path(args.run_dir),
+            run_id=f"res{os.getpid()}",
+            bind=f"tcp://{host}:0",
+            broadcaster=f"tcp://127.0.0.1:{free_port_pair()}",
+            echo=lambda *_: None,
+            security=security,
+        )
         endpoint, shm = role.endpoint, role.ring.name
     else:
         from asyncrl.roles.broadcaster import Broadcaster
-        role = Broadcaster(f"tcp://{host}:{free_port_pair()}", security=security, echo=lambda *_: None,
-                           max_weights_bytes=args.weights_bytes)
-        role.take(tp.encode_weights(run_id="res", epoch=2**62, version=1, publish_time=0.0, layout_hash="h",
-                                    payload=np.ones(args.weights_bytes // 4, np.float32)))
+
+        role = Broadcaster(
+            f"tcp://{host}:{free_port_pair()}",
+            security=security,
+            echo=lambda *_: None,
+            max_weights_bytes=args.weights_bytes,
+        )
+        role.take(
+            tp.encode_weights(
+                run_id="res",
+                epoch=2**62,
+                version=1,
+                publish_time=0.0,
+                layout_hash="h",
+                payload=np.ones(args.weights_bytes // 4, np.float32),
+            )
+        )
         endpoint = tp.endpoint_of(role.router)
-    if args.nofile:   # after start-up: the flood, not the role's own files, meets the limit
+    if args.nofile:  # after start-up: the flood, not the role's own files, meets the limit
         resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, args.nofile))
-    print(json.dumps({"endpoint": endpoint.replace("0.0.0.0", "127.0.0.1"), "pid": os.getpid(), "shm": shm}),
-          flush=True)
+    print(
+        json.dumps({"endpoint": endpoint.replace("0.0.0.0", "127.0.0.1"), "pid": os.getpid(), "shm": shm}), flush=True
+    )
     deadline = time.monotonic() + args.max_s
     try:
         while not stop and time.monotonic() < deadline:

@@ -6,6 +6,7 @@ is never signalled). At teardown it stops ONLY those pids (SIGTERM, then SIGKILL
 period), waits for them, and asserts that none is alive and that no shared-memory segment of the
 test's run ids is left in /dev/shm. Nothing is ever killed by name.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,20 @@ REPO = Path(__file__).resolve().parents[2]
 SHM_DIR = "/dev/shm"
 
 # A small, fast configuration shared by the tests (2 busy cores).
-SMALL = ["--set", "env.num_envs=2", "--set", "env.rollout_length=16", "--set", "learner.slots_per_batch=2",
-         "--set", "learner.num_slots=6", "--set", "algo.num_minibatches=4", "--set", "algo.num_epochs=2"]
+SMALL = [
+    "--set",
+    "env.num_envs=2",
+    "--set",
+    "env.rollout_length=16",
+    "--set",
+    "learner.slots_per_batch=2",
+    "--set",
+    "learner.num_slots=6",
+    "--set",
+    "algo.num_minibatches=4",
+    "--set",
+    "algo.num_epochs=2",
+]
 
 
 def new_run_id() -> str:
@@ -49,13 +62,14 @@ def shm_segments(run_id: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- /proc parsing
 
+
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, ppid, starttime) of ``pid`` from /proc, or None if it does not exist."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    rest = raw.rsplit(")", 1)[1].split()   # the command name may hold spaces and parentheses
+    rest = raw.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
     return rest[0], int(rest[1]), int(rest[19])
 
 
@@ -109,12 +123,13 @@ def read_jsonl(path: Path) -> list[dict]:
     for line in path.read_text().splitlines():
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:   # a line being written right now
+        except json.JSONDecodeError:  # a line being written right now
             break
     return rows
 
 
 # ----------------------------------------------------------------------------- the fixture
+
 
 class Procs:
     """The processes of one test. ``start`` them; ``shutdown`` (also run at teardown) stops them."""
@@ -124,9 +139,9 @@ class Procs:
         self.logs = workdir / "proc-logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.popen: dict[str, subprocess.Popen] = {}
-        self.others: dict[int, int] = {}        # descendants we adopted: pid -> starttime
+        self.others: dict[int, int] = {}  # descendants we adopted: pid -> starttime
         self.run_ids: set[str] = set()
-        self.expect_failure: set[str] = set()   # names allowed to exit non-zero
+        self.expect_failure: set[str] = set()  # names allowed to exit non-zero
         self.done = False
 
     def env(self) -> dict:
@@ -134,8 +149,9 @@ class Procs:
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
-    def start(self, name: str, args: list[str], *, expect_failure: bool = False,
-              prefix: list[str] = ()) -> subprocess.Popen:
+    def start(
+        self, name: str, args: list[str], *, expect_failure: bool = False, prefix: list[str] = ()
+    ) -> subprocess.Popen:
         """Run ``python -m asyncrl.cli *args`` in its own session (so its process group is its own),
         stdout/stderr to files under proc-logs/. ``prefix``: a command that execs the rest in place
         (e.g. ``ip netns exec NS``), so the recorded pid is still the role's."""
@@ -145,9 +161,16 @@ class Procs:
         out = open(self.logs / f"{name}.out", "w")
         err = open(self.logs / f"{name}.err", "w")
         try:
-            p = subprocess.Popen([*prefix, sys.executable, "-m", "asyncrl.cli", *args], stdout=out, stderr=err,
-                                 stdin=subprocess.DEVNULL, cwd=self.workdir, env=self.env(),
-                                 start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
+            p = subprocess.Popen(
+                [*prefix, sys.executable, "-m", "asyncrl.cli", *args],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                env=self.env(),
+                start_new_session=True,
+                preexec_fn=sigint_as_in_a_terminal,
+            )
         finally:
             out.close()
             err.close()
@@ -163,8 +186,10 @@ class Procs:
     def dump(self) -> str:
         parts = []
         for name, p in self.popen.items():
-            parts.append(f"--- {name} (pid {p.pid}, rc {p.poll()})\nstdout:\n{self.out(name)[-3000:]}\n"
-                         f"stderr:\n{self.err(name)[-3000:]}")
+            parts.append(
+                f"--- {name} (pid {p.pid}, rc {p.poll()})\nstdout:\n{self.out(name)[-3000:]}\n"
+                f"stderr:\n{self.err(name)[-3000:]}"
+            )
         return "\n".join(parts)
 
     def check_no_failure(self) -> None:
@@ -230,7 +255,7 @@ class Procs:
             except subprocess.TimeoutExpired:
                 pass
         deadline = time.monotonic() + 5
-        while self.live_pids() and time.monotonic() < deadline:   # adopted ones: not our children
+        while self.live_pids() and time.monotonic() < deadline:  # adopted ones: not our children
             time.sleep(0.05)
         still = self.live_pids()
         # a SIGKILLed learner's segment is unlinked by its resource tracker shortly after
@@ -239,7 +264,7 @@ class Procs:
             time.sleep(0.1)
         left = [n for r in sorted(self.run_ids) for n in shm_segments(r)]
         self._remove_endpoint_dirs()
-        for name in left:                        # never leak into the next test, but still fail
+        for name in left:  # never leak into the next test, but still fail
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
             except FileNotFoundError:
@@ -248,7 +273,7 @@ class Procs:
         assert not left, f"shared-memory segments left behind: {left}"
 
 
-OUTCOME_HEADS = ("done:", "interrupted:", "failed:", "Error:")   # asyncrl.core.exit_status
+OUTCOME_HEADS = ("done:", "interrupted:", "failed:", "Error:")  # asyncrl.core.exit_status
 
 
 def outcome_lines(text: str) -> list[str]:
@@ -260,6 +285,7 @@ def assert_strict_json_files(run_dir: Path) -> list[Path]:
     """Parse every .json and .jsonl file under ``run_dir`` with a strict parser (no NaN / Infinity
     literals); returns them."""
     from asyncrl.core.metrics import loads_strict
+
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl"))
     for p in files:
         text = p.read_text()

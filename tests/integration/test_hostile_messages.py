@@ -3,6 +3,7 @@ types, another protocol version, oversized frames, reports with wrong shapes or 
 numbers. Each is rejected and counted by reason (summary.json ``rejected_messages``), but
 oversized frames, which ZeroMQ drops with their connection before the learner sees them
 (ZMQ_MAXMSGSIZE); training goes on to the end."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,10 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-
-from asyncrl.wire import transport as tp
-from asyncrl.core.spec import RolloutSpec
 from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, shm_segments, wait_for
+
+from asyncrl.core.spec import RolloutSpec
+from asyncrl.wire import transport as tp
 
 pytestmark = pytest.mark.integration
 
@@ -45,9 +46,21 @@ class Spy:
         return header
 
     def hello(self, env_id: str = CORRIDOR, token: bytes | None = None) -> dict:
-        self.send(tp.encode({"type": "hello", "run_id": "", "actor_id": self.actor_id, "host": "spyhost",
-                             "pid": os.getpid(), "env_id": env_id, "spec": SPEC.to_dict(),
-                             "shm_token": None, "token": token}))
+        self.send(
+            tp.encode(
+                {
+                    "type": "hello",
+                    "run_id": "",
+                    "actor_id": self.actor_id,
+                    "host": "spyhost",
+                    "pid": os.getpid(),
+                    "env_id": env_id,
+                    "spec": SPEC.to_dict(),
+                    "shm_token": None,
+                    "token": token,
+                }
+            )
+        )
         reply = self.next_of("welcome", "refuse")
         if reply["type"] == "welcome":
             self.run_id, self.token = reply["run_id"], reply["actor_token"]
@@ -65,8 +78,15 @@ class Spy:
         return {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, "token": self.token, **fields}
 
     def report(self, grant_id: int, **extra) -> dict:
-        return self.header("rollout", grant_id=grant_id, env_steps=SPEC.rollout_length * SPEC.num_envs,
-                           episode_returns=[], episode_lengths=[], timing={}, **extra)
+        return self.header(
+            "rollout",
+            grant_id=grant_id,
+            env_steps=SPEC.rollout_length * SPEC.num_envs,
+            episode_returns=[],
+            episode_lengths=[],
+            timing={},
+            **extra,
+        )
 
     def grant(self) -> int:
         """The next grant's id (the learner answers every report and request with one)."""
@@ -95,10 +115,40 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
     learner_ep = f"tcp://127.0.0.1:{free_port()}"
     broadcaster_ep = f"tcp://127.0.0.1:{free_port_pair()}"
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
-    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
-                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", str(total), *SMALL])
-    procs.start("good", ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep, "--actor-id", "good",
-                         "--env", CORRIDOR, *SMALL])
+    procs.start(
+        "learner",
+        [
+            "learner",
+            "--bind",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--env",
+            CORRIDOR,
+            "--run-id",
+            run_id,
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            str(total),
+            *SMALL,
+        ],
+    )
+    procs.start(
+        "good",
+        [
+            "actor",
+            "--learner",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--actor-id",
+            "good",
+            "--env",
+            CORRIDOR,
+            *SMALL,
+        ],
+    )
     wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, 60, "2 learner iterations", procs=procs)
 
     spy, big = Spy(learner_ep), None
@@ -122,29 +172,45 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         hostile(tp.encode({**spy.header("heartbeat"), "run_id": "some-other-run"}), "run_id")
         # a header of an unknown type, and one of another protocol version (msgpack by hand:
         # tp.encode refuses to build them)
-        hostile([msgpack.packb({"type": "launch_missiles", "proto": tp.PROTOCOL_VERSION, "run_id": spy.run_id,
-                                "actor_id": "spy"})], "unknown_type")
-        hostile([msgpack.packb({"type": "heartbeat", "proto": 99, "run_id": spy.run_id, "actor_id": "spy"})],
-                "proto")
+        hostile(
+            [
+                msgpack.packb(
+                    {"type": "launch_missiles", "proto": tp.PROTOCOL_VERSION, "run_id": spy.run_id, "actor_id": "spy"}
+                )
+            ],
+            "unknown_type",
+        )
+        hostile([msgpack.packb({"type": "heartbeat", "proto": 99, "run_id": spy.run_id, "actor_id": "spy"})], "proto")
         # oversized frames: a 100 KiB header, and 8 MiB of junk. Larger than any frame of this run
         # (a report's header, one slot field), so ZeroMQ drops each with its connection
         # (ZMQ_MAXMSGSIZE) before the learner buffers it: nothing to count. From a connection of
         # their own, so the spy's own messages are not lost with it.
-        big = Spy(learner_ep, actor_id="big")     # (closed after the barrier below: linger 0 drops unsent frames)
+        big = Spy(learner_ep, actor_id="big")  # (closed after the barrier below: linger 0 drops unsent frames)
         big.send([msgpack.packb({"type": "heartbeat", "pad": "x" * 100_000})])
         big.send([rng.bytes(8 << 20)])
         # a `ready` with array frames, and one for a slot the spy was never granted
-        hostile(tp.encode(spy.header("ready", slot=0, grant_id=1, env_steps=32, episode_returns=[],
-                                     episode_lengths=[], timing={})) + [b"\0" * 64], "frame_count")
-        hostile(tp.encode(spy.header("ready", slot=0, grant_id=10**9, env_steps=32, episode_returns=[],
-                                     episode_lengths=[], timing={})), "stale_grant")
+        hostile(
+            tp.encode(
+                spy.header("ready", slot=0, grant_id=1, env_steps=32, episode_returns=[], episode_lengths=[], timing={})
+            )
+            + [b"\0" * 64],
+            "frame_count",
+        )
+        hostile(
+            tp.encode(
+                spy.header(
+                    "ready", slot=0, grant_id=10**9, env_steps=32, episode_returns=[], episode_lengths=[], timing={}
+                )
+            ),
+            "stale_grant",
+        )
 
         # rollouts over TCP for slots the spy really holds: each rejected one frees its slot and
         # earns the next grant
         spy.send(tp.encode(spy.header("request")))
         g = spy.grant()
         good = valid_slot()
-        wrong = {**good, "obs": np.zeros((SPEC.rollout_length, 2, 3), np.float32)}   # [T, E, 3], not [T+1, E, 2]
+        wrong = {**good, "obs": np.zeros((SPEC.rollout_length, 2, 3), np.float32)}  # [T, E, 3], not [T+1, E, 2]
         hostile(tp.encode(spy.report(g), [wrong[f.name] for f in SPEC.fields]), "frame_size")
         g = spy.grant()
         hostile(tp.encode(spy.report(g), [good[f.name] for f in SPEC.fields][:-1]), "frame_count")
@@ -168,7 +234,7 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         try:
             evil.send([rng.bytes(50)])
             expected["malformed"] = expected.get("malformed", 0) + 1
-            assert evil.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"   # barrier for evil's socket
+            assert evil.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"  # barrier for evil's socket
         finally:
             evil.close()
         # barrier: a hello it must refuse. One DEALER's messages are handled in order, so once the
@@ -176,7 +242,7 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         refusal = spy.hello(env_id="asyncrl/Constant-v0")
         assert refusal["type"] == "refuse" and "env_id" in refusal["reason"], refusal
         seen_at = len(read_jsonl(run_dir / "metrics.jsonl"))
-        spy.send(tp.encode(spy.header("bye")))   # give back the grant it holds
+        spy.send(tp.encode(spy.header("bye")))  # give back the grant it holds
     finally:
         spy.close()
         if big is not None:

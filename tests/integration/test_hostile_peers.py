@@ -5,6 +5,7 @@ then tests of the class fixes. Run alone with ``pytest -m hostile``.
 The learner runs in the test's own process and is driven by hand (hostile_helpers.live_learner),
 so each attack is deterministic and nothing needs killing; /dev/shm attacks use a private folder
 (shm.SHM_DIR monkeypatched) so that no other run on this host sees the planted names."""
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,11 @@ import msgpack
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report, valid_slot
 
+from asyncrl.roles.learner import ActorInfo, _gone_here
 from asyncrl.wire import security, shm
 from asyncrl.wire import transport as tp
-from asyncrl.roles.learner import ActorInfo, _gone_here
-from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report, valid_slot
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -42,6 +43,7 @@ def _serve_quietly(learner, seconds: float) -> None:
 
 # ---------------------------------------------------------------- (a) a declared pid ends the learner
 
+
 @pytest.mark.parametrize("pid", [2**31, 2**40, 2**63 - 1, 2**64 - 1, 0])
 def test_declared_pid_beyond_int32_cannot_end_the_learner(tmp_path, ctx, pid):
     """Hello as X with this host's name and a pid os.kill cannot take, then hello as X without its
@@ -54,7 +56,7 @@ def test_declared_pid_beyond_int32_cannot_end_the_learner(tmp_path, ctx, pid):
         first.send([msgpack.packb(hello, use_bin_type=True)])
         first.pump(learner)
         second.send([msgpack.packb({**hello, "pid": os.getpid()}, use_bin_type=True)])
-        second.pump(learner)          # 75409f3: OverflowError here
+        second.pump(learner)  # 75409f3: OverflowError here
         honest.join(learner, "honest")
         honest.say("request", "honest")
         assert honest.wait(learner, "grant")["slot"] in range(learner.cfg.learner.num_slots)
@@ -68,6 +70,7 @@ def test_gone_here_never_raises_for_a_declared_pid(pid):
 
 
 # ---------------------------------------------------------------- (b) a name in /dev/shm
+
 
 @pytest.fixture
 def private_shm(tmp_path, monkeypatch):
@@ -111,7 +114,7 @@ def _plant_hostile_names(folder) -> dict[str, str]:
             (folder / "target-of-link").write_text("keep me")
         else:
             path.write_bytes(b"\0" * 64)
-            if name.startswith("asyncrl-other-") and os.geteuid() == 0:   # (only root can give a file away)
+            if name.startswith("asyncrl-other-") and os.geteuid() == 0:  # (only root can give a file away)
                 os.chown(path, 54321, 54321)
     return planted
 
@@ -127,7 +130,7 @@ def test_names_in_dev_shm_cannot_break_cleanup(private_shm):
     assert mine and removed == mine, removed
     assert not [n for n in left if n.startswith("asyncrl-mine-")]
     assert (private_shm / "target-of-link").read_text() == "keep me"
-    if os.geteuid() == 0:   # another user's file stays: not ours to judge
+    if os.geteuid() == 0:  # another user's file stays: not ours to judge
         assert [n for n in left if n.startswith("asyncrl-other-")]
 
 
@@ -142,8 +145,9 @@ def test_names_in_dev_shm_cannot_stop_a_learner(tmp_path, private_shm):
 def test_names_in_dev_shm_cannot_break_asyncrl_clean(private_shm, monkeypatch):
     """``asyncrl clean`` crashed the same way on 75409f3."""
     from asyncrl.cli import main
+
     _plant_hostile_names(private_shm)
-    monkeypatch.setattr(security, "remove_stale_weights_secrets", lambda: [])   # leave other runs' secrets alone
+    monkeypatch.setattr(security, "remove_stale_weights_secrets", lambda: [])  # leave other runs' secrets alone
     result = CliRunner().invoke(main, ["clean"])
     assert result.exit_code == 0, (result.output, result.exception)
     assert "removed 1 segment" in result.output, result.output
@@ -154,17 +158,25 @@ def test_names_in_dev_shm_cannot_break_asyncrl_clean(private_shm, monkeypatch):
 def test_a_taken_ring_name_does_not_stop_a_learner(tmp_path):
     """A file at the very name a learner will create (``asyncrl-<run id>-<pid>``; the run id is
     often given on command lines): it takes another name instead of failing (ShmError on 75409f3)."""
-    from asyncrl.core import config
-    from asyncrl.run.launch import free_port
-    from asyncrl.roles.learner import Learner
     from hostile_helpers import SMALL
+
+    from asyncrl.core import config
+    from asyncrl.roles.learner import Learner
+    from asyncrl.run.launch import free_port
+
     run_id = f"hostile-taken-{os.getpid()}"
     squatted = f"/dev/shm/asyncrl-{run_id}-{os.getpid()}"
     with open(squatted, "wb") as f:
         f.write(b"\0" * 64)
     try:
-        learner = Learner(config.load(None, SMALL), tmp_path / "run", run_id=run_id, bind="tcp://127.0.0.1:0",
-                          broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None)
+        learner = Learner(
+            config.load(None, SMALL),
+            tmp_path / "run",
+            run_id=run_id,
+            bind="tcp://127.0.0.1:0",
+            broadcaster=f"tcp://127.0.0.1:{free_port()}",
+            echo=lambda *_: None,
+        )
         try:
             assert learner.ring.name != os.path.basename(squatted)
             assert shm.run_segment_pattern(run_id).fullmatch(learner.ring.name)
@@ -177,6 +189,7 @@ def test_a_taken_ring_name_does_not_stop_a_learner(tmp_path):
 
 # ---------------------------------------------------------------- (c) the refusal counter race
 
+
 def test_refusal_counter_survives_a_concurrent_writer():
     """The CURVE authenticator's thread counts refusals while the role's thread reads the counts
     for its summary file: on 75409f3 that raised "dictionary changed size during iteration" (many
@@ -185,10 +198,12 @@ def test_refusal_counter_survives_a_concurrent_writer():
     counter = sec.refused
     stop, written = threading.Event(), [0]
 
-    def authenticator() -> None:   # what _AllowedKeys.callback does for each refused client
+    def authenticator() -> None:  # what _AllowedKeys.callback does for each refused client
         i = 0
         while not stop.is_set():
-            counter.reject(tp.ProtocolError("auth", "key not allowed"), f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}")
+            counter.reject(
+                tp.ProtocolError("auth", "key not allowed"), f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
+            )
             i += 1
             written[0] = i
 
@@ -213,8 +228,9 @@ def test_refusal_counter_survives_a_concurrent_writer():
 
 def test_broadcaster_summary_survives_refusals_from_another_thread(tmp_path):
     """The same race through the broadcaster's own ``counts`` / ``write_summary``."""
-    from asyncrl.run.launch import free_port_pair
     from asyncrl.roles.broadcaster import Broadcaster
+    from asyncrl.run.launch import free_port_pair
+
     b = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", summary=tmp_path / "b.json", echo=lambda *_: None)
     stop = threading.Event()
 
@@ -238,6 +254,7 @@ def test_broadcaster_summary_survives_refusals_from_another_thread(tmp_path):
 
 
 # ---------------------------------------------------------------- (d) one report fakes, ends or stalls the run
+
 
 def _joined(learner, ctx, name="liar"):
     peer = Peer(ctx, learner.endpoint, name)
@@ -278,9 +295,16 @@ def test_report_env_steps_of_2_64_is_refused(tmp_path, ctx):
         assert learner.ledger.num_full == 0
 
 
-@pytest.mark.parametrize("returns,lengths", [([1e300, 0.0], [6, 10]), ([3e38, 1.0], [6, 10]),
-                                             ([1.0, 2.0, 3.0], [1, 1, 1]), ([1.0, 2.0], [6, 0]),
-                                             ([1.0], [6, 10])])
+@pytest.mark.parametrize(
+    "returns,lengths",
+    [
+        ([1e300, 0.0], [6, 10]),
+        ([3e38, 1.0], [6, 10]),
+        ([1.0, 2.0, 3.0], [1, 1, 1]),
+        ([1.0, 2.0], [6, 0]),
+        ([1.0], [6, 10]),
+    ],
+)
 def test_report_episode_returns_are_bounded_and_checked_against_the_slot(tmp_path, ctx, returns, lengths):
     """On 75409f3 one report with an episode return of 1e300 made the run's average return 1e300.
     Now returns are bounded in the schema (|x| <= 1e15), and their number is checked against the
@@ -288,15 +312,17 @@ def test_report_episode_returns_are_bounded_and_checked_against_the_slot(tmp_pat
     with live_learner(tmp_path) as learner:
         peer = _joined(learner, ctx)
         g = peer.wait(learner, "grant")
-        peer.send(report(peer, "liar", g["grant_id"], episode_returns=returns, episode_lengths=lengths)
-                  if max(map(abs, returns)) <= tp.MAX_ABS_FLOAT else
-                  raw_report(peer, "liar", g["grant_id"], episode_returns=returns, episode_lengths=lengths))
+        peer.send(
+            report(peer, "liar", g["grant_id"], episode_returns=returns, episode_lengths=lengths)
+            if max(map(abs, returns)) <= tp.MAX_ABS_FLOAT
+            else raw_report(peer, "liar", g["grant_id"], episode_returns=returns, episode_lengths=lengths)
+        )
         peer.pump(learner)
-        assert learner.rejects.total == 1 and set(learner.rejects.by_reason()) <= {"schema", "episodes"}, \
+        assert learner.rejects.total == 1 and set(learner.rejects.by_reason()) <= {"schema", "episodes"}, (
             learner.rejects.counts
+        )
         assert learner.ledger.num_full == 0
-        assert learner.consumer.episodes.average_return is None or \
-            abs(learner.consumer.episodes.average_return) < 1e6
+        assert learner.consumer.episodes.average_return is None or abs(learner.consumer.episodes.average_return) < 1e6
 
 
 def _slot_with_an_episode_inside(grant_id: int) -> tuple[dict, list[float], list[int]]:
@@ -327,12 +353,12 @@ def test_episode_returns_inside_the_slot_are_recomputed_from_its_rewards(tmp_pat
         elif lie == "boundary_length":
             lengths[0] = 3
         elif lie == "one_left_out":
-            returns, lengths = [1e12, 1e12], [100, 100]    # unverifiable: nothing of it is recorded
+            returns, lengths = [1e12, 1e12], [100, 100]  # unverifiable: nothing of it is recorded
         peer.send(report(peer, "liar", g["grant_id"], arrays, episode_returns=returns, episode_lengths=lengths))
         peer.pump(learner)
         if lie in ("none", "one_left_out"):
             assert learner.rejects.total == 0, learner.rejects.counts
-            (_, meta), = learner.full_meta.values()
+            ((_, meta),) = learner.full_meta.values()
             expected = returns if lie == "none" else [float(arrays["rewards"][4:10, 0].astype(np.float64).sum())]
             assert meta["episode_returns"] == pytest.approx(expected, rel=1e-9)
         else:
@@ -340,8 +366,18 @@ def test_episode_returns_inside_the_slot_are_recomputed_from_its_rewards(tmp_pat
             assert learner.ledger.num_full == 0
 
 
-@pytest.mark.parametrize("timing", [{"env_s": math.nan}, {"env_s": -1.0}, {"wait_s": 1e300}, {"env_s": math.inf},
-                                    {"inference_s": 3600.0}, {"env_s": "fast"}, {"env_s": True}])
+@pytest.mark.parametrize(
+    "timing",
+    [
+        {"env_s": math.nan},
+        {"env_s": -1.0},
+        {"wait_s": 1e300},
+        {"env_s": math.inf},
+        {"inference_s": 3600.0},
+        {"env_s": "fast"},
+        {"env_s": True},
+    ],
+)
 def test_report_timing_takes_plausible_seconds_only(tmp_path, ctx, timing):
     """On 75409f3 a report's timing dict took NaN and negatives (NaN reached summary.json). Now each
     value must be seconds in 0..(time since the actor's welcome + 1)."""
@@ -355,6 +391,7 @@ def test_report_timing_takes_plausible_seconds_only(tmp_path, ctx, timing):
 
 
 # ---------------------------------------------------------------- (e) one peer hoards every slot
+
 
 def test_one_actor_cannot_hoard_the_slots(tmp_path, ctx):
     """On 75409f3 a peer that sent ~100 requests and then only heartbeats held every slot, and
@@ -394,7 +431,7 @@ def test_many_ids_on_one_connection_cannot_hoard_the_slots(tmp_path, ctx):
         welcomed = [h for h in hoarder.inbox if h["type"] == "welcome"]
         assert len(welcomed) < 10
         for k in range(len(welcomed)):
-            hoarder.ids[f"h{k}"] = welcomed[k]["actor_token"]   # (welcomes come in hello order)
+            hoarder.ids[f"h{k}"] = welcomed[k]["actor_token"]  # (welcomes come in hello order)
             for _ in range(20):
                 hoarder.say("request", f"h{k}")
         hoarder.pump(learner, 1.0)
@@ -411,22 +448,23 @@ def test_a_grant_without_a_report_is_taken_back_after_its_lease(tmp_path, ctx):
         welcome = sleeper.join(learner, "sleeper")
         sleeper.say("request", "sleeper")
         g = sleeper.wait(learner, "grant")
-        ring = shm.SlotRing.attach(name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"],
-                                   token=welcome["token"])
+        ring = shm.SlotRing.attach(
+            name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"], token=welcome["token"]
+        )
         try:
             guard = ring.guard(g["slot"], g["grant_id"])
             assert guard.may_write()
             deadline = time.monotonic() + 2.5
-            while time.monotonic() < deadline:        # heartbeats only, past the lease
+            while time.monotonic() < deadline:  # heartbeats only, past the lease
                 sleeper.say("heartbeat", "sleeper")
                 sleeper.pump(learner, 0.2)
             assert learner.ledger.counters["lease_expired"] >= 1
-            assert not guard.may_write()               # its writer stops: the generation changed
+            assert not guard.may_write()  # its writer stops: the generation changed
             again = sleeper.grants()
             assert again, "the credit of the taken-back grant was not given back"
             assert all(x["grant_id"] != g["grant_id"] for x in again)
             before = learner.rejects.by_reason().get("stale_grant", 0)
-            sleeper.send(report(sleeper, "sleeper", g["grant_id"]))   # late report of the old grant
+            sleeper.send(report(sleeper, "sleeper", g["grant_id"]))  # late report of the old grant
             sleeper.pump(learner, 0.3)
             assert learner.rejects.by_reason().get("stale_grant", 0) == before + 1
         finally:
@@ -434,6 +472,7 @@ def test_a_grant_without_a_report_is_taken_back_after_its_lease(tmp_path, ctx):
 
 
 # ---------------------------------------------------------------- class: every handler survives peer input
+
 
 def test_an_exception_in_a_handler_is_counted_not_fatal(tmp_path, ctx, monkeypatch):
     """Whatever a handler raises for a peer's message (here: a bug simulated in on_hello) is
@@ -457,12 +496,13 @@ def test_an_exception_in_a_handler_is_counted_not_fatal(tmp_path, ctx, monkeypat
 def test_serve_handles_a_bounded_number_of_messages_per_call(tmp_path, ctx):
     """A flood must not keep ``serve`` from returning (and the learner from training)."""
     from asyncrl.roles.learner import MAX_MESSAGES_PER_SERVE
+
     with live_learner(tmp_path) as learner:
         peer = Peer(ctx, learner.endpoint, "flood")
         junk = [b"\x93not a map"]
         for _ in range(3 * MAX_MESSAGES_PER_SERVE):
             peer.send(junk)
-        time.sleep(1.0)   # let them reach the learner's queue (fewer only make the bound easier)
+        time.sleep(1.0)  # let them reach the learner's queue (fewer only make the bound easier)
         deadline = time.monotonic() + 10
         while learner.rejects.total == 0 and time.monotonic() < deadline:
             learner.serve(50)
@@ -471,11 +511,13 @@ def test_serve_handles_a_bounded_number_of_messages_per_call(tmp_path, ctx):
 
 # ---------------------------------------------------------------- class: the actor does not trust its learner
 
+
 class FakeLearner:
     """A ROUTER that answers each hello with the next of ``welcomes`` (headers), in a thread."""
 
     def __init__(self, welcomes: list[dict]):
         from asyncrl.run.launch import free_port
+
         self.ctx = tp.context()
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.sock = tp.router(self.ctx, self.endpoint)
@@ -492,8 +534,13 @@ class FakeLearner:
             header, _ = tp.decode(frames[1:])
             if header["type"] == "hello":
                 w = self.welcomes.pop(0)
-                tp.send(self.sock, [self.route, msgpack.packb({"proto": tp.PROTOCOL_VERSION, "type": "welcome", **w},
-                                                              use_bin_type=True)])
+                tp.send(
+                    self.sock,
+                    [
+                        self.route,
+                        msgpack.packb({"proto": tp.PROTOCOL_VERSION, "type": "welcome", **w}, use_bin_type=True),
+                    ],
+                )
 
     def close(self) -> None:
         self.done.set()
@@ -504,31 +551,51 @@ class FakeLearner:
 
 def _welcome(cfg, **fields) -> dict:
     import json
-    return {"run_id": "fake", "shm_name": "asyncrl-no-such-segment-1", "num_slots": 6, "spec": SPEC.to_dict(),
-            "token": b"t" * 16, "config": json.dumps(cfg.to_dict()), "restart": 0, "epoch": 1,
-            "actor_token": b"k" * 16, **fields}
+
+    return {
+        "run_id": "fake",
+        "shm_name": "asyncrl-no-such-segment-1",
+        "num_slots": 6,
+        "spec": SPEC.to_dict(),
+        "token": b"t" * 16,
+        "config": json.dumps(cfg.to_dict()),
+        "restart": 0,
+        "epoch": 1,
+        "actor_token": b"k" * 16,
+        **fields,
+    }
 
 
 def _actor(cfg, endpoint: str):
     from asyncrl.roles.actor import Actor, ActorOptions
-    return Actor(cfg, ActorOptions(learner=endpoint, broadcaster="tcp://127.0.0.1:11", actor_id="t",
-                                   connect_timeout_s=30))
+
+    return Actor(
+        cfg, ActorOptions(learner=endpoint, broadcaster="tcp://127.0.0.1:11", actor_id="t", connect_timeout_s=30)
+    )
 
 
 def test_actor_survives_a_welcome_it_cannot_use(caplog):
     """A welcome whose config is not JSON, not a config, or names an absurd number of slots: counted
     ("bad_welcome"), and the actor keeps saying hello (on 75409f3 each raised out of ``hello``)."""
-    from asyncrl.core import config
     from hostile_helpers import SMALL
+
+    from asyncrl.core import config
+
     cfg = config.load(None, SMALL)
-    fake = FakeLearner([_welcome(cfg, config="{not json"), _welcome(cfg, config="[1, 2]"),
-                        _welcome(cfg, config='{"env": {"num_envs": "many"}}'), _welcome(cfg, num_slots=2**40),
-                        _welcome(cfg)])
+    fake = FakeLearner(
+        [
+            _welcome(cfg, config="{not json"),
+            _welcome(cfg, config="[1, 2]"),
+            _welcome(cfg, config='{"env": {"num_envs": "many"}}'),
+            _welcome(cfg, num_slots=2**40),
+            _welcome(cfg),
+        ]
+    )
     actor = _actor(cfg, fake.endpoint)
     try:
         actor.hello(timeout_s=30)
         assert actor.rejects.by_reason().get("bad_welcome") == 4, actor.rejects.counts
-        assert actor.run_id == "fake" and actor.local_slot is not None   # no segment: over TCP
+        assert actor.run_id == "fake" and actor.local_slot is not None  # no segment: over TCP
         # a grant of a slot the ring does not have is refused, not indexed
         tp.send(fake.sock, [fake.route, *tp.encode({"type": "grant", "run_id": "fake", "slot": 6, "grant_id": 3})])
         tp.send(fake.sock, [fake.route, *tp.encode({"type": "grant", "run_id": "fake", "slot": 5, "grant_id": 4})])
@@ -537,7 +604,7 @@ def test_actor_survives_a_welcome_it_cannot_use(caplog):
             actor.poll_learner(100)
         assert actor.grants == [(5, 4)] and actor.rejects.by_reason().get("bad_grant") == 1
     finally:
-        actor.run_id = ""    # no bye to the fake
+        actor.run_id = ""  # no bye to the fake
         actor.close()
         fake.close()
 
@@ -546,8 +613,10 @@ def test_actor_survives_a_welcome_it_cannot_use(caplog):
 def test_actor_falls_back_to_tcp_for_any_attach_error(shm_name, caplog):
     """A shared-memory name that gives EINVAL, ENAMETOOLONG or no segment: the actor ships its
     rollouts over TCP, with one line saying why (on 75409f3 only ShmError was caught)."""
-    from asyncrl.core import config
     from hostile_helpers import SMALL
+
+    from asyncrl.core import config
+
     cfg = config.load(None, SMALL)
     fake = FakeLearner([_welcome(cfg, shm_name=shm_name)])
     actor = _actor(cfg, fake.endpoint)
@@ -563,6 +632,7 @@ def test_actor_falls_back_to_tcp_for_any_attach_error(shm_name, caplog):
 
 
 # ---------------------------------------------------------------- class: resources per peer
+
 
 def test_an_oversized_frame_is_never_buffered(tmp_path, ctx):
     """A frame larger than any legal one (a report's header, one field of a slot) is dropped by
@@ -582,8 +652,9 @@ def test_broadcaster_answers_snapshots_at_a_bounded_rate_and_survives_its_handle
     """A peer asking for snapshots in a tight loop gets at most one reply per
     SNAPSHOT_INTERVAL_S (the rest counted "snapshot_rate"); an exception in a handler is counted,
     not fatal."""
-    from asyncrl.run.launch import free_port_pair
     from asyncrl.roles import broadcaster as bmod
+    from asyncrl.run.launch import free_port_pair
+
     b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
     c = tp.context()
     peer = tp.dealer(c, tp.snapshot_endpoint(b.endpoint), tp.route_identity("greedy"))
@@ -617,6 +688,7 @@ def test_join_records_of_ids_that_never_delivered_are_bounded(tmp_path, ctx, mon
     restart count may start again: none of their samples was trained on), while an id that
     delivered keeps its monotonic count (seeding needs it)."""
     from asyncrl.roles import learner as lmod
+
     monkeypatch.setattr(lmod, "MAX_UNDELIVERED_IDS", 3)
     with live_learner(tmp_path) as learner:
         good = Peer(ctx, learner.endpoint, "good")
@@ -628,7 +700,7 @@ def test_join_records_of_ids_that_never_delivered_are_bounded(tmp_path, ctx, mon
         deadline = time.monotonic() + 10
         while learner.ledger.num_full < 2 and time.monotonic() < deadline:
             good.pump(learner, 0.05)
-        assert learner.consume()                      # "good" delivered a trained slot
+        assert learner.consume()  # "good" delivered a trained slot
         for k in range(20):
             p = Peer(ctx, learner.endpoint, f"p{k}")
             p.join(learner, f"passer-{k}")
@@ -637,27 +709,38 @@ def test_join_records_of_ids_that_never_delivered_are_bounded(tmp_path, ctx, mon
             p.close()
         joins = learner.state.actor_joins
         assert len(joins) <= 1 + 3, sorted(joins)
-        assert joins["good"] == 1                     # kept, though it is the oldest record
+        assert joins["good"] == 1  # kept, though it is the oldest record
 
 
 # ---------------------------------------------------------------- epochs (issue 39, item 6)
+
 
 def test_a_resumed_learner_has_a_newer_epoch_even_after_the_clock_went_back(tmp_path, monkeypatch):
     """The learner epoch is saved in the checkpoint, and a resumed learner takes a higher one
     whatever the wall clock says; on 75409f3 the epoch was not saved, so after a clock step back
     the resumed learner's epoch was lower and its weights were refused by the broadcaster."""
     from asyncrl.roles import learner as lmod
+
     with live_learner(tmp_path, run_id="epoch") as first:
         old = first.epoch
         first.finish()
         run_dir = first.run_dir
     real = time.time_ns
-    monkeypatch.setattr(lmod.time, "time_ns", lambda: real() - 3600 * 10**9)   # the clock went back an hour
+    monkeypatch.setattr(lmod.time, "time_ns", lambda: real() - 3600 * 10**9)  # the clock went back an hour
+    from hostile_helpers import SMALL
+
     from asyncrl.core import config
     from asyncrl.run.launch import free_port
-    from hostile_helpers import SMALL
-    second = lmod.Learner(config.load(None, SMALL), run_dir, run_id="epoch-again", bind="tcp://127.0.0.1:0",
-                          broadcaster=f"tcp://127.0.0.1:{free_port()}", echo=lambda *_: None, resume=True)
+
+    second = lmod.Learner(
+        config.load(None, SMALL),
+        run_dir,
+        run_id="epoch-again",
+        bind="tcp://127.0.0.1:0",
+        broadcaster=f"tcp://127.0.0.1:{free_port()}",
+        echo=lambda *_: None,
+        resume=True,
+    )
     try:
         assert second.epoch > old
     finally:
@@ -668,18 +751,27 @@ def test_broadcaster_takes_a_lower_epoch_once_the_held_one_is_silent(monkeypatch
     """A learner started after the wall clock stepped back (no checkpoint to continue) has a lower
     epoch: the broadcaster takes its weights once the held epoch's learner has been silent for
     STALE_EPOCH_S (on 75409f3: never, so actors waited for weights for ever)."""
-    from asyncrl.run.launch import free_port_pair
     from asyncrl.roles import broadcaster as bmod
+    from asyncrl.run.launch import free_port_pair
     from asyncrl.wire.security import read_weights_secret
+
     monkeypatch.setattr(bmod, "STALE_EPOCH_S", 0.5)
     b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
     c = tp.context()
     learner = tp.dealer(c, tp.snapshot_endpoint(b.endpoint), tp.route_identity("learner"))
 
     def weights(epoch, version):
-        return tp.sign_weights(tp.encode_weights(run_id="r", epoch=epoch, version=version, publish_time=0.0,
-                                                 layout_hash="h", payload=np.ones(4, np.float32)),
-                               read_weights_secret(b.endpoint))
+        return tp.sign_weights(
+            tp.encode_weights(
+                run_id="r",
+                epoch=epoch,
+                version=version,
+                publish_time=0.0,
+                layout_hash="h",
+                payload=np.ones(4, np.float32),
+            ),
+            read_weights_secret(b.endpoint),
+        )
 
     def serve_until(pred, seconds=10):
         deadline = time.monotonic() + seconds
@@ -690,7 +782,7 @@ def test_broadcaster_takes_a_lower_epoch_once_the_held_one_is_silent(monkeypatch
     try:
         tp.send(learner, weights(1000, 5))
         assert serve_until(lambda: b.newest == (1000, 5))
-        tp.send(learner, weights(10, 0))        # at once: the held epoch's learner may still be there
+        tp.send(learner, weights(10, 0))  # at once: the held epoch's learner may still be there
         serve_until(lambda: False, 0.2)
         assert b.newest == (1000, 5)
         time.sleep(0.6)
@@ -707,6 +799,7 @@ def test_reject_counts_and_their_log_lines_are_bounded_whatever_the_senders(capl
     address at the authenticator) used to add a counter key and a log line each time: now the keys
     stop at ``max_keys`` (the rest are counted under "(others)") and the lines at the budget."""
     import logging
+
     counter = tp.RejectCounter("learner", budget=tp.LogBudget(per_window=5, window_s=3600.0), max_keys=100)
     with caplog.at_level(logging.WARNING, logger="asyncrl.wire.transport"):
         for i in range(1000):
@@ -718,24 +811,57 @@ def test_reject_counts_and_their_log_lines_are_bounded_whatever_the_senders(capl
 
 # ---------------------------------------------------------------- (e) end to end, as the issue measured it
 
+
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
     """The finding of issue 39 as it was measured, with real processes: a peer says hello, sends 100
     requests and then only heartbeats; an honest actor joins afterwards. On 75409f3 the peer held
     every slot and the run never got past its first iteration; now the run finishes."""
-    from mp_helpers import SMALL as MP_SMALL, free_port, free_port_pair, new_run_id, read_jsonl, wait_for
+    from mp_helpers import SMALL as MP_SMALL
+    from mp_helpers import free_port, free_port_pair, new_run_id, read_jsonl, wait_for
+
     run_id, run_dir = new_run_id(), tmp_path / "run"
     procs.run_ids.add(run_id)
     learner_ep, broadcaster_ep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port_pair()}"
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
-    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
-                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", "4000", *MP_SMALL])
+    procs.start(
+        "learner",
+        [
+            "learner",
+            "--bind",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--env",
+            CORRIDOR,
+            "--run-id",
+            run_id,
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            "4000",
+            *MP_SMALL,
+        ],
+    )
     hoarder = tp.dealer(ctx, learner_ep, tp.route_identity("hoarder"))
     try:
-        tp.send(hoarder, tp.encode({"type": "hello", "run_id": "", "actor_id": "hoarder", "host": "elsewhere",
-                                    "pid": 1, "env_id": CORRIDOR, "spec": SPEC.to_dict(), "shm_token": None,
-                                    "token": None}))
+        tp.send(
+            hoarder,
+            tp.encode(
+                {
+                    "type": "hello",
+                    "run_id": "",
+                    "actor_id": "hoarder",
+                    "host": "elsewhere",
+                    "pid": 1,
+                    "env_id": CORRIDOR,
+                    "spec": SPEC.to_dict(),
+                    "shm_token": None,
+                    "token": None,
+                }
+            ),
+        )
         frames = tp.recv_multipart_timeout(hoarder, 60_000)
         assert frames is not None, procs.dump()
         welcome, _ = tp.decode(frames)
@@ -744,18 +870,31 @@ def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
         for _ in range(100):
             tp.send(hoarder, tp.encode({"type": "request", **me}))
         grants, deadline = 0, time.monotonic() + 5
-        while time.monotonic() < deadline:      # take what it is given
+        while time.monotonic() < deadline:  # take what it is given
             frames = tp.recv_multipart_timeout(hoarder, 200)
             if frames is not None and tp.decode(frames)[0]["type"] == "grant":
                 grants += 1
-        procs.start("honest", ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep, "--actor-id",
-                               "honest", "--env", CORRIDOR, *MP_SMALL])
+        procs.start(
+            "honest",
+            [
+                "actor",
+                "--learner",
+                learner_ep,
+                "--broadcaster",
+                broadcaster_ep,
+                "--actor-id",
+                "honest",
+                "--env",
+                CORRIDOR,
+                *MP_SMALL,
+            ],
+        )
         learner = procs.popen["learner"]
         last_beat = 0.0
 
         def finished() -> bool:
             nonlocal last_beat
-            if time.monotonic() - last_beat > 0.5:            # only heartbeats from now on
+            if time.monotonic() - last_beat > 0.5:  # only heartbeats from now on
                 tp.send(hoarder, tp.encode({"type": "heartbeat", **me}), block=False)
                 tp.drain_all(hoarder)
                 last_beat = time.monotonic()

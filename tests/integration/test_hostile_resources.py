@@ -15,6 +15,7 @@ they send is buffered by a ZeroMQ socket of this process, and they can do what p
 The roles run with RLIMIT_NOFILE = NOFILE, so the connection flood goes past the fd limit cheaply
 (the roles must survive accept failing with EMFILE and serve honest peers once the flood ends).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,31 +31,35 @@ from pathlib import Path
 
 import pytest
 import zmq
-
-from asyncrl.wire import transport as tp
-from asyncrl.roles.resource_bounds import learner_max_frame, memory_bound_bytes
-from asyncrl.roles.broadcaster import weights_frame_limit
 from hostile_helpers import CORRIDOR, SPEC
+
+from asyncrl.roles.broadcaster import weights_frame_limit
+from asyncrl.roles.resource_bounds import learner_max_frame, memory_bound_bytes
+from asyncrl.wire import transport as tp
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(180)]
 
 HERE = Path(__file__).resolve().parent
-NOFILE = 160                   # the roles' RLIMIT_NOFILE: the connection flood goes past it
-NUM_SLOTS = 6                  # hostile_role.SMALL
-WEIGHTS_BYTES = 4 << 20        # the broadcaster's weights (1M float32 parameters)
-GROWTH_TOLERANCE = 8 << 20     # bytes: allocator noise between two identical halves of an attack (or a
-                               # quarter of the first half's extra RSS, if more); measured: under 5 MiB
+NOFILE = 160  # the roles' RLIMIT_NOFILE: the connection flood goes past it
+NUM_SLOTS = 6  # hostile_role.SMALL
+WEIGHTS_BYTES = 4 << 20  # the broadcaster's weights (1M float32 parameters)
+GROWTH_TOLERANCE = 8 << 20  # bytes: allocator noise between two identical halves of an attack (or a
+# quarter of the first half's extra RSS, if more); measured: under 5 MiB
 
 
 # ---------------------------------------------------------------------------- a raw ZMTP 3.0 peer
+
 
 def _greeting() -> bytes:
     return b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" + b"\0" * 31
 
 
 def _command(name: bytes, props: dict[bytes, bytes]) -> bytes:
-    body = bytes([len(name)]) + name + b"".join(bytes([len(k)]) + k + struct.pack(">I", len(v)) + v
-                                                for k, v in props.items())
+    body = (
+        bytes([len(name)])
+        + name
+        + b"".join(bytes([len(k)]) + k + struct.pack(">I", len(v)) + v for k, v in props.items())
+    )
     return bytes([0x04, len(body)]) + body
 
 
@@ -106,6 +111,7 @@ class Zmtp:
 
 # ---------------------------------------------------------------------------- the role processes
 
+
 def rss(pid: int) -> int:
     """VmRSS of ``pid`` in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -120,9 +126,22 @@ class Role:
 
     def __init__(self, role: str, run_dir: Path, *args: str):
         self.role = role
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "hostile_role.py"), role, "--run-dir", str(run_dir),
-                                      "--nofile", str(NOFILE), "--weights-bytes", str(WEIGHTS_BYTES), *args],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "hostile_role.py"),
+                role,
+                "--run-dir",
+                str(run_dir),
+                "--nofile",
+                str(NOFILE),
+                "--weights-bytes",
+                str(WEIGHTS_BYTES),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             ready, _, _ = select.select([self.proc.stdout], [], [], 90)
             line = self.proc.stdout.readline() if ready else ""
@@ -160,8 +179,17 @@ def honest_learner_peer(endpoint: str, curve=None, timeout_s: float = 30.0) -> b
         if curve is not None:
             sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
         sock.connect(endpoint)
-        hello = {"type": "hello", "run_id": "", "actor_id": f"honest{time.monotonic_ns()}", "host": "h", "pid": 1,
-                 "env_id": CORRIDOR, "spec": SPEC.to_dict(), "shm_token": None, "token": None}
+        hello = {
+            "type": "hello",
+            "run_id": "",
+            "actor_id": f"honest{time.monotonic_ns()}",
+            "host": "h",
+            "pid": 1,
+            "env_id": CORRIDOR,
+            "spec": SPEC.to_dict(),
+            "shm_token": None,
+            "token": None,
+        }
         sock.send_multipart(tp.encode(hello))
         deadline = time.monotonic() + timeout_s
         welcome = None
@@ -170,11 +198,27 @@ def honest_learner_peer(endpoint: str, curve=None, timeout_s: float = 30.0) -> b
                 header, _ = tp.decode(sock.recv_multipart())
                 if welcome is None and header["type"] == "welcome":
                     welcome = header
-                    sock.send_multipart(tp.encode({"type": "request", "run_id": header["run_id"],
-                                                   "actor_id": hello["actor_id"], "token": header["actor_token"]}))
+                    sock.send_multipart(
+                        tp.encode(
+                            {
+                                "type": "request",
+                                "run_id": header["run_id"],
+                                "actor_id": hello["actor_id"],
+                                "token": header["actor_token"],
+                            }
+                        )
+                    )
                 elif welcome is not None and header["type"] == "grant":
-                    sock.send_multipart(tp.encode({"type": "bye", "run_id": welcome["run_id"],
-                                                   "actor_id": hello["actor_id"], "token": welcome["actor_token"]}))
+                    sock.send_multipart(
+                        tp.encode(
+                            {
+                                "type": "bye",
+                                "run_id": welcome["run_id"],
+                                "actor_id": hello["actor_id"],
+                                "token": welcome["actor_token"],
+                            }
+                        )
+                    )
                     return True
         return False
     finally:
@@ -223,7 +267,7 @@ def settle(role: Role, seconds: float = 0.5) -> int:
 def role(request, tmp_path_factory):
     r = Role(request.param, tmp_path_factory.mktemp(request.param))
     try:
-        assert honest(r)                      # warmed up: its first reply paths have run
+        assert honest(r)  # warmed up: its first reply paths have run
         r.base = settle(r)
         yield r
     finally:
@@ -249,8 +293,9 @@ def check(role: Role, first: int, second: int, limit) -> None:
     assert role.alive()
     extra = max(first, second) - role.base
     assert extra <= limit.total, f"{role.role}: extra RSS {extra / 2**20:.1f} MiB > bound {limit.describe()}"
-    assert second - first <= max(GROWTH_TOLERANCE, (first - role.base) // 4), \
+    assert second - first <= max(GROWTH_TOLERANCE, (first - role.base) // 4), (
         f"{role.role}: RSS grew by {(second - first) / 2**20:.1f} MiB from the first half to the second"
+    )
     assert honest(role), f"{role.role} does not serve an honest peer after the attack"
 
 
@@ -259,6 +304,7 @@ def max_frame(role: Role) -> int:
 
 
 # ---------------------------------------------------------------------------- the attacks
+
 
 def test_big_messages(role):
     """Messages of the protocol's most frames, each frame as large as the socket takes, and now and
@@ -270,7 +316,7 @@ def test_big_messages(role):
     over_limit_dropped = []
 
     def attack(i):
-        if i % 10 == 9:   # one byte over the limit: the role drops the connection
+        if i % 10 == 9:  # one byte over the limit: the role drops the connection
             state["peer"].send_raw(frame(b"\0" * (size + 1)))
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and state["peer"].send_raw(frame(b"\0" * 4096, more=True)):
@@ -304,12 +350,26 @@ def test_flood_from_a_peer_that_never_reads(role):
     """Snapshot requests (broadcaster: each answered with the weights) or hellos (learner: each
     answered with a welcome or a refusal) as fast as the socket takes them, never reading a reply."""
     if role.role == "learner":
+
         def ask(i):
-            return tp.encode({"type": "hello", "run_id": "", "actor_id": f"flood{i % 3}", "host": "h", "pid": 1,
-                              "env_id": CORRIDOR, "spec": SPEC.to_dict(), "shm_token": None, "token": None})
+            return tp.encode(
+                {
+                    "type": "hello",
+                    "run_id": "",
+                    "actor_id": f"flood{i % 3}",
+                    "host": "h",
+                    "pid": 1,
+                    "env_id": CORRIDOR,
+                    "spec": SPEC.to_dict(),
+                    "shm_token": None,
+                    "token": None,
+                }
+            )
     else:
+
         def ask(i):
             return tp.encode({"type": "snapshot", "run_id": "", "actor_id": "flood"})
+
     peer = Zmtp(role.endpoint, b"flood")
     try:
         first, second = run_halves(role, lambda i: peer.send_raw(message(ask(i)) * 50), 400)
@@ -326,9 +386,22 @@ def test_many_identities_on_one_connection(role):
     def attack(i):
         ids = range(i * 100, (i + 1) * 100)
         if role.role == "learner":
-            msgs = [tp.encode({"type": "hello", "run_id": "", "actor_id": f"id{n}", "host": "h", "pid": 1,
-                               "env_id": CORRIDOR, "spec": SPEC.to_dict(), "shm_token": None, "token": None})
-                    for n in ids]
+            msgs = [
+                tp.encode(
+                    {
+                        "type": "hello",
+                        "run_id": "",
+                        "actor_id": f"id{n}",
+                        "host": "h",
+                        "pid": 1,
+                        "env_id": CORRIDOR,
+                        "spec": SPEC.to_dict(),
+                        "shm_token": None,
+                        "token": None,
+                    }
+                )
+                for n in ids
+            ]
         else:
             msgs = [tp.encode({"type": "snapshot", "run_id": "", "actor_id": f"id{n}"}) for n in ids]
         peer.send_raw(b"".join(message(m) for m in msgs))
@@ -352,7 +425,7 @@ def test_connection_flood_past_the_fd_limit(role):
         try:
             for n in range(count):
                 peers.append(Zmtp(role.endpoint, f"conn{i}-{n}".encode(), handshake=False))
-            greeted, poller = set(), select.poll()     # the connections the role accepted sent a greeting
+            greeted, poller = set(), select.poll()  # the connections the role accepted sent a greeting
             for p in peers:
                 poller.register(p.sock, select.POLLIN)
             quiet_since = time.monotonic()
@@ -364,16 +437,30 @@ def test_connection_flood_past_the_fd_limit(role):
             taken = 0
             for n, p in enumerate(peers):
                 if p.sock.fileno() not in greeted:
-                    continue      # not accepted (EMFILE): the kernel holds it in the listen backlog
+                    continue  # not accepted (EMFILE): the kernel holds it in the listen backlog
                 try:
                     p.finish_handshake()
                 except OSError:
                     continue
                 taken += 1
                 if role.role == "learner":
-                    p.send_raw(message(tp.encode({"type": "hello", "run_id": "", "actor_id": f"c{n}", "host": "h",
-                                                  "pid": 1, "env_id": CORRIDOR, "spec": SPEC.to_dict(),
-                                                  "shm_token": None, "token": None})))
+                    p.send_raw(
+                        message(
+                            tp.encode(
+                                {
+                                    "type": "hello",
+                                    "run_id": "",
+                                    "actor_id": f"c{n}",
+                                    "host": "h",
+                                    "pid": 1,
+                                    "env_id": CORRIDOR,
+                                    "spec": SPEC.to_dict(),
+                                    "shm_token": None,
+                                    "token": None,
+                                }
+                            )
+                        )
+                    )
                 else:
                     p.send_raw(message(tp.encode({"type": "snapshot", "run_id": "", "actor_id": f"c{n}"})))
             accepted.append(taken)
@@ -389,6 +476,7 @@ def test_connection_flood_past_the_fd_limit(role):
 
 
 # ---------------------------------------------------------------------------- endless multipart
+
 
 def test_endless_multipart_from_a_peer_past_the_handshake_is_buffered_by_libzmq(tmp_path):
     """The experiment behind docs/multi-host.md's trust model: libzmq delivers a multipart message
@@ -418,6 +506,7 @@ def test_an_unauthenticated_peer_cannot_send_frames(tmp_path):
     raw frames after a NULL greeting, and messages of many frames from a CURVE client whose key is
     not allowed, never reach the learner and its RSS does not grow; an allowed client is served."""
     from asyncrl.wire.security import _load, generate
+
     generate(tmp_path / "keys", 1)
     cpub, csec = _load(tmp_path / "keys" / "client-1" / "client.key_secret", secret=True, why="test")
     spub, _ = _load(tmp_path / "keys" / "client-1" / "server.key", secret=False, why="test")
@@ -426,14 +515,14 @@ def test_an_unauthenticated_peer_cannot_send_frames(tmp_path):
     try:
         assert honest_learner_peer(role.endpoint, (cpub, csec, spub))
         base = settle(role)
-        raw = Zmtp(role.endpoint, b"raw", handshake=False)    # a NULL greeting to a CURVE server
+        raw = Zmtp(role.endpoint, b"raw", handshake=False)  # a NULL greeting to a CURVE server
         chunk = frame(b"x", more=True) * 10_000
         sent = 0
         while sent < 600 and raw.send_raw(chunk):
             sent += 1
         raw.close()
         assert sent < 600, "the CURVE learner took 6,000,000 frames from a peer that never authenticated"
-        stranger = ctx.socket(zmq.DEALER)     # CURVE, with a key the learner does not allow
+        stranger = ctx.socket(zmq.DEALER)  # CURVE, with a key the learner does not allow
         stranger.linger, stranger.sndtimeo = 0, 0
         stranger.curve_publickey, stranger.curve_secretkey = zmq.curve_keypair()
         stranger.curve_serverkey = spub

@@ -7,6 +7,7 @@ was rejected and counted exactly once, and no message counts more than once; a b
 answers or counts every request. At the end: training went on.
 
 Derandomised, with a fixed example budget that fits CI (about 30 s here on a loaded 2-core box)."""
+
 from __future__ import annotations
 
 import math
@@ -14,12 +15,12 @@ import time
 
 import msgpack
 import pytest
+from hostile_helpers import SPEC, STEPS, Peer, live_learner, report, valid_slot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from asyncrl.wire import transport as tp
-from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, report, valid_slot
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(300)]
 
@@ -27,11 +28,16 @@ EXTREME_INTS = [0, -1, 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1]
 EXTREME_FLOATS = [0.0, -0.0, math.nan, math.inf, -math.inf, 3e38, -3e38, 1e15, 1e300]
 MAX_STR = tp.MAX_STR_BYTES
 EXTREME_STRS = ["", "x" * MAX_STR, "x" * (MAX_STR + 1), "a\nb\x1b[2J", "\u2028"]
-extreme = st.one_of(st.sampled_from(EXTREME_INTS), st.sampled_from(EXTREME_FLOATS), st.sampled_from(EXTREME_STRS),
-                    st.sampled_from([None, True, b"", b"\0" * 16, [], {}]),
-                    st.lists(st.sampled_from(EXTREME_FLOATS), min_size=0, max_size=3),
-                    st.dictionaries(st.sampled_from(["env_s", "wait_s", "x" * 100]),
-                                    st.sampled_from(EXTREME_FLOATS + EXTREME_INTS), max_size=2))
+extreme = st.one_of(
+    st.sampled_from(EXTREME_INTS),
+    st.sampled_from(EXTREME_FLOATS),
+    st.sampled_from(EXTREME_STRS),
+    st.sampled_from([None, True, b"", b"\0" * 16, [], {}]),
+    st.lists(st.sampled_from(EXTREME_FLOATS), min_size=0, max_size=3),
+    st.dictionaries(
+        st.sampled_from(["env_s", "wait_s", "x" * 100]), st.sampled_from(EXTREME_FLOATS + EXTREME_INTS), max_size=2
+    ),
+)
 
 SESSION_KINDS = ["request", "heartbeat", "bye", "ready", "rollout"]
 
@@ -47,7 +53,7 @@ def surely_bad(kind: str, key: str, value) -> bool:
     1..2**22), floats finite with |x| <= 1e15, strings of at most MAX_STR bytes, the schema's type."""
     schema = {**tp._COMMON, **tp.SCHEMAS[kind], **tp.OPTIONAL.get(kind, {})}
     if key not in schema:
-        return True                               # an unexpected key
+        return True  # an unexpected key
     expected = schema[key]
     if expected is int:
         return not (type(value) is int and _int_ok(key, value))
@@ -56,14 +62,16 @@ def surely_bad(kind: str, key: str, value) -> bool:
     if expected is bytes:
         return not isinstance(value, bytes)
     if expected == list[float]:
-        return not isinstance(value, list) or any(type(v) is not float or not math.isfinite(v) or abs(v) > 1e15
-                                                  for v in value)
+        return not isinstance(value, list) or any(
+            type(v) is not float or not math.isfinite(v) or abs(v) > 1e15 for v in value
+        )
     if expected == list[int]:
         return not isinstance(value, list) or any(type(v) is not int or not _int_ok(key, v) for v in value)
     if expected is dict:
         return not isinstance(value, dict) or any(
             type(v) is float and (not math.isfinite(v) or abs(v) > 1e15) or type(v) is int and not _int_ok("", v)
-            for v in value.values())
+            for v in value.values()
+        )
     return False
 
 
@@ -81,18 +89,21 @@ class HostilePeers(RuleBasedStateMachine):
         self.hostile: list[Peer] = []
         self.made = 0
         self.honest_reports = 0
-        self.sent = 0                      # hostile messages sent to the learner
+        self.sent = 0  # hostile messages sent to the learner
         self.weights_sent = 0
         self.start_iteration = self.learner.state.iteration
-        from asyncrl.run.launch import free_port_pair
         from asyncrl.roles.broadcaster import Broadcaster
+        from asyncrl.run.launch import free_port_pair
+
         self.broadcaster = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
         self.snap = tp.dealer(self.ctx, tp.snapshot_endpoint(self.broadcaster.endpoint), tp.route_identity("snap"))
 
     # One rule draws the action, weighted toward hostile messages (hypothesis picks among rules
     # evenly, and a derandomised run then spends most steps on the cheapest one).
-    @rule(action=st.sampled_from(["hostile"] * 6 + ["connect", "disconnect", "honest", "snapshot", "weights"]),
-          data=st.data())
+    @rule(
+        action=st.sampled_from(["hostile"] * 6 + ["connect", "disconnect", "honest", "snapshot", "weights"]),
+        data=st.data(),
+    )
     def step(self, action, data):
         if action == "connect" or action == "hostile" and not self.hostile:
             self.connect(data.draw(st.booleans(), label="joins"))
@@ -103,16 +114,34 @@ class HostilePeers(RuleBasedStateMachine):
         elif action == "honest":
             self.honest_round()
         elif action == "weights":
-            self.weights_message(data.draw(st.sampled_from(["epoch", "version", "publish_time", "nbytes", "checksum",
-                                                            "layout_hash", "run_id", "unexpected"]), label="wkey"),
-                                 data.draw(extreme, label="wvalue"), data.draw(st.booleans(), label="signed"))
+            self.weights_message(
+                data.draw(
+                    st.sampled_from(
+                        [
+                            "epoch",
+                            "version",
+                            "publish_time",
+                            "nbytes",
+                            "checksum",
+                            "layout_hash",
+                            "run_id",
+                            "unexpected",
+                        ]
+                    ),
+                    label="wkey",
+                ),
+                data.draw(extreme, label="wvalue"),
+                data.draw(st.booleans(), label="signed"),
+            )
         elif action == "snapshot":
-            self.snapshot_request(data.draw(st.sampled_from(["run_id", "actor_id", "type", "unexpected"]), label="key"),
-                                  data.draw(extreme, label="value"))
+            self.snapshot_request(
+                data.draw(st.sampled_from(["run_id", "actor_id", "type", "unexpected"]), label="key"),
+                data.draw(extreme, label="value"),
+            )
 
     # ---- connection churn
     def connect(self, joins: bool) -> None:
-        if len(self.hostile) >= 2:        # two hostile connections hold at most 4 of the 6 slots: 2 stay the honest's
+        if len(self.hostile) >= 2:  # two hostile connections hold at most 4 of the 6 slots: 2 stay the honest's
             self.hostile.pop(0).close()
         peer = Peer(self.ctx, self.learner.endpoint, f"hostile{self.made}")
         self.made += 1
@@ -183,25 +212,39 @@ class HostilePeers(RuleBasedStateMachine):
             self.broadcaster.serve(10)
             while tp.recv_multipart_timeout(self.snap, 0) is not None:
                 answered += 1
-        assert answered + self.broadcaster.rejects.total - before == 1, "a snapshot request neither answered nor counted"
+        assert answered + self.broadcaster.rejects.total - before == 1, (
+            "a snapshot request neither answered nor counted"
+        )
 
     def weights_message(self, key: str, value, signed: bool) -> None:
         """Weights whose header holds one extreme value, signed with the broadcaster's secret (what its
         learner would send) or not: each is published or rejected and counted, exactly once."""
         import zlib
+
         import numpy as np
+
         from asyncrl.wire.security import read_weights_secret
+
         payload = np.ones(4, np.float32)
         self.weights_sent += 1
-        header = {"proto": tp.PROTOCOL_VERSION, "type": "weights", "run_id": "r", "epoch": 1,
-                  "version": self.weights_sent, "publish_time": 0.0, "nbytes": payload.nbytes,
-                  "checksum": zlib.crc32(payload.tobytes()), "layout_hash": "h", key: value}
+        header = {
+            "proto": tp.PROTOCOL_VERSION,
+            "type": "weights",
+            "run_id": "r",
+            "epoch": 1,
+            "version": self.weights_sent,
+            "publish_time": 0.0,
+            "nbytes": payload.nbytes,
+            "checksum": zlib.crc32(payload.tobytes()),
+            "layout_hash": "h",
+            key: value,
+        }
         frames = [tp.WEIGHTS_TOPIC, msgpack.packb(header, use_bin_type=True), payload.tobytes()]
         b = self.broadcaster
         rejected, published = b.rejects.total, b.published
         tp.send(self.snap, tp.sign_weights(frames, read_weights_secret(b.endpoint) if signed else None))
         # barrier: a snapshot request is answered (or counted) after the weights were handled
-        time.sleep(0.2)                    # (the snapshot rate limit: one answer per 0.2 s per connection)
+        time.sleep(0.2)  # (the snapshot rate limit: one answer per 0.2 s per connection)
         tp.send(self.snap, tp.encode({"type": "snapshot", "run_id": "", "actor_id": "barrier"}))
         deadline, answered = time.monotonic() + 20, 0
         while time.monotonic() < deadline and not answered:
@@ -210,7 +253,7 @@ class HostilePeers(RuleBasedStateMachine):
                 answered += 1
         assert answered, "the broadcaster did not answer the barrier snapshot request"
         assert (b.rejects.total - rejected) + (b.published - published) <= 1, (key, value, signed)
-        if not signed or surely_bad("weights", key, value):   # (a good older version is ignored, not counted)
+        if not signed or surely_bad("weights", key, value):  # (a good older version is ignored, not counted)
             assert (b.rejects.total - rejected, b.published - published) == (1, 0), (key, value, signed)
 
     @invariant()
@@ -219,7 +262,7 @@ class HostilePeers(RuleBasedStateMachine):
 
     def teardown(self):
         try:
-            if self.honest_reports >= 4:     # two batches' worth: at least one iteration trained
+            if self.honest_reports >= 4:  # two batches' worth: at least one iteration trained
                 assert self.learner.state.iteration > self.start_iteration, "training did not go on"
         finally:
             for p in [*self.hostile, self.honest]:
@@ -233,6 +276,7 @@ class HostilePeers(RuleBasedStateMachine):
 class _Stack:
     def __init__(self):
         import contextlib
+
         self.stack = contextlib.ExitStack()
 
     def enter(self, cm):
@@ -251,6 +295,14 @@ def _tmp_path():
 
 def test_hostile_peers_stateful(tmp_path):
     _TMP.append(tmp_path)
-    run_state_machine_as_test(HostilePeers, settings=settings(
-        max_examples=8, stateful_step_count=40, deadline=None, derandomize=True, database=None,
-        suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(
+        HostilePeers,
+        settings=settings(
+            max_examples=8,
+            stateful_step_count=40,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

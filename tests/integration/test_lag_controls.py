@@ -1,14 +1,13 @@
 """Lag controls across real processes: an actor with --policy-delay, and a straggler (--slowdown)
 among normal actors; the lag report's per-actor rows must show each."""
+
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-
 from mp_helpers import new_run_id, read_jsonl
 from test_multiprocess import CORRIDOR, start_actor, start_roles
 
@@ -16,16 +15,16 @@ pytestmark = pytest.mark.integration
 
 
 def _report(run_dir):
-    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "lag", str(run_dir), "--json"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "lag", str(run_dir), "--json"], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
 
 def _run(procs, tmp_path, actors: dict[str, list[str]], total: int):
     run_id, run_dir = new_run_id(), tmp_path / "run"
-    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
-                                             total_steps=total)
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR, total_steps=total)
     for name, extra in actors.items():
         start_actor(procs, name, learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=extra)
     assert procs.wait("learner", 120) == 0, procs.dump()
@@ -56,8 +55,7 @@ def test_policy_delay_adds_that_many_versions(procs, tmp_path):
 
 @pytest.mark.timeout(150)
 def test_straggler_lags_more_than_the_others(procs, tmp_path):
-    run_dir = _run(procs, tmp_path, {"fast0": [], "fast1": [], "straggler": ["--slowdown", "0.5"]},
-                   total=64 * 400)
+    run_dir = _run(procs, tmp_path, {"fast0": [], "fast1": [], "straggler": ["--slowdown", "0.5"]}, total=64 * 400)
     per_actor = _report(run_dir)["per_actor"]
     slow, fast = per_actor["straggler"], [per_actor["fast0"], per_actor["fast1"]]
     for f in fast:

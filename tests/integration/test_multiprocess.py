@@ -5,6 +5,7 @@ Every test starts its processes through the ``procs`` fixture (conftest.py), whi
 those pids at the end and asserts that none survives and that no /dev/shm segment of the test's
 run id is left.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from mp_helpers import (SMALL, alive, assert_strict_json_files, descendants, free_port, free_port_pair, new_run_id,
-                        outcome_lines, proc_stat, read_jsonl, shm_segments, wait_for)
+from mp_helpers import (
+    SMALL,
+    alive,
+    assert_strict_json_files,
+    descendants,
+    free_port,
+    free_port_pair,
+    new_run_id,
+    outcome_lines,
+    proc_stat,
+    read_jsonl,
+    shm_segments,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,21 +47,60 @@ def start_roles(procs, *, run_id, run_dir, env_id, total_steps, extra=()):
     learner_ep, broadcaster_ep = endpoints()
     procs.run_ids.add(run_id)
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
-    start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id=env_id,
-                  total_steps=total_steps, extra=extra)
+    start_learner(
+        procs,
+        learner_ep,
+        broadcaster_ep,
+        run_id=run_id,
+        run_dir=run_dir,
+        env_id=env_id,
+        total_steps=total_steps,
+        extra=extra,
+    )
     return learner_ep, broadcaster_ep
 
 
 def start_learner(procs, learner_ep, broadcaster_ep, *, run_id, run_dir, env_id, total_steps, extra=()):
-    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", env_id,
-                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", str(total_steps),
-                            *SMALL, *extra])
+    procs.start(
+        "learner",
+        [
+            "learner",
+            "--bind",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--env",
+            env_id,
+            "--run-id",
+            run_id,
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            str(total_steps),
+            *SMALL,
+            *extra,
+        ],
+    )
 
 
 def start_actor(procs, name, learner_ep, broadcaster_ep, *, env_id, extra=(), expect_failure=False):
-    return procs.start(name, ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep,
-                              "--actor-id", name, "--env", env_id, *SMALL, *extra],
-                       expect_failure=expect_failure)
+    return procs.start(
+        name,
+        [
+            "actor",
+            "--learner",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--actor-id",
+            name,
+            "--env",
+            env_id,
+            *SMALL,
+            *extra,
+        ],
+        expect_failure=expect_failure,
+    )
 
 
 def check_run_outputs(run_dir: Path, total_steps: int, *, actors: set[str] | None = None) -> dict:
@@ -99,19 +150,39 @@ def wait_all_dead(pids: dict[int, int], timeout: float) -> list[int]:
 
 # ----------------------------------------------------------------------------- 1. asyncrl run
 
+
 @pytest.mark.timeout(150)
 def test_run_command_halfcheetah(procs, tmp_path):
     """`asyncrl run`: 2 actors, ~8k HalfCheetah steps, exit 0, complete outputs, nothing left."""
     run_dir, total = tmp_path / "run", 8000
-    procs.start("run", ["run", "--env", "HalfCheetah-v5", "--num-actors", "2", "--total-steps", str(total),
-                        "--run-dir", str(run_dir), "--set", "run.log_every_s=2", *SMALL])
+    procs.start(
+        "run",
+        [
+            "run",
+            "--env",
+            "HalfCheetah-v5",
+            "--num-actors",
+            "2",
+            "--total-steps",
+            str(total),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "run.log_every_s=2",
+            *SMALL,
+        ],
+    )
     run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
     procs.run_ids.add(run_id)
-    wait_for(lambda: len(procs.adopt_descendants()) >= 4 or procs.popen["run"].poll() is not None, 30,
-             "learner, broadcaster and 2 actors", procs=procs)
+    wait_for(
+        lambda: len(procs.adopt_descendants()) >= 4 or procs.popen["run"].poll() is not None,
+        30,
+        "learner, broadcaster and 2 actors",
+        procs=procs,
+    )
     rc = wait_adopting(procs, "run", 120)
     assert rc == 0, procs.dump()
-    lines = outcome_lines(procs.out("run") + procs.err("run"))     # the learner's goes to its log
+    lines = outcome_lines(procs.out("run") + procs.err("run"))  # the learner's goes to its log
     assert len(lines) == 1 and lines[0].startswith("done:"), procs.dump()
     left = wait_all_dead(procs.others, 5)
     assert not left, f"processes of the run outlived it: {left}"
@@ -127,6 +198,7 @@ def test_run_command_halfcheetah(procs, tmp_path):
 
 
 # ----------------------------------------------------------------------------- 2. by hand
+
 
 @pytest.mark.timeout(150)
 def test_roles_by_hand_actors_before_learner(procs, tmp_path):
@@ -147,19 +219,24 @@ def test_roles_by_hand_actors_before_learner(procs, tmp_path):
             except FileNotFoundError:
                 return False
         return True
+
     wait_for(actors_waiting, 60, "the actors to load ZeroMQ", procs=procs)
     time.sleep(1.5)
     assert all(procs.popen[n].poll() is None for n in ("a0", "a1")), procs.dump()
 
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
-    start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id="HalfCheetah-v5",
-                  total_steps=total)
+    start_learner(
+        procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id="HalfCheetah-v5", total_steps=total
+    )
     assert procs.wait("learner", 120) == 0, procs.dump()
     for name in ("a0", "a1"):
         assert procs.wait(name, 20) == 0, procs.dump()
         lines = outcome_lines(procs.out(name) + procs.err(name))
-        assert len(lines) == 1 and lines[0].startswith(f"done: actor {name}, ") and \
-            lines[0].endswith("sent; step budget reached"), procs.dump()
+        assert (
+            len(lines) == 1
+            and lines[0].startswith(f"done: actor {name}, ")
+            and lines[0].endswith("sent; step budget reached")
+        ), procs.dump()
     lines = outcome_lines(procs.out("learner") + procs.err("learner"))
     assert len(lines) == 1 and lines[0].startswith("done:"), procs.dump()
     assert not shm_segments(run_id), "the learner left its segment behind"
@@ -182,8 +259,9 @@ T_LONG, E = 997, 2
 
 
 def corridor_ring(name: str):
-    from asyncrl.wire.shm import SlotRing
     from asyncrl.core.spec import RolloutSpec
+    from asyncrl.wire.shm import SlotRing
+
     spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=T_LONG, num_envs=E)
     return SlotRing.attach(name=name, spec=spec, num_slots=6)
 
@@ -220,19 +298,24 @@ def test_actor_killed_while_writing(procs, tmp_path):
     """
     run_id, run_dir, total = new_run_id(), tmp_path / "run", 60_000
     long = ["--set", f"env.rollout_length={T_LONG}", "--set", "transport.actor_timeout_s=2"]
-    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
-                                             total_steps=total, extra=long)
+    learner_ep, broadcaster_ep = start_roles(
+        procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR, total_steps=total, extra=long
+    )
     segment = wait_for(lambda: shm_segments(run_id), 60, "the learner's segment", procs=procs)[0]
     lag_path = run_dir / "lag.jsonl"
 
     torn_seen, killed = [], []
     for k in range(3):
         name = f"doomed{k}"
-        p = start_actor(procs, name, learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=long,
-                        expect_failure=True)
+        p = start_actor(procs, name, learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=long, expect_failure=True)
         # it works alone, with a policy version >= 1, before it is killed
-        wait_for(lambda: any(r["actor"] == name and r["behavior_version"] >= 1 for r in read_jsonl(lag_path)),
-                 60, f"{name}'s slots to be consumed", interval=0.05, procs=procs)
+        wait_for(
+            lambda name=name: any(r["actor"] == name and r["behavior_version"] >= 1 for r in read_jsonl(lag_path)),
+            60,
+            f"{name}'s slots to be consumed",
+            interval=0.05,
+            procs=procs,
+        )
         # SIGKILL while it runs (not while it waits): it is then inside collect(), writing a slot
         deadline = time.monotonic() + 10
         while (st := proc_stat(p.pid)) is not None and st[0] != "R" and time.monotonic() < deadline:
@@ -264,7 +347,7 @@ def test_actor_killed_while_writing(procs, tmp_path):
     log = procs.err("learner")
     for name in killed:
         assert re.search(rf"actor {name} left \(silent for 2 s\); \d+ granted slots freed", log), log
-    for name, _, _ in torn_seen:   # the torn slot was granted to it, so at least that one came back
+    for name, _, _ in torn_seen:  # the torn slot was granted to it, so at least that one came back
         freed = int(re.search(rf"actor {name} left \(silent for 2 s\); (\d+) granted", log).group(1))
         assert freed >= 1, log
 
@@ -291,19 +374,68 @@ def test_actor_with_long_rollouts_is_not_reaped(procs, tmp_path):
     # actor.slowdown_s makes every rollout last at least 4 s whatever the machine's speed: twice
     # the timeout, by construction rather than by a guess at how fast the envs step
     run_id, run_dir, T = new_run_id(), tmp_path / "run", 2_000
-    cfg = ["--set", "env.num_envs=1", "--set", f"env.rollout_length={T}", "--set", "learner.slots_per_batch=1",
-           "--set", "learner.num_slots=3", "--set", "algo.num_epochs=1", "--set", "transport.actor_timeout_s=2",
-           "--set", "transport.heartbeat_s=0.2", "--set", "actor.slowdown_s=4"]
+    cfg = [
+        "--set",
+        "env.num_envs=1",
+        "--set",
+        f"env.rollout_length={T}",
+        "--set",
+        "learner.slots_per_batch=1",
+        "--set",
+        "learner.num_slots=3",
+        "--set",
+        "algo.num_epochs=1",
+        "--set",
+        "transport.actor_timeout_s=2",
+        "--set",
+        "transport.heartbeat_s=0.2",
+        "--set",
+        "actor.slowdown_s=4",
+    ]
     learner_ep, broadcaster_ep = endpoints()
     procs.run_ids.add(run_id)
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
-    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
-                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", str(2 * T), *cfg])
-    procs.start("slow", ["actor", "--learner", learner_ep, "--broadcaster", broadcaster_ep, "--actor-id", "slow",
-                         "--env", CORRIDOR, *cfg])
+    procs.start(
+        "learner",
+        [
+            "learner",
+            "--bind",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--env",
+            CORRIDOR,
+            "--run-id",
+            run_id,
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            str(2 * T),
+            *cfg,
+        ],
+    )
+    procs.start(
+        "slow",
+        [
+            "actor",
+            "--learner",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--actor-id",
+            "slow",
+            "--env",
+            CORRIDOR,
+            *cfg,
+        ],
+    )
     learner = procs.popen["learner"]
-    wait_for(lambda: learner.poll() is not None or "left (silent" in procs.err("learner"), 90,
-             "the learner to finish", procs=procs)
+    wait_for(
+        lambda: learner.poll() is not None or "left (silent" in procs.err("learner"),
+        90,
+        "the learner to finish",
+        procs=procs,
+    )
     assert "left (silent" not in procs.err("learner"), procs.err("learner")
     assert procs.wait("learner", 10) == 0, procs.dump()
     assert procs.wait("slow", 20) == 0, procs.dump()
@@ -320,6 +452,7 @@ def test_actor_with_long_rollouts_is_not_reaped(procs, tmp_path):
 
 # ----------------------------------------------------------------------------- 4. Ctrl-C
 
+
 @pytest.mark.timeout(120)
 def test_sigint_stops_every_process(procs, tmp_path):
     """Ctrl-C (SIGINT to the run's process group) mid-training: the launcher and every process it
@@ -330,8 +463,23 @@ def test_sigint_stops_every_process(procs, tmp_path):
     proportion to the load (at most 15 s); the other checks then still tell a clean exit from a
     killed one (the learner's summary and checkpoint, no traceback)."""
     run_dir = tmp_path / "run"
-    p = procs.start("run", ["run", "--env", CORRIDOR, "--num-actors", "2", "--total-steps", "100000000",
-                            "--run-dir", str(run_dir), "--set", "run.log_every_s=1", *SMALL])
+    p = procs.start(
+        "run",
+        [
+            "run",
+            "--env",
+            CORRIDOR,
+            "--num-actors",
+            "2",
+            "--total-steps",
+            "100000000",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "run.log_every_s=1",
+            *SMALL,
+        ],
+    )
     run_id = wait_for(lambda: RUN_LINE.search(procs.out("run")), 60, "the run line", procs=procs).group(1)
     procs.run_ids.add(run_id)
     wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 3, 60, "3 learner iterations", procs=procs)
@@ -347,12 +495,15 @@ def test_sigint_stops_every_process(procs, tmp_path):
     left = wait_all_dead(tree, limit)
     elapsed = time.monotonic() - t0
     if left:
-        states = {pid: (proc_stat(pid), Path(f"/proc/{pid}/cmdline").read_bytes()[:120]) for pid in left
-                  if proc_stat(pid)}
-        pytest.fail(f"still alive {elapsed:.1f} s after Ctrl-C (limit {limit:.1f} s, load per core {load:.1f}): "
-                    f"{states}\n{procs.dump()}")
+        states = {
+            pid: (proc_stat(pid), Path(f"/proc/{pid}/cmdline").read_bytes()[:120]) for pid in left if proc_stat(pid)
+        }
+        pytest.fail(
+            f"still alive {elapsed:.1f} s after Ctrl-C (limit {limit:.1f} s, load per core {load:.1f}): "
+            f"{states}\n{procs.dump()}"
+        )
     assert p.wait(1) == 130, procs.dump()
-    lines = outcome_lines(procs.out("run") + procs.err("run"))   # one, though every role was interrupted
+    lines = outcome_lines(procs.out("run") + procs.err("run"))  # one, though every role was interrupted
     assert len(lines) == 1 and lines[0].startswith("interrupted: "), procs.dump()
     assert "a resume starts from checkpoint.pt at " in lines[0], lines
     assert not shm_segments(run_id), "the run's shared memory outlived Ctrl-C"
@@ -376,6 +527,7 @@ def test_sigint_stops_every_process(procs, tmp_path):
 
 # ----------------------------------------------------------------------------- 5. exit status by hand
 
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_learner_by_hand_exit_status_and_one_outcome_line(procs, tmp_path, sig):
@@ -385,9 +537,26 @@ def test_learner_by_hand_exit_status_and_one_outcome_line(procs, tmp_path, sig):
     run_id, run_dir = new_run_id(), tmp_path / "run"
     procs.run_ids.add(run_id)
     learner_ep, broadcaster_ep = endpoints()
-    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
-                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", "1000000", *SMALL],
-                expect_failure=True)
+    procs.start(
+        "learner",
+        [
+            "learner",
+            "--bind",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--env",
+            CORRIDOR,
+            "--run-id",
+            run_id,
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            "1000000",
+            *SMALL,
+        ],
+        expect_failure=True,
+    )
     wait_for(lambda: "listening on" in procs.err("learner"), 60, "the learner to listen", procs=procs)
     procs.popen["learner"].send_signal(sig)
     assert procs.wait("learner", 60) == 128 + sig, procs.dump()
@@ -399,7 +568,11 @@ def test_learner_by_hand_exit_status_and_one_outcome_line(procs, tmp_path, sig):
     assert_strict_json_files(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "interrupted" and summary["resume_checkpoint"] == {
-        "file": "checkpoint.pt", "env_steps": 0, "version": 0, "learner_iterations": 0}, summary
+        "file": "checkpoint.pt",
+        "env_steps": 0,
+        "version": 0,
+        "learner_iterations": 0,
+    }, summary
     procs.shutdown()
 
 
@@ -409,7 +582,7 @@ def test_actor_by_hand_interrupted_while_waiting_for_its_learner(procs, tmp_path
     learner_ep, broadcaster_ep = endpoints()
     p = start_actor(procs, "a0", learner_ep, broadcaster_ep, env_id=CORRIDOR, expect_failure=True)
     wait_for(lambda: "zmq" in Path(f"/proc/{p.pid}/maps").read_text(), 60, "the actor to load ZeroMQ", procs=procs)
-    time.sleep(1.0)     # saying hello into the void
+    time.sleep(1.0)  # saying hello into the void
     p.send_signal(signal.SIGTERM)
     assert procs.wait("a0", 60) == 143, procs.dump()
     lines = outcome_lines(procs.out("a0") + procs.err("a0"))
@@ -418,6 +591,7 @@ def test_actor_by_hand_interrupted_while_waiting_for_its_learner(procs, tmp_path
 
 
 # ----------------------------------------------------------------------------- 6. mismatched actors
+
 
 @pytest.mark.timeout(150)
 def test_mismatched_actor_refused(procs, tmp_path):
@@ -428,11 +602,13 @@ def test_mismatched_actor_refused(procs, tmp_path):
     (so the learner cannot reach its budget first, however slowly they start), and of their stderr
     only the error line counts (an INFO line such as "waiting for the learner" may precede it)."""
     run_id, run_dir, total = new_run_id(), tmp_path / "run", 16_000
-    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
-                                             total_steps=total)
+    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR, total_steps=total)
     bad = {
-        "bad_env": (["--set", "run.seed=3"], "asyncrl/Constant-v0",
-                    "env_id: actor has 'asyncrl/Constant-v0', learner has 'asyncrl/Corridor-v0'"),
+        "bad_env": (
+            ["--set", "run.seed=3"],
+            "asyncrl/Constant-v0",
+            "env_id: actor has 'asyncrl/Constant-v0', learner has 'asyncrl/Corridor-v0'",
+        ),
         "bad_len": (["--set", "env.rollout_length=32"], CORRIDOR, "rollout_length: actor has 32, learner has 16"),
     }
     for name, (extra, env_id, _) in bad.items():

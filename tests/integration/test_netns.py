@@ -9,6 +9,7 @@ Namespaces share /dev/shm, so each actor runs in its own mount namespace with an
 /dev/shm: it cannot attach the learner's segment and ships its rollouts over TCP, as on a real
 remote host. Root only (skipped otherwise); the namespaces are deleted in a finally block.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from mp_helpers import SMALL, new_run_id, read_jsonl, wait_for
 from test_multiprocess import CORRIDOR, check_run_outputs
 
@@ -57,8 +57,25 @@ def _can_empty_shm(ns: str) -> bool:
     """True if a process in ``ns`` can get a private, empty /dev/shm (unshare --mount + tmpfs)."""
     if shutil.which("unshare") is None:
         return False
-    p = subprocess.run(["ip", "netns", "exec", ns, "unshare", "--mount", "sh", "-c", EMPTY_SHM, "sh",
-                        "sh", "-c", "test -z \"$(ls -A /dev/shm)\""], capture_output=True, timeout=20)
+    p = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "unshare",
+            "--mount",
+            "sh",
+            "-c",
+            EMPTY_SHM,
+            "sh",
+            "sh",
+            "-c",
+            'test -z "$(ls -A /dev/shm)"',
+        ],
+        capture_output=True,
+        timeout=20,
+    )
     return p.returncode == 0
 
 
@@ -80,7 +97,7 @@ class Lan:
         _ip("-n", L, "link", "add", "br0", "type", "bridge")
         _ip("-n", L, "addr", "add", f"{LEARNER_IP}/24", "dev", "br0")
         _ip("-n", L, "link", "set", "br0", "up")
-        for role in ("A", "B"):          # veth: one end on L's bridge, the other eth0 in A or B
+        for role in ("A", "B"):  # veth: one end on L's bridge, the other eth0 in A or B
             port = f"to{role}"
             _ip("-n", L, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", self.ns[role])
             _ip("-n", L, "link", "set", port, "master", "br0")
@@ -110,7 +127,7 @@ def lan(procs):
         net.up()
         yield net
     finally:
-        procs.shutdown()        # nothing may outlive its namespace's deletion (no process is left anyway)
+        procs.shutdown()  # nothing may outlive its namespace's deletion (no process is left anyway)
         net.close()
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert not any(ns in left for ns in net.ns.values()), left
@@ -121,36 +138,92 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     run_id, run_dir, total = new_run_id(), tmp_path / "run", 8000
     procs.run_ids.add(run_id)
     keys = tmp_path / "keys"
-    subprocess.run([sys.executable, "-m", "asyncrl.cli", "keys", "generate", str(keys), "--clients", "2"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "keys", "generate", str(keys), "--clients", "2"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     learner_ep, broadcaster_ep = f"tcp://{LEARNER_IP}:5555", f"tcp://{LEARNER_IP}:5556"
     empty_shm = _can_empty_shm(lan.ns["A"])
-    transport = [] if empty_shm else ["--rollout-transport", "tcp"]   # no tmpfs here: force TCP instead
+    transport = [] if empty_shm else ["--rollout-transport", "tcp"]  # no tmpfs here: force TCP instead
 
     # actor hosts first: relays and actors wait for the learner host
     actors = {"a0": "A", "a1": "A", "b0": "B", "b1": "B"}
     for role, client in (("A", "client-1"), ("B", "client-2")):
-        procs.start(f"relay{role}", ["broadcaster", "--upstream", broadcaster_ep, "--bind", "tcp://127.0.0.1:5556",
-                                     "--keys", str(keys / client)], prefix=lan.prefix(role))
+        procs.start(
+            f"relay{role}",
+            [
+                "broadcaster",
+                "--upstream",
+                broadcaster_ep,
+                "--bind",
+                "tcp://127.0.0.1:5556",
+                "--keys",
+                str(keys / client),
+            ],
+            prefix=lan.prefix(role),
+        )
     for i, (name, role) in enumerate(actors.items()):
-        procs.start(name, ["actor", "--learner", learner_ep, "--broadcaster", "tcp://127.0.0.1:5556",
-                           "--keys", str(keys / ("client-1" if role == "A" else "client-2")), "--actor-id", name,
-                           "--host-label", f"host{role}", "--run-id", run_id, "--seed", str(i + 1),
-                           "--env", CORRIDOR, *SMALL, *transport],
-                    prefix=lan.prefix(role, empty_shm=empty_shm))
+        procs.start(
+            name,
+            [
+                "actor",
+                "--learner",
+                learner_ep,
+                "--broadcaster",
+                "tcp://127.0.0.1:5556",
+                "--keys",
+                str(keys / ("client-1" if role == "A" else "client-2")),
+                "--actor-id",
+                name,
+                "--host-label",
+                f"host{role}",
+                "--run-id",
+                run_id,
+                "--seed",
+                str(i + 1),
+                "--env",
+                CORRIDOR,
+                *SMALL,
+                *transport,
+            ],
+            prefix=lan.prefix(role, empty_shm=empty_shm),
+        )
 
-    def loaded(name):   # the process has imported ZeroMQ: it is (about to be) saying hello
+    def loaded(name):  # the process has imported ZeroMQ: it is (about to be) saying hello
         try:
             return "zmq" in Path(f"/proc/{procs.popen[name].pid}/maps").read_text()
         except FileNotFoundError:
             return False
+
     wait_for(lambda: all(loaded(n) for n in actors), 60, "the actors to start", procs=procs)
 
-    procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep, "--keys", str(keys / "server")],
-                prefix=lan.prefix("L"))
-    procs.start("learner", ["learner", "--bind", learner_ep, "--broadcaster", broadcaster_ep, "--env", CORRIDOR,
-                            "--run-id", run_id, "--run-dir", str(run_dir), "--total-steps", str(total),
-                            "--keys", str(keys / "server"), *SMALL], prefix=lan.prefix("L"))
+    procs.start(
+        "broadcaster", ["broadcaster", "--bind", broadcaster_ep, "--keys", str(keys / "server")], prefix=lan.prefix("L")
+    )
+    procs.start(
+        "learner",
+        [
+            "learner",
+            "--bind",
+            learner_ep,
+            "--broadcaster",
+            broadcaster_ep,
+            "--env",
+            CORRIDOR,
+            "--run-id",
+            run_id,
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            str(total),
+            "--keys",
+            str(keys / "server"),
+            *SMALL,
+        ],
+        prefix=lan.prefix("L"),
+    )
     assert procs.wait("learner", 90) == 0, procs.dump()
     for name in actors:
         assert procs.wait(name, 20) == 0, procs.dump()
@@ -168,8 +241,9 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     assert max(r["behavior_version"] for r in rows) >= 10, "new weights did not reach the actors"
     assert "(CURVE)" in procs.out("learner") and f"--learner {learner_ep}" in procs.out("learner")
 
-    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "lag", str(run_dir), "--json"], capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "lag", str(run_dir), "--json"], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     per_host = json.loads(p.stdout)["per_host"]
     assert set(per_host) == {"hostA", "hostB"}, per_host
@@ -177,5 +251,5 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     for name in ("broadcaster", "relayA", "relayB"):
         procs.popen[name].send_signal(2)
     deadline = time.monotonic() + 10
-    for name in ("broadcaster", "relayA", "relayB"):   # stopped by SIGINT: 130 (asyncrl.core.exit_status)
+    for name in ("broadcaster", "relayA", "relayB"):  # stopped by SIGINT: 130 (asyncrl.core.exit_status)
         assert procs.popen[name].wait(max(0.1, deadline - time.monotonic())) == 130, procs.dump()

@@ -6,12 +6,14 @@
 
 Each node runs in its own network namespace (test_netns.Lan: veth pairs to a bridge) and its own
 mount namespace with a private, empty /dev/shm and a private temporary directory (a tmpfs of its
-own on one path: Ray's session files, the roles' keys and logs, and on the head the run directory), so nothing passes through a
+own on one path: Ray's session files, the roles' keys and logs, and on the head the run directory), so nothing passes
+through a
 shared disk or shared memory: rollouts from A and B must come over TCP with CURVE. The test
 SIGKILLs one actor process on a worker node mid-run: Ray restarts its actor, and the run must
 finish with exit 0. Root and Ray only (skipped otherwise); every Ray node is stopped, by pid,
 and the namespaces deleted in finally blocks.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,16 +27,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from mp_helpers import SMALL, wait_for
+from ray_nodes import RayNode, ray_unavailable
 from test_multiprocess import CORRIDOR
 from test_netns import Lan, _unavailable
-from ray_nodes import RayNode, ray_unavailable
 from test_study_runs import _metric_rows, study_text
 
 from asyncrl.analysis.study import Runner, load_study
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
+
 
 def _node_procs(pattern: str) -> list[int]:
     """Pids whose command line contains every part of ``pattern`` (a list of strings)."""
@@ -62,8 +64,12 @@ def _role_logs(nodes: dict, private: Path) -> str:
     parts = []
     for r, node in nodes.items():
         if node.proc.poll() is None:
-            p = subprocess.run([*node.enter(), "sh", "-c", f"tail -n 25 {private}/tmp/asyncrl-ray-*/*/role.log"],
-                               capture_output=True, text=True, timeout=30)
+            p = subprocess.run(
+                [*node.enter(), "sh", "-c", f"tail -n 25 {private}/tmp/asyncrl-ray-*/*/role.log"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             parts.append(f"=== node {r}\n{p.stdout[-6000:]}{p.stderr[-500:]}")
     return "\n".join(parts)
 
@@ -75,11 +81,11 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         pytest.skip(reason)
     lan, nodes, driver = Lan(), {}, None
     tag = secrets.token_hex(3)
-    private = Path(f"/tmp/arl-ray-{tag}")   # short (Ray's socket paths); each node mounts its own tmpfs here
+    private = Path(f"/tmp/arl-ray-{tag}")  # short (Ray's socket paths); each node mounts its own tmpfs here
     tmps = {r: private for r in ("L", "A", "B")}
     logs = tmp_path / "logs"
     logs.mkdir()
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}   # Ray's own token, every node
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}  # Ray's own token, every node
     try:
         lan.up()
         nodes["L"] = RayNode(lan, "L", tmps["L"], None, logs, auth)
@@ -88,22 +94,50 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         for r in ("A", "B"):
             nodes[r] = RayNode(lan, r, tmps[r], lan.ip["L"], logs, auth)
         for r in ("A", "B"):
-            wait_for(lambda r=r: b"Ray runtime started" in (logs / f"ray-{r}.log").read_bytes(), 180,
-                     f"the Ray worker node {r}")
+            wait_for(
+                lambda r=r: b"Ray runtime started" in (logs / f"ray-{r}.log").read_bytes(),
+                180,
+                f"the Ray worker node {r}",
+            )
 
-        run_dir = tmps["L"] / "run"          # on the head's private mount: only the head sees it
+        run_dir = tmps["L"] / "run"  # on the head's private mount: only the head sees it
         total = 100000
-        cmd = [*head.enter(), sys.executable, "-m", "asyncrl", "run", "--launcher", "ray", "--address",
-               f"{lan.ip['L']}:6379", "--env", CORRIDOR, "--num-actors", "4", "--total-steps", str(total),
-               "--run-dir", str(run_dir), *SMALL, "--set", "transport.actor_timeout_s=5",
-               # actors at most 320 env steps/s each: the run lasts over a minute, long enough for the
-               # actor Ray starts again to import and rejoin on a loaded machine, and it loads the CPU less
-               "--set", "actor.slowdown_s=0.1"]
+        cmd = [
+            *head.enter(),
+            sys.executable,
+            "-m",
+            "asyncrl",
+            "run",
+            "--launcher",
+            "ray",
+            "--address",
+            f"{lan.ip['L']}:6379",
+            "--env",
+            CORRIDOR,
+            "--num-actors",
+            "4",
+            "--total-steps",
+            str(total),
+            "--run-dir",
+            str(run_dir),
+            *SMALL,
+            "--set",
+            "transport.actor_timeout_s=5",
+            # actors at most 320 env steps/s each: the run lasts over a minute, long enough for the
+            # actor Ray starts again to import and rejoin on a loaded machine, and it loads the CPU less
+            "--set",
+            "actor.slowdown_s=0.1",
+        ]
         out = open(logs / "driver.log", "w")
-        driver = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env=dict(os.environ, **auth, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
-                                  start_new_session=True)
-        text = lambda: (logs / "driver.log").read_text(errors="replace")   # noqa: E731
+        driver = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, **auth, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
+            start_new_session=True,
+        )
+        text = lambda: (logs / "driver.log").read_text(errors="replace")  # noqa: E731
         wait_for(lambda: " on Ray: " in text() or driver.poll() is not None, 240, "the driver to place the roles")
         assert driver.poll() is None, text()
         run_id = re.search(r"^run (\S+) on Ray: ", text(), re.M).group(1)
@@ -111,19 +145,28 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         # an actor on worker node A, once it has joined: SIGKILL its process (not its Ray actor)
         victim = lambda: _node_procs(["-m asyncrl ", " actor ", run_id, f"--host-label {lan.ip['A']}"])  # noqa: E731
         wait_for(lambda: len(victim()) >= 2 or driver.poll() is not None, 240, "the actors on node A")
-        before = {p: _ppid(p) for p in victim()}       # pid -> parent pid, for the rejoin diagnosis below
+        before = {p: _ppid(p) for p in victim()}  # pid -> parent pid, for the rejoin diagnosis below
         killed = victim()[0]
         actor_id = Path(f"/proc/{killed}/cmdline").read_bytes().split(b"\0--actor-id\0")[1].split(b"\0")[0].decode()
         # only once it has joined: an actor killed while still starting never joined, so the process
         # Ray starts again joins for the first time and no rejoin is counted (seen on a loaded machine)
-        joined = lambda: "joined run" in subprocess.run(   # noqa: E731
-            [*nodes["A"].enter(), "cat", f"{private}/tmp/asyncrl-ray-{run_id}/{actor_id}/role.log"],
-            capture_output=True, text=True, timeout=30).stdout
+        joined = lambda: (  # noqa: E731
+            "joined run"
+            in subprocess.run(  # noqa: E731
+                [*nodes["A"].enter(), "cat", f"{private}/tmp/asyncrl-ray-{run_id}/{actor_id}/role.log"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+        )
         wait_for(lambda: joined() or driver.poll() is not None, 240, f"{actor_id} to join")
         assert driver.poll() is None, text()
         os.kill(killed, signal.SIGKILL)
-        again = lambda: [p for p in _node_procs(["asyncrl.cli", " actor ", run_id, f"--actor-id {actor_id} "])  # noqa: E731
-                         if p != killed]
+        again = lambda: [  # noqa: E731
+            p
+            for p in _node_procs(["asyncrl.cli", " actor ", run_id, f"--actor-id {actor_id} "])  # noqa: E731
+            if p != killed
+        ]
         wait_for(lambda: again() or driver.poll() is not None, 120, f"Ray to start {actor_id} again")
         assert again(), f"{actor_id} was not started again before the run ended\n" + text()
 
@@ -131,16 +174,23 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         out.close()
         assert rc == 0, text()
         assert "Ray restarts it" in text(), text()
-        summary = json.loads(subprocess.run([*head.enter(), "cat", str(run_dir / "summary.json")],
-                                            capture_output=True, text=True, timeout=30).stdout)
+        summary = json.loads(
+            subprocess.run(
+                [*head.enter(), "cat", str(run_dir / "summary.json")], capture_output=True, text=True, timeout=30
+            ).stdout
+        )
         assert summary["outcome"] == "finished" and summary["env_steps"] >= total, summary
         assert summary["launcher"] == "ray" and summary["restart_authority"] == "ray"
         assert sum(v for k, v in summary["restarts"].items() if k.startswith("actor")) >= 1, summary["restarts"]
         assert {summary["nodes"][f"actor{i}"] for i in range(4)} == {lan.ip["A"], lan.ip["B"]}, summary["nodes"]
         assert summary["nodes"]["learner"] == lan.ip["L"]
         assert summary["rollouts_by_transport"].get("tcp", 0) > 0 and "shm" not in summary["rollouts_by_transport"]
-        lag = subprocess.run([*head.enter(), sys.executable, "-m", "asyncrl", "lag", str(run_dir), "--json"],
-                             capture_output=True, text=True, timeout=60)
+        lag = subprocess.run(
+            [*head.enter(), sys.executable, "-m", "asyncrl", "lag", str(run_dir), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert lag.returncode == 0, lag.stderr
         per_host = json.loads(lag.stdout)["per_host"]
         assert set(per_host) == {lan.ip["A"], lan.ip["B"]}, per_host
@@ -151,10 +201,29 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         study.write_text(study_text())
         local = Runner(load_study(study), tmp_path / "local", jobs=2, echo=lambda *_: None)
         assert local.run() == 3
-        res = subprocess.run([*head.enter(), sys.executable, "-m", "asyncrl", "study", str(study), "--launcher",
-                              "ray", "--address", f"{lan.ip['L']}:6379", "--jobs", "3", "--out", str(tmp_path / "ray")],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                             env=dict(os.environ, **auth, RAY_USAGE_STATS_ENABLED="0"))
+        res = subprocess.run(
+            [
+                *head.enter(),
+                sys.executable,
+                "-m",
+                "asyncrl",
+                "study",
+                str(study),
+                "--launcher",
+                "ray",
+                "--address",
+                f"{lan.ip['L']}:6379",
+                "--jobs",
+                "3",
+                "--out",
+                str(tmp_path / "ray"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+            env=dict(os.environ, **auth, RAY_USAGE_STATS_ENABLED="0"),
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "study on Ray: 3 node(s)" in res.stdout, res.stdout
         on_ray = Runner(load_study(study), tmp_path / "ray", echo=lambda *_: None)
@@ -162,20 +231,37 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         for cell in on_ray.study.cells:
             rec = json.loads(on_ray.record_path(cell).read_text())
             ips.add(rec["machine"]["node_ip"])
-            assert rec["status"] == "ok" and rec["final_return"] == json.loads(
-                local.record_path(cell).read_text())["final_return"], rec
+            assert (
+                rec["status"] == "ok"
+                and rec["final_return"] == json.loads(local.record_path(cell).read_text())["final_return"]
+            ), rec
             assert _metric_rows(on_ray.record_path(cell).parent / "run") == _metric_rows(
-                local.record_path(cell).parent / "run")
-        assert ips <= set(lan.ip.values()) and ips - {lan.ip["L"]}, ips    # some cells ran on a worker node
+                local.record_path(cell).parent / "run"
+            )
+        assert ips <= set(lan.ip.values()) and ips - {lan.ip["L"]}, ips  # some cells ran on a worker node
         if not summary["actor_rejoins"]:
-            role_logs = subprocess.run([*head.enter(), "sh", "-c", f"grep -h -e {actor_id} {run_dir}/logs/learner.log; "
-                                        f"cat {run_dir}/logs/{actor_id}.log"], capture_output=True, text=True, timeout=30)
-            (logs / "rejoin.txt").write_text(f"killed pid {killed}; actor processes on node A before the kill "
-                                             f"(pid: parent) {before}\n" + role_logs.stdout)
+            role_logs = subprocess.run(
+                [
+                    *head.enter(),
+                    "sh",
+                    "-c",
+                    f"grep -h -e {actor_id} {run_dir}/logs/learner.log; cat {run_dir}/logs/{actor_id}.log",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            (logs / "rejoin.txt").write_text(
+                f"killed pid {killed}; actor processes on node A before the kill "
+                f"(pid: parent) {before}\n" + role_logs.stdout
+            )
             pytest.xfail(f"{actor_id} was started again by Ray but did not rejoin the learner")
     except BaseException:
-        print("driver:\n" + (logs / "driver.log").read_text(errors="replace")[-4000:] if (logs / "driver.log").exists()
-              else "no driver log")
+        print(
+            "driver:\n" + (logs / "driver.log").read_text(errors="replace")[-4000:]
+            if (logs / "driver.log").exists()
+            else "no driver log"
+        )
         print(_role_logs(nodes, private))
         raise
     finally:
@@ -197,17 +283,44 @@ def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_pa
     if reason:
         pytest.skip(reason)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "asyncrl", "run", "--launcher", "ray", "--env", CORRIDOR, "--num-actors", "2",
-           "--total-steps", "30000", "--run-dir", str(run_dir), *SMALL, "--set", "learner.checkpoint_every=10",
-           "--set", "actor.slowdown_s=0.1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl",
+        "run",
+        "--launcher",
+        "ray",
+        "--env",
+        CORRIDOR,
+        "--num-actors",
+        "2",
+        "--total-steps",
+        "30000",
+        "--run-dir",
+        str(run_dir),
+        *SMALL,
+        "--set",
+        "learner.checkpoint_every=10",
+        "--set",
+        "actor.slowdown_s=0.1",
+    ]
     out = open(tmp_path / "driver.log", "w")
-    driver = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                              env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"))
-    text = lambda: (tmp_path / "driver.log").read_text(errors="replace")   # noqa: E731
+    driver = subprocess.Popen(
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
+    )
+    text = lambda: (tmp_path / "driver.log").read_text(errors="replace")  # noqa: E731
     try:
-        learner = lambda: _node_procs(["asyncrl.cli", " learner ", str(run_dir)])   # noqa: E731
-        wait_for(lambda: (learner() and (run_dir / "checkpoint.pt").exists()) or driver.poll() is not None, 240,
-                 "the learner's first checkpoint")
+        learner = lambda: _node_procs(["asyncrl.cli", " learner ", str(run_dir)])  # noqa: E731
+        wait_for(
+            lambda: (learner() and (run_dir / "checkpoint.pt").exists()) or driver.poll() is not None,
+            240,
+            "the learner's first checkpoint",
+        )
         assert driver.poll() is None, text()
         os.kill(learner()[0], signal.SIGKILL)
         rc = driver.wait(300)

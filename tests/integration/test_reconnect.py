@@ -6,6 +6,7 @@ Every test starts its processes through the ``procs`` fixture (conftest.py), whi
 those pids at the end and asserts that none survives and that no /dev/shm segment of the test's
 run ids is left. Nothing here asserts on timing, on how many log lines appear, or on their order.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,11 @@ import time
 
 import numpy as np
 import pytest
-
-from asyncrl.wire import transport as tp
 from mp_helpers import SMALL, new_run_id, read_jsonl, wait_for
 from test_hostile_messages import Spy
-from test_multiprocess import CORRIDOR, RUN_LINE, endpoints, start_actor, start_learner, start_roles
+from test_multiprocess import CORRIDOR, endpoints, start_actor, start_learner, start_roles
+
+from asyncrl.wire import transport as tp
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +33,9 @@ def rows_of(run_dir, actor: str) -> list[dict]:
 
 
 def stop_learner(procs, name: str = "learner") -> None:
-    procs.expect_failure.add(name)     # an interrupted command exits 130, which check_no_failure must allow
+    procs.expect_failure.add(name)  # an interrupted command exits 130, which check_no_failure must allow
     procs.popen[name].send_signal(signal.SIGINT)
-    assert procs.wait(name, 60) == 130, procs.dump()     # interrupted (asyncrl.core.exit_status)
+    assert procs.wait(name, 60) == 130, procs.dump()  # interrupted (asyncrl.core.exit_status)
 
 
 @pytest.mark.timeout(240)
@@ -42,23 +43,36 @@ def test_actors_reconnect_to_a_restarted_learner(procs, tmp_path):
     """The learner SIGKILLed and started again by hand on the same addresses: the same actor
     processes notice the new learner, say hello again and fill its batches."""
     run_id, first, second = new_run_id(), tmp_path / "first", tmp_path / "second"
-    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=first, env_id=CORRIDOR,
-                                             total_steps=100_000_000, extra=FAST)
+    learner_ep, broadcaster_ep = start_roles(
+        procs, run_id=run_id, run_dir=first, env_id=CORRIDOR, total_steps=100_000_000, extra=FAST
+    )
     actors = {n: start_actor(procs, n, learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=FAST) for n in ("a0", "a1")}
     wait_for(lambda: all(rows_of(first, n) for n in actors), 120, "both actors' slots", procs=procs)
     procs.popen["learner"].kill()
     procs.popen["learner"].wait(10)
     # a new learner (a new run directory: resuming from the checkpoint is not this test's)
     procs.popen.pop("learner")
-    start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=second, env_id=CORRIDOR,
-                  total_steps=100_000_000, extra=FAST)
+    start_learner(
+        procs,
+        learner_ep,
+        broadcaster_ep,
+        run_id=run_id,
+        run_dir=second,
+        env_id=CORRIDOR,
+        total_steps=100_000_000,
+        extra=FAST,
+    )
     # slots are logged when they leave the ring, before their update ends: wait for a finished
     # iteration too, or a loaded machine can stop the learner between the two
-    wait_for(lambda: all(rows_of(second, n) for n in actors) and read_jsonl(second / "metrics.jsonl"), 120,
-             "both actors' slots in the new learner, and one finished iteration", procs=procs)
+    wait_for(
+        lambda: all(rows_of(second, n) for n in actors) and read_jsonl(second / "metrics.jsonl"),
+        120,
+        "both actors' slots in the new learner, and one finished iteration",
+        procs=procs,
+    )
     stop_learner(procs)
-    for name, p in actors.items():
-        assert procs.wait(name, 30) == 0, procs.dump()       # the same processes, stopped by the new learner
+    for name, _p in actors.items():
+        assert procs.wait(name, 30) == 0, procs.dump()  # the same processes, stopped by the new learner
         assert "saying hello again" in procs.err(name), procs.err(name)
     summary = json.loads((second / "summary.json").read_text())
     assert summary["learner_iterations"] >= 1, summary
@@ -72,9 +86,10 @@ def test_restarted_actor_takes_its_id_back_with_its_token(procs, tmp_path):
     still counts the dead one as live: actor_timeout_s is long); a claim on a live id without its
     token is refused, and the live actor goes on."""
     run_id, run_dir = new_run_id(), tmp_path / "run"
-    slow = ["--set", "transport.actor_timeout_s=300"]     # reaping by silence would come far too late
-    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
-                                             total_steps=100_000_000, extra=slow)
+    slow = ["--set", "transport.actor_timeout_s=300"]  # reaping by silence would come far too late
+    learner_ep, broadcaster_ep = start_roles(
+        procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR, total_steps=100_000_000, extra=slow
+    )
     token = ["--token-file", str(tmp_path / "a0.token"), *slow]
     a0 = start_actor(procs, "a0", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=token)
     start_actor(procs, "a1", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=slow)
@@ -83,19 +98,24 @@ def test_restarted_actor_takes_its_id_back_with_its_token(procs, tmp_path):
     a0.wait(10)
     procs.popen.pop("a0")
     start_actor(procs, "a0", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=token)
-    wait_for(lambda: "actor a0 left (came back with its token)" in procs.err("learner"), 120,
-             "a0 to come back with its token", procs=procs)
-    wait_for(lambda: re.search(r"actor a0: joined run \S+ \(restart 1\)", procs.err("a0")), 60, "a0's join line",
-             procs=procs)
+    wait_for(
+        lambda: "actor a0 left (came back with its token)" in procs.err("learner"),
+        120,
+        "a0 to come back with its token",
+        procs=procs,
+    )
+    wait_for(
+        lambda: re.search(r"actor a0: joined run \S+ \(restart 1\)", procs.err("a0")), 60, "a0's join line", procs=procs
+    )
 
-    spy = Spy(learner_ep, actor_id="a1")   # the same id, even the same socket identity prefix
+    spy = Spy(learner_ep, actor_id="a1")  # the same id, even the same socket identity prefix
     try:
         for claim in (None, b"\0" * 16):
             refusal = spy.hello(token=claim)
             assert refusal["type"] == "refuse" and "is in use" in refusal["reason"], refusal
         # and no message can speak for a1 without its route and token
         spy.send(tp.encode({"type": "bye", "run_id": run_id, "actor_id": "a1", "token": b"\0" * 16}))
-        assert spy.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"   # barrier: all of the above handled
+        assert spy.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"  # barrier: all of the above handled
     finally:
         spy.close()
     seen = len(rows_of(run_dir, "a1"))
@@ -121,15 +141,27 @@ def test_broadcaster_restarted_before_any_actor_holds_weights(procs, tmp_path):
     learner_ep, broadcaster_ep = endpoints()
     first = tmp_path / "b1.json"
     procs.start("b1", ["broadcaster", "--bind", broadcaster_ep, "--summary", str(first)], expect_failure=True)
-    start_learner(procs, learner_ep, broadcaster_ep, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
-                  total_steps=total, extra=FAST)
-    wait_for(lambda: first.exists() and json.loads(first.read_text())["published"] >= 1, 90,
-             "the first broadcaster to hold weights", procs=procs)
+    start_learner(
+        procs,
+        learner_ep,
+        broadcaster_ep,
+        run_id=run_id,
+        run_dir=run_dir,
+        env_id=CORRIDOR,
+        total_steps=total,
+        extra=FAST,
+    )
+    wait_for(
+        lambda: first.exists() and json.loads(first.read_text())["published"] >= 1,
+        90,
+        "the first broadcaster to hold weights",
+        procs=procs,
+    )
     procs.popen["b1"].kill()
     procs.popen["b1"].wait(10)
     start_actor(procs, "a0", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=FAST)
     wait_for(lambda: "joined run" in procs.err("a0"), 90, "a0 to join", procs=procs)
-    time.sleep(3)     # longer than actor_timeout_s, with no broadcaster: a0 waits for weights
+    time.sleep(3)  # longer than actor_timeout_s, with no broadcaster: a0 waits for weights
     procs.start("b2", ["broadcaster", "--bind", broadcaster_ep, "--summary", str(tmp_path / "b2.json")])
     assert procs.wait("learner", 150) == 0, procs.dump()
     assert procs.wait("a0", 30) == 0, procs.dump()
@@ -148,20 +180,18 @@ def test_stalled_actor_rejoins_and_acts_with_the_newest_weights(procs, tmp_path)
     rejoins (the run goes on), and its first slot trained on after that was collected with weights
     at least as new as the learner's version when it was continued."""
     run_id, run_dir = new_run_id(), tmp_path / "run"
-    learner_ep, broadcaster_ep = start_roles(procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR,
-                                             total_steps=100_000_000, extra=FAST)
+    learner_ep, broadcaster_ep = start_roles(
+        procs, run_id=run_id, run_dir=run_dir, env_id=CORRIDOR, total_steps=100_000_000, extra=FAST
+    )
     frozen = start_actor(procs, "frozen", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=FAST)
     start_actor(procs, "good", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=FAST)
-    wait_for(lambda: rows_of(run_dir, "frozen") and rows_of(run_dir, "good"), 120, "both actors' slots",
-             procs=procs)
+    wait_for(lambda: rows_of(run_dir, "frozen") and rows_of(run_dir, "good"), 120, "both actors' slots", procs=procs)
     frozen.send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: "actor frozen left (silent" in procs.err("learner"), 60, "the learner to drop it",
-                 procs=procs)
+        wait_for(lambda: "actor frozen left (silent" in procs.err("learner"), 60, "the learner to drop it", procs=procs)
         done = len(read_jsonl(run_dir / "metrics.jsonl"))
-        wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= done + 3, 90, "3 more iterations",
-                 procs=procs)
-        version = len(read_jsonl(run_dir / "metrics.jsonl"))   # iteration k publishes version k
+        wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= done + 3, 90, "3 more iterations", procs=procs)
+        version = len(read_jsonl(run_dir / "metrics.jsonl"))  # iteration k publishes version k
         before = len(rows_of(run_dir, "frozen"))
     finally:
         frozen.send_signal(signal.SIGCONT)
@@ -181,10 +211,16 @@ def test_forged_weights_and_bye_under_asyncrl_run(procs, tmp_path):
     huge version, or signed with a guessed secret) and a bye for its actor from another process
     are rejected and counted; the run finishes, its summary.json holds the broadcaster's counts."""
     run_dir, total = tmp_path / "run", 20_000
-    procs.start("run", ["run", "--env", CORRIDOR, "--num-actors", "1", "--total-steps", str(total),
-                        "--run-dir", str(run_dir), *SMALL])
-    m = wait_for(lambda: re.search(r"^run (\S+): learner (\S+), broadcaster (\S+),", procs.out("run"), re.M), 60,
-                 "the run line", procs=procs)
+    procs.start(
+        "run",
+        ["run", "--env", CORRIDOR, "--num-actors", "1", "--total-steps", str(total), "--run-dir", str(run_dir), *SMALL],
+    )
+    m = wait_for(
+        lambda: re.search(r"^run (\S+): learner (\S+), broadcaster (\S+),", procs.out("run"), re.M),
+        60,
+        "the run line",
+        procs=procs,
+    )
     run_id, learner_ep, broadcaster_ep = m.group(1), m.group(2), m.group(3)
     procs.run_ids.add(run_id)
     wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, 90, "2 learner iterations", procs=procs)
@@ -192,8 +228,14 @@ def test_forged_weights_and_bye_under_asyncrl_run(procs, tmp_path):
     ctx = tp.context()
     forger = tp.dealer(ctx, tp.snapshot_endpoint(broadcaster_ep), "forger")
     try:
-        weights = tp.encode_weights(run_id=run_id, epoch=2**63 - 1, version=2**62, publish_time=0.0, layout_hash="x",
-                                    payload=np.zeros(4, np.float32))
+        weights = tp.encode_weights(
+            run_id=run_id,
+            epoch=2**63 - 1,
+            version=2**62,
+            publish_time=0.0,
+            layout_hash="x",
+            payload=np.zeros(4, np.float32),
+        )
         tp.send(forger, weights)
         tp.send(forger, tp.sign_weights(weights, b"a guessed secret"))
         # barrier: the broadcaster answers this snapshot request after handling the two above
@@ -205,7 +247,7 @@ def test_forged_weights_and_bye_under_asyncrl_run(procs, tmp_path):
     spy = Spy(learner_ep, actor_id="actor0")
     try:
         spy.send(tp.encode({"type": "bye", "run_id": run_id, "actor_id": "actor0", "token": b"\0" * 16}))
-        assert spy.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"    # barrier
+        assert spy.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"  # barrier
     finally:
         spy.close()
     seen = len(read_jsonl(run_dir / "metrics.jsonl"))

@@ -8,6 +8,7 @@ Every test starts its processes through the ``procs`` fixture (conftest.py), whi
 those pids at the end and asserts that none survives and that no /dev/shm segment of the test's
 run ids is left. Nothing here asserts on timing, on how many log lines appear, or on their order.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from mp_helpers import SMALL, alive, read_jsonl, shm_segments, wait_for
 from test_faults import role_pid
 from test_multiprocess import CORRIDOR, RUN_LINE
@@ -29,9 +29,26 @@ from test_resume import assert_same_run  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-SERIAL = ["--set", "env.num_envs=2", "--set", "env.rollout_length=16", "--set", "learner.slots_per_batch=2",
-          "--set", "learner.num_slots=2", "--set", "algo.num_minibatches=4", "--set", "algo.num_epochs=2",
-          "--set", "run.log_every_s=1000", "--set", "learner.checkpoint_every=3", "--seed", "4"]
+SERIAL = [
+    "--set",
+    "env.num_envs=2",
+    "--set",
+    "env.rollout_length=16",
+    "--set",
+    "learner.slots_per_batch=2",
+    "--set",
+    "learner.num_slots=2",
+    "--set",
+    "algo.num_minibatches=4",
+    "--set",
+    "algo.num_epochs=2",
+    "--set",
+    "run.log_every_s=1000",
+    "--set",
+    "learner.checkpoint_every=3",
+    "--seed",
+    "4",
+]
 
 
 def iterations(run_dir: Path) -> list[dict]:
@@ -49,9 +66,12 @@ def kill_tree(procs, name: str, sig: int = signal.SIGKILL) -> None:
 
 # ----------------------------------------------------------------------------- (a) serial
 
+
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("env_id, total, sig", [(CORRIDOR, 1600, signal.SIGKILL), (CORRIDOR, 1600, signal.SIGTERM),
-                                                ("HalfCheetah-v5", 640, signal.SIGKILL)])
+@pytest.mark.parametrize(
+    "env_id, total, sig",
+    [(CORRIDOR, 1600, signal.SIGKILL), (CORRIDOR, 1600, signal.SIGTERM), ("HalfCheetah-v5", 640, signal.SIGKILL)],
+)
 def test_serial_run_interrupted_and_resumed_is_bit_identical(procs, tmp_path, env_id, total, sig):
     """`asyncrl run --serial` stopped by ``sig`` at a random iteration, then the same command
     again: the final weights, normalisers and every metrics row (but the clock's) equal those of
@@ -60,7 +80,7 @@ def test_serial_run_interrupted_and_resumed_is_bit_identical(procs, tmp_path, en
     procs.start("whole", [*args, "--run-dir", str(tmp_path / "a")])
     assert procs.wait("whole", 300) == 0, procs.dump()
     iterations_total = len(iterations(tmp_path / "a"))
-    stop_after = random.Random().randint(1, iterations_total // 2)   # room for a slow poll under load
+    stop_after = random.Random().randint(1, iterations_total // 2)  # room for a slow poll under load
     procs.start("cut", [*args, "--run-dir", str(tmp_path / "b")], expect_failure=True)
     wait_for(lambda: len(iterations(tmp_path / "b")) >= stop_after, 200, f"{stop_after} iterations", procs=procs)
     os.kill(procs.popen["cut"].pid, sig)
@@ -75,13 +95,29 @@ def test_serial_run_interrupted_and_resumed_is_bit_identical(procs, tmp_path, en
 
 # ----------------------------------------------------------------------------- (b) asyncrl run, whole group
 
-ASYNC = ["--env", CORRIDOR, "--num-actors", "2", "--set", "run.log_every_s=1", "--set", "learner.checkpoint_every=3",
-         "--set", "transport.actor_timeout_s=3", "--set", "run.restart_backoff_s=0.2", *SMALL]
+ASYNC = [
+    "--env",
+    CORRIDOR,
+    "--num-actors",
+    "2",
+    "--set",
+    "run.log_every_s=1",
+    "--set",
+    "learner.checkpoint_every=3",
+    "--set",
+    "transport.actor_timeout_s=3",
+    "--set",
+    "run.restart_backoff_s=0.2",
+    *SMALL,
+]
 
 
 def start_run(procs, name, run_dir, total, extra=(), expect_failure=False) -> str:
-    procs.start(name, ["run", "--total-steps", str(total), "--run-dir", str(run_dir), *ASYNC, *extra],
-                expect_failure=expect_failure)
+    procs.start(
+        name,
+        ["run", "--total-steps", str(total), "--run-dir", str(run_dir), *ASYNC, *extra],
+        expect_failure=expect_failure,
+    )
     run_id = wait_for(lambda: RUN_LINE.search(procs.out(name)), 90, "the run line", procs=procs).group(1)
     procs.run_ids.add(run_id)
     return run_id
@@ -113,6 +149,7 @@ def test_asyncrl_run_killed_whole_resumes_to_its_budget(procs, tmp_path):
 
 
 # ----------------------------------------------------------------------------- (c) restarts
+
 
 @pytest.mark.timeout(300)
 def test_killed_actor_and_learner_are_restarted(procs, tmp_path):
@@ -150,16 +187,23 @@ def learner_pid(procs) -> int | None:
 def test_role_killed_past_its_budget_fails_the_run(procs, tmp_path):
     """run.max_restarts = 1: actor0 killed twice ends the run, exit 1, naming actor0 and its budget."""
     run_dir = tmp_path / "run"
-    start_run(procs, "run", run_dir, 100_000_000, extra=["--set", "run.max_restarts=1", "--set",
-                                                         "run.restart_window_s=600"], expect_failure=True)
+    start_run(
+        procs,
+        "run",
+        run_dir,
+        100_000_000,
+        extra=["--set", "run.max_restarts=1", "--set", "run.restart_window_s=600"],
+        expect_failure=True,
+    )
     wait_for(lambda: len(iterations(run_dir)) >= 2, 120, "2 learner iterations", procs=procs)
     first = wait_for(lambda: role_pid(procs, "actor0"), 30, "actor0's pid", procs=procs)
     os.kill(first, signal.SIGKILL)
     second = wait_for(lambda: (p := role_pid(procs, "actor0")) != first and p, 60, "actor0 restarted", procs=procs)
     os.kill(second, signal.SIGKILL)
     assert procs.wait("run", 60) == 1, procs.dump()
-    assert ("actor0 exited with status -9 (restarted 1 time in the last 600 s, run.max_restarts = 1)"
-            in procs.err("run")), procs.dump()
+    assert "actor0 exited with status -9 (restarted 1 time in the last 600 s, run.max_restarts = 1)" in procs.err(
+        "run"
+    ), procs.dump()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "failed" and summary["failure"]["role"] == "actor0", summary
     assert summary["restarts"]["actor0"] == 1, summary
@@ -170,16 +214,23 @@ def test_restarts_older_than_the_window_do_not_count(procs, tmp_path):
     """run.max_restarts = 1, run.restart_window_s = 2: actor0 killed, restarted, and killed again
     more than 2 s after its restart is restarted again (its first restart no longer counts)."""
     run_dir = tmp_path / "run"
-    start_run(procs, "run", run_dir, 100_000_000, extra=["--set", "run.max_restarts=1", "--set",
-                                                         "run.restart_window_s=2"], expect_failure=True)
+    start_run(
+        procs,
+        "run",
+        run_dir,
+        100_000_000,
+        extra=["--set", "run.max_restarts=1", "--set", "run.restart_window_s=2"],
+        expect_failure=True,
+    )
     wait_for(lambda: len(iterations(run_dir)) >= 2, 120, "2 learner iterations", procs=procs)
     first = wait_for(lambda: role_pid(procs, "actor0"), 30, "actor0's pid", procs=procs)
     os.kill(first, signal.SIGKILL)
     second = wait_for(lambda: (p := role_pid(procs, "actor0")) != first and p, 60, "actor0 restarted", procs=procs)
-    time.sleep(3.0)                       # longer than the window since the restart
+    time.sleep(3.0)  # longer than the window since the restart
     os.kill(second, signal.SIGKILL)
-    wait_for(lambda: (p := role_pid(procs, "actor0")) not in (first, second) and p, 60, "actor0 restarted again",
-             procs=procs)
+    wait_for(
+        lambda: (p := role_pid(procs, "actor0")) not in (first, second) and p, 60, "actor0 restarted again", procs=procs
+    )
     assert procs.popen["run"].poll() is None, procs.dump()
     procs.popen["run"].send_signal(signal.SIGINT)
     procs.wait("run", 60)
@@ -188,6 +239,7 @@ def test_restarts_older_than_the_window_do_not_count(procs, tmp_path):
 
 
 # ----------------------------------------------------------------------------- (d) supervisor killed
+
 
 @pytest.mark.timeout(200)
 def test_roles_die_with_a_killed_supervisor(procs, tmp_path):
@@ -201,4 +253,4 @@ def test_roles_die_with_a_killed_supervisor(procs, tmp_path):
     wait_for(lambda: not any(alive(pid, start) for pid, start in roles.items()), 60, "the roles to exit")
     wait_for(lambda: not shm_segments(run_id), 30, "the learner to remove its shared memory")
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["outcome"] == "interrupted", summary   # the learner got SIGTERM and wrote it
+    assert summary["outcome"] == "interrupted", summary  # the learner got SIGTERM and wrote it

@@ -1,22 +1,30 @@
 """asyncrl study end to end: serial cells are exactly `asyncrl run --serial`; a study killed
 mid-way continues without redoing finished cells; a cell whose config changed runs again."""
+
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
-
 from mp_helpers import REPO, alive, assert_strict_json_files, descendants, wait_for
+
 from asyncrl.analysis.study import Runner, load_study
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["env.num_envs=2", "env.rollout_length=16", "learner.slots_per_batch=2", "learner.num_slots=4",
-         "algo.num_minibatches=2", "algo.num_epochs=2", "env.max_episode_steps=20", "run.log_every_s=1000"]
+SMALL = [
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=4",
+    "algo.num_minibatches=2",
+    "algo.num_epochs=2",
+    "env.max_episode_steps=20",
+    "run.log_every_s=1000",
+]
 
 
 def study_text(steps=1024, seeds=(1,), tv=0.2, conditions=("none", "age-3")):
@@ -70,9 +78,24 @@ def test_serial_cells_equal_separate_serial_runs_bit_for_bit(tmp_path):
         rec = json.loads(runner.record_path(cell).read_text())
         assert rec["status"] == "ok", rec
         by_hand = tmp_path / f"by-hand-{cell.condition}"
-        cmd = [sys.executable, "-m", "asyncrl", "run", "--serial", "--env", "asyncrl/Corridor-v0", "--preset",
-               "vaco", "--seed", "1", "--total-steps", "1024", "--run-dir", str(by_hand),
-               *sum((["--set", s] for s in SMALL + ["algo.tv_threshold=0.2"]), [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "asyncrl",
+            "run",
+            "--serial",
+            "--env",
+            "asyncrl/Corridor-v0",
+            "--preset",
+            "vaco",
+            "--seed",
+            "1",
+            "--total-steps",
+            "1024",
+            "--run-dir",
+            str(by_hand),
+            *sum((["--set", s] for s in SMALL + ["algo.tv_threshold=0.2"]), []),
+        ]
         if cell.condition == "age-3":
             cmd += ["--set", "actor.policy_age_buffer=3"]
         subprocess.run(cmd, check=True, capture_output=True, timeout=120, cwd=REPO)
@@ -89,8 +112,7 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
     path.write_text(study_text(steps=3072, seeds=(1, 2)))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "asyncrl", "study", str(path), "--jobs", "1", "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     children: dict = {}
     try:
         first = wait_for(lambda: list(out.glob("cells/*/cell.json")), 150, "a first finished cell")
@@ -111,8 +133,8 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
     assert packed.returncode == 0 and f"packed {len(done_before)} cell record" in packed.stdout, packed.stdout
     assert not any(p.exists() for p in done_before) and (out / "cells.tar.xz").exists()
     runner = Runner(st, out, jobs=2, echo=lambda *_: None)
-    assert runner.run() == len(st.cells) - len(done_before)   # only the unfinished cells ran
-    assert not any(p.exists() for p in done_before)           # the packed ones did not run again
+    assert runner.run() == len(st.cells) - len(done_before)  # only the unfinished cells ran
+    assert not any(p.exists() for p in done_before)  # the packed ones did not run again
     assert len(runner.finished_records()) == len(st.cells)
     # change the vaco arm's config: its cells (and only they) run again
     path.write_text(study_text(steps=3072, seeds=(1, 2), tv=0.1))
@@ -128,6 +150,7 @@ def test_killed_study_continues_and_changed_cells_rerun(tmp_path):
     assert {g["label"] for g in results["groups"]} == {"vaco", "ppo"}
     # where each cell ran: the CPU model is recorded (serial cells repeat bit for bit only on one model)
     from asyncrl.core.provenance import cpu_model
+
     assert all(c["machine"]["cpu_model"] == cpu_model() for c in results["cells"])
     assert "CPU models (cells): " in (out / "report.md").read_text()
 
@@ -137,9 +160,25 @@ def test_full_profile_smoke_at_a_tiny_budget(tmp_path):
     """configs/studies/full.toml: every preset, serial and multi-process conditions, one toy env,
     one seed, one learner iteration per cell; every cell finishes and the report is written."""
     out = tmp_path / "full"
-    cmd = [sys.executable, "-m", "asyncrl", "study", str(REPO / "configs/studies/full.toml"), "--jobs", "2",
-           "--out", str(out), "--envs", "asyncrl/Corridor-v0", "--seeds", "1", "--total-steps", "512",
-           "--conditions", "none,delay-1,async-2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl",
+        "study",
+        str(REPO / "configs/studies/full.toml"),
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+        "--envs",
+        "asyncrl/Corridor-v0",
+        "--seeds",
+        "1",
+        "--total-steps",
+        "512",
+        "--conditions",
+        "none,delay-1,async-2",
+    ]
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=580)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -163,7 +202,9 @@ def test_cells_run_the_study_code_not_a_checkout_in_the_cwd_and_failed_cells_ret
     (shadow / "asyncrl" / "__init__.py").write_text("raise ImportError('the shadowing checkout was imported')\n")
     monkeypatch.chdir(shadow)
     path = tmp_path / "s.toml"
-    path.write_text(study_text(conditions=("none",)).replace('presets = ["ppo"]', 'presets = ["ppo"]\nenvs = ["os:getcwd"]'))
+    path.write_text(
+        study_text(conditions=("none",)).replace('presets = ["ppo"]', 'presets = ["ppo"]\nenvs = ["os:getcwd"]')
+    )
     st = load_study(path)
     runner = Runner(st, tmp_path / "out", jobs=2, echo=lambda *_: None)
     runner.run()
@@ -178,10 +219,15 @@ def test_cells_run_the_study_code_not_a_checkout_in_the_cwd_and_failed_cells_ret
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_running_cells_and_records_none(tmp_path):
     path = tmp_path / "s.toml"
-    path.write_text(study_text(steps=200_000, conditions=("none",)))   # cells far longer than the test
+    path.write_text(study_text(steps=200_000, conditions=("none",)))  # cells far longer than the test
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "study", str(path), "--jobs", "2", "--out", str(out)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl", "study", str(path), "--jobs", "2", "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     children: dict = {}
     try:
         wait_for(lambda: len(list(out.glob("cells/*/run/metrics.jsonl"))) == 2, 150, "both cells to be training")
@@ -205,13 +251,30 @@ def test_a_study_through_ray_gives_the_local_studys_serial_cells_bit_for_bit(tmp
     st = load_study(path)
     local = Runner(st, tmp_path / "local", jobs=2, echo=lambda *_: None)
     assert local.run() == 3
-    res = subprocess.run([sys.executable, "-m", "asyncrl", "study", str(path), "--launcher", "ray", "--jobs", "3",
-                          "--out", str(tmp_path / "ray")], cwd=tmp_path, capture_output=True, text=True, timeout=360,
-                         env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asyncrl",
+            "study",
+            str(path),
+            "--launcher",
+            "ray",
+            "--jobs",
+            "3",
+            "--out",
+            str(tmp_path / "ray"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=360,
+        env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "study on Ray: 1 node(s)" in res.stdout, res.stdout
     ray_runner = Runner(st, tmp_path / "ray", echo=lambda *_: None)
-    assert ray_runner.pending() == []                # same keys: the Ray study's cells are the local study's cells
+    assert ray_runner.pending() == []  # same keys: the Ray study's cells are the local study's cells
     for cell in st.cells:
         rec = json.loads(ray_runner.record_path(cell).read_text())
         assert rec["status"] == "ok" and rec["launcher"] == "ray" and rec["machine"]["node_ip"], rec

@@ -1,18 +1,28 @@
 """Fixtures of the llm task tests: offline Hugging Face, and one micro model prepared per session."""
+
 from __future__ import annotations
 
 import json
 import os
 
-os.environ["HF_HUB_OFFLINE"] = "1"              # nothing may be fetched from a hub (the machine has no network)
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be fetched from a hub (the machine has no network)
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 import pytest  # noqa: E402
 
-MICRO = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512,
-         "tie_word_embeddings": True, "attention_dropout": 0.0}
+MICRO = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+    "attention_dropout": 0.0,
+}
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +38,9 @@ def micro_dir(tmp_path_factory, micro_config):
     """A prepared directory (tokenizer trained on 300 generated problems + micro model)."""
     pytest.importorskip("transformers")
     from asyncrl.tasks.llm import model
-    out, reused = model.prepare(tmp_path_factory.mktemp("llm") / "micro", seed=0, config_path=micro_config,
-                                vocab_size=400, n_texts=300)
+
+    out, reused = model.prepare(
+        tmp_path_factory.mktemp("llm") / "micro", seed=0, config_path=micro_config, vocab_size=400, n_texts=300
+    )
     assert not reused
     return out

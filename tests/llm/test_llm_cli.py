@@ -1,4 +1,5 @@
 """The ``llm`` click group: prepare is cached, warmup writes a reusable directory, bad paths are one line."""
+
 import json
 
 import pytest
@@ -10,8 +11,17 @@ from asyncrl.cli.llm import WARMUP_STAMP, llm  # noqa: E402
 
 
 def test_prepare_then_reuse(tmp_path, micro_config):
-    args = ["prepare", "--out", str(tmp_path / "m"), "--model-config", str(micro_config), "--vocab-size", "400",
-            "--texts", "200"]
+    args = [
+        "prepare",
+        "--out",
+        str(tmp_path / "m"),
+        "--model-config",
+        str(micro_config),
+        "--vocab-size",
+        "400",
+        "--texts",
+        "200",
+    ]
     first = CliRunner().invoke(llm, args)
     assert first.exit_code == 0, first.output
     assert first.stdout.startswith(f"prepared {tmp_path / 'm'} (") and "parameters)" in first.stdout
@@ -23,8 +33,25 @@ def test_prepare_then_reuse(tmp_path, micro_config):
 
 def test_warmup_writes_model_and_stamp_then_reuses(tmp_path, micro_dir):
     out = tmp_path / "warm"
-    args = ["warmup", "--model", str(micro_dir), "--out", str(out), "--steps", "2", "--batch-size", "4",
-            "--train", "16", "--heldout", "3", "--max-new-tokens", "4", "--threads", "1"]
+    args = [
+        "warmup",
+        "--model",
+        str(micro_dir),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--train",
+        "16",
+        "--heldout",
+        "3",
+        "--max-new-tokens",
+        "4",
+        "--threads",
+        "1",
+    ]
     res = CliRunner().invoke(llm, args)
     assert res.exit_code == 0, res.output
     stamp = json.loads((out / WARMUP_STAMP).read_text())
@@ -34,11 +61,14 @@ def test_warmup_writes_model_and_stamp_then_reuses(tmp_path, micro_dir):
     assert again.exit_code == 0 and again.stdout.startswith(f"reused {out}")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["warmup", "--model", "NOPE", "--steps", "1"], "Error: model directory not found: NOPE"),
-    (["eval", "--model", "NOPE"], "Error: model directory not found: NOPE"),
-    (["eval", "--model", ".", "--file", "missing.jsonl"], "Error: GSM8k file not found: missing.jsonl"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["warmup", "--model", "NOPE", "--steps", "1"], "Error: model directory not found: NOPE"),
+        (["eval", "--model", "NOPE"], "Error: model directory not found: NOPE"),
+        (["eval", "--model", ".", "--file", "missing.jsonl"], "Error: GSM8k file not found: missing.jsonl"),
+    ],
+)
 def test_bad_paths_one_line(tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(llm, args)
@@ -47,20 +77,39 @@ def test_bad_paths_one_line(tmp_path, monkeypatch, args, message):
 
 def test_eval_on_a_jsonl_file(tmp_path, micro_dir):
     f = tmp_path / "t.jsonl"
-    f.write_text(json.dumps({"question": "Tom has 2 cards. He buys 3 more. How many?",
-                             "answer": "2+3 = <<2+3=5>>5\n#### 5"}) + "\n")
-    res = CliRunner().invoke(llm, ["eval", "--model", str(micro_dir), "--file", str(f), "--max-new-tokens", "3",
-                                   "--threads", "1"])
+    f.write_text(
+        json.dumps({"question": "Tom has 2 cards. He buys 3 more. How many?", "answer": "2+3 = <<2+3=5>>5\n#### 5"})
+        + "\n"
+    )
+    res = CliRunner().invoke(
+        llm, ["eval", "--model", str(micro_dir), "--file", str(f), "--max-new-tokens", "3", "--threads", "1"]
+    )
     assert res.exit_code == 0, res.output
-    assert res.stdout.strip() in ("accuracy 0.000 on 1 problem", "accuracy 1.000 on 1 problem")   # not "1 problems"
+    assert res.stdout.strip() in ("accuracy 0.000 on 1 problem", "accuracy 1.000 on 1 problem")  # not "1 problems"
 
 
 def test_eval_breakdown_prints_json(tmp_path, micro_dir):
     f = tmp_path / "t.jsonl"
-    f.write_text(json.dumps({"question": "Tom has 2 cards. He buys 3 more. How many?",
-                             "answer": "2+3 = <<2+3=5>>5\n#### 5"}) + "\n")
-    res = CliRunner().invoke(llm, ["eval", "--model", str(micro_dir), "--file", str(f), "--max-new-tokens", "3",
-                                   "--threads", "1", "--breakdown", "--no-calculator"])
+    f.write_text(
+        json.dumps({"question": "Tom has 2 cards. He buys 3 more. How many?", "answer": "2+3 = <<2+3=5>>5\n#### 5"})
+        + "\n"
+    )
+    res = CliRunner().invoke(
+        llm,
+        [
+            "eval",
+            "--model",
+            str(micro_dir),
+            "--file",
+            str(f),
+            "--max-new-tokens",
+            "3",
+            "--threads",
+            "1",
+            "--breakdown",
+            "--no-calculator",
+        ],
+    )
     assert res.exit_code == 0, res.output
     first, second = res.stdout.strip().splitlines()
     assert first.startswith("accuracy ") and json.loads(second)["n"] == 1

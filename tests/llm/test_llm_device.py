@@ -1,5 +1,6 @@
 """learner.precision = bf16 on the llm learner iteration (on the CPU: the same autocast code path as
 cuda) and actor.device on a generator: float32 ratios and weights, one line for a missing device."""
+
 from __future__ import annotations
 
 import math
@@ -18,11 +19,26 @@ from asyncrl.tasks import make_task  # noqa: E402
 
 
 def _cfg(micro_dir, *extra):
-    return config.load(None, ["task.kind=llm", f"llm.model_dir={micro_dir}", "llm.warmup_steps=0",
-                              "llm.group_size=2", "llm.prompts_per_slot=2", "llm.max_prompt_tokens=160",
-                              "llm.max_new_tokens=12", "llm.eval_size=0", "algo.num_epochs=2",
-                              "algo.num_minibatches=2", "algo.lr=1e-3", "learner.slots_per_batch=2",
-                              "learner.num_slots=2", "run.num_actors=1", *extra])
+    return config.load(
+        None,
+        [
+            "task.kind=llm",
+            f"llm.model_dir={micro_dir}",
+            "llm.warmup_steps=0",
+            "llm.group_size=2",
+            "llm.prompts_per_slot=2",
+            "llm.max_prompt_tokens=160",
+            "llm.max_new_tokens=12",
+            "llm.eval_size=0",
+            "algo.num_epochs=2",
+            "algo.num_minibatches=2",
+            "algo.lr=1e-3",
+            "learner.slots_per_batch=2",
+            "learner.num_slots=2",
+            "run.num_actors=1",
+            *extra,
+        ],
+    )
 
 
 def _slots(cfg, task):
@@ -33,7 +49,7 @@ def _slots(cfg, task):
     for i in range(cfg.learner.slots_per_batch):
         slot = task.spec.allocate()
         prod.collect(slot, version=0)
-        slot["rewards"][:] = np.arange(len(slot["rewards"])) % 2   # unequal rewards in each group: a gradient
+        slot["rewards"][:] = np.arange(len(slot["rewards"])) % 2  # unequal rewards in each group: a gradient
         out.append((f"a{i}", slot))
     return out
 
@@ -46,6 +62,7 @@ def test_bf16_llm_iteration_keeps_float32_log_probs_and_weights(micro_dir):
     bf16, fp32 = LearnerState(cfg, task.spec, task), LearnerState(cfg32, task.spec, make_task(cfg32, spec=task.spec))
     batch = bf16.make_batch(slots)
     from asyncrl.tasks.llm.learn import _token_log_probs
+
     with torch.no_grad(), bf16.forward_context():
         lp = _token_log_probs(bf16.policy, batch, torch.arange(4), temperature=1.0)
     assert lp.dtype == torch.float32
@@ -72,6 +89,7 @@ def test_learner_speed_llm_case_runs_one_iteration(micro_dir):
     import contextlib
     import importlib.util
     from pathlib import Path
+
     path = Path(__file__).resolve().parents[2] / "bench" / "learner_speed.py"
     spec = importlib.util.spec_from_file_location("learner_speed", path)
     mod = importlib.util.module_from_spec(spec)

@@ -1,15 +1,16 @@
 """GRPO math against hand-computed values: group advantages, token broadcast with padding, loss
 averaging, and asyncrl.algo.losses' PPO-clip and VACO applied to flattened tokens (values and gradients)."""
+
 import math
 
 import pytest
 import torch
 
-from asyncrl.algo.losses import ppo_clip_loss, vaco_policy_loss
 from asyncrl.algo import grpo
+from asyncrl.algo.losses import ppo_clip_loss, vaco_policy_loss
 
 MASK = torch.tensor([[True, True, False], [True, False, False]])
-ADV = torch.tensor([2.0, -1.0])                   # one advantage per completion, B = 2
+ADV = torch.tensor([2.0, -1.0])  # one advantage per completion, B = 2
 
 
 def _token_inputs():
@@ -36,10 +37,11 @@ def test_weight_negatives_by_hand():
     a = grpo.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]), eps=0.0)
     s = math.sqrt(3)
     assert torch.allclose(a, torch.tensor([[3 / s, -1 / s, -1 / s, -1 / s], [0.0] * 4]))
-    assert grpo.weight_negatives(a, 1.0) is a                                      # GRPO unchanged
-    assert torch.allclose(grpo.weight_negatives(a, 0.25), torch.tensor([[3 / s, -0.25 / s, -0.25 / s, -0.25 / s],
-                                                                        [0.0] * 4]))
-    psr = grpo.weight_negatives(a, 0.0)                                            # positive samples only
+    assert grpo.weight_negatives(a, 1.0) is a  # GRPO unchanged
+    assert torch.allclose(
+        grpo.weight_negatives(a, 0.25), torch.tensor([[3 / s, -0.25 / s, -0.25 / s, -0.25 / s], [0.0] * 4])
+    )
+    psr = grpo.weight_negatives(a, 0.0)  # positive samples only
     assert psr[0, 0] == a[0, 0] and (psr[0, 1:] == 0).all() and (psr[1] == 0).all()
     assert torch.equal(grpo.weight_negatives(a, 2.0)[0, 1:], 2 * a[0, 1:])
     for bad in (-0.1, math.inf, math.nan):
@@ -50,11 +52,12 @@ def test_weight_negatives_by_hand():
 def test_equal_rewards_give_exactly_zero_even_where_rounding_would_not():
     r = torch.tensor([[0.1, 0.1, 0.1], [0.7, 0.7, 0.7]], dtype=torch.float64)
     assert (grpo.group_advantages(r, eps=0.0) == 0).all()
-    assert (grpo.group_advantages(torch.tensor([[5.0], [2.0]])) == 0).all()   # G = 1
+    assert (grpo.group_advantages(torch.tensor([[5.0], [2.0]])) == 0).all()  # G = 1
 
 
-@pytest.mark.parametrize("bad", [torch.tensor([1.0, 2.0]), torch.tensor([[1, 2]]), torch.tensor([[1.0, math.nan]]),
-                                 torch.zeros(0, 3)])
+@pytest.mark.parametrize(
+    "bad", [torch.tensor([1.0, 2.0]), torch.tensor([[1, 2]]), torch.tensor([[1.0, math.nan]]), torch.zeros(0, 3)]
+)
 def test_group_advantages_rejects_bad_rewards(bad):
     with pytest.raises(ValueError):
         grpo.group_advantages(bad)
@@ -79,7 +82,9 @@ def test_token_weights_by_hand():
     assert torch.allclose(grpo.token_weights(MASK, averaging="constant", max_len=4), MASK.float() * 3 / 8)
     # an empty row counts in no average
     m = torch.tensor([[True, True, False], [False, False, False], [True, False, False]])
-    assert torch.allclose(grpo.token_weights(m, averaging="sequence"), torch.tensor([[0.75, 0.75, 0], [0, 0, 0], [1.5, 0, 0]]))
+    assert torch.allclose(
+        grpo.token_weights(m, averaging="sequence"), torch.tensor([[0.75, 0.75, 0], [0, 0, 0], [1.5, 0, 0]])
+    )
     with pytest.raises(ValueError, match="averaging"):
         grpo.token_weights(MASK, averaging="batch")
     with pytest.raises(ValueError, match="shorter than the longest"):
@@ -98,21 +103,24 @@ def test_flatten_tokens_drops_padding_in_row_major_order():
         grpo.flatten_tokens(MASK, log_prob=lp[:, :2], behavior_log_prob=beta, advantages=ADV)
 
 
-@pytest.mark.parametrize("averaging, loss, grad_first", [
-    # token terms min(rA, clip(r)A): 2 (r = 1), 2.4 (r = 1.5 clipped), -0.8 (r = 0.5 clipped)
-    ("token", -(2 + 2.4 - 0.8) / 3, -2 / 3),
-    # mean of the row means: ((2 + 2.4) / 2 + (-0.8)) / 2
-    ("sequence", -((2 + 2.4) / 2 - 0.8) / 2, -0.5),
-    # sum over tokens / (B' * max_len) with max_len = 4
-    ("constant", -(2 + 2.4 - 0.8) / 8, -0.25),
-])
+@pytest.mark.parametrize(
+    "averaging, loss, grad_first",
+    [
+        # token terms min(rA, clip(r)A): 2 (r = 1), 2.4 (r = 1.5 clipped), -0.8 (r = 0.5 clipped)
+        ("token", -(2 + 2.4 - 0.8) / 3, -2 / 3),
+        # mean of the row means: ((2 + 2.4) / 2 + (-0.8)) / 2
+        ("sequence", -((2 + 2.4) / 2 - 0.8) / 2, -0.5),
+        # sum over tokens / (B' * max_len) with max_len = 4
+        ("constant", -(2 + 2.4 - 0.8) / 8, -0.25),
+    ],
+)
 def test_grpo_is_ppo_clip_on_token_ratios_by_hand(averaging, loss, grad_first):
     lp, beta = _token_inputs()
     tb = grpo.flatten_tokens(MASK, log_prob=lp, behavior_log_prob=beta, advantages=ADV, averaging=averaging, max_len=4)
     out = ppo_clip_loss(**tb._asdict(), clip_eps=0.2)
     assert out.loss.item() == pytest.approx(loss, abs=1e-6)
     assert out.clip_fraction_two_sided.item() == pytest.approx(2 / 3)
-    assert out.no_grad_fraction.item() == pytest.approx(2 / 3)   # both clipped tokens are on the outward side
+    assert out.no_grad_fraction.item() == pytest.approx(2 / 3)  # both clipped tokens are on the outward side
     out.loss.backward()
     # d/d log π of -w r A / N: only the unclipped token has a gradient; padding gets exactly zero
     expected = torch.zeros(2, 3)
@@ -133,8 +141,9 @@ def test_vaco_on_tokens_by_hand():
     assert torch.allclose(lp.grad, torch.tensor([[-2 / 3, 0, 0], [0, 0, 0]]), atol=1e-6)
     # under the budget every token keeps its gradient -r A / N
     lp.grad = None
-    vaco_policy_loss(**grpo.flatten_tokens(MASK, log_prob=lp, behavior_log_prob=beta, advantages=ADV)._asdict(),
-                     tv_threshold=1.0).loss.backward()
+    vaco_policy_loss(
+        **grpo.flatten_tokens(MASK, log_prob=lp, behavior_log_prob=beta, advantages=ADV)._asdict(), tv_threshold=1.0
+    ).loss.backward()
     assert torch.allclose(lp.grad, torch.tensor([[-2 / 3, -1.0, 0], [1 / 6, 0, 0]]), atol=1e-6)
 
 
@@ -162,11 +171,16 @@ SIGMA1 = 2 * math.sqrt(5) / 9
 
 def test_realigned_group_advantages_by_hand():
     out = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, rho_bar=1.0, eps=0.0)
-    expect = torch.tensor([[0.8 / 0.4, -0.2 / 0.4, -0.2 / 0.4],
-                           [(4 / 9) / SIGMA1, (4 / 9) / SIGMA1, (-5 / 9) / SIGMA1]], dtype=torch.float64)
+    expect = torch.tensor(
+        [[0.8 / 0.4, -0.2 / 0.4, -0.2 / 0.4], [(4 / 9) / SIGMA1, (4 / 9) / SIGMA1, (-5 / 9) / SIGMA1]],
+        dtype=torch.float64,
+    )
     assert torch.allclose(out.advantages, expect, atol=1e-12)
-    assert torch.allclose(out.advantages[1], torch.tensor([2 / math.sqrt(5), 2 / math.sqrt(5), -math.sqrt(5) / 2],
-                                                          dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(
+        out.advantages[1],
+        torch.tensor([2 / math.sqrt(5), 2 / math.sqrt(5), -math.sqrt(5) / 2], dtype=torch.float64),
+        atol=1e-12,
+    )
     assert torch.allclose(out.baseline_shift, torch.tensor([0.2 - 1 / 3, 5 / 9 - 2 / 3], dtype=torch.float64))
     assert torch.allclose(out.weights, torch.tensor([[0.5, 1.0, 1.0], [1.0, 0.25, 1.0]], dtype=torch.float64))
     assert out.advantages.dtype == torch.float64
@@ -174,8 +188,9 @@ def test_realigned_group_advantages_by_hand():
     out = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, eps=0.1)
     assert math.isclose(float(out.advantages[0, 0]), 0.8 / 0.5, rel_tol=1e-12)
     out = grpo.realigned_group_advantages(REWARDS3, LOG_RATIO3, scale_by_std=False)
-    assert torch.allclose(out.advantages, torch.tensor([[0.8, -0.2, -0.2], [4 / 9, 4 / 9, -5 / 9]],
-                                                       dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(
+        out.advantages, torch.tensor([[0.8, -0.2, -0.2], [4 / 9, 4 / 9, -5 / 9]], dtype=torch.float64), atol=1e-12
+    )
 
 
 def test_realigned_weights_are_truncated_at_rho_bar():
@@ -197,9 +212,12 @@ def test_realigned_weights_are_truncated_at_rho_bar():
 @pytest.mark.parametrize("scale_by_std", [True, False])
 def test_realigned_advantages_at_zero_lag_are_group_advantages_bit_for_bit(scale_by_std):
     gen = torch.Generator().manual_seed(0)
-    for rewards in (torch.randint(0, 2, (16, 8), generator=gen).float(), torch.rand(16, 7, generator=gen),
-                    torch.rand(5, 3, generator=gen, dtype=torch.float64)):
-        for log_ratio in (torch.zeros_like(rewards), torch.full_like(rewards, -0.3)):   # all w equal per group
+    for rewards in (
+        torch.randint(0, 2, (16, 8), generator=gen).float(),
+        torch.rand(16, 7, generator=gen),
+        torch.rand(5, 3, generator=gen, dtype=torch.float64),
+    ):
+        for log_ratio in (torch.zeros_like(rewards), torch.full_like(rewards, -0.3)):  # all w equal per group
             out = grpo.realigned_group_advantages(rewards, log_ratio, scale_by_std=scale_by_std)
             assert torch.equal(out.advantages, grpo.group_advantages(rewards, scale_by_std=scale_by_std))
             assert torch.equal(out.baseline_shift, torch.zeros(rewards.shape[0], dtype=rewards.dtype))
@@ -211,8 +229,9 @@ def test_realigned_equal_reward_group_gets_exactly_zero():
     out = grpo.realigned_group_advantages(rewards, log_ratio, eps=0.0)
     assert (out.advantages[0] == 0).all() and torch.allclose(out.advantages[1], torch.tensor([2.0, -0.5, -0.5]))
     # very stale completions: weights that underflow float32 still normalise (log space)
-    out = grpo.realigned_group_advantages(rewards, torch.tensor([[0.0] * 3, [-200.0, -300.0, -300.0]]),
-                                          scale_by_std=False)
+    out = grpo.realigned_group_advantages(
+        rewards, torch.tensor([[0.0] * 3, [-200.0, -300.0, -300.0]]), scale_by_std=False
+    )
     assert torch.allclose(out.advantages[1], torch.tensor([0.0, -1.0, -1.0]), atol=1e-6)
     assert bool(torch.isfinite(out.advantages).all())
 
@@ -231,7 +250,7 @@ def test_realigned_group_advantages_rejects_bad_input():
 def test_sequence_log_ratio_sums_policy_tokens_only():
     target = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.25, 99.0]])
     behavior = torch.tensor([[-1.5, -7.0, -2.0], [-1.0, 0.0, -99.0]])
-    policy_mask = torch.tensor([[True, False, True], [True, True, False]])   # [0, 1]: calculator; [1, 2]: padding
+    policy_mask = torch.tensor([[True, False, True], [True, True, False]])  # [0, 1]: calculator; [1, 2]: padding
     got = grpo.sequence_log_ratio(target, behavior, policy_mask)
     assert torch.allclose(got, torch.tensor([0.5 - 1.0, 0.5 - 0.25]))
     assert float(grpo.sequence_log_ratio(target, behavior, torch.zeros(2, 3, dtype=torch.bool))[0]) == 0.0
@@ -241,12 +260,13 @@ def test_sequence_log_ratio_sums_policy_tokens_only():
 
 # ---- KL penalty toward the reference (llm.kl_coef) ----
 
+
 def test_kl_k3_value_and_gradient_by_hand():
     # d = log π_ref - log π_θ = [0, ln 2, -ln 2, 30 (clamped to 20)]
     ref = torch.tensor([-1.0, -1.0 + math.log(2.0), -1.0 - math.log(2.0), 29.0], dtype=torch.float64)
     lp = torch.full((4,), -1.0, dtype=torch.float64, requires_grad=True)
     kl = grpo.kl_k3(lp, ref)
-    expect = [0.0, 1.0 - math.log(2.0), math.log(2.0) - 0.5, math.exp(20.0) - 21.0]   # e^d - d - 1
+    expect = [0.0, 1.0 - math.log(2.0), math.log(2.0) - 0.5, math.exp(20.0) - 21.0]  # e^d - d - 1
     assert torch.allclose(kl, torch.tensor(expect, dtype=torch.float64), rtol=1e-12, atol=1e-12)
     kl[:3].sum().backward()
     # d/d log π_θ = 1 - e^d: 0, 1 - 2, 1 - 0.5; the clamped token gets none

@@ -1,4 +1,5 @@
 """GSM8k-format task data: final-answer parser and reward, generator, split, JSONL loader."""
+
 import json
 import re
 from decimal import Decimal
@@ -9,27 +10,30 @@ import pytest
 from asyncrl.tasks.llm import gsm
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72", Decimal(72)),
-    ("#### -5", Decimal(-5)),
-    ("#### −5", Decimal(-5)),                  # Unicode minus
-    ("#### +7", Decimal(7)),
-    ("#### 1,234", Decimal(1234)),
-    ("#### 12,345,678", Decimal(12345678)),
-    ("#### $1,234.50 in total", Decimal("1234.50")),
-    ("#### 3.75", Decimal("3.75")),
-    ("#### 72.", Decimal(72)),                  # a trailing period is not a decimal point
-    ("#### 72 clips, 3 bags", Decimal(72)),     # extra numbers after the first are ignored
-    ("#### 1,23", Decimal(1)),                  # not a thousands group: reads as 1
-    ("steps 5 and 6\n#### 11\n#### 12", Decimal(11)),   # the first marker wins; numbers before it ignored
-    ("####72", Decimal(72)),
-    ("the answer is 72", None),                 # no marker
-    ("#### ", None),
-    ("#### seventy-two", None),
-    ("####\n72", None),                          # the number must be on the marker's line
-    ("", None),
-    ("#### - 5", Decimal(5)),                    # a sign must touch the digits
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Natalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72", Decimal(72)),
+        ("#### -5", Decimal(-5)),
+        ("#### −5", Decimal(-5)),  # Unicode minus
+        ("#### +7", Decimal(7)),
+        ("#### 1,234", Decimal(1234)),
+        ("#### 12,345,678", Decimal(12345678)),
+        ("#### $1,234.50 in total", Decimal("1234.50")),
+        ("#### 3.75", Decimal("3.75")),
+        ("#### 72.", Decimal(72)),  # a trailing period is not a decimal point
+        ("#### 72 clips, 3 bags", Decimal(72)),  # extra numbers after the first are ignored
+        ("#### 1,23", Decimal(1)),  # not a thousands group: reads as 1
+        ("steps 5 and 6\n#### 11\n#### 12", Decimal(11)),  # the first marker wins; numbers before it ignored
+        ("####72", Decimal(72)),
+        ("the answer is 72", None),  # no marker
+        ("#### ", None),
+        ("#### seventy-two", None),
+        ("####\n72", None),  # the number must be on the marker's line
+        ("", None),
+        ("#### - 5", Decimal(5)),  # a sign must touch the digits
+    ],
+)
 def test_parse_final_answer(text, expected):
     assert gsm.parse_final_answer(text) == expected
 
@@ -39,7 +43,7 @@ def test_reward_exact_numeric_match():
     assert gsm.reward("#### 72.0", Decimal(72)) == 1.0
     assert gsm.reward("#### 72.5", 72) == 0.0
     assert gsm.reward("#### -72", 72) == 0.0
-    assert gsm.reward("72", 72) == 0.0           # malformed: no marker, reward 0
+    assert gsm.reward("72", 72) == 0.0  # malformed: no marker, reward 0
     assert gsm.reward("#### 1,234", 1234) == 1.0
 
 
@@ -86,15 +90,31 @@ def _fixture(path, lines):
 # Lines in GSM8k's own format: calculator annotations, several steps, a comma-grouped final answer,
 # a dollar amount, extra keys, a blank line.
 GSM_LINES = [
-    json.dumps({"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
-                            "clips in May. How many clips did Natalia sell altogether in April and May?",
-                "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 "
-                          "clips altogether in April and May.\n#### 72"}) + "\n",
-    json.dumps({"question": "A shop sells 4 bikes at $400 each. How much money does it make?",
-                "answer": "4 bikes cost 4*400 = $<<4*400=1600>>1,600.\n#### 1,600", "id": 2}) + "\n",
+    json.dumps(
+        {
+            "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+            "clips in May. How many clips did Natalia sell altogether in April and May?",
+            "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 "
+            "clips altogether in April and May.\n#### 72",
+        }
+    )
+    + "\n",
+    json.dumps(
+        {
+            "question": "A shop sells 4 bikes at $400 each. How much money does it make?",
+            "answer": "4 bikes cost 4*400 = $<<4*400=1600>>1,600.\n#### 1,600",
+            "id": 2,
+        }
+    )
+    + "\n",
     "\n",
-    json.dumps({"question": "The temperature was 3 degrees and fell by 8. What is it now? ",
-                "answer": "3-8 = <<3-8=-5>>-5\n#### -5"}) + "\n",
+    json.dumps(
+        {
+            "question": "The temperature was 3 degrees and fell by 8. What is it now? ",
+            "answer": "3-8 = <<3-8=-5>>-5\n#### -5",
+        }
+    )
+    + "\n",
 ]
 
 
@@ -108,13 +128,16 @@ def test_load_jsonl_reads_gsm8k_format(tmp_path):
     assert gsm.load_jsonl(out) == problems
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("{not json\n", r"bad\.jsonl:2: not valid JSON"),
-    ("[1, 2]\n", r"bad\.jsonl:2: expected a JSON object, got list"),
-    (json.dumps({"question": "q"}) + "\n", r"bad\.jsonl:2: missing string field 'answer'"),
-    (json.dumps({"question": "q", "answer": 5}) + "\n", r"bad\.jsonl:2: missing string field 'answer'"),
-    (json.dumps({"question": "q", "answer": "no marker"}) + "\n", r"bad\.jsonl:2: answer has no final"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json\n", r"bad\.jsonl:2: not valid JSON"),
+        ("[1, 2]\n", r"bad\.jsonl:2: expected a JSON object, got list"),
+        (json.dumps({"question": "q"}) + "\n", r"bad\.jsonl:2: missing string field 'answer'"),
+        (json.dumps({"question": "q", "answer": 5}) + "\n", r"bad\.jsonl:2: missing string field 'answer'"),
+        (json.dumps({"question": "q", "answer": "no marker"}) + "\n", r"bad\.jsonl:2: answer has no final"),
+    ],
+)
 def test_load_jsonl_bad_line_one_line_error_with_line_number(tmp_path, bad, message):
     path = _fixture(tmp_path / "bad.jsonl", [GSM_LINES[0], bad])
     with pytest.raises(gsm.GSMFormatError, match=message) as e:
@@ -129,47 +152,63 @@ def test_load_jsonl_missing_file(tmp_path):
 
 # ---------------------------------------------------------------- calculator
 
-@pytest.mark.parametrize("expr, value", [
-    ("48/2", Fraction(24)),
-    ("2+3*4", Fraction(14)),                 # * before +
-    ("(2+3)*4", Fraction(20)),
-    ("10-4-3", Fraction(3)),                 # left to right
-    ("12/4/3", Fraction(1)),
-    ("1/3", Fraction(1, 3)),
-    ("-5+2", Fraction(-3)),
-    ("3*-2", Fraction(-6)),
-    (" 0.25 * 8 ", Fraction(2)),
-    (".5+1", Fraction(3, 2)),
-])
+
+@pytest.mark.parametrize(
+    "expr, value",
+    [
+        ("48/2", Fraction(24)),
+        ("2+3*4", Fraction(14)),  # * before +
+        ("(2+3)*4", Fraction(20)),
+        ("10-4-3", Fraction(3)),  # left to right
+        ("12/4/3", Fraction(1)),
+        ("1/3", Fraction(1, 3)),
+        ("-5+2", Fraction(-3)),
+        ("3*-2", Fraction(-6)),
+        (" 0.25 * 8 ", Fraction(2)),
+        (".5+1", Fraction(3, 2)),
+    ],
+)
 def test_calculate_hand_checked(expr, value):
     assert gsm.calculate(expr) == value
 
 
-@pytest.mark.parametrize("expr", ["", "2+", "2**3", "(2+3", "2+3)", "4/0", "4/(2-2)", "1,000+1", "2e3",
-                                  "__import__('os')", "x+1", "2 3"])
+@pytest.mark.parametrize(
+    "expr", ["", "2+", "2**3", "(2+3", "2+3)", "4/0", "4/(2-2)", "1,000+1", "2e3", "__import__('os')", "x+1", "2 3"]
+)
 def test_calculate_rejects_anything_else(expr):
     with pytest.raises(gsm.CalculatorError):
         gsm.calculate(expr)
 
 
-@pytest.mark.parametrize("value, text", [(Fraction(24), "24"), (Fraction(-12), "-12"), (Fraction(5, 2), "2.5"),
-                                         (Fraction(1, 3), "0.333333"), (Fraction(2, 3), "0.666667"),
-                                         (Fraction(-1, 10**9), "0")])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (Fraction(24), "24"),
+        (Fraction(-12), "-12"),
+        (Fraction(5, 2), "2.5"),
+        (Fraction(1, 3), "0.333333"),
+        (Fraction(2, 3), "0.666667"),
+        (Fraction(-1, 10**9), "0"),
+    ],
+)
 def test_format_number(value, text):
     assert gsm.format_number(value) == text
 
 
-@pytest.mark.parametrize("text, tail", [
-    ("Natalia sold 48/2 = <<48/2=", "24>>"),
-    ("a <<1+1=2>>2 then <<2*3=", "6>>"),
-    ("<<7-9=", "-2>>"),
-    ("<<48/2=24", None),          # not at the '='
-    ("48/2=", None),              # no open annotation
-    ("<<1+1=2>> 5=", None),       # the last annotation is closed
-    ("<<a=b=", None),             # a second '=' inside
-    ("<<4/0=", None),             # not evaluable: the model continues alone
-    ("<<import os=", None),
-])
+@pytest.mark.parametrize(
+    "text, tail",
+    [
+        ("Natalia sold 48/2 = <<48/2=", "24>>"),
+        ("a <<1+1=2>>2 then <<2*3=", "6>>"),
+        ("<<7-9=", "-2>>"),
+        ("<<48/2=24", None),  # not at the '='
+        ("48/2=", None),  # no open annotation
+        ("<<1+1=2>> 5=", None),  # the last annotation is closed
+        ("<<a=b=", None),  # a second '=' inside
+        ("<<4/0=", None),  # not evaluable: the model continues alone
+        ("<<import os=", None),
+    ],
+)
 def test_calculator_completion(text, tail):
     assert gsm.calculator_completion(text) == tail
 
@@ -182,23 +221,28 @@ def test_generated_annotations_agree_with_the_calculator():
 
 # ---------------------------------------------------------------- error analysis
 
-_REF = gsm.Problem("Tom has 6 cards. He buys 3 more. He splits them equally into 3 bags and keeps one bag. How many?",
-                   "After getting more, Tom has 6+3 = <<6+3=9>>9 cards.\n"
-                   "After sharing, Tom has 9/3 = <<9/3=3>>3 cards.\n#### 3", Decimal(3))
+_REF = gsm.Problem(
+    "Tom has 6 cards. He buys 3 more. He splits them equally into 3 bags and keeps one bag. How many?",
+    "After getting more, Tom has 6+3 = <<6+3=9>>9 cards.\nAfter sharing, Tom has 9/3 = <<9/3=3>>3 cards.\n#### 3",
+    Decimal(3),
+)
 
 
-@pytest.mark.parametrize("completion, expected", [
-    (" " + _REF.answer, ("correct", None)),
-    (" Tom has 6*3 = <<6*3=18>>18 cards.\n#### 18", ("setup: wrong op", 0)),
-    (" 6+3 = <<6+3=9>>9.\n 8/3 = <<8/3=2.666667>>2.666667\n#### 2.666667", ("setup: wrong first operand", 1)),
-    (" 6+3 = <<6+3=9>>9.\n 9/2 = <<9/2=4.5>>4.5\n#### 4.5", ("setup: wrong second operand", 1)),
-    (" <<6+3+1=10>>10\n#### 10", ("setup: malformed", 0)),
-    (" 6+3 = <<6+3=8>>8\n#### 8", ("arithmetic", 0)),
-    (" 6+3 = <<6+3=9>>9\n#### 9", ("stopped early", 1)),
-    (" <<6+3=9>>9 <<9/3=3>>3 <<3*1=3>>3\n#### 3", ("correct", None)),   # reward 1: correct whatever the steps
-    (" <<6+3=9>>9 <<9/3=3>>3 <<3*2=6>>6\n#### 6", ("extra steps", None)),
-    (" <<6+3=9>>9 <<9/3=3>>3\n#### 9", ("final answer", None)),
-])
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        (" " + _REF.answer, ("correct", None)),
+        (" Tom has 6*3 = <<6*3=18>>18 cards.\n#### 18", ("setup: wrong op", 0)),
+        (" 6+3 = <<6+3=9>>9.\n 8/3 = <<8/3=2.666667>>2.666667\n#### 2.666667", ("setup: wrong first operand", 1)),
+        (" 6+3 = <<6+3=9>>9.\n 9/2 = <<9/2=4.5>>4.5\n#### 4.5", ("setup: wrong second operand", 1)),
+        (" <<6+3+1=10>>10\n#### 10", ("setup: malformed", 0)),
+        (" 6+3 = <<6+3=8>>8\n#### 8", ("arithmetic", 0)),
+        (" 6+3 = <<6+3=9>>9\n#### 9", ("stopped early", 1)),
+        (" <<6+3=9>>9 <<9/3=3>>3 <<3*1=3>>3\n#### 3", ("correct", None)),  # reward 1: correct whatever the steps
+        (" <<6+3=9>>9 <<9/3=3>>3 <<3*2=6>>6\n#### 6", ("extra steps", None)),
+        (" <<6+3=9>>9 <<9/3=3>>3\n#### 9", ("final answer", None)),
+    ],
+)
 def test_first_error(completion, expected):
     assert gsm.first_error(_REF, completion) == expected
 

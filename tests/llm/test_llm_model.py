@@ -1,4 +1,5 @@
 """Tokenizer and tiny model: Hugging Face format on disk, cache, save/load round trip, offline loading."""
+
 import json
 
 import pytest
@@ -13,8 +14,14 @@ TEXT = "Question: Tom has 48 cards. He buys 7 more.\nAnswer: Tom has 48+7 = <<48
 
 
 def test_prepare_writes_hf_directory_and_reuses_it(micro_dir, micro_config):
-    for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-              model.STAMP):
+    for f in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        model.STAMP,
+    ):
         assert (micro_dir / f).is_file(), f
     stamp = json.loads((micro_dir / model.STAMP).read_text())
     assert stamp["settings"]["seed"] == 0 and stamp["num_parameters"] > 0
@@ -87,7 +94,12 @@ def test_bad_model_config(tmp_path):
 def test_repo_config_is_a_few_hundred_thousand_to_few_million_parameters():
     cfg = json.loads(model.DEFAULT_CONFIG.read_text())
     assert cfg["model_type"] == "qwen2" and cfg["attention_dropout"] == 0.0
-    tok = model.train_tokenizer([gsm.format_prompt(p) + gsm.format_completion(p)
-                                 for p in gsm.make_splits(seed=0, n_train=200, n_heldout=0).train], vocab_size=600)
+    tok = model.train_tokenizer(
+        [
+            gsm.format_prompt(p) + gsm.format_completion(p)
+            for p in gsm.make_splits(seed=0, n_train=200, n_heldout=0).train
+        ],
+        vocab_size=600,
+    )
     n = model.num_parameters(model.tiny_model(model.DEFAULT_CONFIG, tok, seed=0))
     assert 5e5 < n < 5e6

@@ -2,6 +2,7 @@
 loss functions as the control task (hand-computed values and gradients, padding masked), the slot a
 generator writes, the LM's weights through the broadcaster's flat buffer, and a bit-reproducible
 serial run (asyncrl.run.serial, the same Consumer and LearnerState as MuJoCo)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,31 +18,48 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 
+from asyncrl.algo import grpo
 from asyncrl.core import config
-from asyncrl.wire import transport as tp  # noqa: E402
 from asyncrl.core.config import AlgoConfig, ConfigError  # noqa: E402
 from asyncrl.core.consume import check_slot  # noqa: E402
-from asyncrl.run.launch import free_port_pair  # noqa: E402
-from asyncrl.roles.broadcaster import Broadcaster  # noqa: E402
-from asyncrl.wire.security import read_weights_secret  # noqa: E402
+from asyncrl.core.iteration import policy_loss  # noqa: E402
 from asyncrl.core.seeding import actor_seeds  # noqa: E402
+from asyncrl.roles.broadcaster import Broadcaster  # noqa: E402
+from asyncrl.run.launch import free_port_pair  # noqa: E402
 from asyncrl.run.serial import run_serial  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
-from asyncrl.algo import grpo
-from asyncrl.tasks.llm import model as m, task as llm_task  # noqa: E402
+from asyncrl.tasks.llm import model as m  # noqa: E402
+from asyncrl.tasks.llm import task as llm_task
 from asyncrl.tasks.llm.learn import _token_log_probs  # noqa: E402
-from asyncrl.core.iteration import policy_loss  # noqa: E402
+from asyncrl.wire import transport as tp  # noqa: E402
+from asyncrl.wire.security import read_weights_secret  # noqa: E402
 
 EPS = grpo.DEFAULT_EPS
 
 
 def _tiny_cfg(micro_dir, *extra):
-    return config.load(None, ["task.kind=llm", f"llm.model_dir={micro_dir}", "llm.warmup_steps=0",
-                              "llm.group_size=2", "llm.prompts_per_slot=2", "llm.max_prompt_tokens=160",
-                              "llm.max_new_tokens=12", "llm.eval_size=8", "algo.num_epochs=2",
-                              "algo.num_minibatches=2", "algo.lr=1e-3",
-                              "learner.slots_per_batch=2", "learner.num_slots=2",
-                              "run.num_actors=2", "run.total_env_steps=24", "run.log_every_s=1000", *extra])
+    return config.load(
+        None,
+        [
+            "task.kind=llm",
+            f"llm.model_dir={micro_dir}",
+            "llm.warmup_steps=0",
+            "llm.group_size=2",
+            "llm.prompts_per_slot=2",
+            "llm.max_prompt_tokens=160",
+            "llm.max_new_tokens=12",
+            "llm.eval_size=8",
+            "algo.num_epochs=2",
+            "algo.num_minibatches=2",
+            "algo.lr=1e-3",
+            "learner.slots_per_batch=2",
+            "learner.num_slots=2",
+            "run.num_actors=2",
+            "run.total_env_steps=24",
+            "run.log_every_s=1000",
+            *extra,
+        ],
+    )
 
 
 # ---- advantages into the losses ------------------------------------------------------------------
@@ -49,13 +67,12 @@ def _tiny_cfg(micro_dir, *extra):
 # 2 prompts x G = 2: rewards [1, 0] (advantages +a, -a) and [1, 1] (0, 0); L = 3 with padding
 REWARDS = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
 MASK = torch.tensor([[True, True, True], [True, False, False], [True, True, False], [True, True, False]])
-A = 0.5 / (0.5 + EPS)   # (1 - 0.5) / (population std 0.5 + eps)
+A = 0.5 / (0.5 + EPS)  # (1 - 0.5) / (population std 0.5 + eps)
 
 
 def _flat(log_prob, behavior, averaging="token"):
     adv = grpo.group_advantages(REWARDS)
-    return grpo.flatten_tokens(MASK, log_prob=log_prob, behavior_log_prob=behavior, advantages=adv,
-                               averaging=averaging)
+    return grpo.flatten_tokens(MASK, log_prob=log_prob, behavior_log_prob=behavior, advantages=adv, averaging=averaging)
 
 
 def test_group_advantages_hand_values_and_padding():
@@ -64,23 +81,28 @@ def test_group_advantages_hand_values_and_padding():
     tok = grpo.token_advantages(adv, MASK)
     expect = torch.tensor([[A, A, A], [-A, 0, 0], [0, 0, 0], [0, 0, 0]])
     assert torch.allclose(tok, expect)
-    assert bool((tok[~MASK] == 0).all())   # padding gets no advantage
+    assert bool((tok[~MASK] == 0).all())  # padding gets no advantage
 
 
 def test_grpo_preset_is_ppo_clip_on_tokens_hand_computed():
     behavior = torch.zeros(4, 3)
     log_prob = torch.zeros(4, 3)
-    log_prob[0, 1] = math.log(1.5)          # a positive-advantage token past 1 + 0.2: clipped
-    log_prob[1, 1] = math.log(5.0)          # a padding position: whatever its value, no effect
+    log_prob[0, 1] = math.log(1.5)  # a positive-advantage token past 1 + 0.2: clipped
+    log_prob[1, 1] = math.log(5.0)  # a padding position: whatever its value, no effect
     log_prob.requires_grad_(True)
     tb = _flat(log_prob, behavior)
-    assert tb.log_prob.shape == (8,)        # 3 + 1 + 2 + 2 completion tokens
-    pl = policy_loss(AlgoConfig(preset="grpo"), log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
-                     target_log_prob=tb.log_prob.detach(), adv=tb.advantages)
+    assert tb.log_prob.shape == (8,)  # 3 + 1 + 2 + 2 completion tokens
+    pl = policy_loss(
+        AlgoConfig(preset="grpo"),
+        log_prob=tb.log_prob,
+        behavior_log_prob=tb.behavior_log_prob,
+        target_log_prob=tb.log_prob.detach(),
+        adv=tb.advantages,
+    )
     # tokens: row 0: A, 1.2 A (clipped), A; row 1: -A; rows 2-3: 0
     assert math.isclose(pl.loss.item(), -(A + 1.2 * A + A - A) / 8, rel_tol=1e-6)
     assert math.isclose(float(pl.clip_fraction_two_sided), 1 / 8)
-    assert math.isclose(float(pl.no_grad_fraction), 1 / 8)       # the clipped token: A > 0, r > 1.2
+    assert math.isclose(float(pl.no_grad_fraction), 1 / 8)  # the clipped token: A > 0, r > 1.2
     pl.loss.backward()
     g = log_prob.grad
     expect = torch.tensor([[-A / 8, 0.0, -A / 8], [A / 8, 0, 0], [0, 0, 0], [0, 0, 0]])
@@ -91,16 +113,21 @@ def test_grpo_preset_is_ppo_clip_on_tokens_hand_computed():
 def test_vaco_preset_on_tokens_weights_by_truncated_pi_T_over_beta():
     """vaco as the control default configures it: learning anchor π_T, weight min(1, π_T/β), band on
     π_θ/π_T. At π_θ = π_T the loss is -mean(min(1, π_T/β) A) over tokens."""
-    cfg = AlgoConfig()   # the default preset, vaco
+    cfg = AlgoConfig()  # the default preset, vaco
     assert cfg.preset == "vaco" and cfg.ratio_anchor == "learning" and cfg.surrogate_rho_bar == 1.0
     target = torch.zeros(4, 3)
     behavior = torch.zeros(4, 3)
-    behavior[0, 0] = math.log(2.0)          # π_T/β = 0.5: weight 0.5
-    behavior[1, 0] = math.log(0.25)         # π_T/β = 4: weight truncated to 1
+    behavior[0, 0] = math.log(2.0)  # π_T/β = 0.5: weight 0.5
+    behavior[1, 0] = math.log(0.25)  # π_T/β = 4: weight truncated to 1
     log_prob = target.clone().requires_grad_(True)
     tb = _flat(log_prob, behavior)
-    pl = policy_loss(cfg, log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
-                     target_log_prob=target[MASK], adv=tb.advantages)
+    pl = policy_loss(
+        cfg,
+        log_prob=tb.log_prob,
+        behavior_log_prob=tb.behavior_log_prob,
+        target_log_prob=target[MASK],
+        adv=tb.advantages,
+    )
     assert math.isclose(pl.loss.item(), -(0.5 * A + A + A - A) / 8, rel_tol=1e-6)
     pl.loss.backward()
     expect = torch.tensor([[-0.5 * A / 8, -A / 8, -A / 8], [A / 8, 0, 0], [0, 0, 0], [0, 0, 0]])
@@ -111,8 +138,13 @@ def test_vaco_preset_on_tokens_weights_by_truncated_pi_T_over_beta():
 def test_sequence_averaging_weights_each_row_equally():
     log_prob = torch.zeros(4, 3, requires_grad=True)
     tb = _flat(log_prob, torch.zeros(4, 3), averaging="sequence")
-    pl = policy_loss(AlgoConfig(preset="grpo"), log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
-                     target_log_prob=tb.log_prob.detach(), adv=tb.advantages)
+    pl = policy_loss(
+        AlgoConfig(preset="grpo"),
+        log_prob=tb.log_prob,
+        behavior_log_prob=tb.behavior_log_prob,
+        target_log_prob=tb.log_prob.detach(),
+        adv=tb.advantages,
+    )
     # mean over each row's tokens, then over the 4 rows: (A - A + 0 + 0) / 4
     assert abs(pl.loss.item()) < 1e-7
     pl.loss.backward()
@@ -126,7 +158,11 @@ def test_config_keeps_presets_to_their_task():
     with pytest.raises(ConfigError, match="grpo is for task.kind = llm"):
         config.load(None, ["algo.preset=grpo"])
     assert config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.num_minibatches=4"]).batch_size == 4 * 8 * 4
-    for key in ("algo.value_targets=vtrace", "algo.realign_min_lag=2", "algo.realign_from_version=10"):   # control-only: an error, not ignored
+    for key in (
+        "algo.value_targets=vtrace",
+        "algo.realign_min_lag=2",
+        "algo.realign_from_version=10",
+    ):  # control-only: an error, not ignored
         with pytest.raises(ConfigError, match="control-task options .* llm.realign"):
             config.load(None, ["task.kind=llm", "algo.num_minibatches=4", key])
 
@@ -142,17 +178,22 @@ def test_config_checks_realign_and_kl_coef():
         config.load(None, [*llm, "llm.kl_coef=-0.1"])
     with pytest.raises(ConfigError, match=r"^llm.kl_coef must be a finite number >= 0, got inf$"):
         config.load(None, [*llm, "llm.kl_coef=inf"])
-    assert cfg.llm.negative_weight == 1.0 and config.load(None, [*llm, "llm.negative_weight=0"]).llm.negative_weight == 0
+    assert (
+        cfg.llm.negative_weight == 1.0 and config.load(None, [*llm, "llm.negative_weight=0"]).llm.negative_weight == 0
+    )
     with pytest.raises(ConfigError, match=r"^llm.negative_weight must be a finite number >= 0, got -1.0$"):
         config.load(None, [*llm, "llm.negative_weight=-1"])
     with pytest.raises(ConfigError, match=r"^llm.realign = is_baseline truncates .* algo.rho_bar"):
         config.load(None, [*llm, "llm.realign=is_baseline", "algo.rho_bar=0"])
-    assert cfg.llm.eval_mode == "sampled" and config.load(None, [*llm, "llm.eval_mode=greedy"]).llm.eval_mode == "greedy"
+    assert (
+        cfg.llm.eval_mode == "sampled" and config.load(None, [*llm, "llm.eval_mode=greedy"]).llm.eval_mode == "greedy"
+    )
     with pytest.raises(ConfigError, match=r"^llm.eval_mode must be one of sampled, greedy, got 'beam'$"):
         config.load(None, [*llm, "llm.eval_mode=beam"])
 
 
 # ---- the generator's slot --------------------------------------------------------------------------
+
 
 def test_generator_writes_whole_groups_and_learner_log_probs_match_at_zero_lag(micro_dir):
     cfg = _tiny_cfg(micro_dir)
@@ -170,10 +211,10 @@ def test_generator_writes_whole_groups_and_learner_log_probs_match_at_zero_lag(m
     # prompts left-padded, identical within a group; completions right-padded, masks contiguous
     for r in range(spec.rows):
         pm, cm = slot["prompt_mask"][r], slot["completion_mask"][r]
-        assert not pm[:np.argmax(pm)].any() and pm[np.argmax(pm):].all()
+        assert not pm[: np.argmax(pm)].any() and pm[np.argmax(pm) :].all()
         n = int(cm.sum())
         assert cm[:n].all() and not cm[n:].any() and (slot["behavior_log_prob"][r, n:] == 0).all()
-        pol = slot["policy_mask"][r]   # the policy's own tokens: inside the completion, log β 0 elsewhere
+        pol = slot["policy_mask"][r]  # the policy's own tokens: inside the completion, log β 0 elsewhere
         assert not (pol & ~cm).any() and (slot["behavior_log_prob"][r][~pol] == 0).all()
     assert (slot["prompt_ids"][0] == slot["prompt_ids"][1]).all()
     # a token id out of the vocabulary is refused by the learner's checks
@@ -209,10 +250,12 @@ def _slot_batch(cfg, task, rewards):
 def _update(task, cfg, batch, **kw):
     """(weights, statistics) after one llm_iteration from the start model (fixed minibatch generator)."""
     from asyncrl.tasks.llm.learn import llm_iteration
+
     model = task.build_policy()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    stats = llm_iteration(model, opt, batch, algo=cfg.algo, llm=cfg.llm, generator=torch.Generator().manual_seed(0),
-                          version=0, **kw)
+    stats = llm_iteration(
+        model, opt, batch, algo=cfg.algo, llm=cfg.llm, generator=torch.Generator().manual_seed(0), version=0, **kw
+    )
     return model.state_dict(), stats
 
 
@@ -225,7 +268,7 @@ def test_learner_ignores_tokens_outside_policy_mask(micro_dir):
     cm = batch["completion_mask"]
     assert int(cm.sum(1).min()) >= 2
     batch["policy_mask"] = cm.clone()
-    batch["policy_mask"][:, 1] = False        # as if a calculator wrote every row's second token
+    batch["policy_mask"][:, 1] = False  # as if a calculator wrote every row's second token
     batch["behavior_log_prob"][:, 1] = 0.0
 
     def update(b):
@@ -233,11 +276,11 @@ def test_learner_ignores_tokens_outside_policy_mask(micro_dir):
 
     base = update(batch)
     off = dict(batch, behavior_log_prob=batch["behavior_log_prob"].clone())
-    off["behavior_log_prob"][:, 1] = -3.0     # outside policy_mask: no effect
+    off["behavior_log_prob"][:, 1] = -3.0  # outside policy_mask: no effect
     same = update(off)
     assert all(torch.equal(base[k], same[k]) for k in base)
     on = dict(batch, behavior_log_prob=batch["behavior_log_prob"].clone())
-    on["behavior_log_prob"][:, 0] += 3.0      # a policy token's ratio (and its weight min(1, π_T/β)) changes
+    on["behavior_log_prob"][:, 0] += 3.0  # a policy token's ratio (and its weight min(1, π_T/β)) changes
     moved = update(on)
     assert any(not torch.equal(base[k], moved[k]) for k in base)
 
@@ -258,7 +301,7 @@ def test_realigned_baseline_in_the_iteration(micro_dir):
     assert math.isclose(st["realign_baseline_shift"], (1 / 2 - 1 / 3) / 2, abs_tol=1e-3)
     assert math.isclose(st["realign_weight_min"], 0.5, abs_tol=1e-3)
     assert math.isclose(st["realign_weight_mean"], (0.5 + 3) / 4, abs_tol=1e-3)
-    assert "realign_weight_min" not in _update(task, _tiny_cfg(micro_dir), stale)[1]   # realign = none: no stats
+    assert "realign_weight_min" not in _update(task, _tiny_cfg(micro_dir), stale)[1]  # realign = none: no stats
 
 
 def test_kl_coef_zero_leaves_the_update_unchanged_and_holds_no_reference(micro_dir):
@@ -271,7 +314,7 @@ def test_kl_coef_zero_leaves_the_update_unchanged_and_holds_no_reference(micro_d
         for p in other.parameters():
             p.add_(0.1)
     base, stats = _update(task, cfg, batch)
-    same, _ = _update(task, cfg, batch, reference=other)   # a reference passed with kl_coef = 0 is not read
+    same, _ = _update(task, cfg, batch, reference=other)  # a reference passed with kl_coef = 0 is not read
     assert all(torch.equal(base[k], same[k]) for k in base) and "kl_ref" not in stats
 
 
@@ -289,17 +332,23 @@ def test_kl_penalty_to_the_frozen_start_model(micro_dir):
     # the first step starts at π_θ = π_ref (k3 = 0, zero gradient); later steps have moved away
     assert stats["kl_ref"] > 0 and math.isfinite(stats["kl_ref"])
     assert any(not torch.equal(with_kl[k], without[k]) for k in with_kl)
-    assert all(torch.equal(start[k], v) for k, v in ref.state_dict().items())   # the reference stays frozen
+    assert all(torch.equal(start[k], v) for k, v in ref.state_dict().items())  # the reference stays frozen
     # the learner's path (LLMTask.learner_iteration) passes that reference
     policy = task.build_policy()
-    state = SimpleNamespace(policy=policy, optimizer=torch.optim.Adam(policy.parameters(), lr=1e-3),
-                            generator=torch.Generator().manual_seed(0), version=0, device=torch.device("cpu"),
-                            forward_context=contextlib.nullcontext)   # what LearnerState holds on learner.device = cpu
+    state = SimpleNamespace(
+        policy=policy,
+        optimizer=torch.optim.Adam(policy.parameters(), lr=1e-3),
+        generator=torch.Generator().manual_seed(0),
+        version=0,
+        device=torch.device("cpu"),
+        forward_context=contextlib.nullcontext,
+    )  # what LearnerState holds on learner.device = cpu
     assert task.learner_iteration(state, batch)["kl_ref"] == stats["kl_ref"]
     assert all(torch.equal(v, with_kl[k]) for k, v in policy.state_dict().items())
 
 
 # ---- weights through the broadcaster -----------------------------------------------------------------
+
 
 def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
     src = m.load(micro_dir).model
@@ -307,7 +356,7 @@ def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
         for p in src.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.01)
     flat = llm_task.flat_weights(src)
-    assert flat.dtype == np.float32 and flat.size == sum(p.numel() for p in src.parameters())   # tied weights once
+    assert flat.dtype == np.float32 and flat.size == sum(p.numel() for p in src.parameters())  # tied weights once
     port = free_port_pair()
     b = Broadcaster(f"tcp://127.0.0.1:{port}", summary=tmp_path / "b.json", echo=lambda *_: None)
     ctx = tp.context()
@@ -316,15 +365,17 @@ def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
         ep = tp.snapshot_endpoint(b.endpoint)
         learner = tp.dealer(ctx, ep, tp.route_identity("learner"))
         actor = tp.dealer(ctx, ep, tp.route_identity("actor0"))
-        frames = tp.encode_weights(run_id="r", epoch=1, version=5, publish_time=1.0,
-                                   layout_hash=llm_task.layout_hash(src), payload=flat)
+        frames = tp.encode_weights(
+            run_id="r", epoch=1, version=5, publish_time=1.0, layout_hash=llm_task.layout_hash(src), payload=flat
+        )
         tp.send(learner, tp.sign_weights(frames, read_weights_secret(b.endpoint)))
         deadline = time.monotonic() + 20
         while b.newest != (1, 5) and time.monotonic() < deadline:
             b.serve(20)
         assert b.newest == (1, 5)
-        tp.send(actor, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION, "run_id": "r",
-                                  "actor_id": "actor0"}))
+        tp.send(
+            actor, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION, "run_id": "r", "actor_id": "actor0"})
+        )
         reply = None
         while reply is None and time.monotonic() < deadline:
             b.serve(20)
@@ -370,14 +421,14 @@ def test_serial_llm_run_is_bit_reproducible(micro_dir, tmp_path, monkeypatch):
     assert a["eval_problems"] == 8 and "accuracy_difference_ci95_paired" in a and a["eval_mode"] == "sampled T=1"
     assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
     rows = [json.loads(x) for x in _metrics(tmp_path / "a")]
-    assert all(r["lag_versions_max"] == 0 for r in rows)          # serial, no lag controls
+    assert all(r["lag_versions_max"] == 0 for r in rows)  # serial, no lag controls
     assert all(r["logprob_mismatch_fresh"] < 1e-4 for r in rows)  # generator vs learner at zero lag
     pa = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)["policy"]
     pb = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["policy"]
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
     assert any(r["zero_advantage_groups"] < 1 for r in rows) and any(r["grad_norm"] > 0 for r in rows)
     start = m.load(micro_dir).model.state_dict()
-    assert any(not torch.equal(pa[k], start[k]) for k in pa)      # it learned something
+    assert any(not torch.equal(pa[k], start[k]) for k in pa)  # it learned something
     # another RL seed samples other completions
     run_serial(_tiny_cfg(micro_dir, "run.seed=4"), tmp_path / "c", echo=lambda *_: None)
     assert _metrics(tmp_path / "c") != _metrics(tmp_path / "a")
@@ -396,33 +447,45 @@ def test_paired_accuracy_difference_hand_computed():
 
 def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(micro_dir, tmp_path, monkeypatch):
     from asyncrl.tasks.llm import sampling
+
     scores = iter([0.1, 0.35, 0.9])
     seen = []
 
-    def fake_evaluate(model, tokenizer, problems, **kw):   # the validation check, scripted
+    def fake_evaluate(model, tokenizer, problems, **kw):  # the validation check, scripted
         seen.append((len(problems), kw.get("greedy"), model.training))
         return next(scores)
 
     monkeypatch.setattr(sampling, "evaluate", fake_evaluate)
     monkeypatch.setattr(llm_task, "WARMUP_CHECK_EVERY", 2)
-    cfg = _tiny_cfg(micro_dir, f"llm.cache_dir={tmp_path}", "llm.warmup_steps=9", "llm.warmup_target=0.3",
-                    "llm.train_problems=50", "llm.warmup_batch_size=4")
+    cfg = _tiny_cfg(
+        micro_dir,
+        f"llm.cache_dir={tmp_path}",
+        "llm.warmup_steps=9",
+        "llm.warmup_target=0.3",
+        "llm.train_problems=50",
+        "llm.warmup_batch_size=4",
+    )
     task = make_task(cfg)
     start = task.prepare_model(echo=lambda *_: None)
     assert start == task.start_dir() and start.name.endswith("-n9-b4-t0.3")
     stamp = json.loads((start / llm_task.WARMUP_STAMP).read_text())
     # checked from half the budget on (steps 4, 6, 8): stopped at the first check at or above 0.3
     assert stamp["steps_taken"] == 6 and stamp["validation_checks"] == [[4, 0.1], [6, 0.35]]
-    assert stamp["settings"]["target"] == 0.3 and stamp["settings"]["batch_size"] == 4 and seen == [(llm_task.WARMUP_VALIDATION, True, False)] * 2
-    assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2   # cached
+    assert (
+        stamp["settings"]["target"] == 0.3
+        and stamp["settings"]["batch_size"] == 4
+        and seen == [(llm_task.WARMUP_VALIDATION, True, False)] * 2
+    )
+    assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2  # cached
     with pytest.raises(ConfigError, match=r"^llm.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
         config.load(None, ["task.kind=llm", "llm.warmup_target=1.5"])
 
 
 def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tmp_path):
     import torch
+
     before = torch.get_num_threads()
-    torch.set_num_threads(1)   # as under OMP_NUM_THREADS=1, or a launcher that set a learner's threads
+    torch.set_num_threads(1)  # as under OMP_NUM_THREADS=1, or a launcher that set a learner's threads
     try:
         base = [f"llm.cache_dir={tmp_path}", "llm.warmup_steps=2", "llm.train_problems=20", "llm.warmup_batch_size=4"]
         task = make_task(_tiny_cfg(micro_dir, *base))
@@ -432,7 +495,10 @@ def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tm
         # another thread count is another start model: its own directory and cache key
         other = make_task(_tiny_cfg(micro_dir, *base, "llm.warmup_threads=3"))
         assert other.start_dir().name == start.name.replace("-b4", "-b4-th3")
-        assert json.loads((other.prepare_model(echo=lambda *_: None) / llm_task.WARMUP_STAMP).read_text())["torch_threads"] == 3
+        assert (
+            json.loads((other.prepare_model(echo=lambda *_: None) / llm_task.WARMUP_STAMP).read_text())["torch_threads"]
+            == 3
+        )
         # a cache made (before llm.warmup_threads) at another thread count is not taken for this one
         stamp["torch_threads"] = 1
         (start / llm_task.WARMUP_STAMP).write_text(json.dumps(stamp))
@@ -447,6 +513,7 @@ def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tm
 
 def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, monkeypatch, tmp_path):
     from asyncrl.tasks.llm.sampling import eval_completions
+
     texts = []
     # the untrained micro model solves nothing: score the completions' length parity to see them
     monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: texts.append(text) or float(len(text) % 2))
@@ -455,7 +522,7 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     assert sampled.eval_label() == "sampled T=1.5"
     first = sampled.evaluate(model)
     first_texts, texts[:] = list(texts), []
-    assert sampled.evaluate(model) == first and texts == first_texts   # the same draws before and after RL
+    assert sampled.evaluate(model) == first and texts == first_texts  # the same draws before and after RL
     acc, n, correct = first
     assert n == 8 and len(correct) == 8 and acc == sum(correct) / 8
     texts[:] = []
@@ -465,7 +532,7 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     heldout = llm_task.gsm.make_splits(seed=0, n_train=0, n_heldout=8).heldout
     tok = m.load(micro_dir).tokenizer
     assert texts == eval_completions(model, tok, heldout, greedy=True, max_new_tokens=12)
-    assert texts != first_texts   # 8 completions of 12 tokens at T 1.5 from an untrained model: not all argmax
+    assert texts != first_texts  # 8 completions of 12 tokens at T 1.5 from an untrained model: not all argmax
     # a run directory whose start record has the other evaluation compares nothing with it
     greedy.prepare_run(tmp_path, echo=lambda *_: None)
     out = sampled.final_summary(model, tmp_path)
@@ -473,10 +540,14 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
     # a sampled start record made with another evaluation batch drew other numbers: not paired either
     (tmp_path / "b").mkdir()
-    make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).prepare_run(tmp_path / "b", echo=lambda *_: None)
+    make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).prepare_run(
+        tmp_path / "b", echo=lambda *_: None
+    )
     out = sampled.final_summary(model, tmp_path / "b")
     assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
-    same = make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).final_summary(model, tmp_path / "b")
+    same = make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).final_summary(
+        model, tmp_path / "b"
+    )
     assert same["initial_accuracy"] is not None and "accuracy_difference_ci95_paired" in same
 
 
@@ -484,21 +555,26 @@ def test_the_start_evaluation_is_reused_across_runs_of_one_start_model(micro_dir
     calls = []
     real = llm_task.LLMTask.evaluate
     monkeypatch.setattr(llm_task.LLMTask, "evaluate", lambda self, model: calls.append(1) or real(self, model))
-    base = [f"llm.cache_dir={tmp_path / 'cache'}", "llm.warmup_steps=2", "llm.train_problems=20", "llm.warmup_batch_size=4"]
-    made = lambda *extra: make_task(_tiny_cfg(micro_dir, *base, *extra))   # noqa: E731 - a start model made in the cache
+    base = [
+        f"llm.cache_dir={tmp_path / 'cache'}",
+        "llm.warmup_steps=2",
+        "llm.train_problems=20",
+        "llm.warmup_batch_size=4",
+    ]
+    made = lambda *extra: make_task(_tiny_cfg(micro_dir, *base, *extra))  # noqa: E731 - a start model made in the cache
     quiet = dict(echo=lambda *_: None)
     a = made().prepare_run(tmp_path / "a", **quiet)
     b = made().prepare_run(tmp_path / "b", **quiet)
     assert len(calls) == 1 and "initial_eval_cached" not in a and b.pop("initial_eval_cached").endswith(".json")
     assert a == b and len(a["initial_correct"]) == 8
-    made("llm.eval_batch_size=3").prepare_run(tmp_path / "c", **quiet)   # another evaluation: measured again
+    made("llm.eval_batch_size=3").prepare_run(tmp_path / "c", **quiet)  # another evaluation: measured again
     assert len(calls) == 2
     weights = next(p for p in made().start_dir().iterdir() if p.suffix == ".safetensors")
-    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))   # a rewritten model
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # a rewritten model
     made().prepare_run(tmp_path / "d", **quiet)
     assert len(calls) == 3
     # a user's own model directory: evaluated every time, nothing cached beside it or in the cache
-    user = lambda: make_task(_tiny_cfg(micro_dir, f"llm.cache_dir={tmp_path / 'cache2'}"))   # noqa: E731
+    user = lambda: make_task(_tiny_cfg(micro_dir, f"llm.cache_dir={tmp_path / 'cache2'}"))  # noqa: E731
     user().prepare_run(tmp_path / "e", **quiet)
     user().prepare_run(tmp_path / "f", **quiet)
     assert len(calls) == 5 and not (tmp_path / "cache2").exists()
@@ -506,7 +582,8 @@ def test_the_start_evaluation_is_reused_across_runs_of_one_start_model(micro_dir
 
 def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):
     from asyncrl.tasks.llm.sampling import Samples
-    ids = torch.tensor([[5, 6, 2, 0], [5, 7, 7, 7]])   # prompt width 1; row 0 emits EOS (2), row 1 is cut
+
+    ids = torch.tensor([[5, 6, 2, 0], [5, 7, 7, 7]])  # prompt width 1; row 0 emits EOS (2), row 1 is cut
     cm = torch.tensor([[True, True, False], [True, True, True]])
     s = Samples(ids, torch.ones(2, 4, dtype=torch.long), cm, torch.zeros(2, 3), 1, cm)
     assert llm_task.truncated(s, eos_id=2) == [False, True]
@@ -547,7 +624,7 @@ def test_silent_groups_skip_stops_momentum_steps(micro_dir):
         return after_first, model.state_dict(), stats
 
     first, second, stats = two_iterations("step")
-    assert any(not torch.equal(first[k], second[k]) for k in first)      # moved with a zero gradient
+    assert any(not torch.equal(first[k], second[k]) for k in first)  # moved with a zero gradient
     assert stats["optimizer_steps"] == 4 and stats["skipped_minibatches"] == 0
     first, second, stats = two_iterations("skip")
     assert all(torch.equal(first[k], second[k]) for k in first)
@@ -565,25 +642,32 @@ def test_silent_groups_drop_is_the_batch_without_them(micro_dir):
     w_both, s_both = _update(task, cfg, both)
     w_alone, s_alone = _update(task, cfg, alone)
     assert all(torch.equal(w_both[k], w_alone[k]) for k in w_both)
-    assert s_both["zero_advantage_groups"] == 0.5 and s_both["optimizer_steps"] == 4   # 2 epochs x 2 rows of 1
+    assert s_both["zero_advantage_groups"] == 0.5 and s_both["optimizer_steps"] == 4  # 2 epochs x 2 rows of 1
     assert s_both["policy_loss"] == s_alone["policy_loss"]
-    kept, _ = _update(task, _tiny_cfg(micro_dir, "llm.silent_groups=step"), both)   # silent rows stay in
+    kept, _ = _update(task, _tiny_cfg(micro_dir, "llm.silent_groups=step"), both)  # silent rows stay in
     assert any(not torch.equal(w_both[k], kept[k]) for k in w_both)
     with pytest.raises(ConfigError, match="silent_groups"):
         _tiny_cfg(micro_dir, "llm.silent_groups=ignore")
 
 
-@pytest.mark.parametrize("sets, forwards", [
-    (("algo.num_epochs=1", "algo.num_minibatches=1"), [(True, 4, 0)]),   # one forward, no separate π_T pass
-    (("algo.num_epochs=2", "algo.num_minibatches=2"), [(False, 2, 0), (True, 2, 0), (True, 2, 1), (True, 2, 2), (True, 2, 3)]),
-    (("algo.num_epochs=1", "algo.num_minibatches=1", "llm.silent_groups=drop"), [(True, 2, 0)]),
-])
+@pytest.mark.parametrize(
+    "sets, forwards",
+    [
+        (("algo.num_epochs=1", "algo.num_minibatches=1"), [(True, 4, 0)]),  # one forward, no separate π_T pass
+        (
+            ("algo.num_epochs=2", "algo.num_minibatches=2"),
+            [(False, 2, 0), (True, 2, 0), (True, 2, 1), (True, 2, 2), (True, 2, 3)],
+        ),
+        (("algo.num_epochs=1", "algo.num_minibatches=1", "llm.silent_groups=drop"), [(True, 2, 0)]),
+    ],
+)
 def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets, forwards):
     """log π_T is taken at the iteration's start weights: a no-gradient forward of the rows outside
     the first minibatch before any optimizer step, and the first minibatch's own forward (also
     before any step); rows of silent groups that drop removes get none. Records (grad enabled, rows,
     optimizer steps taken so far) of every forward."""
     from asyncrl.tasks.llm.learn import llm_iteration
+
     cfg = _tiny_cfg(micro_dir, "llm.silent_groups=step", *sets)
     task = make_task(cfg)
     batch = _slot_batch(cfg, task, [1.0, 0.0, 1.0, 1.0])
@@ -593,11 +677,14 @@ def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets
     step = opt.step
     opt.step = lambda *a, **k: (taken.__setitem__(0, taken[0] + 1), step(*a, **k))[1]
     model.register_forward_pre_hook(
-        lambda mod, args, kw: log.append((torch.is_grad_enabled(), kw["input_ids"].shape[0], taken[0])), with_kwargs=True)
-    stats = llm_iteration(model, opt, batch, algo=cfg.algo, llm=cfg.llm, generator=torch.Generator().manual_seed(0),
-                          version=0)
+        lambda mod, args, kw: log.append((torch.is_grad_enabled(), kw["input_ids"].shape[0], taken[0])),
+        with_kwargs=True,
+    )
+    stats = llm_iteration(
+        model, opt, batch, algo=cfg.algo, llm=cfg.llm, generator=torch.Generator().manual_seed(0), version=0
+    )
     assert log == forwards
-    assert stats["minibatches"][0][1] == 0.0          # the first step's TV estimate: π_θ is π_T there, exactly
+    assert stats["minibatches"][0][1] == 0.0  # the first step's TV estimate: π_θ is π_T there, exactly
     assert math.isfinite(stats["rho_mean"]) and abs(stats["logprob_mismatch_fresh"]) < 1e-4
 
 
@@ -606,19 +693,34 @@ def test_llm_values_marked_unused_leave_the_iteration_bit_identical(micro_dir, p
     """Every [algo] value the llm task or its preset does not use (field metadata) changes nothing in one
     llm_iteration, bit for bit; a used one (the clip or the TV budget) does, so the test can fail."""
     import dataclasses
+
     cfg = _tiny_cfg(micro_dir, f"algo.preset={preset}")
     task = make_task(cfg)
     batch = _slot_batch(cfg, task, [1.0, 0.0, 0.0, 1.0])
-    batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.1 * batch["policy_mask"]   # ratios away from 1
+    batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.1 * batch["policy_mask"]  # ratios away from 1
     reference = _update(task, cfg, batch)[0]
 
     def weights(key, value):
         return _update(task, dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, **{key: value})), batch)[0]
 
-    alternatives = {"gamma": 0.5, "gae_lambda": 0.5, "c_bar": 0.5, "traces": "vtrace", "value_coef": 3.0,
-                    "entropy_coef": 0.5, "rho_bar": 0.5, "clip_eps": 0.01, "tv_threshold": 1e-4, "kl_coef": 5.0,
-                    "spo_eps": 0.01, "tv_filter_min_deviation": 0.05, "tv_filter_ratio_cap": 0.01,
-                    "tv_filter_trigger": "iteration", "value_targets": "vtrace", "realign_min_lag": 2}
+    alternatives = {
+        "gamma": 0.5,
+        "gae_lambda": 0.5,
+        "c_bar": 0.5,
+        "traces": "vtrace",
+        "value_coef": 3.0,
+        "entropy_coef": 0.5,
+        "rho_bar": 0.5,
+        "clip_eps": 0.01,
+        "tv_threshold": 1e-4,
+        "kl_coef": 5.0,
+        "spo_eps": 0.01,
+        "tv_filter_min_deviation": 0.05,
+        "tv_filter_ratio_cap": 0.01,
+        "tv_filter_trigger": "iteration",
+        "value_targets": "vtrace",
+        "realign_min_lag": 2,
+    }
     unused = [k for k in alternatives if config.unused_reason(cfg, "algo", k)]
     assert {"gamma", "entropy_coef", "value_coef"} <= set(unused)
     for key in unused:

@@ -1,4 +1,5 @@
 """Sampler (reproducible, masks, behaviour log-probs = learner log-probs at zero lag), evaluation, warm-up smoke."""
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -17,8 +18,9 @@ def micro(micro_dir):
 def _group(micro, seed, temperature=1.0, G=3):
     lm, tok = micro
     prompts = [gsm.format_prompt(p) for p in PROBLEMS.heldout[:2]]
-    return sampling.generate_group(lm, tok, prompts, G, temperature=temperature, max_new_tokens=12,
-                                   generator=torch.Generator().manual_seed(seed))
+    return sampling.generate_group(
+        lm, tok, prompts, G, temperature=temperature, max_new_tokens=12, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_generate_group_is_bit_reproducible_and_prompt_major(micro):
@@ -29,20 +31,22 @@ def test_generate_group_is_bit_reproducible_and_prompt_major(micro):
     assert a.input_ids.shape[0] == 6 and a.completion_mask.shape == a.behavior_log_prob.shape
     # rows 0..2 share prompt 0, rows 3..5 prompt 1
     p = a.prompt_len
-    assert torch.equal(a.input_ids[0, :p], a.input_ids[2, :p]) and not torch.equal(a.input_ids[0, :p], a.input_ids[3, :p])
+    assert torch.equal(a.input_ids[0, :p], a.input_ids[2, :p]) and not torch.equal(
+        a.input_ids[0, :p], a.input_ids[3, :p]
+    )
 
 
 def test_masks_stop_after_eos_and_padding_gets_no_log_prob(micro):
     lm, tok = micro
     s = _group(micro, 3)
-    comp = s.input_ids[:, s.prompt_len:]
+    comp = s.input_ids[:, s.prompt_len :]
     for row, m, lp in zip(comp, s.completion_mask, s.behavior_log_prob):
         n = int(m.sum())
-        assert m[:n].all() and not m[n:].any()          # a prefix
+        assert m[:n].all() and not m[n:].any()  # a prefix
         assert (row[n:] == tok.pad_token_id).all() and (lp[n:] == 0).all() and (lp[:n] < 0).all()
         eos = (row[:n] == tok.eos_token_id).nonzero()
         assert eos.numel() == 0 or int(eos[0]) == n - 1  # EOS, if any, is the last masked token
-    assert torch.equal(s.attention_mask[:, s.prompt_len:], s.completion_mask.long())
+    assert torch.equal(s.attention_mask[:, s.prompt_len :], s.completion_mask.long())
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -50,8 +54,9 @@ def test_zero_lag_behaviour_log_probs_match_the_learner(micro, temperature):
     lm, _ = micro
     s = _group(micro, 4, temperature)
     with torch.no_grad():
-        lp = sampling.completion_log_probs(lm, s.input_ids, s.attention_mask, s.completion_mask,
-                                           temperature=temperature)
+        lp = sampling.completion_log_probs(
+            lm, s.input_ids, s.attention_mask, s.completion_mask, temperature=temperature
+        )
     assert lp.shape == s.behavior_log_prob.shape and (lp[~s.completion_mask] == 0).all()
     assert (lp - s.behavior_log_prob)[s.policy_mask].abs().max().item() < 1e-4
 
@@ -61,12 +66,16 @@ def test_left_padding_does_not_change_a_row(micro):
     prompts = [gsm.format_prompt(PROBLEMS.heldout[0])]
     prompts.append(prompts[0].replace("Question:", "Question: and more words here"))
     ids, mask = sampling.encode_prompts(tok, prompts)
-    assert mask[0, 0] == 0   # the shorter prompt is left-padded
-    both = sampling.sample(lm, ids, mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6, greedy=True)
+    assert mask[0, 0] == 0  # the shorter prompt is left-padded
+    both = sampling.sample(
+        lm, ids, mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6, greedy=True
+    )
     ids0, mask0 = sampling.encode_prompts(tok, prompts[:1])
-    alone = sampling.sample(lm, ids0, mask0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6, greedy=True)
+    alone = sampling.sample(
+        lm, ids0, mask0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=6, greedy=True
+    )
     n = alone.completion_mask.shape[1]
-    assert torch.equal(both.input_ids[0, both.prompt_len:both.prompt_len + n], alone.input_ids[0, alone.prompt_len:])
+    assert torch.equal(both.input_ids[0, both.prompt_len : both.prompt_len + n], alone.input_ids[0, alone.prompt_len :])
     assert torch.allclose(both.behavior_log_prob[0, :n], alone.behavior_log_prob[0], atol=1e-5)
 
 
@@ -85,7 +94,9 @@ def test_evaluate_is_batching_invariant_and_in_range(micro):
     lm, tok = micro
 
     acc = sampling.evaluate(lm, tok, PROBLEMS.heldout, max_new_tokens=4, batch_size=3)
-    assert acc == sampling.evaluate(lm, tok, PROBLEMS.heldout, max_new_tokens=4, batch_size=2)  # greedy: batching-invariant
+    assert acc == sampling.evaluate(
+        lm, tok, PROBLEMS.heldout, max_new_tokens=4, batch_size=2
+    )  # greedy: batching-invariant
     assert 0.0 <= acc <= 1.0 and sampling.evaluate(lm, tok, [], max_new_tokens=4) == 0.0
     assert sum(gsm.reward(gsm.format_completion(p), p.target) for p in PROBLEMS.heldout) == len(PROBLEMS.heldout)
 
@@ -95,8 +106,18 @@ def test_warmup_smoke_lowers_loss_and_is_deterministic(micro_dir):
     for _ in range(2):
         lm, tok = model.load(micro_dir)
         losses = []
-        res = warmup.warmup(lm, tok, PROBLEMS.train, steps=8, seed=3, batch_size=8, lr=1e-2, warmup_steps=2,
-                            log=lambda s, loss: losses.append(loss), log_every=1)
+        res = warmup.warmup(
+            lm,
+            tok,
+            PROBLEMS.train,
+            steps=8,
+            seed=3,
+            batch_size=8,
+            lr=1e-2,
+            warmup_steps=2,
+            log=lambda s, loss, losses=losses: losses.append(loss),
+            log_every=1,
+        )
         runs.append((res, losses, torch.cat([p.detach().flatten() for p in lm.parameters()])))
     (res, losses, params), (res2, _, params2) = runs
     assert res.steps == 8 and res.tokens > 0 and losses[-1] < losses[0]
@@ -108,12 +129,21 @@ def test_warmup_smoke_lowers_loss_and_is_deterministic(micro_dir):
 def test_warmup_stops_at_the_first_check_that_says_so(micro_dir):
     lm, tok = model.load(micro_dir)
     calls = []
-    res = warmup.warmup(lm, tok, PROBLEMS.train, steps=9, seed=3, batch_size=4, check_every=2,
-                        stop=lambda n: calls.append((n, lm.training)) or n >= 4)
+    res = warmup.warmup(
+        lm,
+        tok,
+        PROBLEMS.train,
+        steps=9,
+        seed=3,
+        batch_size=4,
+        check_every=2,
+        stop=lambda n: calls.append((n, lm.training)) or n >= 4,
+    )
     assert res.steps == 4 and calls == [(2, True), (4, True)] and not lm.training
-    calls.clear()   # never at the last step (the budget ends there anyway)
-    assert warmup.warmup(lm, tok, PROBLEMS.train, steps=4, seed=3, batch_size=4, check_every=2,
-                         stop=lambda n: calls.append(n) or False).steps == 4 and calls == [2]
+    calls.clear()  # never at the last step (the budget ends there anyway)
+    assert warmup.warmup(
+        lm, tok, PROBLEMS.train, steps=4, seed=3, batch_size=4, check_every=2, stop=lambda n: calls.append(n) or False
+    ).steps == 4 and calls == [2]
     with pytest.raises(ValueError, match="check_every must be >= 1"):
         warmup.warmup(lm, tok, PROBLEMS.train, steps=4, seed=3, check_every=0, stop=lambda n: True)
 
@@ -138,7 +168,7 @@ class _Scripted(torch.nn.Module):
         self.config = None
 
     def forward(self, input_ids, attention_mask, position_ids, use_cache=True, past_key_values=None):
-        at = attention_mask.shape[1] - self.s_p          # completion position of the next token
+        at = attention_mask.shape[1] - self.s_p  # completion position of the next token
         logits = torch.zeros(input_ids.shape[0], input_ids.shape[1], self.vocab)
         for row, script in enumerate(self.scripts):
             logits[row, -1, script[at] if at < len(script) else self.eos] = 20.0
@@ -158,13 +188,15 @@ def test_calculator_inserts_results_with_policy_mask_false(micro):
     assert torch.equal(plain.policy_mask, plain.completion_mask)
     # the calculator writes 5>> and 3>> over the script's 7>> and 9>>; the model still copies its own 7 and 9
     assert sampling.decode_completions(tok, calc) == ["Tom: <<2+3=5>>7 and <<12/4=3>>9\n#### 9", written[1]]
-    comp = calc.input_ids[:, calc.prompt_len:]
-    inserted = [tok.decode([int(t)]) for t, c, p in zip(comp[0], calc.completion_mask[0], calc.policy_mask[0]) if c and not p]
+    comp = calc.input_ids[:, calc.prompt_len :]
+    inserted = [
+        tok.decode([int(t)]) for t, c, p in zip(comp[0], calc.completion_mask[0], calc.policy_mask[0]) if c and not p
+    ]
     assert "".join(inserted) == "5>>3>>"
     assert torch.equal(calc.policy_mask[1], calc.completion_mask[1])
     assert (calc.behavior_log_prob[~calc.policy_mask] == 0).all()
     assert (calc.policy_mask <= calc.completion_mask).all()
-    assert torch.equal(calc.attention_mask[:, calc.prompt_len:], calc.completion_mask.long())
+    assert torch.equal(calc.attention_mask[:, calc.prompt_len :], calc.completion_mask.long())
 
 
 def test_calculator_changes_nothing_without_annotations(micro):
@@ -199,7 +231,7 @@ def test_calculator_mask_takes_those_tokens_out_of_the_loss(micro):
     ids, _, lab = warmup.collate(masked, tok.pad_token_id)
     for row, ex, p in zip(range(3), masked, probs):
         n_ann = p.answer.count("<<")
-        assert len(ex[2]) >= 2 * n_ann                                   # at least one digit and '>>' each
+        assert len(ex[2]) >= 2 * n_ann  # at least one digit and '>>' each
         assert (lab[row, list(ex[2])] == -100).all() and (lab_plain[row, list(ex[2])] != -100).all()
         assert int((lab_plain[row] != -100).sum() - (lab[row] != -100).sum()) == len(ex[2])
         assert tok.decode(ids[row, list(ex[2])]).count(">>") == n_ann
@@ -232,9 +264,14 @@ class _EndsEarly(torch.nn.Module):
         self.lm, self.eos, self.end_at, self.config, self.device = lm, eos_id, end_at, lm.config, lm.device
 
     def forward(self, input_ids, attention_mask, position_ids, use_cache=True, cache=None):
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=use_cache, cache=cache)
-        ends = position_ids >= self.end_at   # [B, S]: every position, as the learner's full forward sees them
+        out = self.lm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            cache=cache,
+        )
+        ends = position_ids >= self.end_at  # [B, S]: every position, as the learner's full forward sees them
         out.logits[..., self.eos] = torch.where(ends, 1e4, out.logits[..., self.eos])
         return out
 
@@ -248,10 +285,10 @@ def test_compaction_drops_ended_rows_without_changing_any_row(micro, greedy):
     full = sampling.sample(ends, ids, mask, compact=False, generator=torch.Generator().manual_seed(9), **kw)
     part = sampling.sample(ends, ids, mask, compact=True, generator=torch.Generator().manual_seed(9), **kw)
     lengths = full.completion_mask.sum(1)
-    assert lengths.min() < lengths.max()   # rows end at different steps, so compaction had rows to drop
+    assert lengths.min() < lengths.max()  # rows end at different steps, so compaction had rows to drop
     assert torch.equal(full.input_ids, part.input_ids) and torch.equal(full.completion_mask, part.completion_mask)
     assert torch.allclose(full.behavior_log_prob, part.behavior_log_prob, atol=1e-5)
-    with torch.no_grad():   # the compacted behaviour log-probs are still the learner's at zero lag
+    with torch.no_grad():  # the compacted behaviour log-probs are still the learner's at zero lag
         lp = sampling.completion_log_probs(ends, part.input_ids, part.attention_mask, part.completion_mask)
     assert (lp - part.behavior_log_prob)[part.policy_mask].abs().max().item() < 1e-4
 
@@ -262,7 +299,7 @@ def test_inverse_cdf_draws_the_distribution_and_never_a_zero():
     assert sampling.inverse_cdf(probs, torch.tensor([0.5, 0.49])).tolist() == [3, 1]
     assert sampling.inverse_cdf(probs, torch.tensor([0.999999, 0.999999])).tolist() == [3, 2]
     u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
-    draws = sampling.inverse_cdf(probs[1:].expand(20000, 4) * 3.0, u)   # rows need not sum to 1
+    draws = sampling.inverse_cdf(probs[1:].expand(20000, 4) * 3.0, u)  # rows need not sum to 1
     freq = torch.bincount(draws, minlength=4).double() / 20000
     assert torch.allclose(freq, torch.tensor([0.2, 0.3, 0.5, 0.0], dtype=torch.double), atol=0.015)
 
@@ -271,7 +308,7 @@ def test_batched_calculator_mask_equals_the_per_text_definition(micro):
     _, tok = micro
     probs = gsm.make_splits(seed=3, n_train=200, n_heldout=0).train
     got = warmup.encode_examples(tok, probs, calculator_mask=True)
-    for p, (ids, n_prompt, skip) in zip(probs, got):
+    for p, (_ids, n_prompt, skip) in zip(probs, got):
         text = gsm.format_completion(p)
         offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         spans = [m.span(1) for m in warmup._ANNOTATION_RESULT.finditer(text)]

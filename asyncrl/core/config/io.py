@@ -1,5 +1,6 @@
 """Reading and writing configs: TOML files, a run's config.json, ``--set section.key=value``, and
 the description and TOML text that ``asyncrl config show`` prints."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,9 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, key, value
 
 
-def load_resolved(path: str | Path | None = None, overrides: typing.Iterable[str] = (),
-                  extra: dict[str, dict[str, Any]] | None = None) -> Resolved:
+def load_resolved(
+    path: str | Path | None = None, overrides: typing.Iterable[str] = (), extra: dict[str, dict[str, Any]] | None = None
+) -> Resolved:
     """Resolve a config from a TOML file (what it names is the user's), or a run directory's
     config.json (a resolved config, taken as it is), then ``extra`` (CLI flags), then ``--set``
     overrides; see :func:`resolve` for the precedence and what is reported. A config.json written
@@ -59,8 +61,9 @@ def load_resolved(path: str | Path | None = None, overrides: typing.Iterable[str
     return resolve(user, base, recorded=record, translated=translated)
 
 
-def load(path: str | Path | None = None, overrides: typing.Iterable[str] = (),
-         extra: dict[str, dict[str, Any]] | None = None) -> Config:
+def load(
+    path: str | Path | None = None, overrides: typing.Iterable[str] = (), extra: dict[str, dict[str, Any]] | None = None
+) -> Config:
     """The Config of :func:`load_resolved` (same arguments and errors)."""
     return load_resolved(path, overrides, extra).config
 
@@ -69,13 +72,15 @@ def from_dict(data: dict[str, dict[str, Any]]) -> Config:
     """Rebuild a Config from ``Config.to_dict()`` output (a checkpoint's copy, the learner's welcome):
     a resolved config, taken as it is (no preset or task-kind value re-applied); one written before
     keys moved (:data:`MOVED_KEYS`) is read under the new names. Raises ConfigError."""
-    data, _record, _lines = translate_moved_keys({s: v for s, v in data.items() if s not in RUN_RECORD_KEYS}, None,
-                                                 where="a config")
+    data, _record, _lines = translate_moved_keys(
+        {s: v for s, v in data.items() if s not in RUN_RECORD_KEYS}, None, where="a config"
+    )
     return resolve({}, {s: dict(v) for s, v in data.items()}).config
 
 
-def translate_moved_keys(data: dict[str, Any], record: dict[str, Any] | None, *, where: str
-                         ) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
+def translate_moved_keys(
+    data: dict[str, Any], record: dict[str, Any] | None, *, where: str
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
     """A resolved config written by an older asyncrl (its llm keys under [task]) with those keys
     under their new names (:data:`MOVED_KEYS`), its "resolution" record likewise, and the line that
     says so ([] when nothing moved). Only for resolved configs: a user's file is refused instead.
@@ -102,20 +107,23 @@ def translate_moved_keys(data: dict[str, Any], record: dict[str, Any] | None, *,
             user.setdefault(section, {})[key] = user["task"].pop(k)
         record = {**record, "user": {s: kv for s, kv in user.items() if kv}}
     renamed = [f"task.{k} as {MOVED_KEYS[f'task.{k}']}" for k in moved if MOVED_KEYS[f"task.{k}"] != f"llm.{k}"]
-    line = (f"{where} was written by an older asyncrl: its {len(moved)} language-model keys under [task] are read "
-            f"from [llm] ({', '.join(renamed + ['the others under the same name'])})")
+    line = (
+        f"{where} was written by an older asyncrl: its {len(moved)} language-model keys under [task] are read "
+        f"from [llm] ({', '.join(renamed + ['the others under the same name'])})"
+    )
     return out, record, [line]
 
 
 # ---- describing the config: `asyncrl config show` ----
 
+
 class KeyInfo(typing.NamedTuple):
     section: str
     key: str
-    value: Any      # the resolved value
-    default: Any    # the dataclass default
-    help: str       # one-line meaning (field metadata)
-    study_only: bool = False   # an experimental option kept for studies (field metadata)
+    value: Any  # the resolved value
+    default: Any  # the dataclass default
+    help: str  # one-line meaning (field metadata)
+    study_only: bool = False  # an experimental option kept for studies (field metadata)
 
 
 STUDY_ONLY_HEADING = "study-only (experimental: lag conditions and ablations of the studies, not for training)"
@@ -133,9 +141,17 @@ def describe(cfg: Config | None = None) -> list[KeyInfo]:
         for f in dataclasses.fields(values):
             if not f.metadata.get("help"):
                 raise ConfigError(f"config key {sec.name}.{f.name} has no help text in asyncrl/core/config/fields.py")
-            keys.append(KeyInfo(sec.name, f.name, getattr(values, f.name), f.default, f.metadata["help"],
-                                bool(f.metadata.get("study_only"))))
-        out += sorted(keys, key=lambda k: k.study_only)   # stable: each group keeps the fields' order
+            keys.append(
+                KeyInfo(
+                    sec.name,
+                    f.name,
+                    getattr(values, f.name),
+                    f.default,
+                    f.metadata["help"],
+                    bool(f.metadata.get("study_only")),
+                )
+            )
+        out += sorted(keys, key=lambda k: k.study_only)  # stable: each group keeps the fields' order
     return out
 
 
@@ -179,7 +195,7 @@ def _section_data(path: str | Path) -> tuple[dict[str, Any], bool, dict[str, Any
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of config sections")
     record = data.get("resolution") if isinstance(data.get("resolution"), dict) else None
-    for k in RUN_RECORD_KEYS:   # a run directory's config.json records where it ran and how it was resolved
+    for k in RUN_RECORD_KEYS:  # a run directory's config.json records where it ran and how it was resolved
         data.pop(k, None)
     return data, resolved, record
 

@@ -1,5 +1,6 @@
 """Resolving a config: the precedence layers, type checks of what the user set, and the notes (a
 user value that replaces a task-kind or preset value, or that has no effect)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +8,17 @@ import types
 import typing
 from typing import Any
 
-from asyncrl.core.config.fields import (LLM_PRESETS, MOVED_KEYS, PRESET_SETTINGS, PRESETS, AlgoConfig, Config, ConfigError, TaskConfig, toml_value)
+from asyncrl.core.config.fields import (
+    LLM_PRESETS,
+    MOVED_KEYS,
+    PRESET_SETTINGS,
+    PRESETS,
+    AlgoConfig,
+    Config,
+    ConfigError,
+    TaskConfig,
+    toml_value,
+)
 from asyncrl.core.config.validate import validate
 
 
@@ -34,7 +45,10 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if annotation is float:
-        if isinstance(value, str) and value in ("inf", "-inf"):   # config.json's spelling (asyncrl.core.metrics.strict_json)
+        if isinstance(value, str) and value in (
+            "inf",
+            "-inf",
+        ):  # config.json's spelling (asyncrl.core.metrics.strict_json)
             value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
@@ -70,13 +84,14 @@ class Resolved(typing.NamedTuple):
     unused: lines, one per user value (other than the default it would have) that the chosen preset or
     task kind does not use: it has no effect.
     """
-    config: "Config"
+
+    config: Config
     user: dict[str, dict[str, Any]]
     source: dict[str, str]
     overridden: list[str]
     unused: list[str]
-    recorded: dict[str, Any] | None = None   # the "resolution" a resolved base (config.json) carried
-    translated: tuple[str, ...] = ()   # lines: keys of an older config.json read under their new names
+    recorded: dict[str, Any] | None = None  # the "resolution" a resolved base (config.json) carried
+    translated: tuple[str, ...] = ()  # lines: keys of an older config.json read under their new names
 
     def notes(self) -> list[str]:
         """The lines to show once at start (translated keys, then overrides, then unused values)."""
@@ -88,14 +103,19 @@ class Resolved(typing.NamedTuple):
         if self.recorded is not None:
             user = {s: {**self.recorded.get("user", {}).get(s, {}), **kv} for s, kv in self.user.items()}
             return {**self.recorded, "user": {s: kv for s, kv in user.items() if kv}}
-        return {"precedence": "built-in < task kind < preset < user",
-                "user": {s: kv for s, kv in self.user.items() if kv},
-                "overridden": self.overridden, "unused": self.unused}
+        return {
+            "precedence": "built-in < task kind < preset < user",
+            "user": {s: kv for s, kv in self.user.items() if kv},
+            "overridden": self.overridden,
+            "unused": self.unused,
+        }
 
 
 def _layers(preset: str, kind: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
-    return [(f"task kind {kind}", TASK_KIND_SETTINGS.get(kind, {})),
-            (f"preset {preset}", {"algo": PRESET_SETTINGS.get(preset, {})})]
+    return [
+        (f"task kind {kind}", TASK_KIND_SETTINGS.get(kind, {})),
+        (f"preset {preset}", {"algo": PRESET_SETTINGS.get(preset, {})}),
+    ]
 
 
 def _check_sections(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -112,8 +132,10 @@ def _check_sections(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         hints = typing.get_type_hints(cls)
         moved = sorted(f"{name}.{k}" for k in raw if f"{name}.{k}" in MOVED_KEYS)
         if moved:
-            raise ConfigError(f"config key {moved[0]} moved to {MOVED_KEYS[moved[0]]}: the language-model task's "
-                              f"keys are in [{MOVED_KEYS[moved[0]].split('.')[0]}]")
+            raise ConfigError(
+                f"config key {moved[0]} moved to {MOVED_KEYS[moved[0]]}: the language-model task's "
+                f"keys are in [{MOVED_KEYS[moved[0]].split('.')[0]}]"
+            )
         bad = sorted(set(raw) - set(hints))
         if bad:
             raise ConfigError(f"unknown config key {name}.{bad[0]}; keys of [{name}] are {sorted(hints)}")
@@ -121,8 +143,14 @@ def _check_sections(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def resolve(user: dict[str, Any], base: dict[str, Any] | None = None, *, check: bool = True,
-            recorded: dict[str, Any] | None = None, translated: typing.Sequence[str] = ()) -> Resolved:
+def resolve(
+    user: dict[str, Any],
+    base: dict[str, Any] | None = None,
+    *,
+    check: bool = True,
+    recorded: dict[str, Any] | None = None,
+    translated: typing.Sequence[str] = (),
+) -> Resolved:
     """Resolve a config from what the user set, by the precedence above.
 
     Args:
@@ -134,7 +162,8 @@ def resolve(user: dict[str, Any], base: dict[str, Any] | None = None, *, check: 
         translated: lines saying which keys of an older ``base`` were read under their new names.
 
     Raises:
-        ConfigError: unknown section or key (or one that moved: :data:`MOVED_KEYS`), wrong type, a failed cross-field check, or ``user``
+        ConfigError: unknown section or key (or one that moved: :data:`MOVED_KEYS`), wrong type, a
+            failed cross-field check, or ``user``
             changing algo.preset or task.kind of a resolved ``base`` (its other keys were resolved for
             the old ones).
     """
@@ -146,8 +175,10 @@ def resolve(user: dict[str, Any], base: dict[str, Any] | None = None, *, check: 
     if base is not None:
         for s, k in (("algo", "preset"), ("task", "kind")):
             if k in user[s] and k in base[s] and user[s][k] != base[s][k]:
-                raise ConfigError(f"{s}.{k} cannot change on a resolved config (a run's config.json: its other keys "
-                                  f"were resolved for {s}.{k} = {base[s][k]!r}); start from a TOML config file")
+                raise ConfigError(
+                    f"{s}.{k} cannot change on a resolved config (a run's config.json: its other keys "
+                    f"were resolved for {s}.{k} = {base[s][k]!r}); start from a TOML config file"
+                )
     values: dict[str, dict[str, Any]] = {s: {} for s in user}
     source: dict[str, str] = {}
     if base is None:
@@ -155,7 +186,7 @@ def resolve(user: dict[str, Any], base: dict[str, Any] | None = None, *, check: 
             for s, kv in settings.items():
                 for k, v in kv.items():
                     values[s][k], source[f"{s}.{k}"] = v, layer
-    layered = {s: dict(kv) for s, kv in values.items()}   # what a key is without the user
+    layered = {s: dict(kv) for s, kv in values.items()}  # what a key is without the user
     overridden = []
     for s, kv in merged.items():
         for k, v in kv.items():
@@ -165,21 +196,26 @@ def resolve(user: dict[str, Any], base: dict[str, Any] | None = None, *, check: 
                 overridden.append(f"{where} = {toml_value(v)} overrides {source[where]}'s {toml_value(values[s][k])}")
             if where not in source:
                 values[s][k], source[where] = v, "user" if from_user else "resolved config"
-            elif from_user and values[s][k] != v:   # a user value equal to the layer's leaves it the source
+            elif from_user and values[s][k] != v:  # a user value equal to the layer's leaves it the source
                 values[s][k], source[where] = v, "user"
     cfg = Config(**{s: cls(**values[s]) for s, cls in _section_types().items()})
     if check:
         validate(cfg)
     defaults = Config().to_dict()
-    unused = [f"{s}.{k} = {toml_value(v)} has no effect: {why}" for s, kv in user.items() for k, v in kv.items()
-              if base is None and v != layered[s].get(k, defaults[s][k])
-              for why in [unused_reason(cfg, s, k)] if why]
+    unused = [
+        f"{s}.{k} = {toml_value(v)} has no effect: {why}"
+        for s, kv in user.items()
+        for k, v in kv.items()
+        if base is None and v != layered[s].get(k, defaults[s][k])
+        for why in [unused_reason(cfg, s, k)]
+        if why
+    ]
     if base is not None and recorded is None:
         recorded = {}
     return Resolved(cfg, user, source, overridden, unused, recorded, tuple(translated))
 
 
-def unused_reason(cfg: "Config", section: str, key: str) -> str:
+def unused_reason(cfg: Config, section: str, key: str) -> str:
     """'' if ``cfg``'s preset and task kind use ``section.key`` (its field metadata), else why not."""
     f = {f.name: f for f in dataclasses.fields(getattr(cfg, section))}[key]
     kinds, presets, when = f.metadata["kinds"], f.metadata["presets"], f.metadata["when"]

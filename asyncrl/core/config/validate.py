@@ -1,18 +1,41 @@
 """Cross-field checks of a resolved config: each raises ConfigError with one line naming the key."""
+
 from __future__ import annotations
 
 import json
 
+from asyncrl.core.config.fields import (
+    BAND_RATIOS,
+    DEVICE_RE,
+    FILTER_TRIGGERS,
+    LAUNCHERS,
+    LLM_AVERAGING,
+    LLM_EVAL_MODES,
+    LLM_PRESETS,
+    LLM_REALIGN,
+    LLM_SILENT_GROUPS,
+    LLM_TRUNCATED_REWARD,
+    PRECISIONS,
+    PRESETS,
+    RATIO_ANCHORS,
+    ROLLOUT_TRANSPORTS,
+    TASK_KINDS,
+    TRACES,
+    VALUE_TARGETS,
+    Config,
+    ConfigError,
+)
 from asyncrl.core.limits import MAX_STR_BYTES
-from asyncrl.core.config.fields import (BAND_RATIOS, DEVICE_RE, FILTER_TRIGGERS, LAUNCHERS, LLM_AVERAGING, LLM_EVAL_MODES, LLM_PRESETS, LLM_REALIGN, LLM_SILENT_GROUPS, LLM_TRUNCATED_REWARD, PRECISIONS, PRESETS, RATIO_ANCHORS, ROLLOUT_TRANSPORTS, TASK_KINDS, TRACES, VALUE_TARGETS, Config, ConfigError)
 
 
 def validate(cfg: Config) -> None:
     """Cross-field checks; raises ConfigError naming the first problem."""
-    a, e, l = cfg.algo, cfg.env, cfg.learner
+    a, e, lrn = cfg.algo, cfg.env, cfg.learner
     if a.preset not in PRESETS + ("grpo",):
-        raise ConfigError(f"unknown preset algo.preset={a.preset!r}; presets are {', '.join(PRESETS)} "
-                          f"(task.kind = llm: {', '.join(LLM_PRESETS)})")
+        raise ConfigError(
+            f"unknown preset algo.preset={a.preset!r}; presets are {', '.join(PRESETS)} "
+            f"(task.kind = llm: {', '.join(LLM_PRESETS)})"
+        )
     _validate_task(cfg)
     if a.ratio_anchor not in RATIO_ANCHORS:
         raise ConfigError(f"algo.ratio_anchor must be one of {RATIO_ANCHORS}, got {a.ratio_anchor!r}")
@@ -27,7 +50,9 @@ def validate(cfg: Config) -> None:
     if not 0.0 <= a.tv_filter_min_deviation < float("inf"):
         raise ConfigError(f"algo.tv_filter_min_deviation must be a finite number >= 0, got {a.tv_filter_min_deviation}")
     if not a.tv_filter_ratio_cap > a.tv_filter_min_deviation:
-        raise ConfigError(f"algo.tv_filter_ratio_cap must be > algo.tv_filter_min_deviation, got {a.tv_filter_ratio_cap}")
+        raise ConfigError(
+            f"algo.tv_filter_ratio_cap must be > algo.tv_filter_min_deviation, got {a.tv_filter_ratio_cap}"
+        )
     if not a.behavior_band > 0:
         raise ConfigError(f"algo.behavior_band must be > 0 (inf: off), got {a.behavior_band}")
     if a.behavior_band_ratio not in BAND_RATIOS:
@@ -38,50 +63,69 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.surrogate_rho_bar must be > 0 (inf: no bound), got {a.surrogate_rho_bar}")
     if cfg.policy.activation not in ("tanh", "relu", "elu"):
         raise ConfigError(f"policy.activation must be tanh, relu or elu, got {cfg.policy.activation!r}")
-    positive = {"env.num_envs": e.num_envs, "env.rollout_length": e.rollout_length,
-                "learner.slots_per_batch": l.slots_per_batch, "learner.num_slots": l.num_slots,
-                "algo.num_epochs": a.num_epochs, "algo.num_minibatches": a.num_minibatches,
-                "run.num_actors": cfg.run.num_actors, "run.total_env_steps": cfg.run.total_env_steps}
+    positive = {
+        "env.num_envs": e.num_envs,
+        "env.rollout_length": e.rollout_length,
+        "learner.slots_per_batch": lrn.slots_per_batch,
+        "learner.num_slots": lrn.num_slots,
+        "algo.num_epochs": a.num_epochs,
+        "algo.num_minibatches": a.num_minibatches,
+        "run.num_actors": cfg.run.num_actors,
+        "run.total_env_steps": cfg.run.total_env_steps,
+    }
     for k, v in positive.items():
         if v < 1:
             raise ConfigError(f"{k} must be >= 1, got {v}")
     if not 0.0 <= a.gamma <= 1.0 or not 0.0 <= a.gae_lambda <= 1.0:
         raise ConfigError(f"algo.gamma and algo.gae_lambda must lie in [0, 1], got {a.gamma}, {a.gae_lambda}")
-    for key, value, low in (("actor.policy_delay", cfg.actor.policy_delay, 0),
-                            ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
-                            ("actor.slowdown_s", cfg.actor.slowdown_s, 0), ("env.max_episode_steps", e.max_episode_steps, 0),
-                            ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
-                            ("run.seed", cfg.run.seed, 0), ("algo.realign_min_lag", a.realign_min_lag, 0),
-                            ("algo.realign_from_version", a.realign_from_version, 0),
-                            ("learner.max_consecutive_skips", l.max_consecutive_skips, 0),
-                            ("learner.keep_checkpoints", l.keep_checkpoints, 1),
-                            ("run.max_restarts", cfg.run.max_restarts, 0),
-                            ("run.restart_backoff_s", cfg.run.restart_backoff_s, 0),
-                            ("run.restart_window_s", cfg.run.restart_window_s, 0)):
+    for key, value, low in (
+        ("actor.policy_delay", cfg.actor.policy_delay, 0),
+        ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
+        ("actor.slowdown_s", cfg.actor.slowdown_s, 0),
+        ("env.max_episode_steps", e.max_episode_steps, 0),
+        ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
+        ("run.seed", cfg.run.seed, 0),
+        ("algo.realign_min_lag", a.realign_min_lag, 0),
+        ("algo.realign_from_version", a.realign_from_version, 0),
+        ("learner.max_consecutive_skips", lrn.max_consecutive_skips, 0),
+        ("learner.keep_checkpoints", lrn.keep_checkpoints, 1),
+        ("run.max_restarts", cfg.run.max_restarts, 0),
+        ("run.restart_backoff_s", cfg.run.restart_backoff_s, 0),
+        ("run.restart_window_s", cfg.run.restart_window_s, 0),
+    ):
         if value < low:
             raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.run.launcher not in LAUNCHERS:
         raise ConfigError(f"run.launcher must be one of {', '.join(LAUNCHERS)}, got {cfg.run.launcher!r}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:
-        raise ConfigError(f"actor.rollout_transport must be one of {', '.join(ROLLOUT_TRANSPORTS)}, "
-                          f"got {cfg.actor.rollout_transport!r}")
+        raise ConfigError(
+            f"actor.rollout_transport must be one of {', '.join(ROLLOUT_TRANSPORTS)}, "
+            f"got {cfg.actor.rollout_transport!r}"
+        )
     _validate_device(cfg)
     if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
     if cfg.run.eval_every < 0 or cfg.run.eval_episodes < 1:
-        raise ConfigError(f"run.eval_every must be >= 0 and run.eval_episodes >= 1, got "
-                          f"{cfg.run.eval_every}, {cfg.run.eval_episodes}")
+        raise ConfigError(
+            f"run.eval_every must be >= 0 and run.eval_episodes >= 1, got {cfg.run.eval_every}, {cfg.run.eval_episodes}"
+        )
     if not 0 < a.lr < float("inf"):
         raise ConfigError(f"algo.lr must be a finite number > 0, got {a.lr}")
-    if l.num_slots < l.slots_per_batch:
-        raise ConfigError(f"learner.num_slots ({l.num_slots}) must be >= learner.slots_per_batch ({l.slots_per_batch})")
+    if lrn.num_slots < lrn.slots_per_batch:
+        raise ConfigError(
+            f"learner.num_slots ({lrn.num_slots}) must be >= learner.slots_per_batch ({lrn.slots_per_batch})"
+        )
     if cfg.batch_size % a.num_minibatches:
         what = "prompts_per_slot*G*B" if cfg.task.kind == "llm" else "T*B*E"
-        raise ConfigError(f"batch size {what} = {cfg.batch_size} is not divisible by algo.num_minibatches={a.num_minibatches}")
-    n = len(json.dumps(cfg.to_dict()).encode())   # the learner's welcome carries this config to every actor
+        raise ConfigError(
+            f"batch size {what} = {cfg.batch_size} is not divisible by algo.num_minibatches={a.num_minibatches}"
+        )
+    n = len(json.dumps(cfg.to_dict()).encode())  # the learner's welcome carries this config to every actor
     if n > MAX_STR_BYTES:
-        raise ConfigError(f"the config is {n:,} bytes as JSON, over the {MAX_STR_BYTES:,} a welcome message carries "
-                          f"to actors; shorten its strings (run.run_dir, env.id, env.module, llm.model_dir, llm.cache_dir)")
+        raise ConfigError(
+            f"the config is {n:,} bytes as JSON, over the {MAX_STR_BYTES:,} a welcome message carries "
+            f"to actors; shorten its strings (run.run_dir, env.id, env.module, llm.model_dir, llm.cache_dir)"
+        )
 
 
 def _validate_device(cfg: Config) -> None:
@@ -93,8 +137,10 @@ def _validate_device(cfg: Config) -> None:
     if cfg.learner.precision not in PRECISIONS:
         raise ConfigError(f"learner.precision must be one of {', '.join(PRECISIONS)}, got {cfg.learner.precision!r}")
     if cfg.actor.device != "cpu" and cfg.task.kind == "control":
-        raise ConfigError(f"actor.device = {cfg.actor.device}: control actors act with numpy on the CPU; "
-                          f"actor.device is for task.kind = llm")
+        raise ConfigError(
+            f"actor.device = {cfg.actor.device}: control actors act with numpy on the CPU; "
+            f"actor.device is for task.kind = llm"
+        )
 
 
 def _validate_task(cfg: Config) -> None:
@@ -108,18 +154,23 @@ def _validate_task(cfg: Config) -> None:
     if preset not in LLM_PRESETS:
         raise ConfigError(f"task.kind = llm takes algo.preset {', '.join(LLM_PRESETS)}, got {preset!r}")
     if cfg.algo.value_targets != "auto" or cfg.algo.realign_min_lag != 0 or cfg.algo.realign_from_version != 0:
-        raise ConfigError("algo.value_targets, algo.realign_min_lag and algo.realign_from_version are control-task "
-                          "options (a critic's target, V-trace per sample); task.kind = llm has no critic: its "
-                          "realignment is llm.realign")
+        raise ConfigError(
+            "algo.value_targets, algo.realign_min_lag and algo.realign_from_version are control-task "
+            "options (a critic's target, V-trace per sample); task.kind = llm has no critic: its "
+            "realignment is llm.realign"
+        )
     if cfg.algo.normalize_advantages:
-        raise ConfigError("algo.normalize_advantages = true: the llm task's advantages are normalised per group "
-                          "already; a per-minibatch normalisation of token advantages moves silent groups off zero "
-                          "and can flip a completion's sign (llm.scale_by_std is the llm task's normalisation)")
+        raise ConfigError(
+            "algo.normalize_advantages = true: the llm task's advantages are normalised per group "
+            "already; a per-minibatch normalisation of token advantages moves silent groups off zero "
+            "and can flip a completion's sign (llm.scale_by_std is the llm task's normalisation)"
+        )
     if llm.averaging not in LLM_AVERAGING:
         raise ConfigError(f"llm.averaging must be one of {', '.join(LLM_AVERAGING)}, got {llm.averaging!r}")
     if llm.truncated_reward not in LLM_TRUNCATED_REWARD:
-        raise ConfigError(f"llm.truncated_reward must be one of {', '.join(LLM_TRUNCATED_REWARD)}, "
-                          f"got {llm.truncated_reward!r}")
+        raise ConfigError(
+            f"llm.truncated_reward must be one of {', '.join(LLM_TRUNCATED_REWARD)}, got {llm.truncated_reward!r}"
+        )
     if llm.silent_groups not in LLM_SILENT_GROUPS:
         raise ConfigError(f"llm.silent_groups must be one of {', '.join(LLM_SILENT_GROUPS)}, got {llm.silent_groups!r}")
     if llm.eval_mode not in LLM_EVAL_MODES:
@@ -127,14 +178,23 @@ def _validate_task(cfg: Config) -> None:
     if llm.realign not in LLM_REALIGN:
         raise ConfigError(f"llm.realign must be one of {', '.join(LLM_REALIGN)}, got {llm.realign!r}")
     if llm.realign != "none" and not cfg.algo.rho_bar > 0:
-        raise ConfigError(f"llm.realign = {llm.realign} truncates the sequence weights at algo.rho_bar, which must be "
-                          f"> 0 (inf: none), got {cfg.algo.rho_bar}")
+        raise ConfigError(
+            f"llm.realign = {llm.realign} truncates the sequence weights at algo.rho_bar, which must be "
+            f"> 0 (inf: none), got {cfg.algo.rho_bar}"
+        )
     if not 0 <= llm.kl_coef < float("inf"):
         raise ConfigError(f"llm.kl_coef must be a finite number >= 0, got {llm.kl_coef}")
     if not 0 <= llm.negative_weight < float("inf"):
         raise ConfigError(f"llm.negative_weight must be a finite number >= 0, got {llm.negative_weight}")
-    for key in ("group_size", "prompts_per_slot", "max_prompt_tokens", "max_new_tokens", "train_problems",
-                "warmup_batch_size", "eval_batch_size"):
+    for key in (
+        "group_size",
+        "prompts_per_slot",
+        "max_prompt_tokens",
+        "max_new_tokens",
+        "train_problems",
+        "warmup_batch_size",
+        "eval_batch_size",
+    ):
         if getattr(llm, key) < 1:
             raise ConfigError(f"llm.{key} must be >= 1, got {getattr(llm, key)}")
     for key in ("warmup_steps", "eval_size", "model_seed", "warmup_threads"):

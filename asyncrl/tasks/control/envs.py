@@ -1,5 +1,6 @@
 """Gymnasium env construction: the one place that turns terminated / truncated / final
 observation into rollout fields. Only this module imports gymnasium."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,8 @@ from typing import NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from asyncrl.tasks.control import toy_envs
 from asyncrl.core.spec import RolloutSpec
+from asyncrl.tasks.control import toy_envs
 
 toy_envs.register()
 
@@ -24,11 +25,11 @@ class EnvError(ValueError):
 
 
 class StepResult(NamedTuple):
-    obs: np.ndarray          # [E, D] float32: the next observation (a reset one after an episode end)
-    rewards: np.ndarray      # [E] float32
-    terminated: np.ndarray   # [E] bool: the MDP ended; bootstrap 0
-    truncated: np.ndarray    # [E] bool (False where terminated): time limit; bootstrap V(final_obs)
-    final_obs: np.ndarray    # [E, D] float32: the last observation of an ended episode, else 0
+    obs: np.ndarray  # [E, D] float32: the next observation (a reset one after an episode end)
+    rewards: np.ndarray  # [E] float32
+    terminated: np.ndarray  # [E] bool: the MDP ended; bootstrap 0
+    truncated: np.ndarray  # [E] bool (False where terminated): time limit; bootstrap V(final_obs)
+    final_obs: np.ndarray  # [E, D] float32: the last observation of an ended episode, else 0
 
 
 def _import(module: str, what: str):
@@ -61,8 +62,9 @@ def resolve_env_id(env_id: str, module: str = "") -> str:
         return name
     obj = getattr(mod, name, None)
     if not callable(obj):
-        raise EnvError(f"env {env_id!r}: module {mod_name!r} has neither a registered env id {name!r} "
-                       f"nor a callable {name!r}")
+        raise EnvError(
+            f"env {env_id!r}: module {mod_name!r} has neither a registered env id {name!r} nor a callable {name!r}"
+        )
     gym_id = "asyncrl-user/" + re.sub(r"[^\w]", "_", env_id) + "-v0"
     if gym_id not in gym.registry:
         gym.register(id=gym_id, entry_point=obj)
@@ -79,8 +81,14 @@ def check_env_id(env_id: str, module: str = "") -> None:
         raise EnvError(f"unknown env id {env_id!r}: {exc}") from None
 
 
-def make_env(env_id: str, *, module: str = "", max_episode_steps: int = 0, render_mode: str | None = None,
-             env_kwargs: dict | None = None) -> gym.Env:
+def make_env(
+    env_id: str,
+    *,
+    module: str = "",
+    max_episode_steps: int = 0,
+    render_mode: str | None = None,
+    env_kwargs: dict | None = None,
+) -> gym.Env:
     """One gymnasium env (for evaluation and video; training uses :class:`VecEnv`).
     ``render_mode="rgb_array"`` makes ``render()`` return [H, W, 3] uint8 frames.
     Raises EnvError for an unknown id or an import failure."""
@@ -105,6 +113,7 @@ def follow_with_camera(env: gym.Env, name: str = "track") -> bool:
     if not is_mujoco(env):
         return False
     import mujoco
+
     u = env.unwrapped
     cam = mujoco.mj_name2id(u.model, mujoco.mjtObj.mjOBJ_CAMERA, name)
     renderer = getattr(u, "mujoco_renderer", None)
@@ -141,8 +150,16 @@ class VecEnv:
             Box or Discrete.
     """
 
-    def __init__(self, env_id: str, num_envs: int, *, seed: int, max_episode_steps: int = 0,
-                 env_kwargs: dict | None = None, module: str = ""):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        *,
+        seed: int,
+        max_episode_steps: int = 0,
+        env_kwargs: dict | None = None,
+        module: str = "",
+    ):
         gym_id = resolve_env_id(env_id, module)
         check_env_id(gym_id)
         kwargs = dict(env_kwargs or {})
@@ -170,8 +187,13 @@ class VecEnv:
         self.episode_length = np.zeros(num_envs, np.int64)
 
     def spec(self, rollout_length: int) -> RolloutSpec:
-        return RolloutSpec(obs_dim=self.obs_dim, action_dim=self.action_dim, discrete=self.discrete,
-                           rollout_length=rollout_length, num_envs=self.num_envs)
+        return RolloutSpec(
+            obs_dim=self.obs_dim,
+            action_dim=self.action_dim,
+            discrete=self.discrete,
+            rollout_length=rollout_length,
+            num_envs=self.num_envs,
+        )
 
     def reset(self, seeds=None) -> np.ndarray:
         """Reset every env; env i is seeded with ``seeds[i]`` (an int >= 0; actors and serial mode
@@ -220,8 +242,12 @@ class VecEnv:
         """This VecEnv's state between steps, as plain values and tensors: the current
         observations, the running episode returns and lengths, and each env's own state
         (:func:`env_state`; None for an env whose state cannot be saved)."""
-        return {"obs": torch_tensor(self.obs), "episode_return": torch_tensor(self.episode_return),
-                "episode_length": torch_tensor(self.episode_length), "envs": [env_state(e) for e in self.envs]}
+        return {
+            "obs": torch_tensor(self.obs),
+            "episode_return": torch_tensor(self.episode_return),
+            "episode_length": torch_tensor(self.episode_length),
+            "envs": [env_state(e) for e in self.envs],
+        }
 
     def set_state(self, d: dict) -> bool:
         """Put back a :meth:`get_state`. Returns False, changing nothing, when an env's state was
@@ -243,12 +269,16 @@ class VecEnv:
 def torch_tensor(a: np.ndarray):
     """A copy of ``a`` as a torch tensor (what a checkpoint read with weights_only=True holds)."""
     import torch
+
     return torch.from_numpy(np.array(a, copy=True))
 
 
 # Wrappers gym.make puts around an env, and the attributes that are their whole state.
-_WRAPPER_STATE = {"TimeLimit": ("_elapsed_steps",), "OrderEnforcing": ("_has_reset",),
-                  "PassiveEnvChecker": ("checked_reset", "checked_step", "checked_render")}
+_WRAPPER_STATE = {
+    "TimeLimit": ("_elapsed_steps",),
+    "OrderEnforcing": ("_has_reset",),
+    "PassiveEnvChecker": ("checked_reset", "checked_step", "checked_render"),
+}
 
 
 def env_state(env: gym.Env) -> dict | None:
@@ -270,6 +300,7 @@ def env_state(env: gym.Env) -> dict | None:
     out = {"wrappers": wrappers, "np_random": rng}
     if is_mujoco(env):
         import mujoco
+
         spec = mujoco.mjtState.mjSTATE_INTEGRATION
         sim = np.empty(mujoco.mj_stateSize(u.model, spec), np.float64)
         mujoco.mj_getState(u.model, u.data, sim, spec)
@@ -287,7 +318,7 @@ def set_env_state(env: gym.Env, d: dict) -> None:
     for attrs in d["wrappers"]:
         for k, v in attrs.items():
             setattr(layer, k, v)
-        if hasattr(layer, "checked_data_reuse"):   # the env checker's data-reuse check needs the last step's data
+        if hasattr(layer, "checked_data_reuse"):  # the env checker's data-reuse check needs the last step's data
             layer.checked_data_reuse = True
         layer = layer.env
     u = env.unwrapped
@@ -297,8 +328,8 @@ def set_env_state(env: gym.Env, d: dict) -> None:
         u._np_random = rng
     if "mujoco" in d:
         import mujoco
-        mujoco.mj_setState(u.model, u.data, d["mujoco"].numpy().astype(np.float64),
-                           mujoco.mjtState.mjSTATE_INTEGRATION)
+
+        mujoco.mj_setState(u.model, u.data, d["mujoco"].numpy().astype(np.float64), mujoco.mjtState.mjSTATE_INTEGRATION)
         mujoco.mj_forward(u.model, u.data)
     else:
         u.asyncrl_set_state(d["own"])
@@ -310,8 +341,10 @@ def describe_space(space: gym.Space) -> str:
     if isinstance(space, gym.spaces.Discrete):
         return f"Discrete(n={int(space.n)}, start={int(space.start)})"
     if isinstance(space, gym.spaces.Box):
-        return (f"Box(shape={tuple(space.shape)}, dtype={np.dtype(space.dtype).name}, "
-                f"low={_bounds(space.low)}, high={_bounds(space.high)})")
+        return (
+            f"Box(shape={tuple(space.shape)}, dtype={np.dtype(space.dtype).name}, "
+            f"low={_bounds(space.low)}, high={_bounds(space.high)})"
+        )
     return type(space).__name__
 
 
@@ -333,13 +366,19 @@ def env_spaces(env_id: str, max_episode_steps: int = 0, module: str = "") -> dic
         probe.close()
 
 
-def rollout_spec(env_id: str, *, num_envs: int, rollout_length: int, max_episode_steps: int = 0,
-                 module: str = "") -> RolloutSpec:
+def rollout_spec(
+    env_id: str, *, num_envs: int, rollout_length: int, max_episode_steps: int = 0, module: str = ""
+) -> RolloutSpec:
     """The RolloutSpec of ``num_envs`` copies of ``env_id`` (builds one env to read its spaces)."""
     probe = VecEnv(env_id, 1, seed=0, max_episode_steps=max_episode_steps, module=module)
     try:
-        return RolloutSpec(obs_dim=probe.obs_dim, action_dim=probe.action_dim, discrete=probe.discrete,
-                           rollout_length=rollout_length, num_envs=num_envs)
+        return RolloutSpec(
+            obs_dim=probe.obs_dim,
+            action_dim=probe.action_dim,
+            discrete=probe.discrete,
+            rollout_length=rollout_length,
+            num_envs=num_envs,
+        )
     finally:
         probe.close()
 

@@ -7,11 +7,13 @@ An evaluation runs whole episodes of one env, sequentially: episode k starts fro
 ``seed``. Continuous actions are clipped to the action space before they reach the env, as in
 training. The same checkpoint, env and seed give the same returns.
 """
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -26,22 +28,27 @@ class EvalError(ValueError):
 
 
 class EvalResult(NamedTuple):
-    returns: list[float]      # one undiscounted return per episode (env reward units)
-    lengths: list[int]        # env steps per episode
+    returns: list[float]  # one undiscounted return per episode (env reward units)
+    lengths: list[int]  # env steps per episode
 
     def summary(self) -> dict:
         """mean and std (over episodes, ddof 0) of return and length, and the episode count."""
         r, n = np.asarray(self.returns, np.float64), np.asarray(self.lengths, np.float64)
-        return {"episodes": len(self.returns), "return_mean": float(r.mean()), "return_std": float(r.std()),
-                "length_mean": float(n.mean()), "length_std": float(n.std())}
+        return {
+            "episodes": len(self.returns),
+            "return_mean": float(r.mean()),
+            "return_std": float(r.std()),
+            "length_mean": float(n.mean()),
+            "length_std": float(n.std()),
+        }
 
 
 class Checkpoint(NamedTuple):
-    policy: ActorCritic       # weights and observation statistics of the checkpoint, eval mode
-    cfg: Config               # the run's config
-    spec: dict                # the rollout spec (obs_dim, action_dim, discrete, ...)
-    version: int              # policy version
-    env_steps: int            # env steps consumed when it was written
+    policy: ActorCritic  # weights and observation statistics of the checkpoint, eval mode
+    cfg: Config  # the run's config
+    spec: dict  # the rollout spec (obs_dim, action_dim, discrete, ...)
+    version: int  # policy version
+    env_steps: int  # env steps consumed when it was written
     path: Path
 
 
@@ -104,9 +111,17 @@ def act(policy: ActorCritic, obs: np.ndarray, *, stochastic: bool, generator: to
     return int(a[0]) if policy.discrete else a[0].numpy()
 
 
-def run_episodes(policy: ActorCritic, env, *, episodes: int, seed: int, stochastic: bool = False,
-                 on_frame: Callable[[int, np.ndarray], None] | None = None, record_episodes: int = 0,
-                 max_steps: int = 1_000_000) -> EvalResult:
+def run_episodes(
+    policy: ActorCritic,
+    env,
+    *,
+    episodes: int,
+    seed: int,
+    stochastic: bool = False,
+    on_frame: Callable[[int, np.ndarray], None] | None = None,
+    record_episodes: int = 0,
+    max_steps: int = 1_000_000,
+) -> EvalResult:
     """Run ``episodes`` whole episodes of ``env`` with ``policy`` (see the module docstring for
     seeding and actions). With ``on_frame``, the first ``record_episodes`` episodes call
     ``on_frame(episode, env.render())`` after the reset and after every step (``env`` must have
@@ -161,7 +176,7 @@ class PeriodicEval:
             self.env = make_env(e.id, module=e.module, max_episode_steps=e.max_episode_steps)
         while self.next_at <= env_steps:
             self.next_at += self.every
-        if policy.obs_mean.device.type != "cpu":   # a learner on a GPU: evaluate a CPU copy (envs give numpy)
+        if policy.obs_mean.device.type != "cpu":  # a learner on a GPU: evaluate a CPU copy (envs give numpy)
             policy = copy.deepcopy(policy).cpu()
         was_training = policy.training
         policy.eval()
@@ -169,8 +184,12 @@ class PeriodicEval:
             s = run_episodes(policy, self.env, episodes=self.episodes, seed=self.seed).summary()
         finally:
             policy.train(was_training)
-        return {"eval_return_mean": s["return_mean"], "eval_return_std": s["return_std"],
-                "eval_length_mean": s["length_mean"], "eval_episodes": s["episodes"]}
+        return {
+            "eval_return_mean": s["return_mean"],
+            "eval_return_std": s["return_std"],
+            "eval_length_mean": s["length_mean"],
+            "eval_episodes": s["episodes"],
+        }
 
     def close(self) -> None:
         if self.env is not None:

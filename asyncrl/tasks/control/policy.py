@@ -4,6 +4,7 @@ The observation statistics are buffers of the policy: they travel with the weigh
 buffer the broadcaster ships, so an actor always normalises with the statistics of the version it
 acts with. Only the learner updates them (:class:`asyncrl.algo.running_stats.RunningMeanStd`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,9 +49,18 @@ class ActorCritic(nn.Module):
         obs_dim: D. action_dim: A (continuous) or number of actions K (discrete).
     """
 
-    def __init__(self, obs_dim: int, action_dim: int, *, discrete: bool,
-                 hidden_sizes=(64, 64), activation: str = "tanh", init_log_std: float = 0.0,
-                 normalize_obs: bool = True, obs_clip: float = 10.0):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        *,
+        discrete: bool,
+        hidden_sizes=(64, 64),
+        activation: str = "tanh",
+        init_log_std: float = 0.0,
+        normalize_obs: bool = True,
+        obs_clip: float = 10.0,
+    ):
         super().__init__()
         self.discrete, self.normalize_obs, self.obs_clip = discrete, normalize_obs, obs_clip
         sizes = [obs_dim, *hidden_sizes]
@@ -68,7 +78,7 @@ class ActorCritic(nn.Module):
         return ((obs - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)).clamp(-self.obs_clip, self.obs_clip)
 
     def distribution(self, x: torch.Tensor) -> DiagGaussian | Categorical:
-        out = self.pi(x).float()   # float32 even under bf16 autocast (asyncrl.core.device): the head's maths is float32
+        out = self.pi(x).float()  # float32 even under bf16 autocast (asyncrl.core.device): the head's maths is float32
         return Categorical(out) if self.discrete else DiagGaussian(out, self.log_std)
 
     def forward(self, obs: torch.Tensor) -> PolicyOutput:
@@ -91,12 +101,20 @@ class ActorCritic(nn.Module):
 
 def build_policy(cfg_policy, obs_dim: int, action_dim: int, *, discrete: bool) -> ActorCritic:
     """ActorCritic from a PolicyConfig."""
-    return ActorCritic(obs_dim, action_dim, discrete=discrete, hidden_sizes=tuple(cfg_policy.hidden_sizes),
-                       activation=cfg_policy.activation, init_log_std=cfg_policy.init_log_std,
-                       normalize_obs=cfg_policy.normalize_obs, obs_clip=cfg_policy.obs_clip)
+    return ActorCritic(
+        obs_dim,
+        action_dim,
+        discrete=discrete,
+        hidden_sizes=tuple(cfg_policy.hidden_sizes),
+        activation=cfg_policy.activation,
+        init_log_std=cfg_policy.init_log_std,
+        normalize_obs=cfg_policy.normalize_obs,
+        obs_clip=cfg_policy.obs_clip,
+    )
 
 
 # ---- flat weights: one contiguous float32 buffer, parameters then buffers, state_dict order ----
+
 
 def layout(module: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     return [(k, tuple(v.shape)) for k, v in module.state_dict().items()]
@@ -125,7 +143,7 @@ def load_flat_weights(module: nn.Module, flat: np.ndarray) -> None:
     with torch.no_grad():
         for v in sd.values():
             n = v.numel()
-            v.copy_(src[off:off + n].view_as(v))
+            v.copy_(src[off : off + n].view_as(v))
             off += n
 
 
@@ -142,8 +160,11 @@ class InferencePolicy:
         seed: seed of the numpy Generator that draws actions.
     """
 
-    _ACT = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0),
-            "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))}
+    _ACT = {
+        "tanh": np.tanh,
+        "relu": lambda x: np.maximum(x, 0.0),
+        "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
+    }
 
     def __init__(self, template: ActorCritic, *, activation: str, seed: int):
         self.names = [k for k, _ in layout(template)]
@@ -163,10 +184,11 @@ class InferencePolicy:
         tensors, off = {}, 0
         for name, shape in zip(self.names, self.shapes):
             n = int(np.prod(shape))
-            tensors[name] = flat[off:off + n].reshape(shape)
+            tensors[name] = flat[off : off + n].reshape(shape)
             off += n
-        self.layers = [(tensors[f"pi.{2 * i}.weight"].T.copy(), tensors[f"pi.{2 * i}.bias"])
-                       for i in range(self.num_pi_layers)]
+        self.layers = [
+            (tensors[f"pi.{2 * i}.weight"].T.copy(), tensors[f"pi.{2 * i}.bias"]) for i in range(self.num_pi_layers)
+        ]
         self.obs_mean = tensors["obs_mean"]
         self.obs_scale = 1.0 / np.sqrt(tensors["obs_var"] + 1e-8)
         if not self.discrete:

@@ -9,6 +9,7 @@ loaded, so :func:`choose_gl_backend` tries each in a short child process and set
 Videos are written with imageio's ffmpeg plugin (``imageio[ffmpeg]``, which ships its own ffmpeg
 binary): H.264 in an MP4 container, playable by common players and browsers.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-INSTALL_GL = ("no offscreen OpenGL for MuJoCo rendering: install OSMesa (Debian/Ubuntu: apt-get install "
-              "libosmesa6) or an EGL driver (libegl1 with Mesa or a GPU driver), or set MUJOCO_GL to a working "
-              "backend")
+INSTALL_GL = (
+    "no offscreen OpenGL for MuJoCo rendering: install OSMesa (Debian/Ubuntu: apt-get install "
+    "libosmesa6) or an EGL driver (libegl1 with Mesa or a GPU driver), or set MUJOCO_GL to a working "
+    "backend"
+)
 
 # Renders one frame of a one-sphere model with the backend named in MUJOCO_GL.
 _PROBE = """
@@ -85,14 +88,23 @@ class VideoWriter:
             import imageio.v2 as imageio
             import imageio_ffmpeg  # noqa: F401  (the plugin; imageio alone cannot write MP4)
         except ImportError:
-            raise RenderError("writing MP4 needs imageio with ffmpeg: .venv/bin/pip install 'asyncrl[video]' "
-                              "(or pip install 'imageio[ffmpeg]')") from None
+            raise RenderError(
+                "writing MP4 needs imageio with ffmpeg: .venv/bin/pip install 'asyncrl[video]' "
+                "(or pip install 'imageio[ffmpeg]')"
+            ) from None
         self.path = Path(path)
-        with open(self.path, "wb"):     # fail now, with the path, rather than after the episode
+        with open(self.path, "wb"):  # fail now, with the path, rather than after the episode
             pass
         # macro_block_size 1: keep the frame size as rendered (no silent resize warnings)
-        self._w = imageio.get_writer(str(self.path), fps=fps, codec="libx264", quality=7, macro_block_size=1,
-                                     pixelformat="yuv420p", ffmpeg_log_level="error")
+        self._w = imageio.get_writer(
+            str(self.path),
+            fps=fps,
+            codec="libx264",
+            quality=7,
+            macro_block_size=1,
+            pixelformat="yuv420p",
+            ffmpeg_log_level="error",
+        )
         self.frames = 0
 
     def add(self, frame: np.ndarray) -> None:

@@ -2,22 +2,23 @@
 
 No sockets here, so it is testable alone and shared by the actor role and serial mode.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from asyncrl.tasks.control.envs import VecEnv
 from asyncrl.tasks.base import RolloutStats
-
+from asyncrl.tasks.control.envs import VecEnv
 
 ActFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def collect(env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: int, guard=None,
-            grant_id: int = 0) -> RolloutStats:
+def collect(
+    env: VecEnv, act: ActFn, slot: dict[str, np.ndarray], *, version: int, guard=None, grant_id: int = 0
+) -> RolloutStats:
     """Fill ``slot`` (fields of :class:`asyncrl.core.spec.RolloutSpec`) with T steps.
 
     Args:

@@ -5,19 +5,21 @@ The pieces keep their modules (``asyncrl.tasks.control.envs``, ``policy``, ``rol
 users and the tests import); this module binds them to the task interface (asyncrl.tasks.base)
 without changing a number: the calls are the ones the roles made before the interface existed.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from asyncrl.core.spec import RolloutSpec
 from asyncrl.tasks.control.envs import VecEnv, env_spaces, rollout_spec
+from asyncrl.tasks.control.evaluate import PeriodicEval
 from asyncrl.tasks.control.policy import InferencePolicy, build_policy, flatten_weights, layout_hash
 from asyncrl.tasks.control.rollout import RolloutStats, collect
-from asyncrl.core.spec import RolloutSpec
-from asyncrl.tasks.control.evaluate import PeriodicEval
 from asyncrl.tasks.control.update import learner_iteration
 
 
@@ -28,8 +30,9 @@ class ControlProducer:
     def __init__(self, cfg):
         self.cfg = cfg
         # seeded at the first reset, once the welcome gave the run seed and this id's restart count
-        self.env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps,
-                          module=cfg.env.module)
+        self.env = VecEnv(
+            cfg.env.id, cfg.env.num_envs, seed=0, max_episode_steps=cfg.env.max_episode_steps, module=cfg.env.module
+        )
         self.spec: RolloutSpec = self.env.spec(cfg.env.rollout_length)
         self.spaces = self.env.spaces
         self.policy: InferencePolicy | None = None
@@ -50,13 +53,16 @@ class ControlProducer:
     def reset(self) -> None:
         self.env.reset(seeds=self.seeds.env)
 
-    def collect(self, slot, *, version: int, guard=None, grant_id: int = 0,
-                tick: Callable[[], None] | None = None) -> RolloutStats:
+    def collect(
+        self, slot, *, version: int, guard=None, grant_id: int = 0, tick: Callable[[], None] | None = None
+    ) -> RolloutStats:
         act = self.policy.act
         if tick is not None:
-            def act(obs, _act=act):   # once per env step of all E envs
+
+            def act(obs, _act=act):  # once per env step of all E envs
                 tick()
                 return _act(obs)
+
         return collect(self.env, act, slot, version=version, guard=guard, grant_id=grant_id)
 
     def state_dict(self) -> dict:
@@ -85,10 +91,15 @@ class ControlTask:
 
     @property
     def spec(self) -> RolloutSpec:
-        if self._spec is None:   # builds one env to read its spaces
+        if self._spec is None:  # builds one env to read its spaces
             e = self.cfg.env
-            self._spec = rollout_spec(e.id, num_envs=e.num_envs, rollout_length=e.rollout_length,
-                                      max_episode_steps=e.max_episode_steps, module=e.module)
+            self._spec = rollout_spec(
+                e.id,
+                num_envs=e.num_envs,
+                rollout_length=e.rollout_length,
+                max_episode_steps=e.max_episode_steps,
+                module=e.module,
+            )
         return self._spec
 
     @property
@@ -114,8 +125,9 @@ class ControlTask:
     def layout_hash(self, policy) -> str:
         return layout_hash(policy)
 
-    def make_batch(self, state, slots: Sequence[tuple[str, dict[str, np.ndarray]]],
-                   gaps: Sequence[bool] | None = None) -> dict[str, torch.Tensor]:
+    def make_batch(
+        self, state, slots: Sequence[tuple[str, dict[str, np.ndarray]]], gaps: Sequence[bool] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Concatenate B slots along the env axis into [T(+1), B*E, ...] tensors; rewards are scaled
         per stream (state.reward_scaler) here, a stream with a gap restarting its running return."""
         out: dict[str, list[np.ndarray]] = {name: [] for name in self.spec.batch_field_names}
@@ -130,8 +142,15 @@ class ControlTask:
         return {k: torch.from_numpy(np.concatenate(v, axis=1)) for k, v in out.items()}
 
     def learner_iteration(self, state, batch) -> dict[str, Any]:
-        return learner_iteration(state.policy, state.optimizer, batch, cfg=self.cfg.algo, generator=state.generator,
-                                 version=state.version, forward_context=state.forward_context)
+        return learner_iteration(
+            state.policy,
+            state.optimizer,
+            batch,
+            cfg=self.cfg.algo,
+            generator=state.generator,
+            version=state.version,
+            forward_context=state.forward_context,
+        )
 
     def after_iteration(self, state, batch) -> None:
         if self.cfg.policy.normalize_obs:

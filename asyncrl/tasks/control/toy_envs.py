@@ -3,6 +3,7 @@
 ``asyncrl/NaNCorridor-v0``, a Corridor whose reward is NaN at steps 500 and 1000 of each episode,
 and ``asyncrl/OneStep-v0``, a Corridor whose episodes end after one step: every env ends an episode
 every step, the most episodes a rollout can report)."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -43,8 +44,14 @@ class CorridorEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
 
-    def __init__(self, length: int = 10, terminate_at: int = 0, discrete: bool = False, render_mode=None,
-                 nan_reward_every: int = 0):
+    def __init__(
+        self,
+        length: int = 10,
+        terminate_at: int = 0,
+        discrete: bool = False,
+        render_mode=None,
+        nan_reward_every: int = 0,
+    ):
         self.length, self.terminate_at, self.render_mode = length, terminate_at, render_mode
         self.nan_reward_every = nan_reward_every
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -77,13 +84,16 @@ class CorridorEnv(gym.Env):
     def render(self):
         frame = np.full((64, 128, 3), 230, np.uint8)
         x = int(8 + (self.t % self.length) * (112 / max(self.length - 1, 1)))
-        frame[24:40, max(x - 8, 0):x + 8] = (200, 30, 30)
+        frame[24:40, max(x - 8, 0) : x + 8] = (200, 30, 30)
         return frame
 
 
 def register() -> None:
-    for env_id, cls, kwargs in (("asyncrl/Constant-v0", ConstantEnv, {}), ("asyncrl/Corridor-v0", CorridorEnv, {}),
-                                ("asyncrl/NaNCorridor-v0", CorridorEnv, {"nan_reward_every": 500}),
-                                ("asyncrl/OneStep-v0", CorridorEnv, {"terminate_at": 1})):
+    for env_id, cls, kwargs in (
+        ("asyncrl/Constant-v0", ConstantEnv, {}),
+        ("asyncrl/Corridor-v0", CorridorEnv, {}),
+        ("asyncrl/NaNCorridor-v0", CorridorEnv, {"nan_reward_every": 500}),
+        ("asyncrl/OneStep-v0", CorridorEnv, {"terminate_at": 1}),
+    ):
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=cls, max_episode_steps=1000, kwargs=kwargs)

@@ -8,18 +8,30 @@
 
 Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
 
 import torch
 
 from asyncrl.algo import losses
 from asyncrl.algo.returns import gae, next_state_values, vtrace
 from asyncrl.core.config import VTRACE_PRESETS
-from asyncrl.core.iteration import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps, step_means, step_record)
+from asyncrl.core.iteration import (
+    filter_split,
+    minibatch_rows,
+    normalize_advantages,
+    optimizer_step,
+    policy_loss,
+    scalar_steps,
+    step_means,
+    step_record,
+)
 from asyncrl.tasks.control.policy import ActorCritic
 
 
@@ -54,8 +66,22 @@ def _forward(policy: ActorCritic, x: torch.Tensor, actions: torch.Tensor, fwd: C
     return out, log_prob.float(), out.values.float()
 
 
-def advantages(*, preset: str, batch, target_log_prob, values, final_values, gamma, lam, rho_bar, c_bar, traces,
-               value_targets: str = "auto", lag=None, realign_min_lag: int = 0):
+def advantages(
+    *,
+    preset: str,
+    batch,
+    target_log_prob,
+    values,
+    final_values,
+    gamma,
+    lam,
+    rho_bar,
+    c_bar,
+    traces,
+    value_targets: str = "auto",
+    lag=None,
+    realign_min_lag: int = 0,
+):
     """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring.
 
     ``value_targets`` picks the critic's target apart from the advantages: "auto" takes the one of
@@ -70,26 +96,43 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
     Raises ValueError if ``realign_min_lag`` > 0 and ``lag`` is None.
     """
     terminated, truncated = batch["terminated"], batch["truncated"]
-    next_values = next_state_values(values_tp1=values[1:], final_values=final_values,
-                                    terminated=terminated, truncated=truncated)
+    next_values = next_state_values(
+        values_tp1=values[1:], final_values=final_values, terminated=terminated, truncated=truncated
+    )
     episode_end = terminated | truncated
     realign = preset in VTRACE_PRESETS
     partial = realign and realign_min_lag > 0 and preset != "impala"
     if partial and lag is None:
-        raise ValueError("realign_min_lag > 0 needs each sample's lag (the batch's behavior_version and "
-                         "the learner's version)")
+        raise ValueError(
+            "realign_min_lag > 0 needs each sample's lag (the batch's behavior_version and the learner's version)"
+        )
     adv = targets = None
     if realign or value_targets == "vtrace":
-        r = vtrace(behavior_log_prob=batch["behavior_log_prob"], target_log_prob=target_log_prob,
-                   rewards=batch["rewards"], values=values[:-1], next_values=next_values,
-                   episode_end=episode_end, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar,
-                   traces=traces)
+        r = vtrace(
+            behavior_log_prob=batch["behavior_log_prob"],
+            target_log_prob=target_log_prob,
+            rewards=batch["rewards"],
+            values=values[:-1],
+            next_values=next_values,
+            episode_end=episode_end,
+            gamma=gamma,
+            lam=lam,
+            rho_bar=rho_bar,
+            c_bar=c_bar,
+            traces=traces,
+        )
         if realign:
             adv = r.pg_advantages if preset == "impala" else r.advantages
         targets = r.vs if value_targets != "lambda_returns" else None
     if not realign or value_targets == "lambda_returns" or partial:
-        g = gae(rewards=batch["rewards"], values=values[:-1], next_values=next_values,
-                episode_end=episode_end, gamma=gamma, lam=lam)
+        g = gae(
+            rewards=batch["rewards"],
+            values=values[:-1],
+            next_values=next_values,
+            episode_end=episode_end,
+            gamma=gamma,
+            lam=lam,
+        )
         adv = g.advantages if adv is None else adv
         targets = g.returns if targets is None else targets
         if partial:
@@ -100,10 +143,16 @@ def advantages(*, preset: str, batch, target_log_prob, values, final_values, gam
     return adv, targets
 
 
-def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
-                      batch: dict[str, torch.Tensor], *, cfg, generator: torch.Generator,
-                      version: int | None = None,
-                      forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
+def learner_iteration(
+    policy: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    *,
+    cfg,
+    generator: torch.Generator,
+    version: int | None = None,
+    forward_context: Callable[[], ContextManager] = contextlib.nullcontext,
+) -> dict[str, Any]:
     """Run one learner iteration in place on ``policy`` and ``optimizer``.
 
     Args:
@@ -133,8 +182,16 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
     target_log_prob, values, final_values, x = _evaluate(policy, batch, fwd)
     log_rho = target_log_prob - batch["behavior_log_prob"]
     rho = log_rho.clamp(-20, 20).exp()
-    kw = dict(batch=batch, values=values, final_values=final_values, gamma=cfg.gamma,
-              lam=cfg.gae_lambda, rho_bar=cfg.rho_bar, c_bar=cfg.c_bar, traces=cfg.traces)
+    kw = dict(
+        batch=batch,
+        values=values,
+        final_values=final_values,
+        gamma=cfg.gamma,
+        lam=cfg.gae_lambda,
+        rho_bar=cfg.rho_bar,
+        c_bar=cfg.c_bar,
+        traces=cfg.traces,
+    )
     if cfg.preset == "impala":
         steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd)
         adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
@@ -144,10 +201,15 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
             lag = version - batch["behavior_version"]
         min_lag = cfg.realign_min_lag
         if version is not None and version < cfg.realign_from_version:
-            min_lag = math.inf      # warm-up: no sample is realigned (GAE on β's data, as vaco_no_realign)
-        adv, targets = advantages(preset=cfg.preset, target_log_prob=target_log_prob,
-                                  value_targets=cfg.value_targets, lag=lag,
-                                  realign_min_lag=min_lag, **kw)
+            min_lag = math.inf  # warm-up: no sample is realigned (GAE on β's data, as vaco_no_realign)
+        adv, targets = advantages(
+            preset=cfg.preset,
+            target_log_prob=target_log_prob,
+            value_targets=cfg.value_targets,
+            lag=lag,
+            realign_min_lag=min_lag,
+            **kw,
+        )
         stale = None if lag is None else (lag > 0).reshape(-1)
         steps = _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd)
     stats = step_means(steps)
@@ -157,13 +219,19 @@ def learner_iteration(policy: ActorCritic, optimizer: torch.optim.Optimizer,
     return stats
 
 
-def _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale=None,
-                     fwd=contextlib.nullcontext):
+def _surrogate_steps(
+    policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale=None, fwd=contextlib.nullcontext
+):
     """The iteration's num_epochs x num_minibatches optimizer steps; their records as floats."""
     T, N = batch["rewards"].shape
-    flat = {"x": x, "actions": _flat(batch["actions"]),
-            "behavior_log_prob": batch["behavior_log_prob"].reshape(-1),
-            "target_log_prob": target_log_prob.reshape(-1), "adv": adv.reshape(-1), "targets": targets.reshape(-1)}
+    flat = {
+        "x": x,
+        "actions": _flat(batch["actions"]),
+        "behavior_log_prob": batch["behavior_log_prob"].reshape(-1),
+        "target_log_prob": target_log_prob.reshape(-1),
+        "adv": adv.reshape(-1),
+        "targets": targets.reshape(-1),
+    }
     if stale is not None:
         flat["stale"] = stale
     size = T * N
@@ -173,25 +241,33 @@ def _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, 
     # hysteresis: has a minibatch of this iteration been over δ
     fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(cfg.num_epochs):
-        perm = torch.randperm(size, generator=generator).to(device)   # CPU generator: the same shuffles everywhere
-        shuffled = {k: v[perm] for k, v in flat.items()}   # one gather per epoch; minibatches are slices of it
+        perm = torch.randperm(size, generator=generator).to(device)  # CPU generator: the same shuffles everywhere
+        shuffled = {k: v[perm] for k, v in flat.items()}  # one gather per epoch; minibatches are slices of it
         for k in range(cfg.num_minibatches):
-            m = {key: v[k * mb:(k + 1) * mb] for key, v in shuffled.items()}
+            m = {key: v[k * mb : (k + 1) * mb] for key, v in shuffled.items()}
             a = normalize_advantages(m["adv"], cfg.normalize_advantages)
             out, log_prob, values = _forward(policy, m["x"], m["actions"], fwd)
-            pl = policy_loss(cfg, log_prob=log_prob, behavior_log_prob=m["behavior_log_prob"],
-                              target_log_prob=m["target_log_prob"], adv=a,
-                              force=fired if cfg.tv_filter_trigger == "iteration" else False)
+            pl = policy_loss(
+                cfg,
+                log_prob=log_prob,
+                behavior_log_prob=m["behavior_log_prob"],
+                target_log_prob=m["target_log_prob"],
+                adv=a,
+                force=fired if cfg.tv_filter_trigger == "iteration" else False,
+            )
             steps.append(_finish_step(optimizer, cfg, pl, out, values, m["targets"], len(steps)))
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired
             if pl.keep_mask is not None:
                 filter_rows.append((pl.filter_fired, pl.keep_mask, m.get("stale")))
     steps = scalar_steps(steps)
-    if filter_rows:   # what the rule removed, for all steps at once
+    if filter_rows:  # what the rule removed, for all steps at once
         fired_s, keep_s, stale_s = zip(*filter_rows)
-        split = filter_split(None if fired_s[0] is None else torch.stack(fired_s), torch.stack(keep_s),
-                             None if stale is None else torch.stack(stale_s))
+        split = filter_split(
+            None if fired_s[0] is None else torch.stack(fired_s),
+            torch.stack(keep_s),
+            None if stale is None else torch.stack(stale_s),
+        )
         for key, v in split.items():
             for step, value in zip(steps, v.cpu().tolist()):
                 step[key] = value
@@ -201,7 +277,7 @@ def _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, 
 def _finish_step(optimizer, cfg, pl, out, values, targets, step):
     vl = losses.value_loss(values=values, targets=targets)
     loss = pl.loss + cfg.value_coef * vl
-    if cfg.entropy_coef:   # with 0 the entropy is only reported: no term (and no backward) for it
+    if cfg.entropy_coef:  # with 0 the entropy is only reported: no term (and no backward) for it
         entropy = out.dist.entropy().mean()
         loss = loss - cfg.entropy_coef * entropy
     else:
@@ -224,7 +300,11 @@ def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
         sub_kw = dict(kw, batch=sub, values=values, final_values=final_values)
         pg_adv, vs = advantages(preset="impala", target_log_prob=target_log_prob, **sub_kw)
         out, log_prob, new_values = _forward(policy, x, _flat(sub["actions"]), fwd)
-        pl = losses.impala_policy_loss(log_prob=log_prob, behavior_log_prob=sub["behavior_log_prob"].reshape(-1),
-                                       pg_advantages=pg_adv.reshape(-1), rho_bar=cfg.rho_bar)
+        pl = losses.impala_policy_loss(
+            log_prob=log_prob,
+            behavior_log_prob=sub["behavior_log_prob"].reshape(-1),
+            pg_advantages=pg_adv.reshape(-1),
+            rho_bar=cfg.rho_bar,
+        )
         steps.append(_finish_step(optimizer, cfg, pl, out, new_values, vs.reshape(-1), len(steps)))
     return scalar_steps(steps)

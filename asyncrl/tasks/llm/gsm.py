@@ -11,6 +11,7 @@ some of them quickly, and the mix of easy and hard problems gives GRPO groups wi
 
 Pure Python: no torch, no transformers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,10 +23,10 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 
-GENERATOR_VERSION = 1   # bump when generated text changes: it keys the cached tokenizer / model directories
+GENERATOR_VERSION = 1  # bump when generated text changes: it keys the cached tokenizer / model directories
 ANSWER_MARKER = "####"
 MAX_NUMBER = 999
-HELDOUT_PERCENT = 10    # share of all possible questions that belong to the held-out split (by hash)
+HELDOUT_PERCENT = 10  # share of all possible questions that belong to the held-out split (by hash)
 
 # A number after the marker: optional sign directly before the digits; either comma-grouped thousands
 # ("1,234", "-12,345.5") or plain digits ("1234", "3.75"). A trailing "." is not a decimal point.
@@ -52,6 +53,7 @@ class Problem:
 
 # ---------------------------------------------------------------- final answer and reward
 
+
 def parse_final_answer(text: str) -> Decimal | None:
     """The final number of a solution or model completion, or None when it has none.
 
@@ -73,14 +75,14 @@ def parse_final_answer(text: str) -> Decimal | None:
     at = text.find(ANSWER_MARKER)
     if at < 0:
         return None
-    line = text[at + len(ANSWER_MARKER):].split("\n", 1)[0]
+    line = text[at + len(ANSWER_MARKER) :].split("\n", 1)[0]
     m = _NUMBER.search(line)
     if m is None:
         return None
     s = m.group(0).replace(",", "").replace("−", "-")
     try:
         return Decimal(s)
-    except InvalidOperation:   # not reachable with the pattern above; kept so a bad pattern cannot crash a role
+    except InvalidOperation:  # not reachable with the pattern above; kept so a bad pattern cannot crash a role
         return None
 
 
@@ -101,6 +103,7 @@ def reward(completion: str, target: Decimal | int) -> float:
 
 
 # ---------------------------------------------------------------- calculator
+
 
 class CalculatorError(ValueError):
     """An annotation expression the calculator does not evaluate (not numbers and + - * / ( ), or / 0)."""
@@ -212,16 +215,17 @@ def calculator_completion(text: str) -> str | None:
     at = text.rfind("<<")
     if at < 0:
         return None
-    expr = text[at + 2:-1]
+    expr = text[at + 2 : -1]
     if "=" in expr or ">>" in expr:
         return None
     try:
         return format_number(calculate(expr)) + ">>"
-    except (ValueError, ArithmeticError):   # CalculatorError is a ValueError; Decimal overflow an ArithmeticError
+    except (ValueError, ArithmeticError):  # CalculatorError is a ValueError; Decimal overflow an ArithmeticError
         return None
 
 
 # ---------------------------------------------------------------- prompt / completion text
+
 
 def format_prompt(problem: Problem) -> str:
     """The text a model is conditioned on: ``"Question: <question>\\nAnswer:"``."""
@@ -234,6 +238,7 @@ def format_completion(problem: Problem) -> str:
 
 
 # ---------------------------------------------------------------- JSONL loader
+
 
 def load_jsonl(path: str | Path) -> list[Problem]:
     """Load a GSM8k JSONL file (``{"question": ..., "answer": ...}`` per line; blank lines skipped).
@@ -284,10 +289,50 @@ def dump_jsonl(problems: list[Problem], path: str | Path) -> None:
 
 # ---------------------------------------------------------------- generator
 
-_NAMES = ["Natalia", "Tom", "Aisha", "Ben", "Carla", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal",
-          "Kofi", "Lena", "Marco", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sam", "Tara", "Umar", "Vera"]
-_ITEMS = ["apples", "marbles", "stickers", "cookies", "books", "pencils", "shells", "stamps", "cards", "eggs",
-          "flowers", "coins", "beads", "balloons", "toys", "candles"]
+_NAMES = [
+    "Natalia",
+    "Tom",
+    "Aisha",
+    "Ben",
+    "Carla",
+    "Dev",
+    "Elena",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jamal",
+    "Kofi",
+    "Lena",
+    "Marco",
+    "Nadia",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tara",
+    "Umar",
+    "Vera",
+]
+_ITEMS = [
+    "apples",
+    "marbles",
+    "stickers",
+    "cookies",
+    "books",
+    "pencils",
+    "shells",
+    "stamps",
+    "cards",
+    "eggs",
+    "flowers",
+    "coins",
+    "beads",
+    "balloons",
+    "toys",
+    "candles",
+]
 
 
 def _operand(rng: random.Random) -> int:
@@ -326,10 +371,17 @@ _STORY = {
     "+": ["{P} buys {n} more.", "A friend gives {o} {n} more.", "{P} finds {n} more."],
     "-": ["{P} gives {n} to a friend.", "{P} loses {n}.", "{P} uses {n}."],
     "*": ["{P} then gets {n} times as many as {p} has.", "The number of {item} becomes {n} times as large."],
-    "/": ["{P} splits them equally into {n} bags and keeps one bag.", "{P} shares them equally among {n} kids, keeping one share."],
+    "/": [
+        "{P} splits them equally into {n} bags and keeps one bag.",
+        "{P} shares them equally among {n} kids, keeping one share.",
+    ],
 }
-_SOLUTION = {"+": "After getting more, {name} has", "-": "After giving some away, {name} has",
-             "*": "After that, {name} has", "/": "After sharing, {name} has"}
+_SOLUTION = {
+    "+": "After getting more, {name} has",
+    "-": "After giving some away, {name} has",
+    "*": "After that, {name} has",
+    "/": "After sharing, {name} has",
+}
 
 
 def generate_problem(rng: random.Random) -> Problem:
@@ -417,8 +469,17 @@ def make_splits(*, seed: int, n_train: int, n_heldout: int = 500) -> Splits:
 _ANNOTATION = re.compile(r"<<([^<>=]*)=([^<>=]*)>>")
 _BINARY = re.compile(r"\s*(\d+)\s*([-+*/])\s*(\d+)\s*")
 
-FIRST_ERRORS = ("correct", "setup: wrong op", "setup: wrong first operand", "setup: wrong second operand",
-                "setup: malformed", "arithmetic", "stopped early", "extra steps", "final answer")
+FIRST_ERRORS = (
+    "correct",
+    "setup: wrong op",
+    "setup: wrong first operand",
+    "setup: wrong second operand",
+    "setup: malformed",
+    "arithmetic",
+    "stopped early",
+    "extra steps",
+    "final answer",
+)
 
 
 def first_error(problem: Problem, completion: str) -> tuple[str, int | None]:
@@ -507,6 +568,10 @@ def error_breakdown(problems: list[Problem], completions: list[str]) -> dict:
             cell = by_op.setdefault(op, [0, 0])
             cell[1] += 1
             cell[0] += k == at
-    return {"accuracy": correct / len(problems) if problems else 0.0, "n": len(problems),
-            "by_steps": dict(sorted(by_steps.items())), "by_op": dict(sorted(by_op.items())),
-            "first_error": {k: v for k, v in counts.items() if v}}
+    return {
+        "accuracy": correct / len(problems) if problems else 0.0,
+        "n": len(problems),
+        "by_steps": dict(sorted(by_steps.items())),
+        "by_op": dict(sorted(by_op.items())),
+        "first_error": {k: v for k, v in counts.items() if v},
+    }

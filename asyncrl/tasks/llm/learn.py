@@ -28,15 +28,27 @@ with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward
 
 Shapes: batch rows R' = B slots x prompts x G (groups of G consecutive rows), S = S_p + L tokens.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
 
 import torch
 
-from asyncrl.core.iteration import (filter_split, minibatch_rows, normalize_advantages, optimizer_step, policy_loss, scalar_steps, step_means, step_record)
 from asyncrl.algo import grpo
+from asyncrl.core.iteration import (
+    filter_split,
+    minibatch_rows,
+    normalize_advantages,
+    optimizer_step,
+    policy_loss,
+    scalar_steps,
+    step_means,
+    step_record,
+)
 from asyncrl.tasks.llm.sampling import completion_log_probs
 
 
@@ -54,16 +66,20 @@ def _advantages(batch: dict[str, torch.Tensor], target: torch.Tensor, *, algo, l
         adv = grpo.group_advantages(rewards, scale_by_std=llm.scale_by_std).reshape(-1)
         return grpo.weight_negatives(adv, llm.negative_weight), {}
     log_ratio = grpo.sequence_log_ratio(target, batch["behavior_log_prob"], batch["policy_mask"])
-    r = grpo.realigned_group_advantages(rewards, log_ratio.view_as(rewards), rho_bar=algo.rho_bar,
-                                        scale_by_std=llm.scale_by_std)
+    r = grpo.realigned_group_advantages(
+        rewards, log_ratio.view_as(rewards), rho_bar=algo.rho_bar, scale_by_std=llm.scale_by_std
+    )
     adv = grpo.weight_negatives(r.advantages.reshape(-1), llm.negative_weight)
-    return adv, {"realign_baseline_shift": float(r.baseline_shift.abs().mean()),
-                                      "realign_weight_mean": float(r.weights.mean()),
-                                      "realign_weight_min": float(r.weights.min())}
+    return adv, {
+        "realign_baseline_shift": float(r.baseline_shift.abs().mean()),
+        "realign_weight_mean": float(r.weights.mean()),
+        "realign_weight_min": float(r.weights.min()),
+    }
 
 
-def _kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor, *, llm,
-                max_len: int) -> tuple[torch.Tensor, float]:
+def _kl_penalty(
+    log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor, *, llm, max_len: int
+) -> tuple[torch.Tensor, float]:
     """(the token-weighted mean of the k3 KL to the reference over the [N] policy tokens of ``mask``,
     its unweighted mean for the statistics)."""
     kl = grpo.kl_k3(log_prob, ref_log_prob)
@@ -80,13 +96,22 @@ def _minibatches(perm: torch.Tensor, n: int, *, exact: bool) -> list[torch.Tenso
     torch.tensor_split (silent groups dropped: any number of rows is left)."""
     if exact:
         mb = len(perm) // n
-        return [perm[k * mb:(k + 1) * mb] for k in range(n)]
+        return [perm[k * mb : (k + 1) * mb] for k in range(n)]
     return [part for part in torch.tensor_split(perm, min(n, len(perm))) if len(part)] if len(perm) else []
 
 
-def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm, generator: torch.Generator,
-                  version: int | None = None, reference=None,
-                  forward_context: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, Any]:
+def llm_iteration(
+    model,
+    optimizer,
+    batch: dict[str, torch.Tensor],
+    *,
+    algo,
+    llm,
+    generator: torch.Generator,
+    version: int | None = None,
+    reference=None,
+    forward_context: Callable[[], ContextManager] = contextlib.nullcontext,
+) -> dict[str, Any]:
     """Run one learner iteration in place on ``model`` and ``optimizer``.
 
     Args:
@@ -127,14 +152,14 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm
     if llm.kl_coef > 0 and reference is None:
         raise ValueError(f"llm.kl_coef = {llm.kl_coef} needs the reference model (llm_iteration(reference=...))")
     cmask = batch["completion_mask"]
-    pmask = batch["policy_mask"]   # the policy's own tokens: loss, ratios, TV estimate and counts
+    pmask = batch["policy_mask"]  # the policy's own tokens: loss, ratios, TV estimate and counts
     device = cmask.device
     everything = torch.arange(rows, device=device)
     behavior = batch["behavior_log_prob"]
-    target = torch.zeros_like(behavior)                       # log π_T [R', L], on the rows in `known`
+    target = torch.zeros_like(behavior)  # log π_T [R', L], on the rows in `known`
     known = torch.zeros(rows, dtype=torch.bool, device=device)
 
-    def fill_target(idx: torch.Tensor) -> None:   # a forward at π_T, without gradient
+    def fill_target(idx: torch.Tensor) -> None:  # a forward at π_T, without gradient
         if len(idx):
             with torch.no_grad(), forward_context():
                 target[idx] = _token_log_probs(model, batch, idx, temperature=llm.temperature)
@@ -144,17 +169,17 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm
         fill_target(everything)
     adv, realign_stats = _advantages(batch, target, algo=algo, llm=llm)
     stale_rows = batch["behavior_version"] < version if version is not None else None
-    silent = (adv.view(-1, G) == 0).all(1)                                     # [groups]
+    silent = (adv.view(-1, G) == 0).all(1)  # [groups]
     pool = everything
     if llm.silent_groups == "drop":
         pool = everything[~silent.repeat_interleave(G)]
     exact = llm.silent_groups != "drop"
-    first_perm = pool[torch.randperm(len(pool), generator=generator).to(device)]   # epoch 1's shuffle
+    first_perm = pool[torch.randperm(len(pool), generator=generator).to(device)]  # epoch 1's shuffle
     first = (_minibatches(first_perm, algo.num_minibatches, exact=exact) or [first_perm[:0]])[0]
     if llm.silent_groups == "skip" and not bool((adv[first] != 0).any()):
-        first = first[:0]   # it may be skipped: its rows get π_T from a forward of their own
-    fill_target(pool[~known[pool] & ~torch.isin(pool, first)])   # the first minibatch fills its own at its forward
-    ref = None                                     # log π_ref [R', L] on the pool's rows
+        first = first[:0]  # it may be skipped: its rows get π_T from a forward of their own
+    fill_target(pool[~known[pool] & ~torch.isin(pool, first)])  # the first minibatch fills its own at its forward
+    ref = None  # log π_ref [R', L] on the pool's rows
     if llm.kl_coef > 0:
         ref = torch.zeros_like(behavior)
         if len(pool):
@@ -163,24 +188,35 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm
     steps: list[dict] = []
     skipped = 0
     fired = torch.zeros((), dtype=torch.bool, device=device)
-    for epoch in range(algo.num_epochs):   # CPU generator: the same shuffles on every device
+    for epoch in range(algo.num_epochs):  # CPU generator: the same shuffles on every device
         perm = first_perm if epoch == 0 else pool[torch.randperm(len(pool), generator=generator).to(device)]
         for idx in _minibatches(perm, algo.num_minibatches, exact=exact):
             m = pmask[idx]
             if llm.silent_groups == "skip" and ref is None and not bool((adv[idx] != 0).any()):
-                skipped += 1   # nothing to learn here: no Adam step on momentum alone
+                skipped += 1  # nothing to learn here: no Adam step on momentum alone
                 continue
             with forward_context():
                 log_prob = _token_log_probs(model, batch, idx, temperature=llm.temperature)
-            if not bool(known[idx].all()):   # the first minibatch, before any step: these weights are π_T
+            if not bool(known[idx].all()):  # the first minibatch, before any step: these weights are π_T
                 target[idx] = log_prob.detach()
                 known[idx] = True
-            tb = grpo.flatten_tokens(m, log_prob=log_prob, behavior_log_prob=behavior[idx], advantages=adv[idx],
-                                     averaging=llm.averaging, max_len=cmask.shape[1])
+            tb = grpo.flatten_tokens(
+                m,
+                log_prob=log_prob,
+                behavior_log_prob=behavior[idx],
+                advantages=adv[idx],
+                averaging=llm.averaging,
+                max_len=cmask.shape[1],
+            )
             a = normalize_advantages(tb.advantages, algo.normalize_advantages)
-            pl = policy_loss(algo, log_prob=tb.log_prob, behavior_log_prob=tb.behavior_log_prob,
-                             target_log_prob=target[idx][m], adv=a,
-                             force=fired if algo.tv_filter_trigger == "iteration" else False)
+            pl = policy_loss(
+                algo,
+                log_prob=tb.log_prob,
+                behavior_log_prob=tb.behavior_log_prob,
+                target_log_prob=target[idx][m],
+                adv=a,
+                force=fired if algo.tv_filter_trigger == "iteration" else False,
+            )
             loss, kl = pl.loss, {}
             if ref is not None:
                 penalty, kl["kl_ref"] = _kl_penalty(tb.log_prob, ref[idx][m], m, llm=llm, max_len=cmask.shape[1])
@@ -197,7 +233,7 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm
     step_keys = _STEP_KEYS + (("clip_fraction_two_sided",) if algo.preset == "grpo" else ())
     stats = step_means(steps) if steps else dict.fromkeys(step_keys, float("nan"))
     stats.update(realign_stats)
-    log_rho = (target - behavior)[pmask & known[:, None]]   # the rows that trained (or all, with realign)
+    log_rho = (target - behavior)[pmask & known[:, None]]  # the rows that trained (or all, with realign)
     rho = log_rho.clamp(-20, 20).exp()
     stats["rho_mean"], stats["rho_max"] = (float(rho.mean()), float(rho.max())) if len(rho) else (float("nan"),) * 2
     stats["reward_mean"] = float(batch["rewards"].float().mean())
@@ -205,13 +241,15 @@ def llm_iteration(model, optimizer, batch: dict[str, torch.Tensor], *, algo, llm
     stats["policy_tokens_mean"] = float(pmask.sum(1).float().mean())
     stats["zero_advantage_groups"] = float(silent.float().mean())
     solved = (batch["rewards"].float().view(-1, G) > 0).all(1)
-    stats["zero_advantage_groups_solved"] = float((silent & solved).float().mean())   # the rest: all wrong
+    stats["zero_advantage_groups_solved"] = float((silent & solved).float().mean())  # the rest: all wrong
     stats["optimizer_steps"] = len(steps)
     stats["skipped_minibatches"] = skipped
     fresh = None if stale_rows is None else ~stale_rows
     if fresh is not None and bool(fresh.any()):
-        fm = pmask & (fresh & known)[:, None]   # rows generated by the weights of this very version: zero lag
-        stats["logprob_mismatch_fresh"] = float((target - behavior)[fm].abs().mean()) if bool(fm.any()) else float("nan")
+        fm = pmask & (fresh & known)[:, None]  # rows generated by the weights of this very version: zero lag
+        stats["logprob_mismatch_fresh"] = (
+            float((target - behavior)[fm].abs().mean()) if bool(fm.any()) else float("nan")
+        )
     else:
         stats["logprob_mismatch_fresh"] = float("nan")
     stats["minibatches"] = minibatch_rows(steps)

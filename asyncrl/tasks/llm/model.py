@@ -13,6 +13,7 @@ Nothing here contacts a hub: :func:`load` accepts only an existing directory and
 The tokenizer splits every digit into its own token (arithmetic on whole numbers is then learnt per
 digit, as in Llama's and Qwen's tokenizers) before byte-level BPE merges words.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,9 +27,9 @@ from typing import NamedTuple
 from asyncrl.core.metrics import strict_json
 from asyncrl.tasks.llm import gsm
 
-EOS_TOKEN = "<|endoftext|>"   # also the padding token (padding positions are masked, never trained on)
+EOS_TOKEN = "<|endoftext|>"  # also the padding token (padding positions are masked, never trained on)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "llm" / "tiny-qwen2.json"
-STAMP = "asyncrl-prepare.json"   # the settings a prepared directory was made with (its cache key)
+STAMP = "asyncrl-prepare.json"  # the settings a prepared directory was made with (its cache key)
 
 
 class ModelLoadError(RuntimeError):
@@ -65,16 +66,28 @@ def train_tokenizer(texts: list[str], *, vocab_size: int = 1024):
     if not texts:
         raise ValueError("train_tokenizer needs at least one text")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
-                                   padding_side="left", model_max_length=512, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        padding_side="left",
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def tiny_model(config_path: str | Path, tokenizer, *, seed: int):
@@ -124,9 +137,15 @@ def _settings(config_path: Path, seed: int, vocab_size: int, n_texts: int) -> di
     import tokenizers
     import transformers
 
-    return {"config": json.loads(config_path.read_text()), "seed": seed, "vocab_size": vocab_size,
-            "n_texts": n_texts, "generator_version": gsm.GENERATOR_VERSION,
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+    return {
+        "config": json.loads(config_path.read_text()),
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "n_texts": n_texts,
+        "generator_version": gsm.GENERATOR_VERSION,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
 
 
 def settings_key(settings: dict) -> str:
@@ -134,8 +153,14 @@ def settings_key(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prepare(out_dir: str | Path, *, seed: int = 0, config_path: str | Path = DEFAULT_CONFIG,
-            vocab_size: int = 1024, n_texts: int = 20000) -> tuple[Path, bool]:
+def prepare(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    config_path: str | Path = DEFAULT_CONFIG,
+    vocab_size: int = 1024,
+    n_texts: int = 20000,
+) -> tuple[Path, bool]:
     """Make (or reuse) a directory holding the tokenizer and the freshly initialised tiny model.
 
     The tokenizer is trained on the prompts + completions of ``gsm.make_splits(seed=seed,
@@ -172,8 +197,9 @@ def prepare(out_dir: str | Path, *, seed: int = 0, config_path: str | Path = DEF
             old = None
         if old == key and all((out / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
             return out, True
-        raise FileExistsError(f"{out} exists and was not prepared with these settings; "
-                              f"remove it or choose another directory")
+        raise FileExistsError(
+            f"{out} exists and was not prepared with these settings; remove it or choose another directory"
+        )
     splits = gsm.make_splits(seed=seed, n_train=n_texts, n_heldout=0)
     texts = [gsm.format_prompt(p) + gsm.format_completion(p) for p in splits.train]
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)

@@ -20,12 +20,14 @@ sampling. Those inserted tokens are part of the text (completion_mask True, they
 but are not the policy's actions: ``policy_mask`` is False on them and their behaviour log-prob is 0,
 so RL must take its loss, ratios and token counts over ``policy_mask``, not ``completion_mask``.
 """
+
 from __future__ import annotations
 
 import inspect
 import weakref
 from collections import deque
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -84,9 +86,20 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_id: int, max_new_tokens: int,
-           temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None,
-           calculator: Calculator | None = None, compact: bool = True) -> Samples:
+def sample(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    calculator: Calculator | None = None,
+    compact: bool = True,
+) -> Samples:
     """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` or greedily.
 
     Each step draws one uniform per batch row from ``generator`` (live or not) and samples the row's
@@ -125,26 +138,28 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
     if not greedy and not temperature > 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
     if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
-        raise ValueError(f"prompt_ids and prompt_mask must be [B, S_p] alike, got {tuple(prompt_ids.shape)} "
-                         f"and {tuple(prompt_mask.shape)}")
+        raise ValueError(
+            f"prompt_ids and prompt_mask must be [B, S_p] alike, got {tuple(prompt_ids.shape)} "
+            f"and {tuple(prompt_mask.shape)}"
+        )
     model.eval()
-    device = getattr(model, "device", prompt_ids.device)   # transformers models name theirs
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)   # CPU: the same tensors
+    device = getattr(model, "device", prompt_ids.device)  # transformers models name theirs
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # CPU: the same tensors
     b, s_p = prompt_ids.shape
     mask = prompt_mask.long()
-    cache = _cache_kwargs(model)   # the KV cache, updated in place by every forward
+    cache = _cache_kwargs(model)  # the KV cache, updated in place by every forward
     out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True, **cache)
-    logits = out.logits[:, -1, :].float()   # [A, V]: the rows in `rows` only
-    next_pos = mask.sum(-1, keepdim=True)   # [A, 1] position of the next token
-    rows = torch.arange(b, device=device)   # the batch rows still decoding (all of them when not compacting)
+    logits = out.logits[:, -1, :].float()  # [A, V]: the rows in `rows` only
+    next_pos = mask.sum(-1, keepdim=True)  # [A, 1] position of the next token
+    rows = torch.arange(b, device=device)  # the batch rows still decoding (all of them when not compacting)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     tokens, lps, keep, chosen = [], [], [], []
-    queues: dict[int, deque] = {}   # row -> calculator tokens still to insert
+    queues: dict[int, deque] = {}  # row -> calculator tokens still to insert
     for step in range(max_new_tokens):
         logp = torch.log_softmax(logits if greedy else logits / temperature, dim=-1)
         if greedy:
             tok_a = logp.argmax(-1)
-        else:   # one uniform per batch row and step, live or not: a row's draws never depend on the others
+        else:  # one uniform per batch row and step, live or not: a row's draws never depend on the others
             u = torch.rand(b, generator=generator, device=device)
             tok_a = inverse_cdf(logp.exp(), u[rows])
         tok = torch.full((b,), pad_id, dtype=torch.long, device=device)
@@ -173,21 +188,27 @@ def sample(model, prompt_ids: Tensor, prompt_mask: Tensor, *, eos_id: int, pad_i
         done = done | (live & (tok == eos_id))
         if bool(done.all()) or step == max_new_tokens - 1:
             break
-        if compact and bool(done[rows].any()):   # drop the rows that just ended from the batch and the cache
+        if compact and bool(done[rows].any()):  # drop the rows that just ended from the batch and the cache
             stay = (~done[rows]).nonzero().flatten()
             rows, mask, next_pos = rows[stay], mask[stay], next_pos[stay]
             for c in cache.values():
                 c.batch_select_indices(stay)
         mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=device)], dim=1)
-        out = model(input_ids=tokens[-1][rows, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
+        out = model(
+            input_ids=tokens[-1][rows, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache
+        )
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
     completion = torch.stack(tokens, 1)
     completion_mask = torch.stack(keep, 1)
-    return Samples(input_ids=torch.cat([prompt_ids, completion], 1),
-                   attention_mask=torch.cat([prompt_mask.long(), completion_mask.long()], 1),
-                   completion_mask=completion_mask, behavior_log_prob=torch.stack(lps, 1), prompt_len=s_p,
-                   policy_mask=torch.stack(chosen, 1))
+    return Samples(
+        input_ids=torch.cat([prompt_ids, completion], 1),
+        attention_mask=torch.cat([prompt_mask.long(), completion_mask.long()], 1),
+        completion_mask=completion_mask,
+        behavior_log_prob=torch.stack(lps, 1),
+        prompt_len=s_p,
+        policy_mask=torch.stack(chosen, 1),
+    )
 
 
 def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
@@ -211,16 +232,18 @@ def _cache_kwargs(model) -> dict:
     """A fresh DynamicCache under the keyword this transformers version takes (``cache`` from 5.x,
     ``past_key_values`` before; the old name is deprecated in 5.x)."""
     from transformers import DynamicCache
+
     try:
         cache = DynamicCache(config=model.config)
-    except TypeError:   # transformers 4.x: no config argument
+    except TypeError:  # transformers 4.x: no config argument
         cache = DynamicCache()
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     return {name: cache}
 
 
-def completion_log_probs(model, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, *,
-                         temperature: float = 1.0) -> Tensor:
+def completion_log_probs(
+    model, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, *, temperature: float = 1.0
+) -> Tensor:
     """Per-token log-probs of the completion tokens under ``model`` (the learner's π_θ; carries gradient).
 
     Args:
@@ -240,14 +263,15 @@ def completion_log_probs(model, input_ids: Tensor, attention_mask: Tensor, compl
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     b, s = input_ids.shape
-    bl, l = completion_mask.shape
-    if attention_mask.shape != input_ids.shape or bl != b or not 0 < l < s:
-        raise ValueError(f"need input_ids/attention_mask [B, S] and completion_mask [B, L] with 0 < L < S, got "
-                         f"{tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, {tuple(completion_mask.shape)}")
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids(attention_mask)).logits
-    logits = logits[:, s - l - 1:s - 1, :].float() / temperature   # position j predicts token j + 1
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, s - l:, None]).squeeze(-1)
+    bl, length = completion_mask.shape
+    if attention_mask.shape != input_ids.shape or bl != b or not 0 < length < s:
+        raise ValueError(
+            f"need input_ids/attention_mask [B, S] and completion_mask [B, L] with 0 < L < S, got "
+            f"{tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, {tuple(completion_mask.shape)}"
+        )
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).logits
+    logits = logits[:, s - length - 1 : s - 1, :].float() / temperature  # position j predicts token j + 1
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, s - length :, None]).squeeze(-1)
     return torch.where(completion_mask, logp, torch.zeros_like(logp))
 
 
@@ -258,7 +282,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
     return enc["input_ids"], enc["attention_mask"]
 
 
-_CALCULATORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CALCULATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def calculator_for(tokenizer) -> Calculator:
@@ -269,8 +293,17 @@ def calculator_for(tokenizer) -> Calculator:
     return calc
 
 
-def generate_group(model, tokenizer, prompts: Sequence[str], G: int, *, temperature: float, max_new_tokens: int,
-                   generator: torch.Generator | None, calculator: bool = True) -> Samples:
+def generate_group(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    G: int,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    generator: torch.Generator | None,
+    calculator: bool = True,
+) -> Samples:
     """G sampled completions of each prompt (GRPO's group), rows prompt-major: row p * G + g.
 
     Args:
@@ -291,21 +324,39 @@ def generate_group(model, tokenizer, prompts: Sequence[str], G: int, *, temperat
     if G < 1 or not prompts:
         raise ValueError(f"need G >= 1 and at least one prompt, got G={G}, {len(prompts)} prompts")
     ids, mask = encode_prompts(tokenizer, [p for p in prompts for _ in range(G)])
-    return sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                  max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
-                  calculator=calculator_for(tokenizer) if calculator else None)
+    return sample(
+        model,
+        ids,
+        mask,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        generator=generator,
+        calculator=calculator_for(tokenizer) if calculator else None,
+    )
 
 
 def decode_completions(tokenizer, samples: Samples) -> list[str]:
     """The completion text of each row (EOS and padding dropped)."""
-    comp = samples.input_ids[:, samples.prompt_len:]
-    return [tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
-            for row, m in zip(comp, samples.completion_mask)]
+    comp = samples.input_ids[:, samples.prompt_len :]
+    return [
+        tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(comp, samples.completion_mask)
+    ]
 
 
-def eval_completions(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool = True,
-                     max_new_tokens: int = 160, batch_size: int = 64, temperature: float = 1.0,
-                     generator: torch.Generator | None = None, calculator: bool = True) -> list[str]:
+def eval_completions(
+    model,
+    tokenizer,
+    problems: Sequence[gsm.Problem],
+    *,
+    greedy: bool = True,
+    max_new_tokens: int = 160,
+    batch_size: int = 64,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    calculator: bool = True,
+) -> list[str]:
     """One completion per problem (the texts :func:`evaluate` scores), in problem order.
 
     Arguments as :func:`evaluate`.
@@ -315,18 +366,36 @@ def eval_completions(model, tokenizer, problems: Sequence[gsm.Problem], *, greed
     calc = calculator_for(tokenizer) if calculator else None
     texts: list[str] = []
     for i in range(0, len(problems), batch_size):
-        chunk = problems[i:i + batch_size]
+        chunk = problems[i : i + batch_size]
         ids, mask = encode_prompts(tokenizer, [gsm.format_prompt(p) for p in chunk])
-        out = sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                     max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy, generator=generator,
-                     calculator=calc)
+        out = sample(
+            model,
+            ids,
+            mask,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            greedy=greedy,
+            generator=generator,
+            calculator=calc,
+        )
         texts += decode_completions(tokenizer, out)
     return texts
 
 
-def evaluate(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool = True, max_new_tokens: int = 160,
-             batch_size: int = 64, temperature: float = 1.0, generator: torch.Generator | None = None,
-             calculator: bool = True) -> float:
+def evaluate(
+    model,
+    tokenizer,
+    problems: Sequence[gsm.Problem],
+    *,
+    greedy: bool = True,
+    max_new_tokens: int = 160,
+    batch_size: int = 64,
+    temperature: float = 1.0,
+    generator: torch.Generator | None = None,
+    calculator: bool = True,
+) -> float:
     """Exact-match accuracy: the mean :func:`asyncrl.tasks.llm.gsm.reward` of one completion per problem.
 
     Batched generation with left padding (``batch_size`` prompts at a time) on the
@@ -350,7 +419,15 @@ def evaluate(model, tokenizer, problems: Sequence[gsm.Problem], *, greedy: bool 
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not problems:
         return 0.0
-    texts = eval_completions(model, tokenizer, problems, greedy=greedy, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, temperature=temperature, generator=generator,
-                             calculator=calculator)
+    texts = eval_completions(
+        model,
+        tokenizer,
+        problems,
+        greedy=greedy,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        temperature=temperature,
+        generator=generator,
+        calculator=calculator,
+    )
     return sum(gsm.reward(text, p.target) for text, p in zip(texts, problems)) / len(problems)

@@ -18,6 +18,7 @@ For the roles' counting a completion is a one-step episode: ``num_envs`` = R row
 = 1, and ``env_steps`` counts completions (run.total_env_steps is a completion budget).
 Pure numpy: no transformers here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,11 +30,11 @@ from asyncrl.core.spec import Field, SlotSpec
 
 @dataclass(frozen=True)
 class TokenSpec(SlotSpec):
-    prompts: int            # P prompts per slot
-    group_size: int         # G completions per prompt
-    prompt_tokens: int      # S_p
+    prompts: int  # P prompts per slot
+    group_size: int  # G completions per prompt
+    prompt_tokens: int  # S_p
     completion_tokens: int  # L
-    vocab_size: int         # token ids must lie in 0..vocab_size-1
+    vocab_size: int  # token ids must lie in 0..vocab_size-1
 
     def __post_init__(self):
         for name in ("prompts", "group_size", "prompt_tokens", "completion_tokens", "vocab_size"):
@@ -56,19 +57,29 @@ class TokenSpec(SlotSpec):
     def fields(self) -> tuple[Field, ...]:
         R, S, L = self.rows, self.prompt_tokens, self.completion_tokens
         i64, f32, b = np.dtype(np.int64), np.dtype(np.float32), np.dtype(np.bool_)
-        return (Field("prompt_ids", (R, S), i64), Field("prompt_mask", (R, S), b),
-                Field("completion_ids", (R, L), i64), Field("completion_mask", (R, L), b),
-                Field("policy_mask", (R, L), b),
-                Field("behavior_log_prob", (R, L), f32), Field("behavior_version", (R,), i64),
-                Field("rewards", (R,), f32), Field("grant_id", (R,), i64))
+        return (
+            Field("prompt_ids", (R, S), i64),
+            Field("prompt_mask", (R, S), b),
+            Field("completion_ids", (R, L), i64),
+            Field("completion_mask", (R, L), b),
+            Field("policy_mask", (R, L), b),
+            Field("behavior_log_prob", (R, L), f32),
+            Field("behavior_version", (R,), i64),
+            Field("rewards", (R,), f32),
+            Field("grant_id", (R,), i64),
+        )
 
     def to_dict(self) -> dict:
-        return {"kind": "llm", "prompts": self.prompts, "group_size": self.group_size,
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "vocab_size": self.vocab_size}
+        return {
+            "kind": "llm",
+            "prompts": self.prompts,
+            "group_size": self.group_size,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "vocab_size": self.vocab_size,
+        }
 
-    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float],
-                         lengths: list[int]) -> str | None:
+    def episode_mismatch(self, arrays: dict[str, np.ndarray], returns: list[float], lengths: list[int]) -> str | None:
         """Every row is one episode whose return is its reward: the report must list exactly the
         slot's rewards (as float32), with lengths of 1..L completion tokens."""
         bad = super().episode_mismatch(arrays, returns, lengths)

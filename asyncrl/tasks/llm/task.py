@@ -11,6 +11,7 @@ records the held-out accuracy before RL (``llm.eval_mode``: sampled at ``llm.tem
 default, or greedy); a finished run adds the accuracy after RL (summary.json ``initial_accuracy``,
 ``final_accuracy``, the same evaluation with the same random draws).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,9 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +32,8 @@ from asyncrl.core.metrics import strict_json
 from asyncrl.core.wording import count_of
 from asyncrl.tasks.base import NoPeriodicEvaluation, RolloutStats
 from asyncrl.tasks.llm import gsm
-from asyncrl.tasks.llm.defaults import DEFAULT_BATCH_SIZE, DEFAULT_THREADS as WARMUP_THREADS
+from asyncrl.tasks.llm.defaults import DEFAULT_BATCH_SIZE
+from asyncrl.tasks.llm.defaults import DEFAULT_THREADS as WARMUP_THREADS
 from asyncrl.tasks.llm.spec import TokenSpec
 
 # nothing is fetched from a hub at run time (the roles are child processes: they inherit these)
@@ -38,11 +41,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-START_FILE = "llm-start.json"     # in the run directory: the start model and its accuracy before RL
+START_FILE = "llm-start.json"  # in the run directory: the start model and its accuracy before RL
 START_EVAL_FIELDS = ("initial_accuracy", "eval_problems", "initial_eval_s", "initial_correct")
 WARMUP_STAMP = "asyncrl-rl-warmup.json"
-WARMUP_VALIDATION = 200         # llm.warmup_target: problems after the train split, greedy accuracy checked
-WARMUP_CHECK_EVERY = 100        # steps between those checks
+WARMUP_VALIDATION = 200  # llm.warmup_target: problems after the train split, greedy accuracy checked
+WARMUP_CHECK_EVERY = 100  # steps between those checks
 
 
 def param_layout(model) -> list[tuple[str, torch.Tensor]]:
@@ -61,11 +64,11 @@ def load_flat(model, flat: np.ndarray) -> None:
     total = sum(p.numel() for _, p in params)
     if flat.ndim != 1 or flat.size != total:
         raise ValueError(f"flat weights have shape {flat.shape}, expected ({total},)")
-    src = torch.from_numpy(np.array(flat, np.float32))   # a copy: received buffers are read-only
+    src = torch.from_numpy(np.array(flat, np.float32))  # a copy: received buffers are read-only
     off = 0
     with torch.no_grad():
         for _, p in params:
-            p.copy_(src[off:off + p.numel()].view_as(p))
+            p.copy_(src[off : off + p.numel()].view_as(p))
             off += p.numel()
 
 
@@ -81,7 +84,7 @@ class LLMProducer:
     cuda samples other tokens than cpu for the same seed). Raises ConfigError at :meth:`bind` when
     this machine lacks that device."""
 
-    def __init__(self, task: "LLMTask"):
+    def __init__(self, task: LLMTask):
         self.task, self.cfg = task, task.cfg
         self.spec: TokenSpec = task.spec
         self.spaces = task.spaces
@@ -95,6 +98,7 @@ class LLMProducer:
     def bind(self, cfg, seeds, template=None) -> None:
         from asyncrl.core.device import check_device
         from asyncrl.tasks.llm import model as m
+
         self.device = check_device(self.cfg.actor.device, key="actor.device")
         loaded = m.load(self.task.start_dir())
         self.model, self.tokenizer = loaded.model.to(self.device), loaded.tokenizer
@@ -113,11 +117,13 @@ class LLMProducer:
         self.rng = random.Random(int(self.seeds.env[0]))
         self.gen = torch.Generator(device=self.device).manual_seed(int(self.seeds.action))
 
-    def collect(self, slot, *, version: int, guard=None, grant_id: int = 0,
-                tick: Callable[[], None] | None = None) -> RolloutStats:
+    def collect(
+        self, slot, *, version: int, guard=None, grant_id: int = 0, tick: Callable[[], None] | None = None
+    ) -> RolloutStats:
         """Sample G completions for each of P prompts drawn from the train problems, score them, and
         write the slot row by row (``grant_id`` last in each row, ``guard`` asked around each)."""
         from asyncrl.tasks.llm.sampling import decode_completions, generate_group
+
         if guard is not None:
             grant_id = guard.grant_id
         if tick is not None:
@@ -127,10 +133,21 @@ class LLMProducer:
         s, llm = self.spec, self.cfg.llm
         chosen = [self.problems[self.rng.randrange(len(self.problems))] for _ in range(s.prompts)]
         t0 = time.perf_counter()
-        out = generate_group(self.model, self.tokenizer, [gsm.format_prompt(p) for p in chosen], s.group_size,
-                             temperature=llm.temperature, max_new_tokens=s.completion_tokens, generator=self.gen)
-        out = out._replace(**{k: getattr(out, k).cpu() for k in ("input_ids", "attention_mask", "completion_mask",
-                                                                  "behavior_log_prob", "policy_mask")})
+        out = generate_group(
+            self.model,
+            self.tokenizer,
+            [gsm.format_prompt(p) for p in chosen],
+            s.group_size,
+            temperature=llm.temperature,
+            max_new_tokens=s.completion_tokens,
+            generator=self.gen,
+        )
+        out = out._replace(
+            **{
+                k: getattr(out, k).cpu()
+                for k in ("input_ids", "attention_mask", "completion_mask", "behavior_log_prob", "policy_mask")
+            }
+        )
         t1 = time.perf_counter()
         texts = decode_completions(self.tokenizer, out)
         rewards = [gsm.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
@@ -150,9 +167,9 @@ class LLMProducer:
             if guard is not None and not (guard.wrote() and guard.may_write()):
                 return RolloutStats(r, rewards[:r], lengths, time.perf_counter() - t1, t1 - t0, revoked=True)
             slot["prompt_ids"][r, :] = pad
-            slot["prompt_ids"][r, s.prompt_tokens - sp:] = prompt_ids[r]
+            slot["prompt_ids"][r, s.prompt_tokens - sp :] = prompt_ids[r]
             slot["prompt_mask"][r, :] = False
-            slot["prompt_mask"][r, s.prompt_tokens - sp:] = prompt_mask[r]
+            slot["prompt_mask"][r, s.prompt_tokens - sp :] = prompt_mask[r]
             slot["completion_ids"][r, :] = pad
             slot["completion_ids"][r, :width] = comp_ids[r]
             slot["completion_mask"][r, :] = False
@@ -186,7 +203,7 @@ class LLMProducer:
 def truncated(samples, eos_id: int) -> list[bool]:
     """Per row of ``samples`` (sampling.Samples): True when the completion never emitted ``eos_id``
     (it was cut at the generation budget)."""
-    ids = samples.input_ids[:, samples.prompt_len:]
+    ids = samples.input_ids[:, samples.prompt_len :]
     return [not bool(((ids[r] == eos_id) & samples.completion_mask[r]).any()) for r in range(ids.shape[0])]
 
 
@@ -230,28 +247,39 @@ class LLMTask:
         """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when llm.model_dir is
         '', then llm.warmup_steps of :func:`asyncrl.tasks.llm.warmup.warmup` with its defaults
         (cached, keyed by the settings). Raises model.ModelLoadError for a missing llm.model_dir."""
-        from asyncrl.tasks.llm import model as m, warmup as w
+        from asyncrl.tasks.llm import model as m
+        from asyncrl.tasks.llm import warmup as w
+
         llm = self.cfg.llm
         if not llm.model_dir:
             path, reused = m.prepare(self.base_dir(), seed=llm.model_seed)
             echo(f"llm: {'reused' if reused else 'prepared'} the tiny model {path}")
         start = self.start_dir()
         if llm.warmup_steps == 0:
-            m.load(start)   # one line if it is not a model directory
+            m.load(start)  # one line if it is not a model directory
             return start
-        settings = {"base": str(self.base_dir().resolve()), "seed": llm.model_seed, "steps": llm.warmup_steps,
-                    "train_problems": llm.train_problems, "generator_version": gsm.GENERATOR_VERSION,
-                    "calculator_mask": True}
+        settings = {
+            "base": str(self.base_dir().resolve()),
+            "seed": llm.model_seed,
+            "steps": llm.warmup_steps,
+            "train_problems": llm.train_problems,
+            "generator_version": gsm.GENERATOR_VERSION,
+            "calculator_mask": True,
+        }
         if llm.warmup_batch_size != DEFAULT_BATCH_SIZE:
             settings["batch_size"] = llm.warmup_batch_size
         if llm.warmup_threads != WARMUP_THREADS:
             settings["threads"] = llm.warmup_threads
         if llm.warmup_target:
-            settings.update(target=llm.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY)
+            settings.update(
+                target=llm.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY
+            )
         try:
             stamp = json.loads((start / WARMUP_STAMP).read_text())
             # a cache made before llm.warmup_threads existed ran at whatever torch had: it counts only if that matched
-            if stamp["settings"] == settings and (not llm.warmup_threads or stamp["torch_threads"] == llm.warmup_threads):
+            if stamp["settings"] == settings and (
+                not llm.warmup_threads or stamp["torch_threads"] == llm.warmup_threads
+            ):
                 echo(f"llm: reused the warmed-up model {start}")
                 return start
         except (OSError, ValueError, KeyError, TypeError):
@@ -261,41 +289,72 @@ class LLMTask:
         loaded = m.load(self.base_dir())
         n_val = WARMUP_VALIDATION if llm.warmup_target else 0
         problems = gsm.make_splits(seed=llm.model_seed, n_train=llm.train_problems + n_val, n_heldout=0).train
-        train, validation = problems[:llm.train_problems], problems[llm.train_problems:]
+        train, validation = problems[: llm.train_problems], problems[llm.train_problems :]
         checks: list[tuple[int, float]] = []
 
-        def reached(steps: int) -> bool:   # the warm-up's early stop: greedy accuracy on the validation problems
+        def reached(steps: int) -> bool:  # the warm-up's early stop: greedy accuracy on the validation problems
             from asyncrl.tasks.llm.sampling import evaluate
-            if steps < llm.warmup_steps // 2:   # checked from half the budget on (each check costs seconds)
+
+            if steps < llm.warmup_steps // 2:  # checked from half the budget on (each check costs seconds)
                 return False
             loaded.model.eval()
-            checks.append((steps, evaluate(loaded.model, loaded.tokenizer, validation, greedy=True,
-                                           max_new_tokens=llm.max_new_tokens)))
+            checks.append(
+                (
+                    steps,
+                    evaluate(
+                        loaded.model, loaded.tokenizer, validation, greedy=True, max_new_tokens=llm.max_new_tokens
+                    ),
+                )
+            )
             loaded.model.train()
             echo(f"llm: warm-up step {steps}: validation accuracy {checks[-1][1]:.3f} (target {llm.warmup_target:g})")
             return checks[-1][1] >= llm.warmup_target
 
-        echo(f"llm: warming up {self.base_dir()} for {count_of(llm.warmup_steps, 'step')}"
-             f"{f' or until validation accuracy {llm.warmup_target:g}' if llm.warmup_target else ''} (supervised, cached in {start})")
+        echo(
+            f"llm: warming up {self.base_dir()} for {count_of(llm.warmup_steps, 'step')}"
+            f"{f' or until validation accuracy {llm.warmup_target:g}' if llm.warmup_target else ''} (supervised, "
+            f"cached in {start})"
+        )
         threads = torch.get_num_threads()
         if llm.warmup_threads:
             torch.set_num_threads(llm.warmup_threads)
         try:
-            result = w.warmup(loaded.model, loaded.tokenizer, train, steps=llm.warmup_steps, seed=llm.model_seed,
-                              calculator_mask=True, batch_size=llm.warmup_batch_size, stop=reached if llm.warmup_target else None,
-                              check_every=WARMUP_CHECK_EVERY)
+            result = w.warmup(
+                loaded.model,
+                loaded.tokenizer,
+                train,
+                steps=llm.warmup_steps,
+                seed=llm.model_seed,
+                calculator_mask=True,
+                batch_size=llm.warmup_batch_size,
+                stop=reached if llm.warmup_target else None,
+                check_every=WARMUP_CHECK_EVERY,
+            )
             warm_threads = torch.get_num_threads()
         finally:
             torch.set_num_threads(threads)
         tmp = start.with_name(f".{start.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         m.save(loaded.model, loaded.tokenizer, tmp)
-        (tmp / WARMUP_STAMP).write_text(strict_json({"settings": settings, "final_loss": result.final_loss,
-                                                     "steps_taken": result.steps, "validation_checks": checks,
-                                                     "torch_threads": warm_threads,
-                                                     "seconds": round(result.seconds, 2)}, indent=1) + "\n")
+        (tmp / WARMUP_STAMP).write_text(
+            strict_json(
+                {
+                    "settings": settings,
+                    "final_loss": result.final_loss,
+                    "steps_taken": result.steps,
+                    "validation_checks": checks,
+                    "torch_threads": warm_threads,
+                    "seconds": round(result.seconds, 2),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         os.replace(tmp, start)
-        echo(f"llm: warm-up done in {result.seconds:.0f} s, {count_of(result.steps, 'step')} (loss {result.final_loss:.3f})")
+        echo(
+            f"llm: warm-up done in {result.seconds:.0f} s, {count_of(result.steps, 'step')} (loss "
+            f"{result.final_loss:.3f})"
+        )
         return start
 
     def _model_config(self) -> dict:
@@ -303,8 +362,10 @@ class LLMTask:
         try:
             return json.loads(path.read_text())
         except OSError:
-            raise FileNotFoundError(f"no model at {self.start_dir()}: run `asyncrl run --config ...` (it prepares "
-                                    f"and warms up the model first) or set llm.model_dir") from None
+            raise FileNotFoundError(
+                f"no model at {self.start_dir()}: run `asyncrl run --config ...` (it prepares "
+                f"and warms up the model first) or set llm.model_dir"
+            ) from None
 
     # ---- the interface ----
     @property
@@ -315,22 +376,29 @@ class LLMTask:
     def spec(self) -> TokenSpec:
         if self._spec is None:
             llm = self.cfg.llm
-            self._spec = TokenSpec(prompts=llm.prompts_per_slot, group_size=llm.group_size,
-                                   prompt_tokens=llm.max_prompt_tokens, completion_tokens=llm.max_new_tokens,
-                                   vocab_size=int(self._model_config()["vocab_size"]))
+            self._spec = TokenSpec(
+                prompts=llm.prompts_per_slot,
+                group_size=llm.group_size,
+                prompt_tokens=llm.max_prompt_tokens,
+                completion_tokens=llm.max_new_tokens,
+                vocab_size=int(self._model_config()["vocab_size"]),
+            )
         return self._spec
 
     @property
     def spaces(self) -> dict[str, str]:
         s = self.spec
-        return {"observation": f"prompt tokens [{s.prompt_tokens}] of a vocabulary of {s.vocab_size}",
-                "action": f"completion tokens [{s.completion_tokens}] at temperature {self.cfg.llm.temperature}"}
+        return {
+            "observation": f"prompt tokens [{s.prompt_tokens}] of a vocabulary of {s.vocab_size}",
+            "action": f"completion tokens [{s.completion_tokens}] at temperature {self.cfg.llm.temperature}",
+        }
 
     def producer(self) -> LLMProducer:
         return LLMProducer(self)
 
     def build_policy(self):
         from asyncrl.tasks.llm import model as m
+
         return m.load(self.start_dir()).model
 
     def reference(self):
@@ -340,6 +408,7 @@ class LLMTask:
             return None
         if self._reference is None:
             from asyncrl.tasks.llm import model as m
+
             self._reference = m.load(self.start_dir()).model.requires_grad_(False).eval()
         return self._reference
 
@@ -356,12 +425,21 @@ class LLMTask:
 
     def learner_iteration(self, state, batch) -> dict[str, Any]:
         from asyncrl.tasks.llm.learn import llm_iteration
+
         reference = self.reference()
         if reference is not None:
-            reference.to(state.device)   # in place; a no-op after the first iteration and on the CPU
-        return llm_iteration(state.policy, state.optimizer, batch, algo=self.cfg.algo, llm=self.cfg.llm,
-                             generator=state.generator, version=state.version, reference=reference,
-                             forward_context=state.forward_context)
+            reference.to(state.device)  # in place; a no-op after the first iteration and on the CPU
+        return llm_iteration(
+            state.policy,
+            state.optimizer,
+            batch,
+            algo=self.cfg.algo,
+            llm=self.cfg.llm,
+            generator=state.generator,
+            version=state.version,
+            reference=reference,
+            forward_context=state.forward_context,
+        )
 
     def after_iteration(self, state, batch) -> None:
         return None
@@ -378,25 +456,33 @@ class LLMTask:
         instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
         from asyncrl.tasks.llm import model as m
         from asyncrl.tasks.llm.sampling import eval_completions
+
         llm = self.cfg.llm
         heldout = gsm.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
         greedy = llm.eval_mode == "greedy"
-        device = next(model.parameters()).device   # the draws come from the model's device (cuda: its own stream)
+        device = next(model.parameters()).device  # the draws come from the model's device (cuda: its own stream)
         generator = None if greedy else torch.Generator(device=device).manual_seed(llm.model_seed)
         threads = torch.get_num_threads()
         torch.set_num_threads(self.cfg.learner.torch_threads)
         try:
-            texts = eval_completions(model, tokenizer, heldout, greedy=greedy, temperature=llm.temperature,
-                                     generator=generator, max_new_tokens=llm.max_new_tokens,
-                                     batch_size=llm.eval_batch_size)
+            texts = eval_completions(
+                model,
+                tokenizer,
+                heldout,
+                greedy=greedy,
+                temperature=llm.temperature,
+                generator=generator,
+                max_new_tokens=llm.max_new_tokens,
+                batch_size=llm.eval_batch_size,
+            )
         finally:
             torch.set_num_threads(threads)
         correct = [int(gsm.reward(text, p.target)) for text, p in zip(texts, heldout)]
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
     def eval_label(self) -> str:
-        """"greedy" or "sampled T=<llm.temperature>": what initial and final accuracy measure."""
+        """ "greedy" or "sampled T=<llm.temperature>": what initial and final accuracy measure."""
         llm = self.cfg.llm
         return "greedy" if llm.eval_mode == "greedy" else f"sampled T={llm.temperature:g}"
 
@@ -409,6 +495,7 @@ class LLMTask:
         """Make the start model, then (once per run directory) its held-out accuracy before RL.
         Raises ValueError (a model directory that does not load), FileExistsError."""
         from asyncrl.tasks.llm import model as m
+
         try:
             start = self.prepare_model(echo)
         except m.ModelLoadError as exc:
@@ -417,13 +504,20 @@ class LLMTask:
         path = Path(run_dir) / START_FILE
         if path.exists():
             return json.loads(path.read_text())
-        record = {"model": str(start), "initial_accuracy": None, "eval_problems": 0, "eval_mode": self.eval_label(),
-                  "eval_batch_size": self.cfg.llm.eval_batch_size}
+        record = {
+            "model": str(start),
+            "initial_accuracy": None,
+            "eval_problems": 0,
+            "eval_mode": self.eval_label(),
+            "eval_batch_size": self.cfg.llm.eval_batch_size,
+        }
         if self.cfg.llm.eval_size:
             record.update(self._start_evaluation(start, echo))
             how = "reused from " + record["initial_eval_cached"] if "initial_eval_cached" in record else "measured"
-            echo(f"llm: held-out accuracy before RL {record['initial_accuracy']:.3f} on {record['eval_problems']} "
-                 f"problems ({self.eval_label()}; {how})")
+            echo(
+                f"llm: held-out accuracy before RL {record['initial_accuracy']:.3f} on {record['eval_problems']} "
+                f"problems ({self.eval_label()}; {how})"
+            )
         path.write_text(strict_json(record, indent=1) + "\n")
         return record
 
@@ -433,6 +527,7 @@ class LLMTask:
         saved to, llm.cache_dir/start-evals/KEY.json (:meth:`start_eval_key`; adds initial_eval_cached
         when reused). A cache that cannot be written costs the next run an evaluation, nothing else."""
         from asyncrl.tasks.llm import model as m
+
         llm = self.cfg.llm
         cache = None
         if Path(start).resolve().is_relative_to(Path(llm.cache_dir).resolve()):
@@ -444,10 +539,14 @@ class LLMTask:
                 pass
         t0 = time.perf_counter()
         acc, n, correct = self.evaluate(m.load(start).model)
-        out = {"initial_accuracy": acc, "eval_problems": n, "initial_eval_s": round(time.perf_counter() - t0, 2),
-               "initial_correct": "".join(map(str, correct))}
+        out = {
+            "initial_accuracy": acc,
+            "eval_problems": n,
+            "initial_eval_s": round(time.perf_counter() - t0, 2),
+            "initial_correct": "".join(map(str, correct)),
+        }
         if cache is not None:
-            try:   # one atomic file: concurrent runs write the same content
+            try:  # one atomic file: concurrent runs write the same content
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
                 tmp.write_text(strict_json(out, indent=1) + "\n")
@@ -468,11 +567,22 @@ class LLMTask:
             h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
         for f in sorted(Path(__file__).parent.glob("*.py")):
             h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-        h.update(json.dumps({"eval_size": llm.eval_size, "eval_mode": llm.eval_mode, "temperature": llm.temperature,
-                             "model_seed": llm.model_seed, "eval_batch_size": llm.eval_batch_size,
-                             "max_new_tokens": llm.max_new_tokens, "threads": self.cfg.learner.torch_threads,
-                             "generator_version": gsm.GENERATOR_VERSION, "torch": torch.__version__},
-                            sort_keys=True).encode())
+        h.update(
+            json.dumps(
+                {
+                    "eval_size": llm.eval_size,
+                    "eval_mode": llm.eval_mode,
+                    "temperature": llm.temperature,
+                    "model_seed": llm.model_seed,
+                    "eval_batch_size": llm.eval_batch_size,
+                    "max_new_tokens": llm.max_new_tokens,
+                    "threads": self.cfg.learner.torch_threads,
+                    "generator_version": gsm.GENERATOR_VERSION,
+                    "torch": torch.__version__,
+                },
+                sort_keys=True,
+            ).encode()
+        )
         return h.hexdigest()[:16]
 
     def final_summary(self, policy, run_dir: Path) -> dict[str, Any]:
@@ -483,11 +593,18 @@ class LLMTask:
             start = json.loads((Path(run_dir) / START_FILE).read_text())
         except (OSError, ValueError):
             start = {"model": str(self.start_dir()), "initial_accuracy": None, "eval_problems": 0}
-        out = {"task": "llm", "model": start["model"], "initial_accuracy": start["initial_accuracy"],
-               "final_accuracy": None, "eval_problems": start["eval_problems"], "eval_mode": self.eval_label()}
-        sampled = self.cfg.llm.eval_mode == "sampled"   # its draws follow the batch: row r of a batch, step t
+        out = {
+            "task": "llm",
+            "model": start["model"],
+            "initial_accuracy": start["initial_accuracy"],
+            "final_accuracy": None,
+            "eval_problems": start["eval_problems"],
+            "eval_mode": self.eval_label(),
+        }
+        sampled = self.cfg.llm.eval_mode == "sampled"  # its draws follow the batch: row r of a batch, step t
         if start.get("eval_mode", "greedy") != self.eval_label() or (
-                sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size):   # 64: records before the key
+            sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size
+        ):  # 64: records before the key
             # a start record of another evaluation (a run directory resumed under other settings): not comparable
             out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
         if not self.cfg.llm.eval_size:

@@ -6,6 +6,7 @@ group problems of similar length (:func:`_epoch_order`) to spend less compute on
 linear warm-up then cosine decay of the learning rate, gradient norm clipped at 1. Batches are drawn
 from a torch.Generator seeded with ``seed``; on CPU with a fixed thread count the run is deterministic.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,17 +15,23 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from asyncrl.core.metrics import strict_json
 from asyncrl.tasks.llm import gsm
-
-
-from asyncrl.tasks.llm.defaults import (DEFAULT_BATCH_SIZE, DEFAULT_LR, DEFAULT_STEPS, DEFAULT_THREADS, DEFAULT_WARMUP_STEPS, WARMUP_STAMP)  # noqa: F401
+from asyncrl.tasks.llm.defaults import (  # noqa: F401
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    DEFAULT_STEPS,
+    DEFAULT_THREADS,
+    DEFAULT_WARMUP_STEPS,
+    WARMUP_STAMP,
+)
 
 
 class WarmupResult(NamedTuple):
@@ -37,7 +44,7 @@ class WarmupResult(NamedTuple):
     seconds: float
 
 
-_ANNOTATION_RESULT = re.compile(r"<<[^<>=]*=([^<>=]*>>)")   # group 1: what a calculator writes ("24>>")
+_ANNOTATION_RESULT = re.compile(r"<<[^<>=]*=([^<>=]*>>)")  # group 1: what a calculator writes ("24>>")
 
 
 def calculator_positions(tokenizer, completion: str, offsets: Sequence[tuple[int, int]] | None = None) -> list[int]:
@@ -54,7 +61,7 @@ def calculator_positions(tokenizer, completion: str, offsets: Sequence[tuple[int
     if offsets is None:
         offsets = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     out, k = [], 0
-    for i, (a, _) in enumerate(offsets):   # spans and token starts both ascend: one merged pass
+    for i, (a, _) in enumerate(offsets):  # spans and token starts both ascend: one merged pass
         while k < len(spans) and spans[k][1] <= a:
             k += 1
         if k == len(spans):
@@ -64,8 +71,9 @@ def calculator_positions(tokenizer, completion: str, offsets: Sequence[tuple[int
     return out
 
 
-def encode_examples(tokenizer, problems: Sequence[gsm.Problem], *, max_len: int = 320,
-                    calculator_mask: bool = False) -> list[tuple[list[int], int, tuple[int, ...]]]:
+def encode_examples(
+    tokenizer, problems: Sequence[gsm.Problem], *, max_len: int = 320, calculator_mask: bool = False
+) -> list[tuple[list[int], int, tuple[int, ...]]]:
     """Token ids of prompt + completion + EOS per problem, with the prompt length and the positions
     that get no loss.
 
@@ -104,9 +112,9 @@ def collate(examples: Sequence[tuple], pad_id: int) -> tuple[Tensor, Tensor, Ten
     labels = torch.full((len(examples), s), -100, dtype=torch.long)
     for i, ex in enumerate(examples):
         row, n_prompt = ex[0], ex[1]
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
-        labels[i, n_prompt:len(row)] = torch.tensor(row[n_prompt:])
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+        labels[i, n_prompt : len(row)] = torch.tensor(row[n_prompt:])
         skip = [j for j in (ex[2] if len(ex) > 2 else ()) if j < len(row)]
         if skip:
             labels[i, skip] = -100
@@ -120,8 +128,9 @@ def sft_loss(model, input_ids: Tensor, attention_mask: Tensor, labels: Tensor) -
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     target = labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                             ignore_index=-100)
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+    )
     return loss, int((target != -100).sum())
 
 
@@ -131,16 +140,29 @@ def _epoch_order(lengths: list[int], batch_size: int, gen: torch.Generator, pool
     similar lengths, so padding (computed and thrown away) drops; the batches stay random."""
     perm = torch.randperm(len(lengths), generator=gen).tolist()
     window = pool * batch_size
-    perm = [i for w in range(0, len(perm), window) for i in sorted(perm[w:w + window], key=lengths.__getitem__)]
-    batches = [perm[b:b + batch_size] for b in range(0, len(perm) - batch_size + 1, batch_size)]
+    perm = [i for w in range(0, len(perm), window) for i in sorted(perm[w : w + window], key=lengths.__getitem__)]
+    batches = [perm[b : b + batch_size] for b in range(0, len(perm) - batch_size + 1, batch_size)]
     return [i for k in torch.randperm(len(batches), generator=gen).tolist() for i in batches[k]]
 
 
-def warmup(model, tokenizer, problems: Sequence[gsm.Problem], *, steps: int, seed: int,
-           batch_size: int = DEFAULT_BATCH_SIZE, lr: float = DEFAULT_LR, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-           weight_decay: float = 0.0, calculator_mask: bool = False,
-           max_seconds: float | None = None, log: Callable[[int, float], None] | None = None,
-           log_every: int = 50, stop: Callable[[int], bool] | None = None, check_every: int = 100) -> WarmupResult:
+def warmup(
+    model,
+    tokenizer,
+    problems: Sequence[gsm.Problem],
+    *,
+    steps: int,
+    seed: int,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    lr: float = DEFAULT_LR,
+    warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    weight_decay: float = 0.0,
+    calculator_mask: bool = False,
+    max_seconds: float | None = None,
+    log: Callable[[int, float], None] | None = None,
+    log_every: int = 50,
+    stop: Callable[[int], bool] | None = None,
+    check_every: int = 100,
+) -> WarmupResult:
     """Train ``model`` in place on ``problems`` for ``steps`` optimizer steps.
 
     Args:
@@ -173,8 +195,10 @@ def warmup(model, tokenizer, problems: Sequence[gsm.Problem], *, steps: int, see
     if check_every < 1:
         raise ValueError(f"check_every must be >= 1, got {check_every}")
     if steps < 1 or batch_size < 1 or not lr > 0 or not problems:
-        raise ValueError(f"need steps >= 1, batch_size >= 1, lr > 0 and problems, got steps={steps}, "
-                         f"batch_size={batch_size}, lr={lr}, {len(problems)} problems")
+        raise ValueError(
+            f"need steps >= 1, batch_size >= 1, lr > 0 and problems, got steps={steps}, "
+            f"batch_size={batch_size}, lr={lr}, {len(problems)} problems"
+        )
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     examples = encode_examples(tokenizer, problems, calculator_mask=calculator_mask)
@@ -195,7 +219,7 @@ def warmup(model, tokenizer, problems: Sequence[gsm.Problem], *, steps: int, see
     for step in range(steps):
         if at + batch_size > len(order):
             order, at = _epoch_order(lengths, batch_size, gen), 0
-        batch = [examples[i] for i in order[at:at + batch_size]]
+        batch = [examples[i] for i in order[at : at + batch_size]]
         at += batch_size
         ids, mask, labels = collate(batch, tokenizer.pad_token_id)
         loss, n = sft_loss(model, ids, mask, labels)
@@ -225,11 +249,22 @@ class WarmStart(NamedTuple):
     stamp: dict
 
 
-def warm_start(model_dir: str | Path, out_dir: str | Path, *, seed: int = 0, steps: int = DEFAULT_STEPS,
-               batch_size: int = DEFAULT_BATCH_SIZE, lr: float = DEFAULT_LR, n_train: int = 20000,
-               n_heldout: int = 500, max_new_tokens: int = 160, calculator: bool = True,
-               max_seconds: float | None = None, threads: int | None = DEFAULT_THREADS,
-               log: Callable[[int, float], None] | None = None) -> WarmStart:
+def warm_start(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    steps: int = DEFAULT_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    lr: float = DEFAULT_LR,
+    n_train: int = 20000,
+    n_heldout: int = 500,
+    max_new_tokens: int = 160,
+    calculator: bool = True,
+    max_seconds: float | None = None,
+    threads: int | None = DEFAULT_THREADS,
+    log: Callable[[int, float], None] | None = None,
+) -> WarmStart:
     """Load a model directory, warm it up on the generated train split, score it greedily on the
     held-out split and save it (what ``asyncrl llm warmup`` runs).
 
@@ -254,13 +289,24 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, *, seed: int = 0, ste
     """
     import torch
 
-    from asyncrl.tasks.llm import model as m, sampling
+    from asyncrl.tasks.llm import model as m
+    from asyncrl.tasks.llm import sampling
 
     out = Path(out_dir)
-    settings = {"model": str(Path(model_dir).resolve()), "seed": seed, "steps": steps, "batch_size": batch_size,
-                "lr": lr, "n_train": n_train, "n_heldout": n_heldout, "max_new_tokens": max_new_tokens,
-                "threads": threads, "calculator": calculator, "max_seconds": max_seconds,
-                "generator_version": gsm.GENERATOR_VERSION}
+    settings = {
+        "model": str(Path(model_dir).resolve()),
+        "seed": seed,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "n_train": n_train,
+        "n_heldout": n_heldout,
+        "max_new_tokens": max_new_tokens,
+        "threads": threads,
+        "calculator": calculator,
+        "max_seconds": max_seconds,
+        "generator_version": gsm.GENERATOR_VERSION,
+    }
     if out.exists():
         try:
             old = json.loads((out / WARMUP_STAMP).read_text())
@@ -268,24 +314,51 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, *, seed: int = 0, ste
             old = None
         if isinstance(old, dict) and old.get("settings") == settings:
             return WarmStart(out, True, old)
-        raise FileExistsError(f"{out} exists and was not warmed up with these settings; remove it or choose another --out")
+        raise FileExistsError(
+            f"{out} exists and was not warmed up with these settings; remove it or choose another --out"
+        )
     if threads:
         torch.set_num_threads(threads)
     loaded = m.load(model_dir)
     splits = gsm.make_splits(seed=seed, n_train=n_train, n_heldout=n_heldout)
     t0, c0 = time.perf_counter(), time.process_time()
-    result = warmup(loaded.model, loaded.tokenizer, splits.train, steps=steps, seed=seed, batch_size=batch_size, lr=lr,
-                    calculator_mask=calculator, max_seconds=max_seconds, log=log, log_every=100)
+    result = warmup(
+        loaded.model,
+        loaded.tokenizer,
+        splits.train,
+        steps=steps,
+        seed=seed,
+        batch_size=batch_size,
+        lr=lr,
+        calculator_mask=calculator,
+        max_seconds=max_seconds,
+        log=log,
+        log_every=100,
+    )
     train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - c0
     t1 = time.perf_counter()
-    acc = sampling.evaluate(loaded.model, loaded.tokenizer, splits.heldout, greedy=True, max_new_tokens=max_new_tokens,
-                            calculator=calculator)
-    stamp = {"settings": settings, "heldout_accuracy": acc, "n_heldout": len(splits.heldout),
-             "steps_taken": result.steps, "final_loss": result.final_loss, "tokens": result.tokens,
-             "train_wall_s": round(train_wall, 2), "train_cpu_s": round(train_cpu, 2),
-             "eval_wall_s": round(time.perf_counter() - t1, 2), "load_average": list(os.getloadavg())}
+    acc = sampling.evaluate(
+        loaded.model,
+        loaded.tokenizer,
+        splits.heldout,
+        greedy=True,
+        max_new_tokens=max_new_tokens,
+        calculator=calculator,
+    )
+    stamp = {
+        "settings": settings,
+        "heldout_accuracy": acc,
+        "n_heldout": len(splits.heldout),
+        "steps_taken": result.steps,
+        "final_loss": result.final_loss,
+        "tokens": result.tokens,
+        "train_wall_s": round(train_wall, 2),
+        "train_cpu_s": round(train_cpu, 2),
+        "eval_wall_s": round(time.perf_counter() - t1, 2),
+        "load_average": list(os.getloadavg()),
+    }
     tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)   # a leftover of an interrupted warm-up
+    shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an interrupted warm-up
     m.save(loaded.model, loaded.tokenizer, tmp)
     (tmp / WARMUP_STAMP).write_text(strict_json(stamp, indent=1) + "\n")
     os.replace(tmp, out)
