@@ -164,7 +164,7 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         os.kill(killed, signal.SIGKILL)
         again = lambda: [  # noqa: E731
             p
-            for p in _node_procs(["asyncrl.cli", " actor ", run_id, f"--actor-id {actor_id} "])  # noqa: E731
+            for p in _node_procs(["-m asyncrl ", " actor ", run_id, f"--actor-id {actor_id} "])  # noqa: E731
             if p != killed
         ]
         wait_for(lambda: again() or driver.poll() is not None, 120, f"Ray to start {actor_id} again")
@@ -315,7 +315,7 @@ def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_pa
     )
     text = lambda: (tmp_path / "driver.log").read_text(errors="replace")  # noqa: E731
     try:
-        learner = lambda: _node_procs(["asyncrl.cli", " learner ", str(run_dir)])  # noqa: E731
+        learner = lambda: _node_procs(["-m asyncrl ", " learner ", str(run_dir)])  # noqa: E731
         wait_for(
             lambda: (learner() and (run_dir / "checkpoint.pt").exists()) or driver.poll() is not None,
             240,
