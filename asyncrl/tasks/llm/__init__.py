@@ -8,7 +8,7 @@ Modules, each usable alone:
   sampling  batched generation with per-token behaviour log-probs (seeded torch.Generator), the
             learner's recomputation of completion log-probs, and exact-match evaluation.
   grpo      pure torch: group-normalised advantages, token broadcast, loss averaging weights, and the
-            flattening into the [N] tensors of asyncrl.algo.losses (PPO-clip, VACO) on tokens.
+            flattening into the [N] tensors of asyncrl.algo.ppo_losses / vaco_loss (PPO-clip, VACO) on tokens.
   warmup    supervised warm-up of the tiny model to a non-trivial start accuracy.
   cli       the click group ``llm`` (prepare, warmup).
 
