@@ -31,7 +31,7 @@ import torch
 from asyncrl.core.metrics import strict_json
 from asyncrl.core.wording import count_of
 from asyncrl.tasks.base import NoPeriodicEvaluation, RolloutStats
-from asyncrl.tasks.llm import gsm
+from asyncrl.tasks.llm import gsm_answers, gsm_problems
 from asyncrl.tasks.llm.defaults import DEFAULT_BATCH_SIZE
 from asyncrl.tasks.llm.defaults import DEFAULT_THREADS as WARMUP_THREADS
 from asyncrl.tasks.llm.spec import TokenSpec
@@ -89,7 +89,7 @@ class LLMProducer:
         self.spec: TokenSpec = task.spec
         self.spaces = task.spaces
         self.model = self.tokenizer = None
-        self.problems: list[gsm.Problem] = []
+        self.problems: list[gsm_problems.Problem] = []
         self.layout_hash, self.num_params = "", 0
         self.rng = random.Random(0)
         self.device = torch.device("cpu")
@@ -107,7 +107,7 @@ class LLMProducer:
         self.num_params = sum(p.numel() for _, p in param_layout(self.model))
         llm = self.cfg.llm
         if not self.problems:
-            self.problems = gsm.make_splits(seed=llm.model_seed, n_train=llm.train_problems, n_heldout=0).train
+            self.problems = gsm_problems.make_splits(seed=llm.model_seed, n_train=llm.train_problems, n_heldout=0).train
         self.seeds = seeds
 
     def load(self, flat: np.ndarray) -> None:
@@ -136,7 +136,7 @@ class LLMProducer:
         out = generate_group(
             self.model,
             self.tokenizer,
-            [gsm.format_prompt(p) for p in chosen],
+            [gsm_problems.format_prompt(p) for p in chosen],
             s.group_size,
             temperature=llm.temperature,
             max_new_tokens=s.completion_tokens,
@@ -150,7 +150,7 @@ class LLMProducer:
         )
         t1 = time.perf_counter()
         texts = decode_completions(self.tokenizer, out)
-        rewards = [gsm.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
+        rewards = [gsm_answers.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
         if llm.truncated_reward == "zero":
             rewards = [0.0 if cut else x for x, cut in zip(rewards, truncated(out, self.tokenizer.eos_token_id))]
         if tick is not None:
@@ -263,7 +263,7 @@ class LLMTask:
             "seed": llm.model_seed,
             "steps": llm.warmup_steps,
             "train_problems": llm.train_problems,
-            "generator_version": gsm.GENERATOR_VERSION,
+            "generator_version": gsm_problems.GENERATOR_VERSION,
             "calculator_mask": True,
         }
         if llm.warmup_batch_size != DEFAULT_BATCH_SIZE:
@@ -288,7 +288,7 @@ class LLMTask:
             raise FileExistsError(f"{start} exists and was not warmed up with these settings; remove it")
         loaded = m.load(self.base_dir())
         n_val = WARMUP_VALIDATION if llm.warmup_target else 0
-        problems = gsm.make_splits(seed=llm.model_seed, n_train=llm.train_problems + n_val, n_heldout=0).train
+        problems = gsm_problems.make_splits(seed=llm.model_seed, n_train=llm.train_problems + n_val, n_heldout=0).train
         train, validation = problems[: llm.train_problems], problems[llm.train_problems :]
         checks: list[tuple[int, float]] = []
 
@@ -458,7 +458,7 @@ class LLMTask:
         from asyncrl.tasks.llm.sampling import eval_completions
 
         llm = self.cfg.llm
-        heldout = gsm.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
+        heldout = gsm_problems.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
         tokenizer = m.load(self.start_dir()).tokenizer
         greedy = llm.eval_mode == "greedy"
         device = next(model.parameters()).device  # the draws come from the model's device (cuda: its own stream)
@@ -478,7 +478,7 @@ class LLMTask:
             )
         finally:
             torch.set_num_threads(threads)
-        correct = [int(gsm.reward(text, p.target)) for text, p in zip(texts, heldout)]
+        correct = [int(gsm_answers.reward(text, p.target)) for text, p in zip(texts, heldout)]
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
     def eval_label(self) -> str:
@@ -577,7 +577,7 @@ class LLMTask:
                     "eval_batch_size": llm.eval_batch_size,
                     "max_new_tokens": llm.max_new_tokens,
                     "threads": self.cfg.learner.torch_threads,
-                    "generator_version": gsm.GENERATOR_VERSION,
+                    "generator_version": gsm_problems.GENERATOR_VERSION,
                     "torch": torch.__version__,
                 },
                 sort_keys=True,
