@@ -112,7 +112,7 @@ def test_key_follows_config_and_training_code_not_reporting_code(tmp_path):
     report = pkg / "analysis" / "study_report.py"
     report.write_text(report.read_text() + "\n# reporting only\n")
     assert study_code.training_code_fingerprint(pkg) == fp
-    (pkg / "algo" / "losses.py").write_text((pkg / "algo" / "losses.py").read_text() + "\n# changes runs\n")
+    (pkg / "algo" / "vaco_loss.py").write_text((pkg / "algo" / "vaco_loss.py").read_text() + "\n# changes runs\n")
     assert study_code.training_code_fingerprint(pkg) != fp
 
 

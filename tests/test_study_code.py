@@ -68,13 +68,13 @@ def test_a_move_keeps_the_layout_and_any_other_change_does_not(tmp_path):
 def test_the_training_folders_are_data(tmp_path):
     pkg = _copy(tmp_path)
     files = training_code_files(pkg, ("algo",))
-    assert pkg / "__init__.py" in files and pkg / "__main__.py" in files and pkg / "algo" / "losses.py" in files
+    assert pkg / "__init__.py" in files and pkg / "__main__.py" in files and pkg / "algo" / "vaco_loss.py" in files
     assert all(p.parent in (pkg / "algo", pkg) for p in files)
     base = training_code_fingerprint(pkg, ("algo",))
     spec = pkg / "core" / "spec.py"
     spec.write_text(spec.read_text() + "\nX = 1\n")  # outside the folders
     assert training_code_fingerprint(pkg, ("algo",)) == base
-    (pkg / "algo" / "losses.py").write_text((pkg / "algo" / "losses.py").read_text() + "\nX = 1\n")
+    (pkg / "algo" / "vaco_loss.py").write_text((pkg / "algo" / "vaco_loss.py").read_text() + "\nX = 1\n")
     assert training_code_fingerprint(pkg, ("algo",)) != base
     # the default: every folder but analysis/
     default = training_code_files(pkg)

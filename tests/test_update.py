@@ -72,7 +72,7 @@ def test_preset_iteration(preset, env_id):
 def _reference_iteration(policy, optimizer, batch, cfg, generator):
     """The learner iteration written the plain way (a gather per minibatch, policy(obs), zero_grad,
     clip_grad_norm_, step): asyncrl.tasks.control.update must train exactly as this does, bit for bit."""
-    from asyncrl.algo import losses
+    from asyncrl.algo.value_loss import value_loss
     from asyncrl.core.iteration import normalize_advantages, policy_loss
     from asyncrl.tasks.control.update import advantages
 
@@ -123,7 +123,7 @@ def _reference_iteration(policy, optimizer, batch, cfg, generator):
             )
             loss = (
                 pl.loss
-                + cfg.value_coef * losses.value_loss(values=out.values, targets=flat["targets"][i])
+                + cfg.value_coef * value_loss(values=out.values, targets=flat["targets"][i])
                 - cfg.entropy_coef * out.dist.entropy().mean()
             )
             optimizer.zero_grad(set_to_none=True)

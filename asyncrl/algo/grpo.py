@@ -1,9 +1,9 @@
 """GRPO math on token rollouts, pure torch: group-normalised advantages, their broadcast over completion
 tokens, loss-averaging weights, and the flattening into the flat [N] tensors that
-:mod:`asyncrl.algo.losses` takes, so that
+:mod:`asyncrl.algo.vaco_loss` and :mod:`asyncrl.algo.ppo_losses` take, so that
 
-    GRPO = :func:`asyncrl.algo.losses.ppo_clip_loss` on token ratios π_θ(y_t|x, y_<t) / β(y_t|x, y_<t)
-    VACO on tokens = :func:`asyncrl.algo.losses.vaco_policy_loss` on the same tensors.
+    GRPO = :func:`asyncrl.algo.ppo_losses.ppo_clip_loss` on token ratios π_θ(y_t|x, y_<t) / β(y_t|x, y_<t)
+    VACO on tokens = :func:`asyncrl.algo.vaco_loss.vaco_policy_loss` on the same tensors.
 
 Shapes: P prompts, G completions per prompt (a group), B = P * G rows prompt-major (row p * G + g),
 L completion positions per row, N = number of completion tokens (mask True) in the batch.
@@ -41,14 +41,15 @@ import torch
 from torch import Tensor
 
 from asyncrl.algo import checks
-from asyncrl.algo.losses import LOG_RATIO_CLAMP
+from asyncrl.algo.policy_loss import LOG_RATIO_CLAMP
 
 AVERAGING = ("token", "sequence", "constant")
 DEFAULT_EPS = 1e-4  # added to the group std: bounds |A| by (max - min) / eps for a near-equal group
 
 
 class TokenBatch(NamedTuple):
-    """Flat completion tokens for asyncrl.algo.losses (``ppo_clip_loss(**tb._asdict(), clip_eps=...)``).
+    """Flat completion tokens for the policy losses of asyncrl.algo.ppo_losses and vaco_loss
+    (``ppo_clip_loss(**tb._asdict(), clip_eps=...)``).
 
     log_prob: [N] log π_θ of each completion token (nats), with gradient.
     behavior_log_prob: [N] log β of the same tokens (nats), from the sampler.
@@ -218,7 +219,7 @@ def kl_k3(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:
 
     Schulman, "Approximating KL divergence" (2020); GRPO's penalty, DeepSeekMath arXiv:2402.03300 eq. 4.
     Non-negative, 0 where π_θ = π_ref; its gradient with respect to log π_θ is 1 - π_ref/π_θ. d is
-    clamped to ±20 (asyncrl.algo.losses.LOG_RATIO_CLAMP) before exp; past the clamp the gradient is 0.
+    clamped to ±20 (asyncrl.algo.policy_loss.LOG_RATIO_CLAMP) before exp; past the clamp the gradient is 0.
     With tokens sampled by β rather than π_θ it is the off-policy estimate GRPO uses too.
 
     Args:
@@ -300,7 +301,7 @@ def flatten_tokens(
     averaging: str = "token",
     max_len: int | None = None,
 ) -> TokenBatch:
-    """The flat [N] tensors of asyncrl.algo.losses from [B, L] token tensors and sequence advantages.
+    """The flat [N] tensors of asyncrl.algo's policy losses from [B, L] token tensors and sequence advantages.
 
     Args:
         completion_mask: [B, L] bool.

@@ -267,7 +267,7 @@ def read_run(run_dir: str | Path, *, returns: str = "auto") -> dict:
 
 
 def _no_grad(record: dict, preset: str | None) -> float | None:
-    """A metrics.jsonl record's no_grad_fraction (asyncrl.algo.losses: one definition for every
+    """A metrics.jsonl record's no_grad_fraction (asyncrl.algo.policy_loss: one definition for every
     preset). Runs written before it was named: their ``filtered_fraction`` for every preset
     but ppo and grpo (the same share), None for those two (their ``clip_fraction`` counted both
     directions) or an unknown preset."""

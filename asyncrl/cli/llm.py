@@ -185,28 +185,32 @@ def warmup(
     help="Write the value of each <<expr= annotation for the model (GSM8k's calculator).",
 )
 @click.option(
-    "--breakdown", is_flag=True, help="Also print where completions first go wrong (JSON, gsm.error_breakdown)."
+    "--breakdown", is_flag=True, help="Also print where completions first go wrong (JSON, gsm_answers.error_breakdown)."
 )
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads (0: torch's default).")
 def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, calculator, breakdown, threads) -> None:
     """Greedy exact-match accuracy of a model on GSM8k-format problems."""
-    from asyncrl.tasks.llm import gsm, sampling
+    from asyncrl.tasks.llm import gsm_answers, gsm_problems, sampling
     from asyncrl.tasks.llm import model as m
 
     _threads(threads)
     try:
-        problems = gsm.load_jsonl(jsonl) if jsonl else gsm.make_splits(seed=seed, n_train=0, n_heldout=limit).heldout
+        problems = (
+            gsm_problems.load_jsonl(jsonl)
+            if jsonl
+            else gsm_problems.make_splits(seed=seed, n_train=0, n_heldout=limit).heldout
+        )
         loaded = m.load(model_dir)
-    except (FileNotFoundError, gsm.GSMFormatError, m.ModelLoadError) as e:
+    except (FileNotFoundError, gsm_problems.GSMFormatError, m.ModelLoadError) as e:
         raise LLMUserError(str(e)) from None
     problems = problems[:limit]
     texts = sampling.eval_completions(
         loaded.model, loaded.tokenizer, problems, greedy=True, max_new_tokens=max_new_tokens, calculator=calculator
     )
-    acc = sum(gsm.reward(t, p.target) for t, p in zip(texts, problems)) / len(problems) if problems else 0.0
+    acc = sum(gsm_answers.reward(t, p.target) for t, p in zip(texts, problems)) / len(problems) if problems else 0.0
     click.echo(f"accuracy {acc:.3f} on {count_of(len(problems), 'problem')}")
     if breakdown:
-        click.echo(json.dumps(gsm.error_breakdown(problems, texts)))
+        click.echo(json.dumps(gsm_answers.error_breakdown(problems, texts)))
 
 
 if __name__ == "__main__":  # python -m asyncrl.cli.llm ... until the main CLI wires the group in

@@ -11,17 +11,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncrl.algo import losses
+from asyncrl.algo.policy_loss import PolicyLoss
+from asyncrl.algo.ppo_losses import ppo_clip_loss, ppo_kl_loss, spo_loss
+from asyncrl.algo.vaco_loss import vaco_policy_loss
 from asyncrl.core.optim import GuardedAdam
 
 
-def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> losses.PolicyLoss:
+def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> PolicyLoss:
     """The policy loss of preset ``cfg.preset`` (an AlgoConfig) on flat [N] samples: env steps of the
     control task, completion tokens of the llm task (asyncrl.tasks.llm.learn); one dispatch for both."""
     p = cfg.preset
     if p in ("vaco", "vaco_paper", "vaco_no_realign"):
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
-        return losses.vaco_policy_loss(
+        return vaco_policy_loss(
             log_prob=log_prob,
             behavior_log_prob=behavior_log_prob,
             advantages=adv,
@@ -36,7 +38,7 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
         )
     if p == "vaco_no_filter":  # vaco's surrogate (same anchor, weight bound and band) without the TV filter
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
-        return losses.vaco_policy_loss(
+        return vaco_policy_loss(
             log_prob=log_prob,
             behavior_log_prob=behavior_log_prob,
             advantages=adv,
@@ -47,17 +49,13 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
             band_ratio=cfg.behavior_band_ratio,
         )
     if p in ("ppo", "grpo"):  # grpo: PPO-clip on token ratios (its advantages are the group-normalised ones)
-        return losses.ppo_clip_loss(
+        return ppo_clip_loss(
             log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, clip_eps=cfg.clip_eps
         )
     if p == "ppo_kl":
-        return losses.ppo_kl_loss(
-            log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, kl_coef=cfg.kl_coef
-        )
+        return ppo_kl_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, kl_coef=cfg.kl_coef)
     if p == "spo":
-        return losses.spo_loss(
-            log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, spo_eps=cfg.spo_eps
-        )
+        return spo_loss(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=adv, spo_eps=cfg.spo_eps)
     raise ValueError(f"unknown preset {p!r}")
 
 
@@ -77,7 +75,7 @@ def optimizer_step(optimizer, loss, max_grad_norm) -> torch.Tensor:
     return grad_norm.detach()
 
 
-def step_record(step: int, pl: losses.PolicyLoss, grad_norm: torch.Tensor, **extra) -> dict[str, Any]:
+def step_record(step: int, pl: PolicyLoss, grad_norm: torch.Tensor, **extra) -> dict[str, Any]:
     """One optimizer step's diagnostics, kept as 0-dim tensors (no device sync per step); the
     iteration converts them all at once (:func:`scalar_steps`)."""
     record = {

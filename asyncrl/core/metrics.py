@@ -223,7 +223,7 @@ def progress_line(
     tv: float | None = None,
     no_grad: float | None = None,
 ) -> str:
-    """One console line. tv / no_grad (no_grad_fraction, asyncrl.algo.losses): None or NaN (an LLM
+    """One console line. tv / no_grad (no_grad_fraction, asyncrl.algo.policy_loss): None or NaN (an LLM
     iteration whose groups were all silent took no optimizer step) print nothing."""
     parts = [
         f"steps {env_steps:>9,}/{total:,}",

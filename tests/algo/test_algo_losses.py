@@ -1,26 +1,16 @@
-"""Tests of asyncrl.algo.losses: VACO's TV filter (arXiv:2603.01365), PPO (arXiv:1707.06347),
-SPO (arXiv:2401.16025) and IMPALA (arXiv:1802.01561) policy losses. Expected values and
-gradients of the hand-made minibatches are spelled out per sample in plain Python."""
+"""Tests of asyncrl.algo's losses (policy_loss, vaco_loss, ppo_losses, value_loss): VACO's TV filter
+(arXiv:2603.01365), PPO (arXiv:1707.06347), SPO (arXiv:2401.16025) and IMPALA (arXiv:1802.01561) policy
+losses. Expected values and gradients of the hand-made minibatches are spelled out per sample in plain Python."""
 
 import math
 
 import pytest
 import torch
 
-from asyncrl.algo.losses import (
-    PolicyLoss,
-    TVFilter,
-    explained_variance,
-    impala_policy_loss,
-    ppo_clip_loss,
-    ppo_kl_loss,
-    ratio_policy_loss,
-    spo_loss,
-    tv_estimate,
-    tv_filter,
-    vaco_policy_loss,
-    value_loss,
-)
+from asyncrl.algo.policy_loss import PolicyLoss
+from asyncrl.algo.ppo_losses import impala_policy_loss, ppo_clip_loss, ppo_kl_loss, spo_loss
+from asyncrl.algo.vaco_loss import TVFilter, ratio_policy_loss, tv_estimate, tv_filter, vaco_policy_loss
+from asyncrl.algo.value_loss import explained_variance, value_loss
 
 F64 = torch.float64
 

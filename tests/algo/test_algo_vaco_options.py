@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from asyncrl.algo.losses import ppo_clip_loss, tv_filter, vaco_policy_loss
+from asyncrl.algo.ppo_losses import ppo_clip_loss
+from asyncrl.algo.vaco_loss import tv_filter, vaco_policy_loss
 from asyncrl.core import config
 from asyncrl.tasks.control.update import _surrogate_steps
 

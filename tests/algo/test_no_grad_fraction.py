@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from asyncrl.algo.losses import impala_policy_loss, ppo_clip_loss, vaco_policy_loss
+from asyncrl.algo.ppo_losses import impala_policy_loss, ppo_clip_loss
+from asyncrl.algo.vaco_loss import vaco_policy_loss
 from asyncrl.core import config
 from asyncrl.core.iteration import policy_loss
 

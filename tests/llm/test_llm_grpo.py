@@ -1,5 +1,6 @@
 """GRPO math against hand-computed values: group advantages, token broadcast with padding, loss
-averaging, and asyncrl.algo.losses' PPO-clip and VACO applied to flattened tokens (values and gradients)."""
+averaging, and asyncrl.algo's PPO-clip (ppo_losses) and VACO (vaco_loss) applied to flattened tokens (values and
+gradients)."""
 
 import math
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from asyncrl.algo import grpo
-from asyncrl.algo.losses import ppo_clip_loss, vaco_policy_loss
+from asyncrl.algo.ppo_losses import ppo_clip_loss
+from asyncrl.algo.vaco_loss import vaco_policy_loss
 
 MASK = torch.tensor([[True, True, False], [True, False, False]])
 ADV = torch.tensor([2.0, -1.0])  # one advantage per completion, B = 2

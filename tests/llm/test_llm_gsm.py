@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from asyncrl.tasks.llm import gsm
+from asyncrl.tasks.llm import gsm_answers, gsm_problems
 
 
 @pytest.mark.parametrize(
@@ -35,23 +35,23 @@ from asyncrl.tasks.llm import gsm
     ],
 )
 def test_parse_final_answer(text, expected):
-    assert gsm.parse_final_answer(text) == expected
+    assert gsm_answers.parse_final_answer(text) == expected
 
 
 def test_reward_exact_numeric_match():
-    assert gsm.reward(" blah\n#### 72", 72) == 1.0
-    assert gsm.reward("#### 72.0", Decimal(72)) == 1.0
-    assert gsm.reward("#### 72.5", 72) == 0.0
-    assert gsm.reward("#### -72", 72) == 0.0
-    assert gsm.reward("72", 72) == 0.0  # malformed: no marker, reward 0
-    assert gsm.reward("#### 1,234", 1234) == 1.0
+    assert gsm_answers.reward(" blah\n#### 72", 72) == 1.0
+    assert gsm_answers.reward("#### 72.0", Decimal(72)) == 1.0
+    assert gsm_answers.reward("#### 72.5", 72) == 0.0
+    assert gsm_answers.reward("#### -72", 72) == 0.0
+    assert gsm_answers.reward("72", 72) == 0.0  # malformed: no marker, reward 0
+    assert gsm_answers.reward("#### 1,234", 1234) == 1.0
 
 
 _ANNOT = re.compile(r"(\d+)([-+*/])(\d+) = <<\1\2\3=(\d+)>>(\d+)")
 
 
 def test_generated_problems_have_gsm8k_shape_and_correct_arithmetic():
-    splits = gsm.make_splits(seed=3, n_train=300, n_heldout=50)
+    splits = gsm_problems.make_splits(seed=3, n_train=300, n_heldout=50)
     for p in splits.train + splits.heldout:
         lines = p.answer.split("\n")
         assert 2 <= len(lines) - 1 <= 4 and lines[-1] == f"#### {p.target}"
@@ -66,20 +66,20 @@ def test_generated_problems_have_gsm8k_shape_and_correct_arithmetic():
             assert value is None or value == a
             value = r
             assert all(1 <= x <= 999 for x in (a, b, r))
-        assert Decimal(value) == p.target == gsm.parse_final_answer(p.answer)
+        assert Decimal(value) == p.target == gsm_answers.parse_final_answer(p.answer)
         assert all(int(n) < 1000 for n in re.findall(r"\d+", p.question))
 
 
 def test_split_is_deterministic_disjoint_and_keyed_by_question():
-    a = gsm.make_splits(seed=7, n_train=400, n_heldout=500)
-    b = gsm.make_splits(seed=7, n_train=400, n_heldout=500)
+    a = gsm_problems.make_splits(seed=7, n_train=400, n_heldout=500)
+    b = gsm_problems.make_splits(seed=7, n_train=400, n_heldout=500)
     assert a == b and len(a.train) == 400 and len(a.heldout) == 500
     assert not {p.question for p in a.train} & {p.question for p in a.heldout}
-    assert all(gsm.is_heldout(p.question) for p in a.heldout)
-    assert not any(gsm.is_heldout(p.question) for p in a.train)
-    assert gsm.make_splits(seed=8, n_train=50, n_heldout=0).train != a.train[:50]
+    assert all(gsm_problems.is_heldout(p.question) for p in a.heldout)
+    assert not any(gsm_problems.is_heldout(p.question) for p in a.train)
+    assert gsm_problems.make_splits(seed=8, n_train=50, n_heldout=0).train != a.train[:50]
     with pytest.raises(ValueError, match="must be >= 0"):
-        gsm.make_splits(seed=0, n_train=-1)
+        gsm_problems.make_splits(seed=0, n_train=-1)
 
 
 def _fixture(path, lines):
@@ -119,13 +119,13 @@ GSM_LINES = [
 
 
 def test_load_jsonl_reads_gsm8k_format(tmp_path):
-    problems = gsm.load_jsonl(_fixture(tmp_path / "test.jsonl", GSM_LINES))
+    problems = gsm_problems.load_jsonl(_fixture(tmp_path / "test.jsonl", GSM_LINES))
     assert [p.target for p in problems] == [Decimal(72), Decimal(1600), Decimal(-5)]
     assert problems[0].answer.startswith("Natalia sold 48/2 = <<48/2=24>>24 clips in May.")
     assert problems[2].question.endswith("now?")
     out = tmp_path / "back.jsonl"
-    gsm.dump_jsonl(problems, out)
-    assert gsm.load_jsonl(out) == problems
+    gsm_problems.dump_jsonl(problems, out)
+    assert gsm_problems.load_jsonl(out) == problems
 
 
 @pytest.mark.parametrize(
@@ -140,14 +140,14 @@ def test_load_jsonl_reads_gsm8k_format(tmp_path):
 )
 def test_load_jsonl_bad_line_one_line_error_with_line_number(tmp_path, bad, message):
     path = _fixture(tmp_path / "bad.jsonl", [GSM_LINES[0], bad])
-    with pytest.raises(gsm.GSMFormatError, match=message) as e:
-        gsm.load_jsonl(path)
+    with pytest.raises(gsm_problems.GSMFormatError, match=message) as e:
+        gsm_problems.load_jsonl(path)
     assert "\n" not in str(e.value)
 
 
 def test_load_jsonl_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="GSM8k file not found: .*nope.jsonl$"):
-        gsm.load_jsonl(tmp_path / "nope.jsonl")
+        gsm_problems.load_jsonl(tmp_path / "nope.jsonl")
 
 
 # ---------------------------------------------------------------- calculator
@@ -169,15 +169,15 @@ def test_load_jsonl_missing_file(tmp_path):
     ],
 )
 def test_calculate_hand_checked(expr, value):
-    assert gsm.calculate(expr) == value
+    assert gsm_answers.calculate(expr) == value
 
 
 @pytest.mark.parametrize(
     "expr", ["", "2+", "2**3", "(2+3", "2+3)", "4/0", "4/(2-2)", "1,000+1", "2e3", "__import__('os')", "x+1", "2 3"]
 )
 def test_calculate_rejects_anything_else(expr):
-    with pytest.raises(gsm.CalculatorError):
-        gsm.calculate(expr)
+    with pytest.raises(gsm_answers.CalculatorError):
+        gsm_answers.calculate(expr)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_calculate_rejects_anything_else(expr):
     ],
 )
 def test_format_number(value, text):
-    assert gsm.format_number(value) == text
+    assert gsm_answers.format_number(value) == text
 
 
 @pytest.mark.parametrize(
@@ -210,18 +210,18 @@ def test_format_number(value, text):
     ],
 )
 def test_calculator_completion(text, tail):
-    assert gsm.calculator_completion(text) == tail
+    assert gsm_answers.calculator_completion(text) == tail
 
 
 def test_generated_annotations_agree_with_the_calculator():
-    for p in gsm.make_splits(seed=5, n_train=200, n_heldout=0).train:
+    for p in gsm_problems.make_splits(seed=5, n_train=200, n_heldout=0).train:
         for expr, result in re.findall(r"<<([^=]*)=([^>]*)>>", p.answer):
-            assert gsm.format_number(gsm.calculate(expr)) == result
+            assert gsm_answers.format_number(gsm_answers.calculate(expr)) == result
 
 
 # ---------------------------------------------------------------- error analysis
 
-_REF = gsm.Problem(
+_REF = gsm_problems.Problem(
     "Tom has 6 cards. He buys 3 more. He splits them equally into 3 bags and keeps one bag. How many?",
     "After getting more, Tom has 6+3 = <<6+3=9>>9 cards.\nAfter sharing, Tom has 9/3 = <<9/3=3>>3 cards.\n#### 3",
     Decimal(3),
@@ -244,18 +244,18 @@ _REF = gsm.Problem(
     ],
 )
 def test_first_error(completion, expected):
-    assert gsm.first_error(_REF, completion) == expected
+    assert gsm_answers.first_error(_REF, completion) == expected
 
 
 def test_error_breakdown_counts_by_hand():
     two = _REF
-    one = gsm.Problem("q", "a <<5*2=10>>10\n#### 10", Decimal(10))
+    one = gsm_problems.Problem("q", "a <<5*2=10>>10\n#### 10", Decimal(10))
     comps = [" " + two.answer, " <<6+3=9>>9 <<9/2=4.5>>4.5\n#### 4.5", "#### 7"]
-    out = gsm.error_breakdown([two, two, one], comps)
+    out = gsm_answers.error_breakdown([two, two, one], comps)
     assert out["accuracy"] == pytest.approx(1 / 3) and out["n"] == 3
     assert out["by_steps"] == {1: [0, 1], 2: [1, 2]}
     # '+' reached twice, never wrong; '/' reached twice, wrong once; '*' reached once, stopped early
     assert out["by_op"] == {"*": [1, 1], "+": [0, 2], "/": [1, 2]}
     assert out["first_error"] == {"correct": 1, "setup: wrong second operand": 1, "stopped early": 1}
     with pytest.raises(ValueError):
-        gsm.error_breakdown([two], [])
+        gsm_answers.error_breakdown([two], [])

@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from asyncrl.tasks.llm import gsm, model  # noqa: E402
+from asyncrl.tasks.llm import gsm_problems, model  # noqa: E402
 
 TEXT = "Question: Tom has 48 cards. He buys 7 more.\nAnswer: Tom has 48+7 = <<48+7=55>>55 cards.\n#### 55"
 
@@ -96,8 +96,8 @@ def test_repo_config_is_a_few_hundred_thousand_to_few_million_parameters():
     assert cfg["model_type"] == "qwen2" and cfg["attention_dropout"] == 0.0
     tok = model.train_tokenizer(
         [
-            gsm.format_prompt(p) + gsm.format_completion(p)
-            for p in gsm.make_splits(seed=0, n_train=200, n_heldout=0).train
+            gsm_problems.format_prompt(p) + gsm_problems.format_completion(p)
+            for p in gsm_problems.make_splits(seed=0, n_train=200, n_heldout=0).train
         ],
         vocab_size=600,
     )

@@ -28,8 +28,10 @@ from asyncrl.roles.broadcaster import Broadcaster  # noqa: E402
 from asyncrl.run.launch import free_port_pair  # noqa: E402
 from asyncrl.run.serial import run_serial  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
+from asyncrl.tasks.llm import gsm_answers, gsm_problems, heldout_eval, producer, start_model  # noqa: E402
 from asyncrl.tasks.llm import model as m  # noqa: E402
 from asyncrl.tasks.llm import task as llm_task
+from asyncrl.tasks.llm import weights as llm_weights  # noqa: E402
 from asyncrl.tasks.llm.learn import _token_log_probs  # noqa: E402
 from asyncrl.wire import transport as tp  # noqa: E402
 from asyncrl.wire.security import read_weights_secret  # noqa: E402
@@ -355,7 +357,7 @@ def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
     with torch.no_grad():
         for p in src.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.01)
-    flat = llm_task.flat_weights(src)
+    flat = llm_weights.flat_weights(src)
     assert flat.dtype == np.float32 and flat.size == sum(p.numel() for p in src.parameters())  # tied weights once
     port = free_port_pair()
     b = Broadcaster(f"tcp://127.0.0.1:{port}", summary=tmp_path / "b.json", echo=lambda *_: None)
@@ -366,7 +368,7 @@ def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
         learner = tp.dealer(ctx, ep, tp.route_identity("learner"))
         actor = tp.dealer(ctx, ep, tp.route_identity("actor0"))
         frames = tp.encode_weights(
-            run_id="r", epoch=1, version=5, publish_time=1.0, layout_hash=llm_task.layout_hash(src), payload=flat
+            run_id="r", epoch=1, version=5, publish_time=1.0, layout_hash=llm_weights.layout_hash(src), payload=flat
         )
         tp.send(learner, tp.sign_weights(frames, read_weights_secret(b.endpoint)))
         deadline = time.monotonic() + 20
@@ -381,14 +383,14 @@ def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
             b.serve(20)
             reply = tp.recv_multipart_timeout(actor, 20)
         assert reply is not None and len(reply) == 3
-        header, got = tp.decode_weights(reply, run_id="r", layout_hash=llm_task.layout_hash(src))
+        header, got = tp.decode_weights(reply, run_id="r", layout_hash=llm_weights.layout_hash(src))
     finally:
         tp.close(*(s for s in (learner, actor) if s is not None))
         ctx.term()
         b.close()
     assert header["version"] == 5 and np.array_equal(got, flat)
     dst = m.load(micro_dir).model
-    llm_task.load_flat(dst, got)
+    llm_weights.load_flat(dst, got)
     for (k, a), (_, c) in zip(src.state_dict().items(), dst.state_dict().items()):
         assert torch.equal(a, c), k
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -410,7 +412,7 @@ def test_serial_llm_run_is_bit_reproducible(micro_dir, tmp_path, monkeypatch):
     cfg = _tiny_cfg(micro_dir, "run.seed=3")
     # the untrained micro model solves nothing: a reward on the completion's length parity gives the
     # groups unequal rewards, so the learner really moves the weights (the verifiable reward is gsm's)
-    monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: float(len(text) % 2))
+    monkeypatch.setattr(gsm_answers, "reward", lambda text, target: float(len(text) % 2))
     summaries = []
     for name in ("a", "b"):
         make_task(cfg).prepare_run(tmp_path / name, echo=lambda *_: None)
@@ -436,13 +438,13 @@ def test_serial_llm_run_is_bit_reproducible(micro_dir, tmp_path, monkeypatch):
 
 def test_paired_accuracy_difference_hand_computed():
     # b = 1 solved only before, c = 2 only after, n = 5: d = 0.2, var = ((1 + 2) - 1 / 5) / 25
-    out = llm_task.paired_difference([1, 1, 0, 0, 1], [1, 0, 1, 1, 1])
+    out = heldout_eval.paired_difference([1, 1, 0, 0, 1], [1, 0, 1, 1, 1])
     assert out["solved_only_before"] == 1 and out["solved_only_after"] == 2
     half = 1.96 * math.sqrt(2.8) / 5
     assert out["accuracy_difference_ci95_paired"] == pytest.approx([0.2 - half, 0.2 + half])
-    assert llm_task.paired_difference([1, 0], [1, 0])["accuracy_difference_ci95_paired"] == [0.0, 0.0]
+    assert heldout_eval.paired_difference([1, 0], [1, 0])["accuracy_difference_ci95_paired"] == [0.0, 0.0]
     with pytest.raises(ValueError, match="same non-zero length"):
-        llm_task.paired_difference([1], [1, 0])
+        heldout_eval.paired_difference([1], [1, 0])
 
 
 def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(micro_dir, tmp_path, monkeypatch):
@@ -456,7 +458,7 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
         return next(scores)
 
     monkeypatch.setattr(sampling, "evaluate", fake_evaluate)
-    monkeypatch.setattr(llm_task, "WARMUP_CHECK_EVERY", 2)
+    monkeypatch.setattr(start_model, "WARMUP_CHECK_EVERY", 2)
     cfg = _tiny_cfg(
         micro_dir,
         f"llm.cache_dir={tmp_path}",
@@ -468,13 +470,13 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
     task = make_task(cfg)
     start = task.prepare_model(echo=lambda *_: None)
     assert start == task.start_dir() and start.name.endswith("-n9-b4-t0.3")
-    stamp = json.loads((start / llm_task.WARMUP_STAMP).read_text())
+    stamp = json.loads((start / start_model.WARMUP_STAMP).read_text())
     # checked from half the budget on (steps 4, 6, 8): stopped at the first check at or above 0.3
     assert stamp["steps_taken"] == 6 and stamp["validation_checks"] == [[4, 0.1], [6, 0.35]]
     assert (
         stamp["settings"]["target"] == 0.3
         and stamp["settings"]["batch_size"] == 4
-        and seen == [(llm_task.WARMUP_VALIDATION, True, False)] * 2
+        and seen == [(start_model.WARMUP_VALIDATION, True, False)] * 2
     )
     assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2  # cached
     with pytest.raises(ConfigError, match=r"^llm.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
@@ -490,18 +492,20 @@ def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tm
         base = [f"llm.cache_dir={tmp_path}", "llm.warmup_steps=2", "llm.train_problems=20", "llm.warmup_batch_size=4"]
         task = make_task(_tiny_cfg(micro_dir, *base))
         start = task.prepare_model(echo=lambda *_: None)
-        stamp = json.loads((start / llm_task.WARMUP_STAMP).read_text())
+        stamp = json.loads((start / start_model.WARMUP_STAMP).read_text())
         assert stamp["torch_threads"] == 2 and "threads" not in stamp["settings"] and torch.get_num_threads() == 1
         # another thread count is another start model: its own directory and cache key
         other = make_task(_tiny_cfg(micro_dir, *base, "llm.warmup_threads=3"))
         assert other.start_dir().name == start.name.replace("-b4", "-b4-th3")
         assert (
-            json.loads((other.prepare_model(echo=lambda *_: None) / llm_task.WARMUP_STAMP).read_text())["torch_threads"]
+            json.loads((other.prepare_model(echo=lambda *_: None) / start_model.WARMUP_STAMP).read_text())[
+                "torch_threads"
+            ]
             == 3
         )
         # a cache made (before llm.warmup_threads) at another thread count is not taken for this one
         stamp["torch_threads"] = 1
-        (start / llm_task.WARMUP_STAMP).write_text(json.dumps(stamp))
+        (start / start_model.WARMUP_STAMP).write_text(json.dumps(stamp))
         with pytest.raises(FileExistsError, match="was not warmed up with these settings"):
             make_task(_tiny_cfg(micro_dir, *base)).prepare_model(echo=lambda *_: None)
         assert make_task(_tiny_cfg(micro_dir, *base, "llm.warmup_threads=0")).start_dir().name.endswith("-th0")
@@ -516,7 +520,7 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
 
     texts = []
     # the untrained micro model solves nothing: score the completions' length parity to see them
-    monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: texts.append(text) or float(len(text) % 2))
+    monkeypatch.setattr(gsm_answers, "reward", lambda text, target: texts.append(text) or float(len(text) % 2))
     model = m.load(micro_dir).model
     sampled = make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5"))
     assert sampled.eval_label() == "sampled T=1.5"
@@ -529,7 +533,7 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     greedy = make_task(_tiny_cfg(micro_dir, "llm.eval_mode=greedy", "llm.temperature=1.5"))
     assert greedy.eval_label() == "greedy"
     greedy.evaluate(model)
-    heldout = llm_task.gsm.make_splits(seed=0, n_train=0, n_heldout=8).heldout
+    heldout = gsm_problems.make_splits(seed=0, n_train=0, n_heldout=8).heldout
     tok = m.load(micro_dir).tokenizer
     assert texts == eval_completions(model, tok, heldout, greedy=True, max_new_tokens=12)
     assert texts != first_texts  # 8 completions of 12 tokens at T 1.5 from an untrained model: not all argmax
@@ -586,8 +590,8 @@ def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):
     ids = torch.tensor([[5, 6, 2, 0], [5, 7, 7, 7]])  # prompt width 1; row 0 emits EOS (2), row 1 is cut
     cm = torch.tensor([[True, True, False], [True, True, True]])
     s = Samples(ids, torch.ones(2, 4, dtype=torch.long), cm, torch.zeros(2, 3), 1, cm)
-    assert llm_task.truncated(s, eos_id=2) == [False, True]
-    monkeypatch.setattr(llm_task.gsm, "reward", lambda text, target: 1.0)
+    assert producer.truncated(s, eos_id=2) == [False, True]
+    monkeypatch.setattr(gsm_answers, "reward", lambda text, target: 1.0)
     got = {}
     for mode in ("score", "zero"):
         cfg = _tiny_cfg(micro_dir, f"llm.truncated_reward={mode}")

@@ -5,9 +5,9 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 
-from asyncrl.tasks.llm import gsm, model, sampling, warmup  # noqa: E402
+from asyncrl.tasks.llm import gsm_answers, gsm_problems, model, sampling, warmup  # noqa: E402
 
-PROBLEMS = gsm.make_splits(seed=11, n_train=64, n_heldout=4)
+PROBLEMS = gsm_problems.make_splits(seed=11, n_train=64, n_heldout=4)
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def micro(micro_dir):
 
 def _group(micro, seed, temperature=1.0, G=3):
     lm, tok = micro
-    prompts = [gsm.format_prompt(p) for p in PROBLEMS.heldout[:2]]
+    prompts = [gsm_problems.format_prompt(p) for p in PROBLEMS.heldout[:2]]
     return sampling.generate_group(
         lm, tok, prompts, G, temperature=temperature, max_new_tokens=12, generator=torch.Generator().manual_seed(seed)
     )
@@ -63,7 +63,7 @@ def test_zero_lag_behaviour_log_probs_match_the_learner(micro, temperature):
 
 def test_left_padding_does_not_change_a_row(micro):
     lm, tok = micro
-    prompts = [gsm.format_prompt(PROBLEMS.heldout[0])]
+    prompts = [gsm_problems.format_prompt(PROBLEMS.heldout[0])]
     prompts.append(prompts[0].replace("Question:", "Question: and more words here"))
     ids, mask = sampling.encode_prompts(tok, prompts)
     assert mask[0, 0] == 0  # the shorter prompt is left-padded
@@ -98,7 +98,9 @@ def test_evaluate_is_batching_invariant_and_in_range(micro):
         lm, tok, PROBLEMS.heldout, max_new_tokens=4, batch_size=2
     )  # greedy: batching-invariant
     assert 0.0 <= acc <= 1.0 and sampling.evaluate(lm, tok, [], max_new_tokens=4) == 0.0
-    assert sum(gsm.reward(gsm.format_completion(p), p.target) for p in PROBLEMS.heldout) == len(PROBLEMS.heldout)
+    assert sum(gsm_answers.reward(gsm_problems.format_completion(p), p.target) for p in PROBLEMS.heldout) == len(
+        PROBLEMS.heldout
+    )
 
 
 def test_warmup_smoke_lowers_loss_and_is_deterministic(micro_dir):
@@ -201,7 +203,7 @@ def test_calculator_inserts_results_with_policy_mask_false(micro):
 
 def test_calculator_changes_nothing_without_annotations(micro):
     lm, tok = micro
-    prompts = [gsm.format_prompt(p) for p in PROBLEMS.heldout[:2]]
+    prompts = [gsm_problems.format_prompt(p) for p in PROBLEMS.heldout[:2]]
     kw = dict(temperature=1.0, max_new_tokens=12)
     a = sampling.generate_group(lm, tok, prompts, 2, generator=torch.Generator().manual_seed(5), calculator=True, **kw)
     b = sampling.generate_group(lm, tok, prompts, 2, generator=torch.Generator().manual_seed(5), calculator=False, **kw)
@@ -279,7 +281,7 @@ class _EndsEarly(torch.nn.Module):
 @pytest.mark.parametrize("greedy", [True, False])
 def test_compaction_drops_ended_rows_without_changing_any_row(micro, greedy):
     lm, tok = micro
-    ids, mask = sampling.encode_prompts(tok, [gsm.format_prompt(p) for p in PROBLEMS.train[:8]])
+    ids, mask = sampling.encode_prompts(tok, [gsm_problems.format_prompt(p) for p in PROBLEMS.train[:8]])
     ends = _EndsEarly(lm, tok.eos_token_id, end_at=int(mask.sum(1).min()) + 12)
     kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=24, greedy=greedy, temperature=1.0)
     full = sampling.sample(ends, ids, mask, compact=False, generator=torch.Generator().manual_seed(9), **kw)
@@ -306,10 +308,10 @@ def test_inverse_cdf_draws_the_distribution_and_never_a_zero():
 
 def test_batched_calculator_mask_equals_the_per_text_definition(micro):
     _, tok = micro
-    probs = gsm.make_splits(seed=3, n_train=200, n_heldout=0).train
+    probs = gsm_problems.make_splits(seed=3, n_train=200, n_heldout=0).train
     got = warmup.encode_examples(tok, probs, calculator_mask=True)
     for p, (_ids, n_prompt, skip) in zip(probs, got):
-        text = gsm.format_completion(p)
+        text = gsm_problems.format_completion(p)
         offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         spans = [m.span(1) for m in warmup._ANNOTATION_RESULT.finditer(text)]
         want = [i for i, (a, _) in enumerate(offsets) if any(lo <= a < hi for lo, hi in spans)]

@@ -10,8 +10,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from asyncrl.core.config.fields import MOVED_KEYS, Config, ConfigError, toml_value
+from asyncrl.core.config.field_meta import ConfigError
+from asyncrl.core.config.llm_sections import MOVED_KEYS
 from asyncrl.core.config.resolve import Resolved, resolve
+from asyncrl.core.config.root import Config, toml_value
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -140,7 +142,9 @@ def describe(cfg: Config | None = None) -> list[KeyInfo]:
         keys = []
         for f in dataclasses.fields(values):
             if not f.metadata.get("help"):
-                raise ConfigError(f"config key {sec.name}.{f.name} has no help text in asyncrl/core/config/fields.py")
+                raise ConfigError(
+                    f"config key {sec.name}.{f.name} has no help text in its section module under asyncrl/core/config/"
+                )
             keys.append(
                 KeyInfo(
                     sec.name,

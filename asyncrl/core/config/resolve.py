@@ -8,17 +8,10 @@ import types
 import typing
 from typing import Any
 
-from asyncrl.core.config.fields import (
-    LLM_PRESETS,
-    MOVED_KEYS,
-    PRESET_SETTINGS,
-    PRESETS,
-    AlgoConfig,
-    Config,
-    ConfigError,
-    TaskConfig,
-    toml_value,
-)
+from asyncrl.core.config.algo_section import AlgoConfig
+from asyncrl.core.config.field_meta import LLM_PRESETS, PRESET_SETTINGS, PRESETS, ConfigError
+from asyncrl.core.config.llm_sections import MOVED_KEYS, TaskConfig
+from asyncrl.core.config.root import Config, toml_value
 from asyncrl.core.config.validate import validate
 
 

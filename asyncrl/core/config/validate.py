@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from asyncrl.core.config.fields import (
+from asyncrl.core.config.field_meta import (
     BAND_RATIOS,
     DEVICE_RE,
     FILTER_TRIGGERS,
@@ -22,9 +22,9 @@ from asyncrl.core.config.fields import (
     TASK_KINDS,
     TRACES,
     VALUE_TARGETS,
-    Config,
     ConfigError,
 )
+from asyncrl.core.config.root import Config
 from asyncrl.core.limits import MAX_STR_BYTES
 
 

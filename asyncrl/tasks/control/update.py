@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from asyncrl.algo import losses
+from asyncrl.algo.ppo_losses import impala_policy_loss
 from asyncrl.algo.returns import gae, next_state_values, vtrace
+from asyncrl.algo.value_loss import explained_variance, value_loss
 from asyncrl.core.config import VTRACE_PRESETS
 from asyncrl.core.iteration import (
     filter_split,
@@ -171,7 +172,7 @@ def learner_iteration(
 
     Returns:
         Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, no_grad_fraction
-        (asyncrl.algo.losses: the share of samples whose gradient the preset's clip, band or filter
+        (asyncrl.algo.policy_loss: the share of samples whose gradient the preset's clip, band or filter
         removed, one definition for every preset), explained_variance, rho_mean, rho_max, grad_norm;
         for ppo clip_fraction_two_sided; for the presets with a rule (ppo, vaco family)
         no_grad_fraction_stale / _fresh; for VACO's TV filter filter_fire_rate, the fraction of
@@ -213,7 +214,7 @@ def learner_iteration(
         stale = None if lag is None else (lag > 0).reshape(-1)
         steps = _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd)
     stats = step_means(steps)
-    stats["explained_variance"] = losses.explained_variance(values=values[:-1], targets=targets)
+    stats["explained_variance"] = explained_variance(values=values[:-1], targets=targets)
     stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
     stats["minibatches"] = minibatch_rows(steps)
     return stats
@@ -275,7 +276,7 @@ def _surrogate_steps(
 
 
 def _finish_step(optimizer, cfg, pl, out, values, targets, step):
-    vl = losses.value_loss(values=values, targets=targets)
+    vl = value_loss(values=values, targets=targets)
     loss = pl.loss + cfg.value_coef * vl
     if cfg.entropy_coef:  # with 0 the entropy is only reported: no term (and no backward) for it
         entropy = out.dist.entropy().mean()
@@ -300,7 +301,7 @@ def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
         sub_kw = dict(kw, batch=sub, values=values, final_values=final_values)
         pg_adv, vs = advantages(preset="impala", target_log_prob=target_log_prob, **sub_kw)
         out, log_prob, new_values = _forward(policy, x, _flat(sub["actions"]), fwd)
-        pl = losses.impala_policy_loss(
+        pl = impala_policy_loss(
             log_prob=log_prob,
             behavior_log_prob=sub["behavior_log_prob"].reshape(-1),
             pg_advantages=pg_adv.reshape(-1),

@@ -131,7 +131,7 @@ def llm_iteration(
 
     Returns:
         Scalars (policy_loss, approx_kl, tv_estimate, no_grad_fraction (the share of tokens whose
-        gradient grpo's clip or vaco's band and filter removed: asyncrl.algo.losses), grad_norm,
+        gradient grpo's clip or vaco's band and filter removed: asyncrl.algo.policy_loss), grad_norm,
         clip_fraction_two_sided (grpo),
         rho_mean, rho_max, reward_mean, completion_tokens_mean, logprob_mismatch_fresh, ...; with
         llm.realign: realign_baseline_shift = mean over groups of |b_T - b_β| in reward units,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from asyncrl.core.metrics import strict_json
-from asyncrl.tasks.llm import gsm
+from asyncrl.tasks.llm import gsm_problems
 
 EOS_TOKEN = "<|endoftext|>"  # also the padding token (padding positions are masked, never trained on)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "llm" / "tiny-qwen2.json"
@@ -142,7 +142,7 @@ def _settings(config_path: Path, seed: int, vocab_size: int, n_texts: int) -> di
         "seed": seed,
         "vocab_size": vocab_size,
         "n_texts": n_texts,
-        "generator_version": gsm.GENERATOR_VERSION,
+        "generator_version": gsm_problems.GENERATOR_VERSION,
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
     }
@@ -163,7 +163,7 @@ def prepare(
 ) -> tuple[Path, bool]:
     """Make (or reuse) a directory holding the tokenizer and the freshly initialised tiny model.
 
-    The tokenizer is trained on the prompts + completions of ``gsm.make_splits(seed=seed,
+    The tokenizer is trained on the prompts + completions of ``gsm_problems.make_splits(seed=seed,
     n_train=n_texts)``'s train split; the model is initialised with torch seed ``seed``.
     The settings (config file content, seed, vocab_size, n_texts, generator and library versions) are
     written to ``out_dir/asyncrl-prepare.json``; a directory whose stamp matches is reused as it is.
@@ -200,8 +200,8 @@ def prepare(
         raise FileExistsError(
             f"{out} exists and was not prepared with these settings; remove it or choose another directory"
         )
-    splits = gsm.make_splits(seed=seed, n_train=n_texts, n_heldout=0)
-    texts = [gsm.format_prompt(p) + gsm.format_completion(p) for p in splits.train]
+    splits = gsm_problems.make_splits(seed=seed, n_train=n_texts, n_heldout=0)
+    texts = [gsm_problems.format_prompt(p) + gsm_problems.format_completion(p) for p in splits.train]
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
     model = tiny_model(cfg_path, tokenizer, seed=seed)
     out.parent.mkdir(parents=True, exist_ok=True)

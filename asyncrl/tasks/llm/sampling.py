@@ -15,7 +15,7 @@ draw is an inversion of one uniform per row and step, so no row's tokens depend 
 
 Calculator (optional, :class:`Calculator`; GSM8k's own, Cobbe et al. 2021): when a row's completion
 ends in an open annotation ``<<expr=``, the sampler writes the value of ``expr`` and ``>>`` for it
-(:func:`asyncrl.tasks.llm.gsm.calculator_completion`), one token per decoding step, instead of
+(:func:`asyncrl.tasks.llm.gsm_answers.calculator_completion`), one token per decoding step, instead of
 sampling. Those inserted tokens are part of the text (completion_mask True, they are attended to)
 but are not the policy's actions: ``policy_mask`` is False on them and their behaviour log-prob is 0,
 so RL must take its loss, ratios and token counts over ``policy_mask``, not ``completion_mask``.
@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from asyncrl.tasks.llm import gsm
+from asyncrl.tasks.llm import gsm_answers, gsm_problems
 
 
 class Samples(NamedTuple):
@@ -76,7 +76,7 @@ class Calculator:
     def insert(self, completion_ids: list[int]) -> list[int]:
         """The token ids to insert after ``completion_ids`` (a row's completion so far), or []."""
         text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
-        tail = gsm.calculator_completion(text)
+        tail = gsm_answers.calculator_completion(text)
         return [] if tail is None else self.tokenizer(tail, add_special_tokens=False)["input_ids"]
 
 
@@ -348,7 +348,7 @@ def decode_completions(tokenizer, samples: Samples) -> list[str]:
 def eval_completions(
     model,
     tokenizer,
-    problems: Sequence[gsm.Problem],
+    problems: Sequence[gsm_problems.Problem],
     *,
     greedy: bool = True,
     max_new_tokens: int = 160,
@@ -367,7 +367,7 @@ def eval_completions(
     texts: list[str] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        ids, mask = encode_prompts(tokenizer, [gsm.format_prompt(p) for p in chunk])
+        ids, mask = encode_prompts(tokenizer, [gsm_problems.format_prompt(p) for p in chunk])
         out = sample(
             model,
             ids,
@@ -387,7 +387,7 @@ def eval_completions(
 def evaluate(
     model,
     tokenizer,
-    problems: Sequence[gsm.Problem],
+    problems: Sequence[gsm_problems.Problem],
     *,
     greedy: bool = True,
     max_new_tokens: int = 160,
@@ -396,10 +396,10 @@ def evaluate(
     generator: torch.Generator | None = None,
     calculator: bool = True,
 ) -> float:
-    """Exact-match accuracy: the mean :func:`asyncrl.tasks.llm.gsm.reward` of one completion per problem.
+    """Exact-match accuracy: the mean :func:`asyncrl.tasks.llm.gsm_answers.reward` of one completion per problem.
 
     Batched generation with left padding (``batch_size`` prompts at a time) on the
-    :func:`asyncrl.tasks.llm.gsm.format_prompt` prompts; greedy by default (the held-out metric).
+    :func:`asyncrl.tasks.llm.gsm_problems.format_prompt` prompts; greedy by default (the held-out metric).
 
     Args:
         model, tokenizer: a causal LM and its tokenizer.
@@ -430,4 +430,4 @@ def evaluate(
         generator=generator,
         calculator=calculator,
     )
-    return sum(gsm.reward(text, p.target) for text, p in zip(texts, problems)) / len(problems)
+    return sum(gsm_answers.reward(text, p.target) for text, p in zip(texts, problems)) / len(problems)

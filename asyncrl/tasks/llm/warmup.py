@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.core.metrics import strict_json
-from asyncrl.tasks.llm import gsm
+from asyncrl.tasks.llm import gsm_problems
 from asyncrl.tasks.llm.defaults import (  # noqa: F401
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
@@ -72,7 +72,7 @@ def calculator_positions(tokenizer, completion: str, offsets: Sequence[tuple[int
 
 
 def encode_examples(
-    tokenizer, problems: Sequence[gsm.Problem], *, max_len: int = 320, calculator_mask: bool = False
+    tokenizer, problems: Sequence[gsm_problems.Problem], *, max_len: int = 320, calculator_mask: bool = False
 ) -> list[tuple[list[int], int, tuple[int, ...]]]:
     """Token ids of prompt + completion + EOS per problem, with the prompt length and the positions
     that get no loss.
@@ -89,8 +89,8 @@ def encode_examples(
         [(ids, prompt_len, no_loss)] in problem order; no_loss holds row positions (empty when
         calculator_mask is False).
     """
-    prompts = tokenizer([gsm.format_prompt(p) for p in problems], add_special_tokens=False)["input_ids"]
-    texts = [gsm.format_completion(p) for p in problems]
+    prompts = tokenizer([gsm_problems.format_prompt(p) for p in problems], add_special_tokens=False)["input_ids"]
+    texts = [gsm_problems.format_completion(p) for p in problems]
     enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=calculator_mask)
     comps = enc["input_ids"]
     offsets = enc["offset_mapping"] if calculator_mask else [None] * len(texts)
@@ -148,7 +148,7 @@ def _epoch_order(lengths: list[int], batch_size: int, gen: torch.Generator, pool
 def warmup(
     model,
     tokenizer,
-    problems: Sequence[gsm.Problem],
+    problems: Sequence[gsm_problems.Problem],
     *,
     steps: int,
     seed: int,
@@ -271,7 +271,7 @@ def warm_start(
     Args:
         model_dir: a Hugging Face causal-LM directory (e.g. from :func:`asyncrl.tasks.llm.model.prepare`).
         out_dir: where the warmed-up model goes; reused when its stamp holds the same settings.
-        seed: problems (``gsm.make_splits(seed=seed, ...)``), batch order.
+        seed: problems (``gsm_problems.make_splits(seed=seed, ...)``), batch order.
         steps, batch_size, lr: as :func:`warmup`.
         n_train, n_heldout: split sizes.
         max_new_tokens: generation budget of the held-out evaluation.
@@ -305,7 +305,7 @@ def warm_start(
         "threads": threads,
         "calculator": calculator,
         "max_seconds": max_seconds,
-        "generator_version": gsm.GENERATOR_VERSION,
+        "generator_version": gsm_problems.GENERATOR_VERSION,
     }
     if out.exists():
         try:
@@ -320,7 +320,7 @@ def warm_start(
     if threads:
         torch.set_num_threads(threads)
     loaded = m.load(model_dir)
-    splits = gsm.make_splits(seed=seed, n_train=n_train, n_heldout=n_heldout)
+    splits = gsm_problems.make_splits(seed=seed, n_train=n_train, n_heldout=n_heldout)
     t0, c0 = time.perf_counter(), time.process_time()
     result = warmup(
         loaded.model,

@@ -1,23 +1,10 @@
-"""Policy and value losses over a flat minibatch [N] (N = samples drawn from a [T, B] batch).
+"""VACO's policy loss over a flat minibatch [N] (arXiv:2603.01365): the total-variation estimate, the
+TV filter (the sign rule that removes the gradient of samples pushing π further from β once the
+estimated TV passes δ), the filtered importance-ratio surrogate with its options (anchor, truncated
+weight, behaviour band), and the plain ratio surrogate of its ablation without the filter.
 
-Every policy loss takes ``log_prob`` = log π_θ(a_i|s_i) (carries the gradient) and the stored
-``behavior_log_prob`` = log β(a_i|s_i). Behaviour/anchor log-probs and advantages are constants
-of the update: they are detached here, so a caller cannot leak gradient into them by accident.
-The importance ratio is r_i = exp(clamp(log π_θ - log β, -20, 20)) (the clamp keeps exp finite;
-outside it the ratio carries no gradient).
-
-Each policy loss returns a :class:`PolicyLoss`: the scalar loss plus detached 0-dim diagnostics,
-so logging needs no extra forward pass (call ``.item()`` when logging).
-
-One definition of "share of samples without gradient", the same for every loss:
-``no_grad_fraction`` is the fraction of the N samples whose policy-gradient term the loss's own rule
-sets to exactly zero: PPO-clip's mask (A_i (r_i - 1) > 0 and |r_i - 1| > ε), VACO's per-sample band
-(the same mask on the ratio it bounds) and TV filter. A sample counts once whatever removed it.
-Losses without such a rule (ratio, KL penalty, SPO, IMPALA) report 0: a penalty or a truncated
-weight shrinks a gradient but never removes it. Not counted: samples with A_i = 0 (no gradient
-whatever the rule) and the |log r| > 20 clamp (a numerical guard, not a rule).
-PPO's usual "clip fraction" (|r_i - 1| > ε in either direction, half of which still carry gradient)
-is kept for PPO only, as ``clip_fraction_two_sided``.
+Conventions (ratios, detached constants, :class:`~asyncrl.algo.policy_loss.PolicyLoss`, the one
+definition of ``no_grad_fraction``): :mod:`asyncrl.algo.policy_loss`.
 """
 
 from __future__ import annotations
@@ -29,8 +16,8 @@ import torch
 from torch import Tensor
 
 from asyncrl.algo import checks
+from asyncrl.algo.policy_loss import LOG_RATIO_CLAMP, PolicyLoss, _log_ratio, _result
 
-LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp: e^20 ~ 4.9e8, far beyond any useful ratio
 BAND_RATIOS = ("full", "backward", "forward")  # the ratio vaco_policy_loss's behavior_band bounds
 
 
@@ -49,31 +36,6 @@ class TVFilter(NamedTuple):
     filtered_fraction: Tensor
     fired: Tensor | None = None  # 0-dim bool: the sign rule was applied (over δ, or forced)
     deviation: Tensor | None = None  # [N] r - 1 (no gradient)
-
-
-class PolicyLoss(NamedTuple):
-    """Output of every policy loss.
-
-    loss: 0-dim, the value to minimise (carries the gradient w.r.t. log_prob).
-    tv_estimate: 0-dim detached, 0.5 mean |r - 1| against the anchor (VACO) or β (others).
-    no_grad_fraction: 0-dim detached, fraction of samples whose gradient the loss's rule removed
-        (PPO clip mask, VACO band and TV filter; 0 for losses without one: see the module docstring).
-    approx_kl: 0-dim detached, mean((r - 1) - log r) with r = π_θ/β: the k3 estimator of
-        KL(β ‖ π_θ) (nats).
-    filter_fired: 0-dim bool (VACO only), the TV filter's sign rule was applied; None otherwise.
-    keep_mask: [N] bool (losses with a rule: PPO clip, VACO), False for the samples counted in
-        no_grad_fraction; None otherwise (every sample keeps its gradient).
-    clip_fraction_two_sided: 0-dim detached (PPO clip only), fraction with |r - 1| > clip_eps in
-        either direction; None for the other losses.
-    """
-
-    loss: Tensor
-    tv_estimate: Tensor
-    no_grad_fraction: Tensor
-    approx_kl: Tensor
-    filter_fired: Tensor | None = None
-    keep_mask: Tensor | None = None
-    clip_fraction_two_sided: Tensor | None = None
 
 
 def tv_estimate(log_ratio: Tensor) -> Tensor:
@@ -291,218 +253,3 @@ def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     loss = -(torch.exp(log_ratio) * advantages.detach()).mean()
     return _result(loss, log_ratio)
-
-
-def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor, clip_eps: float) -> PolicyLoss:
-    """PPO clipped surrogate, loss = -mean_i min(r_i A_i, clip(r_i, 1-ε, 1+ε) A_i), r = π_θ/β.
-
-    Args:
-        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
-        behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        advantages: [N] A_i (reward units).
-        clip_eps: ε > 0, finite.
-
-    Returns:
-        :class:`PolicyLoss`; keep_mask False and counted in no_grad_fraction where the clipped
-        branch is taken, A_i (r_i - 1) > 0 and |r_i - 1| > ε (its gradient is exactly zero);
-        clip_fraction_two_sided = fraction of samples with |r_i - 1| > ε.
-
-    Raises:
-        ValueError: shapes differ or are not non-empty 1-D floating; clip_eps <= 0 or not finite.
-
-    Paper: Schulman et al., arXiv:1707.06347.
-    """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
-    eps = checks.scalar("clip_eps", clip_eps, low=0.0, low_open=True)
-    log_ratio = _log_ratio(log_prob, behavior_log_prob)
-    ratio, adv = torch.exp(log_ratio), advantages.detach()
-    loss = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv).mean()
-    with torch.no_grad():
-        outside = (ratio - 1.0).abs() > eps
-        keep = ~outside | (adv * (ratio - 1.0) <= 0)  # the clipped branch is the min only outward
-        two_sided = outside.to(ratio.dtype).mean()
-    return _result(loss, log_ratio, keep=keep)._replace(clip_fraction_two_sided=two_sided)
-
-
-def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor, kl_coef: float) -> PolicyLoss:
-    """Ratio surrogate with a KL(β ‖ π_θ) penalty (k3 estimator).
-
-        loss = -mean_i r_i A_i + kl_coef * mean_i ((r_i - 1) - log r_i),  r = π_θ/β
-
-    Args:
-        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
-        behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        advantages: [N] A_i (reward units).
-        kl_coef: penalty coefficient >= 0, finite (reward units per nat).
-
-    Returns:
-        :class:`PolicyLoss` (no_grad_fraction = 0).
-
-    Raises:
-        ValueError: shapes differ or are not non-empty 1-D floating; kl_coef < 0 or not finite.
-
-    Paper: Schulman et al., arXiv:1707.06347 (the KL-penalty variant, fixed coefficient).
-    """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
-    kl_coef = checks.scalar("kl_coef", kl_coef, low=0.0)
-    log_ratio = _log_ratio(log_prob, behavior_log_prob)
-    ratio = torch.exp(log_ratio)
-    kl = ((ratio - 1.0) - log_ratio).mean()
-    loss = -(ratio * advantages.detach()).mean() + kl_coef * kl
-    return _result(loss, log_ratio)
-
-
-def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor, spo_eps: float) -> PolicyLoss:
-    """Simple Policy Optimization surrogate.
-
-        loss = -mean_i [r_i A_i - |A_i| (r_i - 1)^2 / (2 ε)],  r = π_θ/β
-
-    Args:
-        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
-        behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        advantages: [N] A_i (reward units).
-        spo_eps: ε > 0, finite.
-
-    Returns:
-        :class:`PolicyLoss` (no_grad_fraction = 0).
-
-    Raises:
-        ValueError: shapes differ or are not non-empty 1-D floating; spo_eps <= 0 or not finite.
-
-    Paper: Xie et al., arXiv:2401.16025.
-    """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
-    eps = checks.scalar("spo_eps", spo_eps, low=0.0, low_open=True)
-    log_ratio = _log_ratio(log_prob, behavior_log_prob)
-    ratio, adv = torch.exp(log_ratio), advantages.detach()
-    loss = -(ratio * adv - adv.abs() * (ratio - 1.0) ** 2 / (2.0 * eps)).mean()
-    return _result(loss, log_ratio)
-
-
-def impala_policy_loss(
-    *, log_prob: Tensor, behavior_log_prob: Tensor, pg_advantages: Tensor, rho_bar: float
-) -> PolicyLoss:
-    """IMPALA policy gradient, loss = -mean_i rho_i stopgrad(pg_A_i) log π_θ(a_i|s_i).
-
-    rho_i = min(rho_bar, exp(stopgrad(log π_θ) - log β)) (no clamp of the log ratio here:
-    an overflow to inf is clipped to rho_bar).
-
-    Args:
-        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
-        behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        pg_advantages: [N] VTraceReturns.pg_advantages, flattened (reward units).
-        rho_bar: ρ̄ > 0 (inf allowed).
-
-    Returns:
-        :class:`PolicyLoss` (no_grad_fraction = 0).
-
-    Raises:
-        ValueError: shapes differ or are not non-empty 1-D floating; rho_bar <= 0 or NaN.
-
-    Paper: Espeholt et al., arXiv:1802.01561.
-    """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        pg_advantages=pg_advantages,
-    )
-    rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
-    with torch.no_grad():
-        rhos = torch.clamp(torch.exp(log_prob - behavior_log_prob), max=rho_bar)
-    loss = -(rhos * pg_advantages.detach() * log_prob).mean()
-    return _result(loss, _log_ratio(log_prob, behavior_log_prob))
-
-
-def value_loss(*, values: Tensor, targets: Tensor) -> Tensor:
-    """Squared-error critic loss, mean (values - targets)^2; targets are detached.
-
-    Args:
-        values: [N] (or any shape) V(s_i), with gradient (reward units).
-        targets: same shape, value targets (vs for V-trace, λ-returns for GAE).
-
-    Returns:
-        0-dim tensor (reward units squared). No 1/2 factor: scale with value_coef.
-
-    Raises:
-        ValueError: shapes differ, are empty, dtypes differ, or not floating.
-
-    Paper: VACO, arXiv:2603.01365 (critic regresses to the V-trace targets vs).
-    """
-    checks.tensors(floating=True, same_dtype=True, values=values, targets=targets)
-    return torch.mean((values - targets.detach()) ** 2)
-
-
-def explained_variance(*, values: Tensor, targets: Tensor) -> float:
-    """1 - Var[targets - values] / Var[targets] (population variances), a critic diagnostic.
-
-    Args:
-        values: [N] (or any shape) predictions V(s_i).
-        targets: same shape, value targets.
-
-    Returns:
-        Python float in (-inf, 1]; 1 is a perfect fit; NaN when Var[targets] == 0.
-
-    Raises:
-        ValueError: shapes differ, are empty, dtypes differ, or not floating.
-
-    Paper: diagnostic only (as logged by PPO implementations, arXiv:1707.06347).
-    """
-    checks.tensors(floating=True, same_dtype=True, values=values, targets=targets)
-    with torch.no_grad():
-        var_t = torch.var(targets, unbiased=False).item()
-        if var_t == 0.0:
-            return math.nan
-        return 1.0 - torch.var(targets - values, unbiased=False).item() / var_t
-
-
-def _log_ratio(log_prob: Tensor, reference: Tensor) -> Tensor:
-    return torch.clamp(log_prob - reference.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-
-
-def _result(
-    loss: Tensor,
-    log_ratio: Tensor,
-    *,
-    tv: Tensor | None = None,
-    keep: Tensor | None = None,
-    fired: Tensor | None = None,
-) -> PolicyLoss:
-    """The PolicyLoss of ``loss``; ``keep`` [N] bool (None: every sample keeps its gradient) gives
-    no_grad_fraction, the one definition every loss reports."""
-    with torch.no_grad():
-        lr = log_ratio.detach()
-        ratio = torch.exp(lr)
-        return PolicyLoss(
-            loss=loss,
-            tv_estimate=(0.5 * (ratio - 1.0).abs().mean() if tv is None else tv.detach()),
-            no_grad_fraction=(
-                torch.zeros((), dtype=lr.dtype, device=lr.device) if keep is None else 1.0 - keep.to(lr.dtype).mean()
-            ),
-            approx_kl=((ratio - 1.0) - lr).mean(),
-            filter_fired=fired,
-            keep_mask=keep,
-        )

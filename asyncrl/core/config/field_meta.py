@@ -1,0 +1,90 @@
+"""What the config's field metadata refers to: :class:`ConfigError`, the field helper :func:`_f` (a
+default with its one-line meaning, the presets and task kinds that use it, the condition it needs, whether
+it is a study-only option), the names values are checked against (presets, task kinds, modes), the
+preset groups the metadata names, and the preset pins (vaco_paper: arXiv:2603.01365).
+
+The sections that use them: :mod:`.control_sections`, :mod:`.algo_section`, :mod:`.role_sections`,
+:mod:`.llm_sections`; the whole config: :mod:`.root`. Imports no other asyncrl module: the config never
+imports the wire or a task.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncrl.core.config.root import Config
+
+PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
+TASK_KINDS = ("control", "llm")
+# grpo: PPO-clip on token ratios with group-normalised advantages (no critic); vaco / vaco_no_filter: the same
+# policy losses as the control task, on tokens. The rest need a critic or time steps.
+LLM_PRESETS = ("grpo", "vaco", "vaco_no_filter")
+LLM_AVERAGING = ("token", "sequence", "constant")
+LLM_TRUNCATED_REWARD = ("score", "zero")
+LLM_REALIGN = ("none", "is_baseline")  # docs/llm-realignment.md
+LLM_SILENT_GROUPS = ("step", "skip", "drop")  # docs/llm.md
+LLM_EVAL_MODES = ("sampled", "greedy")  # docs/llm.md
+# Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
+# arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
+PRESET_SETTINGS: dict[str, dict[str, Any]] = {
+    "vaco_paper": {
+        "ratio_anchor": "behavior",
+        "tv_threshold": 0.2,
+        "surrogate_rho_bar": float("inf"),
+        "tv_filter_trigger": "minibatch",
+        "tv_filter_min_deviation": 0.0,
+        "tv_filter_ratio_cap": float("inf"),
+        "behavior_band": float("inf"),
+        "behavior_band_ratio": "full",
+        "entropy_coef": 0.0,
+        "traces": "vtrace",
+        "realign_from_version": 0,
+    },
+    "impala": {"traces": "vtrace"},
+}
+RATIO_ANCHORS = ("behavior", "learning")
+FILTER_TRIGGERS = ("minibatch", "iteration")
+BAND_RATIOS = ("full", "backward", "forward")
+TRACES = ("vtrace", "uncorrected")
+VALUE_TARGETS = ("auto", "vtrace", "lambda_returns")
+ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
+PRECISIONS = ("fp32", "bf16")
+DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")  # learner.device, actor.device
+LAUNCHERS = ("local", "ray")
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is wrong; the message names it."""
+
+
+def _f(
+    default: Any,
+    help: str,
+    *,
+    presets: tuple[str, ...] | None = None,
+    kinds: tuple[str, ...] = TASK_KINDS,
+    when: tuple[str, Callable[[Config], bool]] | None = None,
+    study_only: bool = False,
+) -> Any:
+    """A config field with its one-line meaning (``asyncrl config show`` prints it) and who uses it:
+    ``presets`` (None: every preset of its task kinds), ``kinds`` (task kinds) and, where a field
+    matters only next to another value, ``when`` = (that condition in words, predicate on the Config).
+    A value set for a preset or task kind that does not use it is reported
+    (:func:`asyncrl.core.config.unused_reason`). ``study_only``: an experimental option kept for studies
+    (lag conditions, ablations), not for training; ``config show`` and the reference page mark it."""
+    return field(
+        default=default,
+        metadata={"help": help, "presets": presets, "kinds": kinds, "when": when, "study_only": study_only},
+    )
+
+
+CONTROL, LLM = ("control",), ("llm",)
+VACO_FAMILY = ("vaco", "vaco_paper", "vaco_no_realign", "vaco_no_filter")  # vaco's surrogate
+TV_FILTERED = ("vaco", "vaco_paper", "vaco_no_realign")  # ... with the TV filter
+REALIGNING = ("vaco", "vaco_paper", "vaco_no_filter")  # realigned advantages (not impala)
+VTRACE_PRESETS = REALIGNING + ("impala",)  # compute V-trace every iteration
+NOT_IMPALA = tuple(p for p in PRESETS + ("grpo",) if p != "impala")

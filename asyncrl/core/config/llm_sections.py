@@ -1,0 +1,124 @@
+"""The config sections of the task kind and the language-model task: ``[task]`` (which kind the roles
+carry) and ``[llm]`` (model, warm-up, groups, sampling, evaluation, GRPO's options), each field with its
+default and metadata (:mod:`.field_meta`); :data:`MOVED_KEYS`, the keys that left ``[task]`` for ``[llm]``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from asyncrl.core.config.field_meta import LLM, _f
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    kind: str = _f(
+        "control",
+        "task kind the roles carry: control (gymnasium envs: [env] and [policy]) or llm "
+        "(a causal language model on GSM8k-format math: [llm])",
+    )
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """The language-model task's keys (task.kind = llm; docs/decisions/llm-defaults.md)."""
+
+    model_dir: str = _f(
+        "",
+        "Hugging Face causal-LM directory to start from (loaded with local_files_only); '': the "
+        "tiny model `asyncrl llm prepare` makes, cached in llm.cache_dir",
+        kinds=LLM,
+    )
+    cache_dir: str = _f(
+        "runs/llm", "where the prepared tiny model, its warm-ups and start evaluations are cached", kinds=LLM
+    )
+    model_seed: int = _f(
+        0, "seed of the tiny model, its warm-up and the train / held-out problems (run.seed seeds RL only)", kinds=LLM
+    )
+    warmup_steps: int = _f(1000, "supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none", kinds=LLM)
+    warmup_batch_size: int = _f(32, "problems per supervised warm-up step", kinds=LLM)
+    warmup_threads: int = _f(
+        2,
+        "torch threads of the supervised warm-up, fixed so that the start model does not "
+        "depend on the machine's cores or OMP_NUM_THREADS (float sums change order with the "
+        "thread count); 0: torch's default",
+        kinds=LLM,
+    )
+    warmup_target: float = _f(
+        0.0,
+        "end the supervised warm-up early at the first check (every 100 steps from half "
+        "of llm.warmup_steps on) whose greedy accuracy on 200 validation problems (in "
+        "neither train nor held-out) reaches this; llm.warmup_steps stays the budget; "
+        "0: off",
+        kinds=LLM,
+    )
+    group_size: int = _f(8, "G: completions sampled per prompt (a group)", kinds=LLM)
+    prompts_per_slot: int = _f(4, "prompts per slot: a slot holds whole groups, prompts_per_slot * G rows", kinds=LLM)
+    max_prompt_tokens: int = _f(96, "prompt width in a slot (left-padded); a longer prompt is an error", kinds=LLM)
+    max_new_tokens: int = _f(
+        160, "completion width in a slot and generation budget (sampling and evaluation)", kinds=LLM
+    )
+    temperature: float = _f(
+        1.0, "sampling temperature of the generators (the learner's log-probs use it too)", kinds=LLM
+    )
+    train_problems: int = _f(20000, "generated train problems the generators draw prompts from", kinds=LLM)
+    eval_size: int = _f(500, "held-out problems of the evaluation before and after RL; 0: none", kinds=LLM)
+    eval_batch_size: int = _f(
+        64,
+        "prompts per generation batch of the held-out evaluation (a larger batch "
+        "amortises each decoding step's fixed cost; its KV cache grows with it)",
+        kinds=LLM,
+    )
+    eval_mode: str = _f(
+        "sampled",
+        "the held-out evaluation: sampled (one completion per problem at llm.temperature, "
+        "the same draws before and after RL: seeded by llm.model_seed) or greedy (argmax)",
+        kinds=LLM,
+    )
+    averaging: str = _f(
+        "token", "loss average over tokens: token (DAPO), sequence (GRPO) or constant (Dr. GRPO)", kinds=LLM
+    )
+    scale_by_std: bool = _f(True, "divide group-centred rewards by the group's std (GRPO); false: Dr. GRPO", kinds=LLM)
+    truncated_reward: str = _f(
+        "score",
+        "a completion cut at max_new_tokens (no EOS): score (its '####' line "
+        "scored like any other) or zero (reward 0 whatever it wrote)",
+        kinds=LLM,
+    )
+    realign: str = _f(
+        "none",
+        "advantage realignment without a critic: none (baseline = the group's mean reward, "
+        "an estimate under beta) or is_baseline (the group's mean weighted by min(algo.rho_bar, "
+        "pi_T/beta) per completion: a baseline of pi_T; docs/llm-realignment.md)",
+        kinds=LLM,
+    )
+    silent_groups: str = _f(
+        "drop",
+        "groups whose G rewards are equal (zero advantage): drop (removed before the "
+        "minibatches, as DAPO's dynamic sampling; num_minibatches splits the rest), skip "
+        "(kept, but a minibatch without an advantage or a KL term does not step the "
+        "optimizer) or step (kept: a minibatch of them alone still steps Adam on its "
+        "momentum)",
+        kinds=LLM,
+    )
+    kl_coef: float = _f(
+        0.0,
+        "weight of the per-token k3 KL(pi_theta || start model) penalty (DeepSeekMath GRPO); "
+        "0: off, and the learner holds no reference model",
+        kinds=LLM,
+    )
+    negative_weight: float = _f(
+        1.0,
+        "factor on negative advantages after group normalisation: 1 is GRPO, 0 keeps "
+        "the positive (above-group-mean) completions only (positive-sample "
+        "reinforcement, arXiv:2506.01347)",
+        kinds=LLM,
+    )
+
+
+# Keys that left [task] for [llm] (old name -> new name). A config file, flag or --set naming the old
+# one is refused with a line naming the new one; a run's config.json written before the move is read
+# with them translated (asyncrl.core.config.io.translate_moved_keys), and says so.
+MOVED_KEYS: dict[str, str] = {
+    f"task.{f.name if f.name != 'model_dir' else 'model'}": f"llm.{f.name}" for f in dataclasses.fields(LLMConfig)
+}

@@ -1,0 +1,228 @@
+"""The llm task's held-out evaluation: exact-match accuracy of one completion per held-out problem
+(sampled or greedy), of the start model before RL (once per run directory, cached per start model in
+``llm.cache_dir``) and of the final policy after RL, and the accuracy difference with its independent
+and paired 95 % intervals (summary.json ``initial_accuracy``, ``final_accuracy``). A mixin of
+:class:`asyncrl.tasks.llm.task.LLMTask` (reads ``self.cfg``, ``self.start_dir``, ``self.prepare_model``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.core.metrics import strict_json
+from asyncrl.tasks.llm import gsm_answers, gsm_problems
+
+START_FILE = "llm-start.json"  # in the run directory: the start model and its accuracy before RL
+START_EVAL_FIELDS = ("initial_accuracy", "eval_problems", "initial_eval_s", "initial_correct")
+
+
+class LLMHeldoutEvaluation:
+    """Accuracy on held-out problems before and after RL, and the start record of a run directory."""
+
+    def evaluate(self, model) -> tuple[float, int, list[int]]:
+        """(exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the first
+        llm.eval_size held-out problems, one completion each (calculator on, as :func:`sampling.evaluate`).
+
+        llm.eval_mode "sampled": at llm.temperature (the policy RL trains, and DeepSeek-R1's pass@1
+        with one sample, arXiv:2501.12948) from a generator seeded with llm.model_seed, so the
+        evaluations before and after RL use the same random draws (common random numbers: the paired
+        interval then measures the policy's change, not the draws'); "greedy": argmax decoding.
+        Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
+        instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
+        from asyncrl.tasks.llm import model as m
+        from asyncrl.tasks.llm.sampling import eval_completions
+
+        llm = self.cfg.llm
+        heldout = gsm_problems.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
+        tokenizer = m.load(self.start_dir()).tokenizer
+        greedy = llm.eval_mode == "greedy"
+        device = next(model.parameters()).device  # the draws come from the model's device (cuda: its own stream)
+        generator = None if greedy else torch.Generator(device=device).manual_seed(llm.model_seed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.cfg.learner.torch_threads)
+        try:
+            texts = eval_completions(
+                model,
+                tokenizer,
+                heldout,
+                greedy=greedy,
+                temperature=llm.temperature,
+                generator=generator,
+                max_new_tokens=llm.max_new_tokens,
+                batch_size=llm.eval_batch_size,
+            )
+        finally:
+            torch.set_num_threads(threads)
+        correct = [int(gsm_answers.reward(text, p.target)) for text, p in zip(texts, heldout)]
+        return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
+
+    def eval_label(self) -> str:
+        """ "greedy" or "sampled T=<llm.temperature>": what initial and final accuracy measure."""
+        llm = self.cfg.llm
+        return "greedy" if llm.eval_mode == "greedy" else f"sampled T={llm.temperature:g}"
+
+    def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
+        """Make the start model, then (once per run directory) its held-out accuracy before RL.
+        Raises ValueError (a model directory that does not load), FileExistsError."""
+        from asyncrl.tasks.llm import model as m
+
+        try:
+            start = self.prepare_model(echo)
+        except m.ModelLoadError as exc:
+            raise ValueError(str(exc)) from None
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        path = Path(run_dir) / START_FILE
+        if path.exists():
+            return json.loads(path.read_text())
+        record = {
+            "model": str(start),
+            "initial_accuracy": None,
+            "eval_problems": 0,
+            "eval_mode": self.eval_label(),
+            "eval_batch_size": self.cfg.llm.eval_batch_size,
+        }
+        if self.cfg.llm.eval_size:
+            record.update(self._start_evaluation(start, echo))
+            how = "reused from " + record["initial_eval_cached"] if "initial_eval_cached" in record else "measured"
+            echo(
+                f"llm: held-out accuracy before RL {record['initial_accuracy']:.3f} on {record['eval_problems']} "
+                f"problems ({self.eval_label()}; {how})"
+            )
+        path.write_text(strict_json(record, indent=1) + "\n")
+        return record
+
+    def _start_evaluation(self, start: Path, echo: Callable[[str], None]) -> dict:
+        """initial_accuracy, eval_problems, initial_eval_s and initial_correct of the start model; for a
+        start model asyncrl made in llm.cache_dir (never for a user's own directory) reused from, or
+        saved to, llm.cache_dir/start-evals/KEY.json (:meth:`start_eval_key`; adds initial_eval_cached
+        when reused). A cache that cannot be written costs the next run an evaluation, nothing else."""
+        from asyncrl.tasks.llm import model as m
+
+        llm = self.cfg.llm
+        cache = None
+        if Path(start).resolve().is_relative_to(Path(llm.cache_dir).resolve()):
+            cache = Path(llm.cache_dir) / "start-evals" / f"{self.start_eval_key(start)}.json"
+            try:
+                cached = json.loads(cache.read_text())
+                return {k: cached[k] for k in START_EVAL_FIELDS} | {"initial_eval_cached": str(cache)}
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        t0 = time.perf_counter()
+        acc, n, correct = self.evaluate(m.load(start).model)
+        out = {
+            "initial_accuracy": acc,
+            "eval_problems": n,
+            "initial_eval_s": round(time.perf_counter() - t0, 2),
+            "initial_correct": "".join(map(str, correct)),
+        }
+        if cache is not None:
+            try:  # one atomic file: concurrent runs write the same content
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+                tmp.write_text(strict_json(out, indent=1) + "\n")
+                os.replace(tmp, cache)
+            except OSError as exc:
+                echo(f"llm: could not cache the start evaluation in {cache}: {exc}")
+        return out
+
+    def start_eval_key(self, start: Path) -> str:
+        """Cache key (16 hex digits) of the evaluation before RL: the start model directory's files
+        (name, size, modification time), the llm task's code (sampler, problems, this evaluation) and
+        every setting the evaluation reads. The same key means the same computation on this machine
+        (one torch thread, seeded draws), so :meth:`prepare_run` reuses its result across runs."""
+        llm = self.cfg.llm
+        h = hashlib.sha256()
+        for f in sorted(p for p in Path(start).iterdir() if p.is_file()):
+            st = f.stat()
+            h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        for f in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(
+            json.dumps(
+                {
+                    "eval_size": llm.eval_size,
+                    "eval_mode": llm.eval_mode,
+                    "temperature": llm.temperature,
+                    "model_seed": llm.model_seed,
+                    "eval_batch_size": llm.eval_batch_size,
+                    "max_new_tokens": llm.max_new_tokens,
+                    "threads": self.cfg.learner.torch_threads,
+                    "generator_version": gsm_problems.GENERATOR_VERSION,
+                    "torch": torch.__version__,
+                },
+                sort_keys=True,
+            ).encode()
+        )
+        return h.hexdigest()[:16]
+
+    def final_summary(self, policy, run_dir: Path) -> dict[str, Any]:
+        """initial_accuracy (from prepare_run), final_accuracy (now, the same evaluation) and the
+        difference with a 95 % normal-approximation CI that treats the two accuracies as independent
+        binomial proportions on n problems (the paired evaluation would be tighter)."""
+        try:
+            start = json.loads((Path(run_dir) / START_FILE).read_text())
+        except (OSError, ValueError):
+            start = {"model": str(self.start_dir()), "initial_accuracy": None, "eval_problems": 0}
+        out = {
+            "task": "llm",
+            "model": start["model"],
+            "initial_accuracy": start["initial_accuracy"],
+            "final_accuracy": None,
+            "eval_problems": start["eval_problems"],
+            "eval_mode": self.eval_label(),
+        }
+        sampled = self.cfg.llm.eval_mode == "sampled"  # its draws follow the batch: row r of a batch, step t
+        if start.get("eval_mode", "greedy") != self.eval_label() or (
+            sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size
+        ):  # 64: records before the key
+            # a start record of another evaluation (a run directory resumed under other settings): not comparable
+            out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
+        if not self.cfg.llm.eval_size:
+            return out
+        t0 = time.perf_counter()
+        acc, n, correct = self.evaluate(policy)
+        out.update(final_accuracy=acc, eval_problems=n, final_eval_s=round(time.perf_counter() - t0, 2))
+        p0 = start["initial_accuracy"]
+        if p0 is not None:
+            half = 1.96 * math.sqrt((p0 * (1 - p0) + acc * (1 - acc)) / n)
+            out["accuracy_difference"] = acc - p0
+            out["accuracy_difference_ci95"] = [acc - p0 - half, acc - p0 + half]
+        before = start.get("initial_correct")
+        if isinstance(before, str) and len(before) == n:
+            out.update(paired_difference(list(map(int, before)), correct))
+        return out
+
+
+def paired_difference(before: list[int], after: list[int], z: float = 1.96) -> dict[str, Any]:
+    """The accuracy difference of two evaluations on the same problems, with its paired 95 % interval.
+
+    Wald interval of a difference of paired proportions (Agresti, Categorical Data Analysis, sec.
+    10.1): with b problems solved only before and c only after, d = (c - b) / n and
+    var(d) = ((b + c) - (c - b)^2 / n) / n^2. Tighter than treating the two accuracies as independent
+    when the same problems stay solved.
+
+    Args:
+        before, after: 0/1 per problem, the same problems in the same order.
+
+    Returns:
+        {"solved_only_before": b, "solved_only_after": c, "accuracy_difference_ci95_paired": [lo, hi]}.
+
+    Raises:
+        ValueError: lengths differ or are 0.
+    """
+    if len(before) != len(after) or not before:
+        raise ValueError(f"paired evaluations need the same non-zero length, got {len(before)} and {len(after)}")
+    n = len(before)
+    b = sum(1 for x, y in zip(before, after) if x and not y)
+    c = sum(1 for x, y in zip(before, after) if y and not x)
+    d = (c - b) / n
+    half = z * math.sqrt(max(0.0, (b + c) - (c - b) ** 2 / n)) / n
+    return {"solved_only_before": b, "solved_only_after": c, "accuracy_difference_ci95_paired": [d - half, d + half]}
