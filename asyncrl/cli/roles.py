@@ -135,7 +135,7 @@ def learner(
     from asyncrl.roles.learner import Learner, LearnerError
     from asyncrl.run.launch import new_run_id
     from asyncrl.wire.security import SecurityError
-    from asyncrl.wire.shm import ShmError
+    from asyncrl.wire.shm.layout import ShmError
 
     exit_status.install_stop_handlers()
     res = load_config(

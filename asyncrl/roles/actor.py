@@ -31,7 +31,8 @@ from asyncrl.core.spec import SlotSpec
 from asyncrl.tasks import make_task
 from asyncrl.wire import transport as tp
 from asyncrl.wire.security import Security
-from asyncrl.wire.shm import ShmError, SlotRing
+from asyncrl.wire.shm.layout import ShmError
+from asyncrl.wire.shm.ring import SlotRing
 from asyncrl.wire.transport import snapshot_endpoint
 
 log = logging.getLogger("asyncrl.actor")
