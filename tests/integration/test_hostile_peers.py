@@ -569,7 +569,8 @@ def _welcome(cfg, **fields) -> dict:
 
 
 def _actor(cfg, endpoint: str):
-    from asyncrl.roles.actor import Actor, ActorOptions
+    from asyncrl.roles.actor import Actor
+    from asyncrl.roles.actor_session import ActorOptions
 
     return Actor(
         cfg, ActorOptions(learner=endpoint, broadcaster="tcp://127.0.0.1:11", actor_id="t", connect_timeout_s=30)
