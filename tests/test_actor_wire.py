@@ -9,7 +9,8 @@ import pytest
 
 from asyncrl.core import config
 from asyncrl.core.lag_control import WeightHistory
-from asyncrl.roles.actor import Actor, ActorOptions
+from asyncrl.roles.actor import Actor
+from asyncrl.roles.actor_session import ActorOptions
 from asyncrl.roles.broadcaster import Broadcaster
 from asyncrl.run.launch import free_port_pair
 from asyncrl.wire import transport as tp

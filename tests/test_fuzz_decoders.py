@@ -26,7 +26,7 @@ from asyncrl.core.consume import SlotError, check_slot
 from asyncrl.core.spec import RolloutSpec
 from asyncrl.roles.learner import handshake_mismatch
 from asyncrl.wire import transport as tp
-from asyncrl.wire.shm import _HEADER, HEADER_NBYTES, MAGIC, ShmError, _check_header, _hash
+from asyncrl.wire.shm.layout import _HEADER, HEADER_NBYTES, MAGIC, ShmError, _check_header, _hash
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,7 @@ from asyncrl.roles.learner import Learner, handshake_mismatch
 from asyncrl.run.launch import free_port
 from asyncrl.tasks.control.envs import env_spaces
 from asyncrl.wire import transport as tp
-from asyncrl.wire.shm import SlotRing
+from asyncrl.wire.shm.ring import SlotRing
 
 CORRIDOR = "asyncrl/Corridor-v0"
 SMALL = [

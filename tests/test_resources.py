@@ -15,8 +15,10 @@ from asyncrl.core import config, metrics
 from asyncrl.core.config import ConfigError
 from asyncrl.core.metrics import JsonlWriter, RunDirError, write_atomic
 from asyncrl.core.spec import RolloutSpec
-from asyncrl.wire import shm
 from asyncrl.wire import transport as tp
+from asyncrl.wire.shm import dev_shm
+from asyncrl.wire.shm.layout import ShmSpaceError, segment_nbytes
+from asyncrl.wire.shm.ring import SlotRing
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,11 +30,11 @@ SPEC = RolloutSpec(obs_dim=3, action_dim=2, discrete=False, rollout_length=4, nu
 
 def test_ring_that_does_not_fit_is_refused_before_any_segment(monkeypatch):
     run_id = f"test-{uuid.uuid4().hex[:12]}"
-    monkeypatch.setattr(shm, "free_bytes", lambda directory=shm.SHM_DIR: 1000)
-    with pytest.raises(shm.ShmSpaceError) as info:
-        shm.SlotRing.create(run_id=run_id, spec=SPEC, num_slots=3)
+    monkeypatch.setattr(dev_shm, "free_bytes", lambda directory=dev_shm.SHM_DIR: 1000)
+    with pytest.raises(ShmSpaceError) as info:
+        SlotRing.create(run_id=run_id, spec=SPEC, num_slots=3)
     text = str(info.value)
-    need = shm.segment_nbytes(SPEC, 3)
+    need = segment_nbytes(SPEC, 3)
     assert f"needs {need:,} bytes" in text and "has 1,000 free" in text, text
     assert "learner.num_slots" in text and "\n" not in text, text
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"asyncrl-{run_id}-")]
@@ -40,9 +42,9 @@ def test_ring_that_does_not_fit_is_refused_before_any_segment(monkeypatch):
 
 def test_created_ring_has_its_pages_reserved():
     run_id = f"test-{uuid.uuid4().hex[:12]}"
-    with shm.SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
+    with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
         st = os.stat(os.path.join("/dev/shm", ring.name))
-        assert st.st_blocks * 512 >= shm.segment_nbytes(SPEC, 2)  # allocated, not a sparse file
+        assert st.st_blocks * 512 >= segment_nbytes(SPEC, 2)  # allocated, not a sparse file
 
 
 def test_supervisor_names_sigbus_a_shared_memory_failure(tmp_path):

@@ -14,17 +14,10 @@ import numpy as np
 import pytest
 
 from asyncrl.core.spec import RolloutSpec
-from asyncrl.wire.shm import (
-    HEADER_NBYTES,
-    Grant,
-    ShmError,
-    SlotLedger,
-    SlotRing,
-    _creator_pid,
-    cleanup_stale,
-    remove_run,
-    run_segment_pattern,
-)
+from asyncrl.wire.shm.dev_shm import _creator_pid, cleanup_stale, remove_run, run_segment_pattern
+from asyncrl.wire.shm.layout import HEADER_NBYTES, ShmError
+from asyncrl.wire.shm.ledger import Grant, SlotLedger
+from asyncrl.wire.shm.ring import SlotRing
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -115,7 +108,7 @@ def test_attach_in_independent_process_does_not_unlink_at_exit(run_id):
     with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=2) as ring:
         ring.views(0)["rewards"][:] = 7.0
         code = (
-            f"from asyncrl.wire.shm import SlotRing; from asyncrl.core.spec import RolloutSpec\n"
+            f"from asyncrl.wire.shm.ring import SlotRing; from asyncrl.core.spec import RolloutSpec\n"
             f"r = SlotRing.attach(name={ring.name!r}, spec=RolloutSpec(**{SPEC.to_dict()!r}),"
             f" num_slots=2, token={ring.token!r})\n"
             f"assert (r.views(0)['rewards'] == 7.0).all(); r.views(1)['rewards'][:] = 3.0\n"

@@ -135,7 +135,7 @@ def learner(
     from asyncrl.roles.learner import Learner, LearnerError
     from asyncrl.run.launch import new_run_id
     from asyncrl.wire.security import SecurityError
-    from asyncrl.wire.shm import ShmError
+    from asyncrl.wire.shm.layout import ShmError
 
     exit_status.install_stop_handlers()
     res = load_config(
@@ -256,7 +256,8 @@ def actor(
     import os
     import socket
 
-    from asyncrl.roles.actor import Actor, ActorError, ActorOptions
+    from asyncrl.roles.actor import Actor
+    from asyncrl.roles.actor_session import ActorError, ActorOptions
 
     exit_status.install_stop_handlers()
     flags = _role_flags(env_id, num_envs, None, env_module=env_module)

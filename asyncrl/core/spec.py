@@ -9,7 +9,7 @@ A control *slot* holds one actor's E parallel rollouts of T steps, time-major. I
 bootstrap from ``obs[T]``. ``final_obs[t]`` is meaningful only where ``truncated[t]`` (the
 observation the episode ended in, before the automatic reset wrote the next episode's first
 observation into ``obs[t+1]``). ``grant_id[t]`` is written last in row t: the grant the writer of
-that row held. It is an audit of slot integrity independent of the generation check in shm.py
+that row held. It is an audit of slot integrity independent of the generation check in wire/shm/ring.py
 (the learner compares every row's tag with the grant whose report it accepted); it is not
 training data (``batch_field_names`` leaves it out).
 """

@@ -28,7 +28,7 @@ from asyncrl.core.config import Config
 from asyncrl.core.metrics import write_json_atomic
 from asyncrl.core.wording import count_of
 from asyncrl.run.pdeathsig import die_with_parent
-from asyncrl.wire.shm import SHM_DIR, remove_run
+from asyncrl.wire.shm.dev_shm import SHM_DIR, remove_run
 
 BROADCASTER_SUMMARY = "broadcaster-summary.json"
 

@@ -24,7 +24,7 @@ import pytest
 
 from asyncrl.run.launch import free_port, free_port_pair  # noqa: F401  (used by the tests)
 from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
-from asyncrl.wire.shm import run_segment_pattern
+from asyncrl.wire.shm.dev_shm import run_segment_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 SHM_DIR = "/dev/shm"

@@ -4,7 +4,7 @@ then tests of the class fixes. Run alone with ``pytest -m hostile``.
 
 The learner runs in the test's own process and is driven by hand (hostile_helpers.live_learner),
 so each attack is deterministic and nothing needs killing; /dev/shm attacks use a private folder
-(shm.SHM_DIR monkeypatched) so that no other run on this host sees the planted names."""
+(dev_shm.SHM_DIR monkeypatched) so that no other run on this host sees the planted names."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from click.testing import CliRunner
 from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report, valid_slot
 
 from asyncrl.roles.learner import ActorInfo, _gone_here
-from asyncrl.wire import security, shm
+from asyncrl.wire import security
 from asyncrl.wire import transport as tp
+from asyncrl.wire.shm import dev_shm
+from asyncrl.wire.shm.ring import SlotRing
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
@@ -74,18 +76,18 @@ def test_gone_here_never_raises_for_a_declared_pid(pid):
 
 @pytest.fixture
 def private_shm(tmp_path, monkeypatch):
-    """shm.SHM_DIR pointed at a private folder (what cleanup scans; rings are still created in
+    """dev_shm.SHM_DIR pointed at a private folder (what cleanup scans; rings are still created in
     /dev/shm), so the names planted here are seen by this test alone."""
     folder = tmp_path / "shm"
     folder.mkdir()
-    monkeypatch.setattr(shm, "SHM_DIR", str(folder))
+    monkeypatch.setattr(dev_shm, "SHM_DIR", str(folder))
     return folder
 
 
 def _dead_pid() -> int:
     """A pid no process has (the largest free one below pid_max)."""
     top = int(open("/proc/sys/kernel/pid_max").read())
-    for pid in range(min(top, shm.MAX_PID) - 1, 1, -1):
+    for pid in range(min(top, dev_shm.MAX_PID) - 1, 1, -1):
         if not os.path.exists(f"/proc/{pid}"):
             return pid
     raise AssertionError("no free pid")
@@ -124,7 +126,7 @@ def test_names_in_dev_shm_cannot_break_cleanup(private_shm):
     directory of a dead pid IsADirectoryError). Now it removes only this user's regular files of
     dead pids and never raises for a name."""
     _plant_hostile_names(private_shm)
-    removed = shm.cleanup_stale()
+    removed = dev_shm.cleanup_stale()
     left = set(os.listdir(private_shm))
     mine = [n for n in removed if n.startswith("asyncrl-mine-")]
     assert mine and removed == mine, removed
@@ -179,7 +181,7 @@ def test_a_taken_ring_name_does_not_stop_a_learner(tmp_path):
         )
         try:
             assert learner.ring.name != os.path.basename(squatted)
-            assert shm.run_segment_pattern(run_id).fullmatch(learner.ring.name)
+            assert dev_shm.run_segment_pattern(run_id).fullmatch(learner.ring.name)
         finally:
             learner.close()
         assert not os.path.exists(f"/dev/shm/{learner.ring.name}")
@@ -448,7 +450,7 @@ def test_a_grant_without_a_report_is_taken_back_after_its_lease(tmp_path, ctx):
         welcome = sleeper.join(learner, "sleeper")
         sleeper.say("request", "sleeper")
         g = sleeper.wait(learner, "grant")
-        ring = shm.SlotRing.attach(
+        ring = SlotRing.attach(
             name=welcome["shm_name"], spec=SPEC, num_slots=welcome["num_slots"], token=welcome["token"]
         )
         try:
@@ -567,7 +569,8 @@ def _welcome(cfg, **fields) -> dict:
 
 
 def _actor(cfg, endpoint: str):
-    from asyncrl.roles.actor import Actor, ActorOptions
+    from asyncrl.roles.actor import Actor
+    from asyncrl.roles.actor_session import ActorOptions
 
     return Actor(
         cfg, ActorOptions(learner=endpoint, broadcaster="tcp://127.0.0.1:11", actor_id="t", connect_timeout_s=30)

@@ -260,7 +260,7 @@ T_LONG, E = 997, 2
 
 def corridor_ring(name: str):
     from asyncrl.core.spec import RolloutSpec
-    from asyncrl.wire.shm import SlotRing
+    from asyncrl.wire.shm.ring import SlotRing
 
     spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=T_LONG, num_envs=E)
     return SlotRing.attach(name=name, spec=spec, num_slots=6)

@@ -28,7 +28,7 @@ def collect(
         act: obs [E, D] float32 -> (unclipped actions [E, A] or [E], log-probs [E]).
         slot: views of one slot; T is taken from ``slot["rewards"].shape[0]``.
         version: behaviour policy version recorded for every step.
-        guard: a :class:`asyncrl.wire.shm.WriteGuard` for a shared-memory slot, or None. It is asked
+        guard: a :class:`asyncrl.wire.shm.ring.WriteGuard` for a shared-memory slot, or None. It is asked
             before and after each row is written; once it says the slot is no longer this
             writer's, collection stops at once and the stats say ``revoked`` (the partial slot
             must not be reported; the envs have moved on by the steps taken).

@@ -1,0 +1,104 @@
+"""An actor's weights: the broadcaster's snapshots and published versions of this session's learner,
+kept in the lag controls' ``WeightHistory``, and the version they pick loaded into the policy copy.
+
+``WeightsFromBroadcaster`` holds these methods of ``asyncrl.roles.actor.Actor`` (a base class of it;
+they use the attributes ``Actor.__init__`` sets and ``LearnerSession``'s heartbeat and polling).
+"""
+
+from __future__ import annotations
+
+import time
+
+from asyncrl.core import exit_status
+from asyncrl.roles.actor_session import ActorError
+from asyncrl.wire import transport as tp
+
+
+class WeightsFromBroadcaster:
+    """The actor's side of the broadcaster (a base class of ``Actor``)."""
+
+    def ask_snapshot(self) -> None:
+        tp.send(
+            self.snapshot,
+            tp.encode(
+                {
+                    "type": "snapshot",
+                    "proto": tp.PROTOCOL_VERSION,
+                    "run_id": self.run_id,
+                    "actor_id": self.opts.actor_id,
+                }
+            ),
+            block=False,
+        )
+
+    def read_snapshots(self, timeout_ms: int) -> bool:
+        """Take the broadcaster's snapshot replies that come within ``timeout_ms`` (and any
+        pending after the first that holds weights); True once one held weights (an older "no
+        weights yet" refusal may come first)."""
+        got = False
+        frames = tp.recv_multipart_timeout(self.snapshot, timeout_ms)
+        while frames is not None:
+            if len(frames) == 3:  # [topic, header, payload]
+                self._receive(frames)
+                got = True
+            else:
+                try:  # else a refusal: "no weights yet"
+                    tp.decode(frames)
+                except tp.ProtocolError as exc:
+                    self.rejects.reject(exc, "broadcaster")
+            frames = tp.recv_multipart_timeout(self.snapshot, 0 if got else timeout_ms)
+        return got
+
+    def first_weights(self) -> None:
+        """Ask the broadcaster for the newest weights until it has some, heartbeating meanwhile
+        (the learner must not drop an actor that waits). Raises ActorError after connect_timeout_s,
+        Rejoin if the learner ends the session."""
+        deadline = time.monotonic() + self.opts.connect_timeout_s
+        while self.history.newest < 0 and not self.stopped:
+            exit_status.check_stop()
+            if time.monotonic() > deadline:
+                raise ActorError(
+                    f"actor {self.opts.actor_id}: no weights from the broadcaster at {self.opts.broadcaster}"
+                )
+            self.ask_snapshot()
+            self.check_connections()
+            # snapshots only: what waits on the SUB socket may be a backlog of old versions (after a
+            # stall); the session's loop drains it once the newest is in, and drops what is older
+            self.read_snapshots(500)
+            self.heartbeat()
+            self.poll_learner(0)
+            self.check_learner_silence()
+
+    def receive_weights(self, *, catch_up: bool = True) -> None:
+        """Take every weights message pending (older versions matter to the lag controls). With
+        ``catch_up``: if the queue was at least half full (a stall: what waits is a backlog of old
+        versions, more wait in the kernel's buffers, and the publisher drops newer ones while the
+        queue is full; ZeroMQ hands over about HWM - 1), also ask the broadcaster for its newest."""
+        pending = tp.drain_all(self.weights_sub)
+        for frames in pending:
+            self._receive(frames)
+        if catch_up and len(pending) >= max(2, self.weights_sub.rcvhwm // 2):
+            self.ask_snapshot()
+            self.read_snapshots(1000)
+
+    def _receive(self, frames) -> None:
+        """Keep a weights message of this session's learner (its run id and epoch); one that does
+        not decode is counted and logged, never fatal; another epoch's is dropped."""
+        try:
+            header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+            if self.num_params and flat.size != self.num_params:
+                raise tp.ProtocolError(
+                    "frame_size", f"weights of {flat.size} parameters, the policy has {self.num_params}"
+                )
+        except tp.ProtocolError as exc:
+            self.rejects.reject(exc, "broadcaster")
+            return
+        if header["epoch"] == self.epoch:  # another epoch: an old learner's, or a newer one's
+            self.history.add(header["version"], flat)
+
+    def select_weights(self) -> None:
+        """Load the version the lag controls pick (the newest, by default) into the policy copy."""
+        version, flat = self.history.choose()
+        if version != self.version:
+            self.policy.load(flat)
+            self.version = version
