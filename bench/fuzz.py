@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO))
 from asyncrl.core.config import load as load_config  # noqa: E402
 from asyncrl.roles.resource_bounds import memory_bound_bytes  # noqa: E402
 from asyncrl.run.launch import free_port, free_port_pair  # noqa: E402
-from asyncrl.wire import transport as tp  # noqa: E402
+from asyncrl.wire import codec, protocol, sockets  # noqa: E402
 from asyncrl.wire.security import Security, generate  # noqa: E402
 
 ENV = "asyncrl/Corridor-v0"
@@ -94,10 +94,10 @@ class Hostile:
 
     def header(self, kind: str) -> dict:
         r = self.rng
-        schema = {**tp._COMMON, **tp.SCHEMAS[kind], **tp.OPTIONAL.get(kind, {})}
+        schema = {**protocol._COMMON, **protocol.SCHEMAS[kind], **protocol.OPTIONAL.get(kind, {})}
         h = {
             "type": kind,
-            "proto": tp.PROTOCOL_VERSION if r.random() < 0.9 else r.choice(INTS),
+            "proto": protocol.PROTOCOL_VERSION if r.random() < 0.9 else r.choice(INTS),
             "run_id": self.run_id if r.random() < 0.7 else r.choice(TEXTS),
         }
         for key, expected in schema.items():
@@ -116,7 +116,7 @@ class Hostile:
     def good_hello(self) -> dict:
         return {
             "type": "hello",
-            "proto": tp.PROTOCOL_VERSION,
+            "proto": protocol.PROTOCOL_VERSION,
             "run_id": "",
             "actor_id": self.identity,
             "host": "fuzz",
@@ -132,14 +132,14 @@ class Hostile:
         if r.random() < 0.03:
             h = self.good_hello()
         else:
-            h = self.header(r.choice(sorted(tp.SCHEMAS)))
+            h = self.header(r.choice(sorted(protocol.SCHEMAS)))
         try:
             packed = _pack(h)
         except (OverflowError, ValueError, TypeError):
             packed = _pack({**h, **{k: 0 for k, v in h.items() if isinstance(v, int) and not 0 <= v < 2**64}})
         if h["type"] == "weights" or r.random() < 0.05:  # [topic, header, payload]
             body = r.randbytes(r.choice([0, 4, 16, 1001]))
-            return [r.choice([tp.WEIGHTS_TOPIC, b"weights\x00", b""]), packed, body]
+            return [r.choice([protocol.WEIGHTS_TOPIC, b"weights\x00", b""]), packed, body]
         if h["type"] == "rollout" or r.random() < 0.02:
             sizes = [int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields]
             n = len(sizes) + r.choice([0, 0, 0, -1, 1])
@@ -231,7 +231,7 @@ def fuzz_port(name, role, endpoint, curve, n, seed, spec, run_id) -> dict:
             messages = [random_frames(rng) if kind == "random bytes" else make.frames() for _ in range(n)]
             # a frame over the socket's ZMQ_MAXMSGSIZE never reaches the role (ZeroMQ drops it and its
             # connection): those are set aside here and sent by resource_cases instead
-            limit = tp.max_message_size(role.router)
+            limit = sockets.max_message_size(role.router)
             if limit > 0:
                 kept = [m for m in messages if max(map(len, m), default=0) <= limit]
                 set_aside = len(messages) - len(kept)
@@ -278,12 +278,12 @@ def welcome_token(role, sock, run_id, spec) -> bytes | None:
     token of its welcome, or None (not a learner, or no welcome)."""
     if not hasattr(role, "on_hello"):
         return None
-    sock.send_multipart(tp.encode(Hostile(random.Random(1), run_id, spec, "fuzz").good_hello()))
+    sock.send_multipart(codec.encode(Hostile(random.Random(1), run_id, spec, "fuzz").good_hello()))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         role.serve(20)
         if sock.poll(0):
-            header, _ = tp.decode(sock.recv_multipart())
+            header, _ = codec.decode(sock.recv_multipart())
             if header["type"] == "welcome":
                 return header["actor_token"]
     return None
@@ -294,12 +294,12 @@ def alive_learner(role, endpoint, curve, spec) -> bool:
     try:
         sock = client(ctx, endpoint, "probe", curve)
         h = Hostile(random.Random(0), role.run_id, spec, "probe").good_hello()
-        sock.send_multipart(tp.encode(h))
+        sock.send_multipart(codec.encode(h))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             role.serve(20)
             if sock.poll(0):
-                header, _ = tp.decode(sock.recv_multipart())
+                header, _ = codec.decode(sock.recv_multipart())
                 return header["type"] in ("welcome", "refuse")
         return False
     finally:
@@ -310,7 +310,7 @@ def alive_broadcaster(role, endpoint, curve) -> bool:
     ctx = zmq.Context()
     try:
         sock = client(ctx, endpoint, "probe", curve)
-        sock.send_multipart(tp.encode({"type": "snapshot", "run_id": "", "actor_id": "probe"}))
+        sock.send_multipart(codec.encode({"type": "snapshot", "run_id": "", "actor_id": "probe"}))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             role.serve(20)
@@ -397,7 +397,7 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
     sockets live in this process too, so this is the stricter test)."""
     ctx = zmq.Context()
     results, socks = {}, []
-    limit = tp.max_message_size(role.router)
+    limit = sockets.max_message_size(role.router)
     big = (limit + 1) if limit > 0 else (8 << 20)
     try:
 
@@ -431,9 +431,9 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
             s = client(contexts[-1], endpoint, f"conn{i}", curve)
             socks.append(s)
             if learner:  # a hello as a new id from each: the learner's per-id records
-                s.send_multipart(tp.encode(Hostile(random.Random(i), run_id, spec, f"id{i}").good_hello()))
+                s.send_multipart(codec.encode(Hostile(random.Random(i), run_id, spec, f"id{i}").good_hello()))
             else:
-                s.send_multipart(tp.encode({"type": "snapshot", "run_id": "", "actor_id": f"id{i}"}))
+                s.send_multipart(codec.encode({"type": "snapshot", "run_id": "", "actor_id": f"id{i}"}))
 
         results["many connections and identities"] = _halves(role, connect, conns)
         results["many connections and identities"]["connections"] = conns
@@ -448,7 +448,7 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
             c.term()
         if not learner:
             role.take(
-                tp.encode_weights(
+                codec.encode_weights(
                     run_id=run_id,
                     epoch=2**62,
                     version=1,
@@ -459,7 +459,7 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
             )
             flood = client(ctx, endpoint, "flood", curve)
             flood.rcvhwm = 1000
-            ask = tp.encode({"type": "snapshot", "run_id": "", "actor_id": "flood"})
+            ask = codec.encode({"type": "snapshot", "run_id": "", "actor_id": "flood"})
             results["snapshot flood (16 MiB weights, never read)"] = _halves(
                 role, lambda i: flood.send_multipart(ask), n
             )
@@ -483,15 +483,15 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
 
 _ENDLESS_ROLE = """
 import sys
-from asyncrl import transport as tp
+from asyncrl.wire import sockets
 from asyncrl.roles.learner import ROUTER_HWM
-ctx = tp.context()
-sock = tp.router(ctx, "tcp://127.0.0.1:0", hwm=ROUTER_HWM, max_message_bytes=65536)
-print(tp.endpoint_of(sock), flush=True)
+ctx = sockets.context()
+sock = sockets.router(ctx, "tcp://127.0.0.1:0", hwm=ROUTER_HWM, max_message_bytes=65536)
+print(sockets.endpoint_of(sock), flush=True)
 while True:
-    for frames in tp.drain_all(sock, max_messages=256):
+    for frames in sockets.drain_all(sock, max_messages=256):
         pass
-    tp.poll([sock], 100)
+    sockets.poll([sock], 100)
 """
 
 

@@ -13,8 +13,8 @@ from asyncrl.roles.actor import Actor
 from asyncrl.roles.actor_session import ActorOptions
 from asyncrl.roles.broadcaster import Broadcaster
 from asyncrl.run.launch import free_port_pair
-from asyncrl.wire import transport as tp
-from asyncrl.wire.security import read_weights_secret
+from asyncrl.wire import addresses, codec, rejects, sockets
+from asyncrl.wire.weights_secret import read_weights_secret
 
 
 def test_bad_weights_and_escaped_printing_never_raise():
@@ -23,23 +23,25 @@ def test_bad_weights_and_escaped_printing_never_raise():
     try:
         actor.run_id, actor.layout_hash, actor.history, actor.epoch = "r", "h", WeightHistory(), 0
         actor.num_params = 4
-        good = tp.encode_weights(
+        good = codec.encode_weights(
             run_id="r", version=3, publish_time=1.0, layout_hash="h", payload=np.ones(4, np.float32)
         )
         for bad in (
             [b"weights", b"\xc1junk", b"x"],
             [b"weights", good[1], b"\0" * 3],
-            tp.encode_weights(
+            codec.encode_weights(
                 run_id="other", version=9, publish_time=1.0, layout_hash="h", payload=np.ones(4, np.float32)
             ),
             # the right layout hash but another size: policy.load would raise on it
-            tp.encode_weights(run_id="r", version=9, publish_time=1.0, layout_hash="h", payload=np.ones(5, np.float32)),
+            codec.encode_weights(
+                run_id="r", version=9, publish_time=1.0, layout_hash="h", payload=np.ones(5, np.float32)
+            ),
         ):
             actor._receive(bad)
         assert actor.rejects.by_reason() == {"malformed": 1, "frame_size": 2, "run_id": 1}
         # weights of another learner epoch (an old or a newer learner) are not this session's
         actor._receive(
-            tp.encode_weights(
+            codec.encode_weights(
                 run_id="r", epoch=7, version=5, publish_time=1.0, layout_hash="h", payload=np.ones(4, np.float32)
             )
         )
@@ -48,8 +50,8 @@ def test_bad_weights_and_escaped_printing_never_raise():
         assert actor.history.newest == 3
     finally:
         actor.close()
-    assert tp.printable("a\nb\x1b[31m\u2028") == "a\\nb\\x1b[31m\\u2028"
-    assert tp.printable(b"\xff\n") == "\\\\xff\\n" and tp.printable("x" * 500, 10) == "x" * 10 + "..."
+    assert rejects.printable("a\nb\x1b[31m\u2028") == "a\\nb\\x1b[31m\\u2028"
+    assert rejects.printable(b"\xff\n") == "\\\\xff\\n" and rejects.printable("x" * 500, 10) == "x" * 10 + "..."
 
 
 @pytest.mark.timeout(60)
@@ -63,15 +65,15 @@ def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
     serving = threading.Thread(target=lambda: [b.serve(20) for _ in iter(stop.is_set, True)])
     cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
     actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster=b.endpoint, actor_id="t"))
-    ctx = tp.context()
-    learner = tp.dealer(ctx, tp.snapshot_endpoint(b.endpoint), tp.route_identity("learner"))
+    ctx = sockets.context()
+    learner = sockets.dealer(ctx, addresses.snapshot_endpoint(b.endpoint), sockets.route_identity("learner"))
     secret = read_weights_secret(b.endpoint)
 
     def publish(version):
-        tp.send(
+        sockets.send(
             learner,
-            tp.sign_weights(
-                tp.encode_weights(
+            codec.sign_weights(
+                codec.encode_weights(
                     run_id="r",
                     epoch=10,
                     version=version,
@@ -107,7 +109,7 @@ def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
     finally:
         stop.set()
         serving.join(10)
-        tp.close(learner)
+        sockets.close(learner)
         ctx.term()
         actor.close()
         b.close()

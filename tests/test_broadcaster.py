@@ -13,14 +13,14 @@ import pytest
 
 from asyncrl.roles.broadcaster import Broadcaster
 from asyncrl.run.launch import free_port_pair
-from asyncrl.wire import transport as tp
-from asyncrl.wire.security import read_weights_secret, remove_stale_weights_secrets, weights_secret_path
+from asyncrl.wire import addresses, codec, protocol, sockets
+from asyncrl.wire.weights_secret import read_weights_secret, remove_stale_weights_secrets, weights_secret_path
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _weights(epoch: int, version: int, run_id: str = "r1") -> list:
-    return tp.encode_weights(
+    return codec.encode_weights(
         run_id=run_id,
         epoch=epoch,
         version=version,
@@ -32,20 +32,20 @@ def _weights(epoch: int, version: int, run_id: str = "r1") -> list:
 
 def test_sign_and_verify_weights():
     frames = _weights(5, 3)
-    signed = tp.sign_weights(frames, b"s" * 64)
-    assert [bytes(f) for f in tp.verify_weights(signed, b"s" * 64)] == [bytes(f) for f in frames]
+    signed = codec.sign_weights(frames, b"s" * 64)
+    assert [bytes(f) for f in codec.verify_weights(signed, b"s" * 64)] == [bytes(f) for f in frames]
     tampered = [signed[0], signed[1], np.full(8, 99, np.float32).tobytes(), signed[3]]
     for bad, secret in (
         (frames, b"s" * 64),
         (signed, b"other"),
         (signed, None),
         (tampered, b"s" * 64),
-        (tp.sign_weights(frames, None), b"s" * 64),
+        (codec.sign_weights(frames, None), b"s" * 64),
     ):
-        with pytest.raises(tp.ProtocolError) as info:
-            tp.verify_weights(bad, secret)
+        with pytest.raises(protocol.ProtocolError) as info:
+            codec.verify_weights(bad, secret)
         assert info.value.reason == "not_learner"
-    header, _ = tp.decode_weights(frames)
+    header, _ = codec.decode_weights(frames)
     assert header["epoch"] == 5 and header["version"] == 3
 
 
@@ -53,16 +53,16 @@ def test_broadcaster_takes_only_its_learners_newer_weights(tmp_path):
     port = free_port_pair()
     summary = tmp_path / "bcast.json"
     b = Broadcaster(f"tcp://127.0.0.1:{port}", summary=summary, echo=lambda *_: None)
-    ctx = tp.context()
+    ctx = sockets.context()
     learner = spy = None
     try:
         secret = read_weights_secret(b.endpoint)
         path = weights_secret_path(b.endpoint)
         assert secret and stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and path.stat().st_uid == os.getuid()
-        request_ep = tp.snapshot_endpoint(b.endpoint)
-        learner = tp.dealer(ctx, request_ep, tp.route_identity("learner"))
-        spy = tp.dealer(ctx, request_ep, tp.route_identity("spy"))
+        request_ep = addresses.snapshot_endpoint(b.endpoint)
+        learner = sockets.dealer(ctx, request_ep, sockets.route_identity("learner"))
+        spy = sockets.dealer(ctx, request_ep, sockets.route_identity("spy"))
 
         def serve_until(pred):
             deadline = time.monotonic() + 10
@@ -70,23 +70,23 @@ def test_broadcaster_takes_only_its_learners_newer_weights(tmp_path):
                 b.serve(20)
             assert pred()
 
-        tp.send(learner, tp.sign_weights(_weights(10, 2), secret))
+        sockets.send(learner, codec.sign_weights(_weights(10, 2), secret))
         serve_until(lambda: b.newest == (10, 2))
         # a forger: unsigned, signed with a wrong secret, a huge version, a later epoch
-        tp.send(spy, _weights(10, 10**12))
-        tp.send(spy, tp.sign_weights(_weights(2**62, 0), b"guess"))
+        sockets.send(spy, _weights(10, 10**12))
+        sockets.send(spy, codec.sign_weights(_weights(2**62, 0), b"guess"))
         serve_until(lambda: b.rejects.total == 2)
         assert b.newest == (10, 2)
-        tp.send(learner, tp.sign_weights(_weights(10, 1), secret))  # older: ignored
-        tp.send(learner, tp.sign_weights(_weights(10, 3), secret))
+        sockets.send(learner, codec.sign_weights(_weights(10, 1), secret))  # older: ignored
+        sockets.send(learner, codec.sign_weights(_weights(10, 3), secret))
         serve_until(lambda: b.newest == (10, 3))
         # a restarted learner: higher epoch, version 0, another run id: it replaces the old weights
-        tp.send(learner, tp.sign_weights(_weights(11, 0, run_id="r2"), secret))
+        sockets.send(learner, codec.sign_weights(_weights(11, 0, run_id="r2"), secret))
         serve_until(lambda: b.newest == (11, 0))
         assert b.run_id == "r2" and b.published == 3
         assert b.rejects.by_reason() == {"not_learner": 2}
     finally:
-        tp.close(*(s for s in (learner, spy) if s is not None))
+        sockets.close(*(s for s in (learner, spy) if s is not None))
         ctx.term()
         b.close()
     counts = json.loads(summary.read_text())

@@ -16,7 +16,7 @@ from asyncrl.cli import main, prepare_run_dir, write_config_json
 from asyncrl.core import config, limits
 from asyncrl.core.config import Config, ConfigError
 from asyncrl.run.serial import run_serial
-from asyncrl.wire import transport
+from asyncrl.wire import codec
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "asyncrl" / "config"
@@ -188,8 +188,8 @@ def test_the_reference_page_has_the_study_only_options_and_the_moved_keys():
 def test_config_imports_no_wire_no_task_no_heavy_library():
     code = (
         "import sys, asyncrl.core.config; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('zmq', 'gymnasium', 'torch', 'msgpack', 'transformers') or m.startswith(('asyncrl.wire.transport', "
-        "'asyncrl.tasks', 'asyncrl.wire.security', 'asyncrl.wire.shm'))))"
+        "('zmq', 'gymnasium', 'torch', 'msgpack', 'transformers') or m.startswith(('asyncrl.wire', "
+        "'asyncrl.tasks'))))"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert p.stdout.strip() == "[]"
@@ -217,7 +217,7 @@ def test_config_modules_stay_small():
 
 
 def test_the_welcome_limit_is_one_constant():
-    assert transport.MAX_STR_BYTES is limits.MAX_STR_BYTES
+    assert codec.MAX_STR_BYTES is limits.MAX_STR_BYTES
     with pytest.raises(ConfigError, match=f"over the {limits.MAX_STR_BYTES:,} a welcome"):
         config.load(None, ["llm.cache_dir=" + "d" * limits.MAX_STR_BYTES])
 

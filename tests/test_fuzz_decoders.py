@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from asyncrl.core.consume import SlotError, check_slot
 from asyncrl.core.spec import RolloutSpec
 from asyncrl.roles.learner import handshake_mismatch
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, rejects, sockets
 from asyncrl.wire.shm.layout import _HEADER, HEADER_NBYTES, MAGIC, ShmError, _check_header, _hash
 
 pytestmark = pytest.mark.timeout(300)
@@ -77,9 +77,9 @@ def typed(kind):
 def hostile_headers(draw):
     """A header of a real message type: each key's value of its type but hostile, or of any type;
     keys dropped or added now and then."""
-    kind = draw(st.sampled_from(sorted(tp.SCHEMAS)))
-    schema = {**tp._COMMON, **tp.SCHEMAS[kind], **tp.OPTIONAL.get(kind, {})}
-    good = {"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": RUN}
+    kind = draw(st.sampled_from(sorted(protocol.SCHEMAS)))
+    schema = {**protocol._COMMON, **protocol.SCHEMAS[kind], **protocol.OPTIONAL.get(kind, {})}
+    good = {"type": kind, "proto": protocol.PROTOCOL_VERSION, "run_id": RUN}
     header = {}
     for key, expected in schema.items():
         pick = draw(st.integers(0, 19))
@@ -110,7 +110,7 @@ def decode_or_reject(fn, *args, **kwargs):
     """Call a decoder; a ProtocolError is the one allowed failure."""
     try:
         return fn(*args, **kwargs)
-    except tp.ProtocolError as exc:
+    except protocol.ProtocolError as exc:
         assert exc.reason and isinstance(exc.reason, str)
         return None
 
@@ -121,9 +121,9 @@ def decode_or_reject(fn, *args, **kwargs):
 @FUZZ
 @given(frames_of_bytes)
 def test_decode_random_bytes(frames):
-    out = decode_or_reject(tp.decode, frames)
+    out = decode_or_reject(codec.decode, frames)
     if out is not None:
-        tp.validate_header(out[0])
+        protocol.validate_header(out[0])
 
 
 @FUZZ
@@ -132,11 +132,11 @@ def test_decode_hostile_headers(header, extra, report_limits):
     raw = packed(header)
     if raw is None:
         return
-    limits = tp.report_limits(SPEC.num_envs, SPEC.rollout_length) if report_limits else tp.DEFAULT_LIMITS
-    out = decode_or_reject(tp.decode, [raw, *extra], run_id=RUN if report_limits else None, limits=limits)
+    limits = protocol.report_limits(SPEC.num_envs, SPEC.rollout_length) if report_limits else protocol.DEFAULT_LIMITS
+    out = decode_or_reject(codec.decode, [raw, *extra], run_id=RUN if report_limits else None, limits=limits)
     if out is not None:
         h, rest = out
-        assert h["type"] in tp.SCHEMAS and h["proto"] == tp.PROTOCOL_VERSION
+        assert h["type"] in protocol.SCHEMAS and h["proto"] == protocol.PROTOCOL_VERSION
         assert not rest or h["type"] == "rollout"
         if h["type"] == "hello":  # the learner compares a validated hello's values next
             assert isinstance(
@@ -153,17 +153,17 @@ def test_decode_random_msgpack_and_peek(value):
     raw = packed(value)
     if raw is None:
         return
-    decode_or_reject(tp.decode, [raw])
-    peeked = tp.peek(raw)
+    decode_or_reject(codec.decode, [raw])
+    peeked = codec.peek(raw)
     assert isinstance(peeked, dict)
-    decode_or_reject(tp.validate_header, value, run_id=RUN)
+    decode_or_reject(protocol.validate_header, value, run_id=RUN)
 
 
 @FUZZ
 @given(frames_of_bytes)
 def test_peek_random_bytes(frames):
     for f in frames:
-        assert isinstance(tp.peek(f), dict)
+        assert isinstance(codec.peek(f), dict)
 
 
 def _rollout_frame_sizes():
@@ -178,7 +178,7 @@ def test_decode_rollout_frames(data):
         frames = [data.draw(st.binary(min_size=n, max_size=n)) for n in sizes]
     else:
         frames = data.draw(st.lists(st.binary(max_size=max(sizes) + 8), max_size=len(sizes) + 2))
-    out = decode_or_reject(tp.decode_rollout_frames, frames, SPEC)
+    out = decode_or_reject(codec.decode_rollout_frames, frames, SPEC)
     if out is not None:
         assert set(out) == set(SPEC.field_names)
         for f in SPEC.fields:
@@ -197,7 +197,7 @@ def test_decode_weights(data):
     body = data.draw(st.binary(max_size=64))
     header = {
         "type": "weights",
-        "proto": tp.PROTOCOL_VERSION,
+        "proto": protocol.PROTOCOL_VERSION,
         "run_id": RUN,
         "version": data.draw(hostile_ints),
         "publish_time": data.draw(hostile_floats),
@@ -208,10 +208,10 @@ def test_decode_weights(data):
     for key in data.draw(st.lists(st.sampled_from(sorted(header)), max_size=3)):
         header[key] = data.draw(msgpack_values)
     raw = packed(header)
-    topic = data.draw(st.sampled_from([tp.WEIGHTS_TOPIC, b"", b"weight", b"weightsX"]))
+    topic = data.draw(st.sampled_from([protocol.WEIGHTS_TOPIC, b"", b"weight", b"weightsX"]))
     frames = data.draw(st.one_of(st.just([topic, raw or b"", body]), frames_of_bytes))
     out = decode_or_reject(
-        tp.decode_weights,
+        codec.decode_weights,
         frames,
         run_id=data.draw(st.sampled_from([None, RUN])),
         layout_hash=data.draw(st.sampled_from([None, "abc"])),
@@ -224,18 +224,18 @@ def test_decode_weights(data):
 @FUZZ
 @given(st.one_of(st.text(), st.binary()), st.one_of(st.none(), st.text(), st.binary()), hostile_text)
 def test_reject_counter_and_printable_never_raise(text, sender, reason):
-    counter = tp.RejectCounter("fuzz", logging.getLogger("fuzz.quiet"))
-    counter.reject(tp.ProtocolError(reason or "r", text if isinstance(text, str) else repr(text)), sender)
+    counter = rejects.RejectCounter("fuzz", logging.getLogger("fuzz.quiet"))
+    counter.reject(protocol.ProtocolError(reason or "r", text if isinstance(text, str) else repr(text)), sender)
     counter.reject(reason, sender)
     assert counter.total == 2
-    line = tp.printable(text)
+    line = rejects.printable(text)
     assert line.isascii() and "\n" not in line and len(line) <= 303
 
 
 @FUZZ
 @given(st.one_of(st.binary(max_size=64), st.text(max_size=64), st.none(), st.integers()))
 def test_user_id_of_anything(frame):
-    assert tp.user_id(frame) is None
+    assert sockets.user_id(frame) is None
 
 
 # ----------------------------------------------------------------------------- shared memory, security

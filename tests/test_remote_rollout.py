@@ -15,7 +15,7 @@ from asyncrl.core import config
 from asyncrl.roles.learner import Learner, handshake_mismatch
 from asyncrl.run.launch import free_port
 from asyncrl.tasks.control.envs import env_spaces
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, sockets
 from asyncrl.wire.shm.ring import SlotRing
 
 CORRIDOR = "asyncrl/Corridor-v0"
@@ -32,21 +32,21 @@ SMALL = [
 
 class Client:
     def __init__(self, ctx, endpoint: str, actor_id: str):
-        self.sock, self.actor_id = tp.dealer(ctx, endpoint, actor_id), actor_id
+        self.sock, self.actor_id = sockets.dealer(ctx, endpoint, actor_id), actor_id
         self.run_id, self.token = "", None
 
     def send(self, kind: str, arrays=None, **fields) -> None:
         header = {"type": kind, "run_id": self.run_id, "actor_id": self.actor_id, "token": self.token, **fields}
-        frames = tp.encode_rollout(header, arrays, SPEC) if arrays is not None else tp.encode(header)
-        assert tp.send(self.sock, frames)
+        frames = codec.encode_rollout(header, arrays, SPEC) if arrays is not None else codec.encode(header)
+        assert sockets.send(self.sock, frames)
 
     def wait(self, learner: Learner, kind: str) -> dict:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             learner.serve(20)
-            frames = tp.recv_multipart_timeout(self.sock, 20)
+            frames = sockets.recv_multipart_timeout(self.sock, 20)
             if frames is not None:
-                header, _ = tp.decode(frames)
+                header, _ = codec.decode(frames)
                 if header["type"] == kind:
                     return header
         pytest.fail(f"{self.actor_id}: no {kind} from the learner")
@@ -63,7 +63,7 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
         broadcaster=f"tcp://127.0.0.1:{free_port()}",
         echo=lambda *_: None,
     )
-    ctx = tp.context()
+    ctx = sockets.context()
     clients = {name: Client(ctx, learner.endpoint, name) for name in ("local", "remote")}
     ring = None
     try:
@@ -115,7 +115,7 @@ def test_tcp_rollout_fills_the_slot_like_shared_memory(tmp_path):
     finally:
         if ring is not None:
             ring.close()
-        tp.close(*(c.sock for c in clients.values()))
+        sockets.close(*(c.sock for c in clients.values()))
         ctx.term()
         learner.close()
 
@@ -132,7 +132,7 @@ def _joined_learner(cfg, tmp_path, run_id: str):
         broadcaster=f"tcp://127.0.0.1:{free_port()}",
         echo=lambda *_: None,
     )
-    ctx = tp.context()
+    ctx = sockets.context()
     c = Client(ctx, learner.endpoint, "local")
     ring = None
     try:
@@ -154,7 +154,7 @@ def _joined_learner(cfg, tmp_path, run_id: str):
     finally:
         if ring is not None:
             ring.close()
-        tp.close(c.sock)
+        sockets.close(c.sock)
         ctx.term()
         learner.close()
 

@@ -15,7 +15,7 @@ from asyncrl.core import config, metrics
 from asyncrl.core.config import ConfigError
 from asyncrl.core.metrics import JsonlWriter, RunDirError, write_atomic
 from asyncrl.core.spec import RolloutSpec
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol
 from asyncrl.wire.shm import dev_shm
 from asyncrl.wire.shm.layout import ShmSpaceError, segment_nbytes
 from asyncrl.wire.shm.ring import SlotRing
@@ -148,13 +148,13 @@ def test_a_report_of_every_env_ending_every_step_fits(num_envs, rollout_length):
     """E*T episodes (the most a rollout can end), each with the longest msgpack number: encoded
     and decoded under report_limits(E, T)."""
     episodes = num_envs * rollout_length
-    limits = tp.report_limits(num_envs, rollout_length)
-    frames = tp.encode(_report(episodes), limits=limits)
-    header, _ = tp.decode(frames, limits=limits)
+    limits = protocol.report_limits(num_envs, rollout_length)
+    frames = codec.encode(_report(episodes), limits=limits)
+    header, _ = codec.decode(frames, limits=limits)
     assert len(header["episode_returns"]) == episodes
-    if len(frames[0]) > tp.MAX_HEADER_BYTES:  # what overflowed before: the default limits refuse it
-        with pytest.raises(tp.ProtocolError, match="oversized"):
-            tp.decode(frames)
+    if len(frames[0]) > protocol.MAX_HEADER_BYTES:  # what overflowed before: the default limits refuse it
+        with pytest.raises(protocol.ProtocolError, match="oversized"):
+            codec.decode(frames)
 
 
 def test_config_too_long_for_the_welcome_is_refused():

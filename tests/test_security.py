@@ -1,4 +1,5 @@
-"""asyncrl.wire.security: the loopback rule, key files, and CURVE sockets that accept only listed clients."""
+"""asyncrl.wire.security and asyncrl.wire.addresses: the loopback rule, key files, and CURVE sockets that
+accept only listed clients."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import time
 import pytest
 import zmq
 
+from asyncrl.wire import addresses, handshake, protocol, sockets
 from asyncrl.wire import security as sec
-from asyncrl.wire import transport as tp
 from asyncrl.wire.security import Curve, Security, SecurityError
 
 LAN = "tcp://192.0.2.1:5555"  # never bound or connected to: only selects CURVE
@@ -46,20 +47,20 @@ def ctx():
     ],
 )
 def test_loopback_rule(endpoint, loopback):
-    assert sec.is_loopback(endpoint) is loopback
+    assert addresses.is_loopback(endpoint) is loopback
 
 
 def test_endpoints_and_advertised_address():
-    assert sec.normalize_endpoint("10.0.0.5:5555") == "tcp://10.0.0.5:5555"
-    assert sec.normalize_endpoint("tcp://0.0.0.0:0") == "tcp://0.0.0.0:0"
+    assert addresses.normalize_endpoint("10.0.0.5:5555") == "tcp://10.0.0.5:5555"
+    assert addresses.normalize_endpoint("tcp://0.0.0.0:0") == "tcp://0.0.0.0:0"
     for bad in ("10.0.0.5", "tcp://host:port", "udp://x:1"):
         with pytest.raises(ValueError):
-            sec.normalize_endpoint(bad)
-    assert sec.advertised("tcp://10.0.0.5:6000") == "tcp://10.0.0.5:6000"
-    assert sec.advertised("tcp://0.0.0.0:6000", "gpu-box") == "tcp://gpu-box:6000"
-    assert sec.advertised("tcp://0.0.0.0:6000", "gpu-box:7000") == "tcp://gpu-box:7000"
-    assert sec.advertised("tcp://0.0.0.0:6000").endswith(":6000")
-    assert "0.0.0.0" not in sec.advertised("tcp://0.0.0.0:6000")
+            addresses.normalize_endpoint(bad)
+    assert addresses.advertised("tcp://10.0.0.5:6000") == "tcp://10.0.0.5:6000"
+    assert addresses.advertised("tcp://0.0.0.0:6000", "gpu-box") == "tcp://gpu-box:6000"
+    assert addresses.advertised("tcp://0.0.0.0:6000", "gpu-box:7000") == "tcp://gpu-box:7000"
+    assert addresses.advertised("tcp://0.0.0.0:6000").endswith(":6000")
+    assert "0.0.0.0" not in addresses.advertised("tcp://0.0.0.0:6000")
 
 
 def test_generate_writes_the_documented_layout(keys):
@@ -123,27 +124,27 @@ def test_missing_allowed_keys_is_an_error(keys, ctx):
         Security("broadcaster", keys / "server").server(ctx, LAN)
 
 
-def _exchange(ctx, endpoint, curve: Curve | None, identity: str) -> tuple[bool, tp.HandshakeFailure | None]:
+def _exchange(ctx, endpoint, curve: Curve | None, identity: str) -> tuple[bool, handshake.HandshakeFailure | None]:
     """Connect a DEALER with ``curve``, send one hello-sized message: (delivered?, client's verdict)."""
-    client = tp.dealer(ctx, endpoint, identity, security=curve)
-    watch = tp.handshakes(client)
+    client = sockets.dealer(ctx, endpoint, identity, security=curve)
+    watch = sockets.handshakes(client)
     try:
-        tp.send(client, [b"ping"], block=False)
+        sockets.send(client, [b"ping"], block=False)
         verdict, deadline = None, time.monotonic() + 5
         while verdict is None and time.monotonic() < deadline and watch.succeeded == 0:
             time.sleep(0.05)
             verdict = watch.fatal()
         return watch.succeeded > 0, verdict
     finally:
-        tp.close(client)
+        sockets.close(client)
 
 
 def test_curve_router_accepts_listed_client_and_refuses_the_others(keys, tmp_path, ctx, caplog):
     caplog.set_level(logging.WARNING, logger="asyncrl.wire.security")
     server_sec = Security("learner", keys / "server")
-    router = tp.router(ctx, "tcp://127.0.0.1:0", security=server_sec.server(ctx, LAN))
-    endpoint = tp.endpoint_of(router)
-    server_watch = tp.handshakes(router)
+    router = sockets.router(ctx, "tcp://127.0.0.1:0", security=server_sec.server(ctx, LAN))
+    endpoint = sockets.endpoint_of(router)
+    server_watch = sockets.handshakes(router)
     sec.generate(tmp_path / "other", clients=1)  # keys of another deployment
     listed = Security("actor good", keys / "client-1").client(LAN)
     unlisted = Security("actor stranger", tmp_path / "other" / "client-1").client(LAN)
@@ -151,7 +152,7 @@ def test_curve_router_accepts_listed_client_and_refuses_the_others(keys, tmp_pat
     try:
         ok, verdict = _exchange(ctx, endpoint, listed, "good")
         assert ok and verdict is None
-        frames = tp.recv_multipart_timeout(router, 5000)
+        frames = sockets.recv_multipart_timeout(router, 5000)
         assert frames == [b"good", b"ping"]
 
         ok, verdict = _exchange(ctx, endpoint, Curve(unlisted.public, unlisted.secret, listed.server_key), "stranger")
@@ -160,7 +161,7 @@ def test_curve_router_accepts_listed_client_and_refuses_the_others(keys, tmp_pat
         assert not ok and verdict.reason == "mechanism_mismatch"
         ok, verdict = _exchange(ctx, endpoint, impostor, "impostor")
         assert not ok and verdict is not None
-        assert tp.recv_multipart_timeout(router, 300) is None  # nothing of theirs arrived
+        assert sockets.recv_multipart_timeout(router, 300) is None  # nothing of theirs arrived
 
         # the server logged and counted them: the refused key by the authenticator (with the
         # peer's address), the other failed handshakes through its monitor
@@ -170,44 +171,44 @@ def test_curve_router_accepts_listed_client_and_refuses_the_others(keys, tmp_pat
         stranger_key = unlisted.public.decode()
         assert any(stranger_key in r.getMessage() and "127.0.0.1" in r.getMessage() for r in caplog.records)
     finally:
-        tp.close(router)
+        sockets.close(router)
         server_sec.close()
 
 
 def test_curve_pub_sub(keys, ctx):
     """Weights over CURVE PUB/SUB reach a listed subscriber."""
     server_sec = Security("broadcaster", keys / "server")
-    pub = tp.pub(ctx, "tcp://127.0.0.1:0", security=server_sec.server(ctx, LAN))
-    sub = tp.sub(ctx, tp.endpoint_of(pub), security=Security("actor a", keys / "client-2").client(LAN))
+    pub = sockets.pub(ctx, "tcp://127.0.0.1:0", security=server_sec.server(ctx, LAN))
+    sub = sockets.sub(ctx, sockets.endpoint_of(pub), security=Security("actor a", keys / "client-2").client(LAN))
     try:
         deadline = time.monotonic() + 5
         got = None
         while got is None and time.monotonic() < deadline:
-            tp.send(pub, [tp.WEIGHTS_TOPIC, b"h", b"p"], block=False)
-            got = tp.recv_multipart_timeout(sub, 100)
-        assert got == [tp.WEIGHTS_TOPIC, b"h", b"p"]
+            sockets.send(pub, [protocol.WEIGHTS_TOPIC, b"h", b"p"], block=False)
+            got = sockets.recv_multipart_timeout(sub, 100)
+        assert got == [protocol.WEIGHTS_TOPIC, b"h", b"p"]
     finally:
-        tp.close(pub, sub)
+        sockets.close(pub, sub)
         server_sec.close()
 
 
 def test_wildcard_bind_never_advertises_loopback(monkeypatch):
     """A host that calls itself localhost (or maps its name to 127.0.1.1): the outbound address."""
-    monkeypatch.setattr(sec.socket, "getfqdn", lambda: "localhost")
-    monkeypatch.setattr(sec.socket, "gethostname", lambda: "box")
-    real = sec.socket.getaddrinfo
+    monkeypatch.setattr(addresses.socket, "getfqdn", lambda: "localhost")
+    monkeypatch.setattr(addresses.socket, "gethostname", lambda: "box")
+    real = addresses.socket.getaddrinfo
     monkeypatch.setattr(
-        sec.socket,
+        addresses.socket,
         "getaddrinfo",
         lambda name, *a, **k: [(2, 1, 6, "", ("127.0.1.1", 0))] if name == "box" else real(name, *a, **k),
     )
-    monkeypatch.setattr(sec, "outbound_address", lambda: "10.1.2.3")
-    addr, source = sec.advertised_with_source("tcp://0.0.0.0:5555")
+    monkeypatch.setattr(addresses, "outbound_address", lambda: "10.1.2.3")
+    addr, source = addresses.advertised_with_source("tcp://0.0.0.0:5555")
     assert addr == "tcp://10.1.2.3:5555" and "outbound address 10.1.2.3" in source and "--advertise" in source
     # a name that resolves to a real address is kept, and said so
-    monkeypatch.setattr(sec.socket, "getaddrinfo", lambda name, *a, **k: [(2, 1, 6, "", ("10.9.9.9", 0))])
-    addr, source = sec.advertised_with_source("tcp://0.0.0.0:5555")
+    monkeypatch.setattr(addresses.socket, "getaddrinfo", lambda name, *a, **k: [(2, 1, 6, "", ("10.9.9.9", 0))])
+    addr, source = addresses.advertised_with_source("tcp://0.0.0.0:5555")
     assert addr == "tcp://box:5555" and source.startswith("this host's name box")
     # --advertise wins; a bound address is its own
-    assert sec.advertised_with_source("tcp://0.0.0.0:5555", "gpu-box") == ("tcp://gpu-box:5555", "--advertise")
-    assert sec.advertised_with_source("tcp://10.0.0.5:5555") == ("tcp://10.0.0.5:5555", "the bound address")
+    assert addresses.advertised_with_source("tcp://0.0.0.0:5555", "gpu-box") == ("tcp://gpu-box:5555", "--advertise")
+    assert addresses.advertised_with_source("tcp://10.0.0.5:5555") == ("tcp://10.0.0.5:5555", "the bound address")

@@ -11,8 +11,8 @@ import pytest
 import zmq
 
 from asyncrl.core.spec import RolloutSpec
-from asyncrl.wire import transport as tp
-from asyncrl.wire.transport import ProtocolError
+from asyncrl.wire import codec, protocol, rejects, sockets
+from asyncrl.wire.protocol import ProtocolError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -55,7 +55,7 @@ HEADERS = {
 
 
 def _header(kind: str, **changes) -> dict:
-    return {"type": kind, "proto": tp.PROTOCOL_VERSION, "run_id": RUN, **HEADERS[kind], **changes}
+    return {"type": kind, "proto": protocol.PROTOCOL_VERSION, "run_id": RUN, **HEADERS[kind], **changes}
 
 
 def _raw(header) -> list[bytes]:
@@ -73,13 +73,13 @@ def _rollout_arrays(seed: int = 0) -> dict:
 
 def _rejected(reason: str, frames, **kw):
     with pytest.raises(ProtocolError) as info:
-        tp.decode(frames, **kw)
+        codec.decode(frames, **kw)
     assert info.value.reason == reason, info.value
 
 
 @pytest.fixture
 def ctx():
-    c = tp.context()
+    c = sockets.context()
     yield c
     c.destroy(linger=0)
 
@@ -91,45 +91,45 @@ def ctx():
 def test_round_trip_every_message_type(kind):
     header = {k: v for k, v in _header(kind).items() if k != "proto"}  # encode fills proto in
     arrays = [_rollout_arrays()[f.name] for f in SPEC.fields] if kind == "rollout" else []
-    got, rest = tp.decode(tp.encode(header, arrays), run_id=RUN)
+    got, rest = codec.decode(codec.encode(header, arrays), run_id=RUN)
     assert got == _header(kind)
     assert len(rest) == len(arrays)
 
 
 def test_encode_converts_numpy_scalars_and_refuses_bad_headers():
     header = dict(_header("ready"), env_steps=np.int64(8), episode_returns=[np.float32(1.5)])
-    got, _ = tp.decode(tp.encode(header))
+    got, _ = codec.decode(codec.encode(header))
     assert type(got["env_steps"]) is int and got["episode_returns"] == [1.5]
     with pytest.raises(ProtocolError):
-        tp.encode(_header("grant", slot="1"))
+        codec.encode(_header("grant", slot="1"))
     with pytest.raises(ProtocolError, match="frame_count"):
-        tp.encode(_header("grant"), [np.zeros(3)])
+        codec.encode(_header("grant"), [np.zeros(3)])
 
 
 def test_random_bytes_rejected():
     rng = np.random.default_rng(0)
     for n in (0, 1, 7, 100, 5000):
         with pytest.raises(ProtocolError):
-            tp.decode([rng.bytes(n)])
+            codec.decode([rng.bytes(n)])
     with pytest.raises(ProtocolError, match="malformed"):
-        tp.decode([msgpack.packb([1, 2, 3])])
+        codec.decode([msgpack.packb([1, 2, 3])])
     with pytest.raises(ProtocolError, match="malformed"):
-        tp.decode([msgpack.packb({1: 2})])  # non-str key
+        codec.decode([msgpack.packb({1: 2})])  # non-str key
     with pytest.raises(ProtocolError, match="malformed"):  # ext types (e.g. timestamps) refused
-        tp.decode([msgpack.packb({"type": msgpack.Timestamp(1)}, datetime=False)])
+        codec.decode([msgpack.packb({"type": msgpack.Timestamp(1)}, datetime=False)])
     _rejected("frame_count", [])
 
 
 def test_mutated_headers_raise_only_protocol_error():
     """Whatever a corrupted header turns into, decode either accepts it or raises ProtocolError."""
     rng = np.random.default_rng(1)
-    valid = [tp.encode(_header(kind))[0] for kind in sorted(HEADERS) if kind != "rollout"]
+    valid = [codec.encode(_header(kind))[0] for kind in sorted(HEADERS) if kind != "rollout"]
     for i in range(2000):
         frame = bytearray(valid[i % len(valid)])
         for pos in rng.integers(0, len(frame), rng.integers(1, 4)):
             frame[pos] = rng.integers(0, 256)
         try:
-            tp.decode([bytes(frame)])
+            codec.decode([bytes(frame)])
         except ProtocolError:
             pass
 
@@ -138,7 +138,7 @@ def test_mutated_headers_raise_only_protocol_error():
     "reason, header",
     [
         ("run_id", _header("request", run_id="other")),
-        ("proto", _header("request", proto=tp.PROTOCOL_VERSION + 1)),
+        ("proto", _header("request", proto=protocol.PROTOCOL_VERSION + 1)),
         ("proto", _header("request", proto=True)),
         ("unknown_type", dict(_header("request"), type="shutdown_everything")),
         ("unknown_type", {k: v for k, v in _header("request").items() if k != "type"}),
@@ -161,7 +161,7 @@ def test_bad_headers_rejected(reason, header):
 
 
 def test_oversized_header_rejected():
-    big = _header("refuse", reason="x" * (tp.MAX_HEADER_BYTES + 1))
+    big = _header("refuse", reason="x" * (protocol.MAX_HEADER_BYTES + 1))
     _rejected("oversized", [msgpack.packb(big)])
 
 
@@ -174,26 +174,26 @@ def test_array_frames_only_on_rollout():
 
 def test_rollout_frames_zero_copy_read_only():
     arrays = _rollout_arrays()
-    header, rest = tp.decode(tp.encode_rollout(dict(REPORT, run_id=RUN), arrays, SPEC), run_id=RUN)
+    header, rest = codec.decode(codec.encode_rollout(dict(REPORT, run_id=RUN), arrays, SPEC), run_id=RUN)
     assert header["type"] == "rollout"
-    got = tp.decode_rollout_frames(rest, SPEC)
+    got = codec.decode_rollout_frames(rest, SPEC)
     for name, a in arrays.items():
         np.testing.assert_array_equal(got[name], a)
         assert got[name].dtype == a.dtype and not got[name].flags.writeable
         assert np.shares_memory(got[name], a)  # neither encode nor decode copied
     # received as bytes (what a socket returns), the result is the same
     as_bytes = [bytes(f) for f in rest]
-    np.testing.assert_array_equal(tp.decode_rollout_frames(as_bytes, SPEC)["obs"], arrays["obs"])
+    np.testing.assert_array_equal(codec.decode_rollout_frames(as_bytes, SPEC)["obs"], arrays["obs"])
 
 
 def test_rollout_frame_errors():
     arrays = _rollout_arrays()
-    frames = [bytes(f) for f in tp.encode_rollout(dict(REPORT, run_id=RUN), arrays, SPEC)[1:]]
+    frames = [bytes(f) for f in codec.encode_rollout(dict(REPORT, run_id=RUN), arrays, SPEC)[1:]]
     names = SPEC.field_names
 
     def rejected(reason, bad, match=None):
         with pytest.raises(ProtocolError, match=match) as info:
-            tp.decode_rollout_frames(bad, SPEC)
+            codec.decode_rollout_frames(bad, SPEC)
         assert info.value.reason == reason
 
     rejected("frame_count", frames[:-1])
@@ -204,19 +204,19 @@ def test_rollout_frame_errors():
         bad = dict(arrays)
         bad[name] = arrays[name].copy()
         bad[name].flat[1] = value
-        bad_frames = [bytes(f) for f in tp.encode_rollout(dict(REPORT, run_id=RUN), bad, SPEC)[1:]]
+        bad_frames = [bytes(f) for f in codec.encode_rollout(dict(REPORT, run_id=RUN), bad, SPEC)[1:]]
         rejected("nonfinite", bad_frames, match=name)
     j = names.index("terminated")
     rejected("bad_bool", frames[:j] + [b"\x02" + frames[j][1:]] + frames[j + 1 :])
     with pytest.raises(ValueError):  # sender side: wrong dtype
-        tp.encode_rollout(REPORT, dict(arrays, rewards=arrays["rewards"].astype(np.float64)), SPEC)
+        codec.encode_rollout(REPORT, dict(arrays, rewards=arrays["rewards"].astype(np.float64)), SPEC)
 
 
 def test_check_finite_names():
     arrays = {"a": np.array([1.0, np.nan]), "b": np.array([1.0])}
-    tp.check_finite(arrays, ["b"])
+    codec.check_finite(arrays, ["b"])
     with pytest.raises(ProtocolError, match="a holds 1"):
-        tp.check_finite(arrays)
+        codec.check_finite(arrays)
 
 
 # ---------------------------------------------------------------------------- weights
@@ -225,12 +225,12 @@ def test_check_finite_names():
 def _weights(version=3, payload=None, **kw):
     payload = np.linspace(-1, 1, 1000, dtype=np.float32) if payload is None else payload
     args = dict(run_id=RUN, version=version, publish_time=12.5, layout_hash="abc", payload=payload)
-    return tp.encode_weights(**{**args, **kw})
+    return codec.encode_weights(**{**args, **kw})
 
 
 def test_weights_round_trip():
     payload = np.linspace(-1, 1, 1000, dtype=np.float32)
-    header, got = tp.decode_weights(_weights(payload=payload), run_id=RUN, layout_hash="abc")
+    header, got = codec.decode_weights(_weights(payload=payload), run_id=RUN, layout_hash="abc")
     np.testing.assert_array_equal(got, payload)
     assert not got.flags.writeable
     assert header["version"] == 3 and header["publish_time"] == 12.5
@@ -240,7 +240,7 @@ def test_weights_round_trip():
 def test_weights_rejections():
     def rejected(reason, frames, **kw):
         with pytest.raises(ProtocolError) as info:
-            tp.decode_weights(frames, **kw)
+            codec.decode_weights(frames, **kw)
         assert info.value.reason == reason, info.value
 
     topic, header, body = [bytes(f) for f in _weights()]
@@ -264,17 +264,17 @@ def test_weights_rejections():
 
 
 def test_reject_counter_counts_and_logs_without_raising(caplog):
-    rejects = tp.RejectCounter("learner")
+    counter = rejects.RejectCounter("learner")
     with caplog.at_level(logging.WARNING, logger="asyncrl.wire.transport"):
         for _ in range(5):
             try:
-                tp.decode([b"garbage"])
+                codec.decode([b"garbage"])
             except ProtocolError as e:
-                rejects.reject(e, sender=b"actor-1")
-        rejects.reject("heartbeat_timeout")
-    assert rejects.counts[("malformed", "actor-1")] == 5
-    assert rejects.by_reason() == {"malformed": 5, "heartbeat_timeout": 1}
-    assert rejects.total == 6
+                counter.reject(e, sender=b"actor-1")
+        counter.reject("heartbeat_timeout")
+    assert counter.counts[("malformed", "actor-1")] == 5
+    assert counter.by_reason() == {"malformed": 5, "heartbeat_timeout": 1}
+    assert counter.total == 6
     assert len(caplog.records) == 4  # 1st, 2nd, 4th of one kind + 1st of the other
     assert "actor-1" in caplog.records[0].getMessage()
 
@@ -283,32 +283,32 @@ def test_reject_counter_counts_and_logs_without_raising(caplog):
 
 
 def test_router_dealer_round_trip_over_tcp(ctx):
-    server = tp.router(ctx, "tcp://127.0.0.1:0")
-    endpoint = tp.endpoint_of(server)
+    server = sockets.router(ctx, "tcp://127.0.0.1:0")
+    endpoint = sockets.endpoint_of(server)
     assert endpoint.startswith("tcp://127.0.0.1:") and not endpoint.endswith((":0", ":*"))
-    client = tp.dealer(ctx, endpoint, identity="actor-7")
+    client = sockets.dealer(ctx, endpoint, identity="actor-7")
     try:
-        assert tp.send(client, tp.encode(_header("hello")))
-        frames = tp.recv_multipart_timeout(server, 5000)
+        assert sockets.send(client, codec.encode(_header("hello")))
+        frames = sockets.recv_multipart_timeout(server, 5000)
         assert frames is not None and frames[0] == b"actor-7"
-        header, _ = tp.decode(frames[1:], run_id=RUN)
+        header, _ = codec.decode(frames[1:], run_id=RUN)
         assert header["type"] == "hello" and header["spec"] == SPEC.to_dict()
 
-        assert tp.send(server, [frames[0], *tp.encode(_header("grant"))])
-        reply = tp.recv_multipart_timeout(client, 5000)
-        assert tp.decode(reply, run_id=RUN)[0]["slot"] == 1
+        assert sockets.send(server, [frames[0], *codec.encode(_header("grant"))])
+        reply = sockets.recv_multipart_timeout(client, 5000)
+        assert codec.decode(reply, run_id=RUN)[0]["slot"] == 1
 
         arrays = _rollout_arrays(seed=3)
-        assert tp.send(client, tp.encode_rollout(dict(REPORT, run_id=RUN), arrays, SPEC))
-        frames = tp.recv_multipart_timeout(server, 5000, copy=False)
+        assert sockets.send(client, codec.encode_rollout(dict(REPORT, run_id=RUN), arrays, SPEC))
+        frames = sockets.recv_multipart_timeout(server, 5000, copy=False)
         assert frames[0].bytes == b"actor-7"
-        header, rest = tp.decode(frames[1:], run_id=RUN)
-        got = tp.decode_rollout_frames(rest, SPEC)
+        header, rest = codec.decode(frames[1:], run_id=RUN)
+        got = codec.decode_rollout_frames(rest, SPEC)
         for name, a in arrays.items():
             np.testing.assert_array_equal(got[name], a)
-        assert tp.recv_multipart_timeout(server, 20) is None
+        assert sockets.recv_multipart_timeout(server, 20) is None
     finally:
-        tp.close(client, server)
+        sockets.close(client, server)
 
 
 def test_drain_latest_keeps_newest_complete_multipart(ctx):
@@ -317,60 +317,60 @@ def test_drain_latest_keeps_newest_complete_multipart(ctx):
     try:
         a.bind("inproc://drain")
         b.connect("inproc://drain")
-        assert tp.drain_latest(b) is None
+        assert sockets.drain_latest(b) is None
         for v in (1, 2, 3):
             a.send_multipart([b"weights", b"v%d" % v, b"payload%d" % v])
         deadline = time.monotonic() + 5
         while not b.poll(0) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert [f.bytes for f in tp.drain_latest(b)] == [b"weights", b"v3", b"payload3"]
-        assert tp.drain_latest(b) is None
+        assert [f.bytes for f in sockets.drain_latest(b)] == [b"weights", b"v3", b"payload3"]
+        assert sockets.drain_latest(b) is None
     finally:
-        tp.close(a, b)
+        sockets.close(a, b)
 
 
 def test_pub_sub_latest_weights_only(ctx):
-    publisher = tp.pub(ctx, "tcp://127.0.0.1:*")
-    subscriber = tp.sub(ctx, tp.endpoint_of(publisher))
+    publisher = sockets.pub(ctx, "tcp://127.0.0.1:*")
+    subscriber = sockets.sub(ctx, sockets.endpoint_of(publisher))
     try:
         # slow joiner: the subscription takes a moment to reach the publisher
         deadline = time.monotonic() + 5
-        while tp.drain_latest(subscriber) is None:
+        while sockets.drain_latest(subscriber) is None:
             assert time.monotonic() < deadline, "subscriber never connected"
-            tp.send(publisher, _weights(version=0), block=False)
+            sockets.send(publisher, _weights(version=0), block=False)
             time.sleep(0.02)
         time.sleep(0.05)
-        tp.drain_latest(subscriber)  # flush probes still in flight
+        sockets.drain_latest(subscriber)  # flush probes still in flight
 
         for v in range(1, 6):
-            assert tp.send(publisher, _weights(version=v))
+            assert sockets.send(publisher, _weights(version=v))
         versions = []
         deadline = time.monotonic() + 5
         while not versions or versions[-1] != 5:
             assert time.monotonic() < deadline, f"never saw version 5: {versions}"
             time.sleep(0.05)
-            if (frames := tp.drain_latest(subscriber)) is not None:
-                header, _ = tp.decode_weights(frames, run_id=RUN, layout_hash="abc")
+            if (frames := sockets.drain_latest(subscriber)) is not None:
+                header, _ = codec.decode_weights(frames, run_id=RUN, layout_hash="abc")
                 versions.append(header["version"])
         assert versions == sorted(versions) and len(versions) < 5  # older ones were skipped
-        assert tp.drain_latest(subscriber) is None
+        assert sockets.drain_latest(subscriber) is None
     finally:
-        tp.close(subscriber, publisher)
+        sockets.close(subscriber, publisher)
 
 
 def test_push_pull_and_timeouts(ctx):
     with pytest.raises(ValueError):
-        tp.push(ctx)
-    sink = tp.pull(ctx, bind="tcp://127.0.0.1:*")
-    source = tp.push(ctx, connect=tp.endpoint_of(sink))
+        sockets.push(ctx)
+    sink = sockets.pull(ctx, bind="tcp://127.0.0.1:*")
+    source = sockets.push(ctx, connect=sockets.endpoint_of(sink))
     try:
-        assert tp.recv_multipart_timeout(sink, 20) is None
-        assert tp.send(source, _weights(version=1))
-        frames = tp.recv_multipart_timeout(sink, 5000)
-        assert tp.decode_weights(frames)[0]["version"] == 1
-        assert tp.poll([sink], 20) == set()
+        assert sockets.recv_multipart_timeout(sink, 20) is None
+        assert sockets.send(source, _weights(version=1))
+        frames = sockets.recv_multipart_timeout(sink, 5000)
+        assert codec.decode_weights(frames)[0]["version"] == 1
+        assert sockets.poll([sink], 20) == set()
     finally:
-        tp.close(source, sink)
+        sockets.close(source, sink)
 
 
 def test_free_ports_lie_outside_the_ephemeral_range(tmp_path, monkeypatch):

@@ -14,8 +14,8 @@ def clean(run_id):
     of killed broadcasters (files of ports no socket listens on) and the private endpoint
     directories of killed `asyncrl run`s (no socket in them accepts a connection)."""
     from asyncrl.run.launch import remove_stale_endpoint_dirs
-    from asyncrl.wire.security import remove_stale_weights_secrets
     from asyncrl.wire.shm.dev_shm import cleanup_stale, remove_run
+    from asyncrl.wire.weights_secret import remove_stale_weights_secrets
 
     removed = remove_run(run_id) if run_id else cleanup_stale()
     click.echo(f"removed {len(removed)} segment(s)" + (": " + ", ".join(removed) if removed else ""))

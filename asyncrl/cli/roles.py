@@ -55,7 +55,7 @@ def _network(f):
 
 def _endpoint(value: str | None, default: str) -> str:
     """--bind/--learner/--broadcaster/--upstream: HOST:PORT or tcp://HOST:PORT. Raises UserError."""
-    from asyncrl.wire.security import normalize_endpoint
+    from asyncrl.wire.addresses import normalize_endpoint
 
     try:
         return normalize_endpoint(value or default)
@@ -164,7 +164,7 @@ def learner(
             advertise=advertise,
             resume=resume,
         )
-    except (SecurityError, ValueError, OSError, ShmError) as exc:  # OSError: transport.AddressError
+    except (SecurityError, ValueError, OSError, ShmError) as exc:  # OSError: sockets.AddressError
         raise UserError(f"learner: {exc}" if isinstance(exc, (OSError, ShmError)) else str(exc)) from None
     from asyncrl.core.metrics import RunDirError
     from asyncrl.core.state import NonFiniteError
@@ -340,7 +340,7 @@ def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, con
             echo=click.echo,
             summary=summary_file,
         )
-    except (SecurityError, ValueError, OSError) as exc:  # OSError: transport.AddressError
+    except (SecurityError, ValueError, OSError) as exc:  # OSError: sockets.AddressError
         raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None
     _, interrupted = _run_role(role, BroadcasterError)
     what = f"{'relay' if role.upstream else 'broadcaster'}, {count_of(role.published, 'weight version')} published"

@@ -9,7 +9,7 @@ instead (SUB, plus a snapshot request until it has a first version) and republis
 version on its own sockets, so weights cross the network once per host, not once per actor.
 
 Only the learner's weights are taken: with CURVE, from the learner's client key; else signed with
-the secret this broadcaster writes at start (security.create_weights_secret). Newer means a higher
+the secret this broadcaster writes at start (weights_secret.create_weights_secret). Newer means a higher
 (learner epoch, version), so a restarted learner (a higher epoch) replaces the old one's weights.
 Rejects are counted by reason in ``--summary FILE`` (JSON, rewritten every 2 s and at exit).
 """
@@ -24,15 +24,10 @@ import time
 from pathlib import Path
 
 from asyncrl.core.metrics import write_json_atomic
-from asyncrl.wire import transport as tp
-from asyncrl.wire.security import (
-    Security,
-    advertised_with_source,
-    create_weights_secret,
-    is_loopback,
-    remove_weights_secret,
-)
-from asyncrl.wire.transport import snapshot_endpoint
+from asyncrl.wire import codec, handshake, protocol, rejects, sockets
+from asyncrl.wire.addresses import advertised_with_source, is_loopback, snapshot_endpoint
+from asyncrl.wire.security import Security
+from asyncrl.wire.weights_secret import create_weights_secret, remove_weights_secret
 
 log = logging.getLogger("asyncrl.broadcaster")
 ROUTER_HWM = 4  # messages queued per connection on the request ROUTER, each way (weights:
@@ -49,8 +44,8 @@ DEFAULT_MAX_WEIGHTS_BYTES = 1 << 30
 def weights_frame_limit(weights_bytes: int) -> int:
     """ZMQ_MAXMSGSIZE (bytes per frame) of the sockets that receive weights of ``weights_bytes``
     (a weights message's largest frame is its payload; its header, like a snapshot request, is at
-    most transport.MAX_HEADER_BYTES)."""
-    return max(int(weights_bytes), tp.MAX_HEADER_BYTES)
+    most protocol.MAX_HEADER_BYTES)."""
+    return max(int(weights_bytes), protocol.MAX_HEADER_BYTES)
 
 
 class BroadcasterError(RuntimeError):
@@ -74,7 +69,7 @@ class Broadcaster:
         DEFAULT_MAX_WEIGHTS_BYTES): every socket that takes weights refuses a larger frame
         (ZMQ_MAXMSGSIZE, ``weights_frame_limit``; its peer is disconnected before the frame is
         buffered), the PUB socket takes subscription frames only. Raises SecurityError (keys missing
-        for a non-loopback address, an unsafe secret directory), transport.AddressError (address in
+        for a non-loopback address, an unsafe secret directory), sockets.AddressError (address in
         use, not of this host)."""
         self.security, self.upstream, self.advertise, self.echo = (
             security or Security("broadcaster"),
@@ -86,37 +81,40 @@ class Broadcaster:
         self.secret_file, self.secret = None, None
         self.max_weights_bytes = DEFAULT_MAX_WEIGHTS_BYTES if max_weights_bytes is None else int(max_weights_bytes)
         frame_limit = weights_frame_limit(self.max_weights_bytes)
-        self.ctx = tp.context()
+        self.ctx = sockets.context()
         try:
-            self.pub = tp.pub(self.ctx, bind, security=self.security.server(self.ctx, bind))
-            self.endpoint = tp.endpoint_of(self.pub)
+            self.pub = sockets.pub(self.ctx, bind, security=self.security.server(self.ctx, bind))
+            self.endpoint = sockets.endpoint_of(self.pub)
             if not upstream:  # before the socket that takes weights exists
                 self.secret_file, self.secret = create_weights_secret(self.endpoint)
             request_ep = snapshot_endpoint(self.endpoint)
             # a short queue per connection: it takes weights (the learner) and snapshot requests, one at a time
-            self.router = tp.router(
+            self.router = sockets.router(
                 self.ctx,
                 request_ep,
                 hwm=ROUTER_HWM,
                 max_message_bytes=frame_limit,
                 security=self.security.server(self.ctx, request_ep),
             )
-            self.watches = [tp.handshakes(self.pub), tp.handshakes(self.router)]
-            self.up_watches: list[tuple[str, tp.HandshakeWatch]] = []
+            self.watches = [sockets.handshakes(self.pub), sockets.handshakes(self.router)]
+            self.up_watches: list[tuple[str, handshake.HandshakeWatch]] = []
             if upstream:
                 up_request = snapshot_endpoint(upstream)
-                self.up_sub = tp.sub(
+                self.up_sub = sockets.sub(
                     self.ctx, upstream, security=self.security.client(upstream), max_message_bytes=frame_limit
                 )
-                self.up_req = tp.dealer(
+                self.up_req = sockets.dealer(
                     self.ctx,
                     up_request,
-                    tp.route_identity(f"relay-{socket.gethostname()}-{os.getpid()}"),
+                    sockets.route_identity(f"relay-{socket.gethostname()}-{os.getpid()}"),
                     security=self.security.client(up_request),
                     hwm=ROUTER_HWM,
                     max_message_bytes=frame_limit,
                 )
-                self.up_watches = [(upstream, tp.handshakes(self.up_sub)), (up_request, tp.handshakes(self.up_req))]
+                self.up_watches = [
+                    (upstream, sockets.handshakes(self.up_sub)),
+                    (up_request, sockets.handshakes(self.up_req)),
+                ]
         except BaseException:
             if self.secret_file is not None:
                 remove_weights_secret(self.secret_file, self.secret)
@@ -129,7 +127,7 @@ class Broadcaster:
         # With CURVE, weights come from the learner's key only: an actor host's key must not be
         # able to hand every actor weights of its own.
         self.learner_key = self.security.learner_key
-        self.rejects = tp.RejectCounter("broadcaster")
+        self.rejects = rejects.RejectCounter("broadcaster")
         self.published = 0
         self.next_check = self.next_ask = 0.0
         self.next_summary, self.summary_written = 0.0, None
@@ -145,7 +143,7 @@ class Broadcaster:
         id), or if it is of another epoch while the held epoch's learner has been silent for
         STALE_EPOCH_S (a learner started after the wall clock went back has a lower epoch). Only
         for weights known to come from the learner. Raises ProtocolError for an invalid message."""
-        header, _ = tp.decode_weights(frames)
+        header, _ = codec.decode_weights(frames)
         key, now = (header["epoch"], header["version"]), time.monotonic()
         if key[0] == self.newest[0]:
             self.epoch_heard = now  # the learner of the held epoch is alive (it republishes)
@@ -165,13 +163,13 @@ class Broadcaster:
             log.info(
                 "broadcaster: weights of learner epoch %d (run %s) replace those of epoch %d (run %s)",
                 key[0],
-                tp.printable(header["run_id"]),
+                rejects.printable(header["run_id"]),
                 self.newest[0],
-                tp.printable(self.run_id),
+                rejects.printable(self.run_id),
             )
         self.latest = [bytes(f) for f in frames]
         self.newest, self.run_id, self.epoch_heard = key, header["run_id"], now
-        tp.send(self.pub, self.latest, block=False)
+        sockets.send(self.pub, self.latest, block=False)
         self.published += 1
         return True
 
@@ -179,31 +177,34 @@ class Broadcaster:
         identity, body = frames[0], frames[1:]
         sender = bytes(identity).decode(errors="replace")
         try:
-            if len(body) in (3, 4) and bytes(body[0]) == tp.WEIGHTS_TOPIC:
+            if len(body) in (3, 4) and bytes(body[0]) == protocol.WEIGHTS_TOPIC:
                 if self.upstream:
-                    raise tp.ProtocolError(
+                    raise protocol.ProtocolError(
                         "unexpected_type", f"weights sent to a relay (it takes them from {self.upstream} only)"
                     )
                 if self.learner_key is not None:  # CURVE: the authenticator vouches for the key
-                    if tp.user_id(body[0]) != self.learner_key:
-                        raise tp.ProtocolError(
+                    if sockets.user_id(body[0]) != self.learner_key:
+                        raise protocol.ProtocolError(
                             "not_learner",
-                            f"weights from client key {tp.user_id(body[0])}, not the learner's (allowed/learner.key)",
+                            f"weights from client key {sockets.user_id(body[0])}, "
+                            "not the learner's (allowed/learner.key)",
                         )
                     self.take(body[:3])
                 else:
-                    self.take(tp.verify_weights(body, self.secret))
+                    self.take(codec.verify_weights(body, self.secret))
                 return
-            header, _ = tp.decode(body)
+            header, _ = codec.decode(body)
             if header["type"] != "snapshot":
-                raise tp.ProtocolError("unexpected_type", header["type"])
+                raise protocol.ProtocolError("unexpected_type", header["type"])
             self.answer_snapshot(identity, header)
-        except tp.ProtocolError as exc:
+        except protocol.ProtocolError as exc:
             self.rejects.reject(exc, sender)
         except Exception as exc:  # noqa: BLE001 - peer input must never end the broadcaster: counted, logged
-            self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
+            self.rejects.reject(protocol.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
             if self.rejects.budget.allow()[0]:
-                log.warning("broadcaster: a message from %s raised in its handler", tp.printable(sender), exc_info=True)
+                log.warning(
+                    "broadcaster: a message from %s raised in its handler", rejects.printable(sender), exc_info=True
+                )
 
     def answer_snapshot(self, identity, header: dict) -> None:
         """Send the newest weights (zero-copy: every reply shares the one buffer of ``self.latest``)
@@ -211,24 +212,24 @@ class Broadcaster:
         (an actor asks every 0.5 s while it waits); more often is refused ("snapshot_rate")."""
         key, now = bytes(identity), time.monotonic()
         if now - self.last_snapshot.get(key, -math.inf) < SNAPSHOT_INTERVAL_S:
-            raise tp.ProtocolError("snapshot_rate", f"more than one snapshot request per {SNAPSHOT_INTERVAL_S} s")
+            raise protocol.ProtocolError("snapshot_rate", f"more than one snapshot request per {SNAPSHOT_INTERVAL_S} s")
         if len(self.last_snapshot) >= MAX_SNAPSHOT_PEERS:  # forget peers not heard of for a while
             self.last_snapshot = {k: t for k, t in self.last_snapshot.items() if now - t < SNAPSHOT_INTERVAL_S}
         self.last_snapshot[key] = now
         if self.latest is not None:
-            tp.send(self.router, [identity, *self.latest], block=False, copy=False)
+            sockets.send(self.router, [identity, *self.latest], block=False, copy=False)
         else:
-            tp.send(
+            sockets.send(
                 self.router,
-                [identity, *tp.encode({"type": "refuse", "run_id": header["run_id"], "reason": "no weights yet"})],
+                [identity, *codec.encode({"type": "refuse", "run_id": header["run_id"], "reason": "no weights yet"})],
                 block=False,
             )
 
     def serve(self, timeout_ms: int = 200) -> None:
         socks = [self.router, self.up_sub, self.up_req] if self.upstream else [self.router]
-        ready = tp.poll(socks, timeout_ms)
+        ready = sockets.poll(socks, timeout_ms)
         for _ in range(MAX_MESSAGES_PER_SERVE if self.router in ready else 0):
-            frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
+            frames = sockets.recv_multipart_timeout(self.router, 0, copy=False)
             if frames is None:
                 break
             self.handle(frames)
@@ -272,27 +273,29 @@ class Broadcaster:
         """Take every version pending from upstream, in order (the actors' lag controls may want
         older ones); ask upstream for a snapshot every second until there is a first version."""
         replies = []
-        for frames in tp.drain_all(self.up_req, max_messages=MAX_MESSAGES_PER_SERVE):
+        for frames in sockets.drain_all(self.up_req, max_messages=MAX_MESSAGES_PER_SERVE):
             if len(frames) == 3:
                 replies.append(frames)
                 continue
             try:  # else a "no weights yet" refusal
-                tp.decode(frames)
-            except tp.ProtocolError as exc:
+                codec.decode(frames)
+            except protocol.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
-        for frames in replies + tp.drain_all(self.up_sub, max_messages=MAX_MESSAGES_PER_SERVE):
+        for frames in replies + sockets.drain_all(self.up_sub, max_messages=MAX_MESSAGES_PER_SERVE):
             try:
                 self.take(frames)
-            except tp.ProtocolError as exc:
+            except protocol.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
             except Exception as exc:  # noqa: BLE001 - upstream input must never end a relay: counted, logged
                 self.rejects.reject(
-                    tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), self.upstream
+                    protocol.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), self.upstream
                 )
         now = time.monotonic()
         if self.latest is None and now >= self.next_ask:
             self.next_ask = now + 1.0
-            tp.send(self.up_req, tp.encode({"type": "snapshot", "run_id": "", "actor_id": "relay"}), block=False)
+            sockets.send(
+                self.up_req, codec.encode({"type": "snapshot", "run_id": "", "actor_id": "relay"}), block=False
+            )
 
     def check_connections(self) -> None:
         """Log refused connections; raise BroadcasterError if upstream refuses this relay. At most
@@ -343,6 +346,6 @@ class Broadcaster:
         self.write_summary(force=True)
         if self.secret_file is not None:
             remove_weights_secret(self.secret_file, self.secret)
-        tp.close(self.pub, self.router, *((self.up_sub, self.up_req) if self.upstream else ()))
+        sockets.close(self.pub, self.router, *((self.up_sub, self.up_req) if self.upstream else ()))
         self.security.close()
         self.ctx.term()

@@ -27,12 +27,13 @@ from asyncrl.core.config import Config, EnvConfig
 from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot, own_rows
 from asyncrl.tasks import make_task
 from asyncrl.wire import transport as tp
-from asyncrl.wire.security import Security, advertised_with_source, endpoint_host, is_loopback, read_weights_secret
+from asyncrl.wire.addresses import advertised_with_source, endpoint_host, is_loopback, snapshot_endpoint
+from asyncrl.wire.security import Security
 from asyncrl.wire.shm.dev_shm import check_space, cleanup_stale
 from asyncrl.wire.shm.layout import segment_nbytes
 from asyncrl.wire.shm.ledger import SlotLedger
 from asyncrl.wire.shm.ring import SlotRing
-from asyncrl.wire.transport import snapshot_endpoint
+from asyncrl.wire.weights_secret import read_weights_secret
 
 log = logging.getLogger("asyncrl.learner")
 

@@ -22,18 +22,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol
 
 MSG_OVERHEAD = 64  # bytes libzmq keeps per frame besides its data (one zmq_msg_t)
 PER_CONNECTION = 256 * 1024  # bytes per accepted connection: session, engine, pipes, 8 KiB I/O
 # buffers, CURVE state (measured: under 100 KiB on libzmq 4.3.5)
 ALLOCATOR_SLACK = 48 * 1024 * 1024  # glibc arenas of the I/O and main threads: freed memory is not
 # always given back, so RSS keeps a high-water mark of ~this
-RECORD_BYTES = 2 * tp.MAX_STR_BYTES + 1024  # one per-actor-id record: id and host strings (<= 4 KiB
+RECORD_BYTES = 2 * codec.MAX_STR_BYTES + 1024  # one per-actor-id record: id and host strings (<= 4 KiB
 # each on the wire) plus the dict entries and objects
 REJECT_KEY_BYTES = 2 * 64 * 4 + 256  # one (reason, sender) key of a RejectCounter (64
 # characters each, escaped) plus its Counter entry
-REJECT_KEYS = 4096  # RejectCounter.max_keys (transport.py)
+REJECT_KEYS = 4096  # RejectCounter.max_keys (rejects.py)
 
 
 class Bound(NamedTuple):
@@ -58,7 +58,7 @@ def _message_term(hwm: int, frames_per_message: int, max_frame: int, frame_bytes
 
 def learner_max_frame(spec) -> int:
     """The learner ROUTER's ZMQ_MAXMSGSIZE (bytes): a report's header limit or one slot field."""
-    limits = tp.report_limits(spec.num_envs, spec.rollout_length)
+    limits = protocol.report_limits(spec.num_envs, spec.rollout_length)
     return max(limits.max_bytes, *(int(np.prod(f.shape)) * f.dtype.itemsize for f in spec.fields))
 
 
@@ -120,7 +120,7 @@ def memory_bound_bytes(
         terms["ring"] = num_slots * spec.slot_nbytes
         terms["copies"] = num_slots * spec.slot_nbytes
         terms["receive"] = connections * _message_term(ROUTER_HWM, frames, learner_max_frame(spec), frame_bytes)
-        terms["send"] = connections * ROUTER_HWM * tp.MAX_HEADER_BYTES
+        terms["send"] = connections * ROUTER_HWM * protocol.MAX_HEADER_BYTES
         terms["records"] = (connections * MAX_IDS_PER_CONNECTION + MAX_UNDELIVERED_IDS) * RECORD_BYTES
     elif role == "broadcaster":
         from asyncrl.roles.broadcaster import ROUTER_HWM, weights_frame_limit

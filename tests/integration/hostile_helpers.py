@@ -16,7 +16,7 @@ from asyncrl.core import config
 from asyncrl.roles.learner import Learner
 from asyncrl.run.launch import free_port
 from asyncrl.tasks.control.envs import env_spaces
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, sockets
 
 CORRIDOR = "asyncrl/Corridor-v0"
 SMALL = [
@@ -55,11 +55,11 @@ class Peer:
     ``pump(learner)`` lets the learner serve and collects what came back in ``inbox``."""
 
     def __init__(self, ctx, endpoint: str, name: str):
-        self.sock = tp.dealer(ctx, endpoint, tp.route_identity(name))
+        self.sock = sockets.dealer(ctx, endpoint, sockets.route_identity(name))
         self.run_id, self.ids, self.inbox = "", {}, []
 
     def send(self, frames) -> None:
-        assert tp.send(self.sock, frames, block=True)
+        assert sockets.send(self.sock, frames, block=True)
 
     def header(self, kind: str, actor_id: str, **fields) -> dict:
         return {
@@ -72,8 +72,8 @@ class Peer:
 
     def say(self, kind: str, actor_id: str, **fields) -> None:
         self.send(
-            tp.encode(
-                self.header(kind, actor_id, **fields), limits=tp.report_limits(SPEC.num_envs, SPEC.rollout_length)
+            codec.encode(
+                self.header(kind, actor_id, **fields), limits=protocol.report_limits(SPEC.num_envs, SPEC.rollout_length)
             )
         )
 
@@ -97,11 +97,11 @@ class Peer:
         got, deadline = [], time.monotonic() + seconds
         while time.monotonic() < deadline:
             learner.serve(10)
-            frames = tp.recv_multipart_timeout(self.sock, 10)
+            frames = sockets.recv_multipart_timeout(self.sock, 10)
             while frames is not None:
-                header, _ = tp.decode(frames)
+                header, _ = codec.decode(frames)
                 got.append(header)
-                frames = tp.recv_multipart_timeout(self.sock, 0)
+                frames = sockets.recv_multipart_timeout(self.sock, 0)
         self.inbox += got
         return got
 
@@ -116,7 +116,7 @@ class Peer:
 
     def join(self, learner: Learner, actor_id: str, **fields) -> dict:
         """Say hello as ``actor_id``; returns the welcome (keeps its run id and token)."""
-        self.send(tp.encode(self.hello_header(actor_id, **fields)))
+        self.send(codec.encode(self.hello_header(actor_id, **fields)))
         welcome = self.wait(learner, "welcome")
         self.run_id, self.ids[actor_id] = welcome["run_id"], welcome["actor_token"]
         return welcome
@@ -128,7 +128,7 @@ class Peer:
         return out
 
     def close(self) -> None:
-        tp.close(self.sock)
+        sockets.close(self.sock)
 
 
 def valid_slot(grant_id: int, *, seed: int = 0) -> dict[str, np.ndarray]:
@@ -151,20 +151,20 @@ def report(peer: Peer, actor_id: str, grant_id: int, arrays=None, **fields) -> l
     )
     header.update(fields)
     return [
-        tp.encode(header, limits=tp.report_limits(SPEC.num_envs, SPEC.rollout_length))[0],
+        codec.encode(header, limits=protocol.report_limits(SPEC.num_envs, SPEC.rollout_length))[0],
         *(arrays[f.name] for f in SPEC.fields),
     ]
 
 
 def raw_report(peer: Peer, actor_id: str, grant_id: int, **fields) -> list:
-    """Like ``report``, but the header is msgpacked by hand, so fields ``tp.encode`` would refuse
+    """Like ``report``, but the header is msgpacked by hand, so fields ``codec.encode`` would refuse
     (NaN timings, 2**64 - 1) reach the learner as a hostile peer would send them."""
     import msgpack
 
     arrays = valid_slot(grant_id)
     header = {
         "type": "rollout",
-        "proto": tp.PROTOCOL_VERSION,
+        "proto": protocol.PROTOCOL_VERSION,
         "run_id": peer.run_id,
         "actor_id": actor_id,
         "token": peer.ids[actor_id],

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 from asyncrl.core import config  # noqa: E402
 from asyncrl.run.launch import free_port_pair  # noqa: E402
-from asyncrl.wire import transport as tp  # noqa: E402
+from asyncrl.wire import codec, sockets  # noqa: E402
 from asyncrl.wire.security import Security  # noqa: E402
 
 SMALL = [
@@ -77,7 +77,7 @@ def main() -> int:
             max_weights_bytes=args.weights_bytes,
         )
         role.take(
-            tp.encode_weights(
+            codec.encode_weights(
                 run_id="res",
                 epoch=2**62,
                 version=1,
@@ -86,7 +86,7 @@ def main() -> int:
                 payload=np.ones(args.weights_bytes // 4, np.float32),
             )
         )
-        endpoint = tp.endpoint_of(role.router)
+        endpoint = sockets.endpoint_of(role.router)
     if args.nofile:  # after start-up: the flood, not the role's own files, meets the limit
         resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, args.nofile))
     print(

@@ -17,7 +17,7 @@ import zmq
 from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, shm_segments, wait_for
 
 from asyncrl.core.spec import RolloutSpec
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +42,12 @@ class Spy:
     def recv(self, timeout_s: float = 20.0) -> dict:
         if not self.sock.poll(int(timeout_s * 1000)):
             pytest.fail(f"no reply from the learner within {timeout_s:.0f} s")
-        header, _ = tp.decode(self.sock.recv_multipart())
+        header, _ = codec.decode(self.sock.recv_multipart())
         return header
 
     def hello(self, env_id: str = CORRIDOR, token: bytes | None = None) -> dict:
         self.send(
-            tp.encode(
+            codec.encode(
                 {
                     "type": "hello",
                     "run_id": "",
@@ -165,17 +165,22 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         rng = np.random.default_rng(0)
         # random bytes: whatever the learner's decoder calls them (msgpack garbage: "malformed")
         junk = rng.bytes(200)
-        with pytest.raises(tp.ProtocolError) as info:
-            tp.decode([junk])
+        with pytest.raises(protocol.ProtocolError) as info:
+            codec.decode([junk])
         hostile([junk], info.value.reason)
         # a well-formed message of another run
-        hostile(tp.encode({**spy.header("heartbeat"), "run_id": "some-other-run"}), "run_id")
+        hostile(codec.encode({**spy.header("heartbeat"), "run_id": "some-other-run"}), "run_id")
         # a header of an unknown type, and one of another protocol version (msgpack by hand:
-        # tp.encode refuses to build them)
+        # codec.encode refuses to build them)
         hostile(
             [
                 msgpack.packb(
-                    {"type": "launch_missiles", "proto": tp.PROTOCOL_VERSION, "run_id": spy.run_id, "actor_id": "spy"}
+                    {
+                        "type": "launch_missiles",
+                        "proto": protocol.PROTOCOL_VERSION,
+                        "run_id": spy.run_id,
+                        "actor_id": "spy",
+                    }
                 )
             ],
             "unknown_type",
@@ -190,14 +195,14 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         big.send([rng.bytes(8 << 20)])
         # a `ready` with array frames, and one for a slot the spy was never granted
         hostile(
-            tp.encode(
+            codec.encode(
                 spy.header("ready", slot=0, grant_id=1, env_steps=32, episode_returns=[], episode_lengths=[], timing={})
             )
             + [b"\0" * 64],
             "frame_count",
         )
         hostile(
-            tp.encode(
+            codec.encode(
                 spy.header(
                     "ready", slot=0, grant_id=10**9, env_steps=32, episode_returns=[], episode_lengths=[], timing={}
                 )
@@ -207,21 +212,21 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
 
         # rollouts over TCP for slots the spy really holds: each rejected one frees its slot and
         # earns the next grant
-        spy.send(tp.encode(spy.header("request")))
+        spy.send(codec.encode(spy.header("request")))
         g = spy.grant()
         good = valid_slot()
         wrong = {**good, "obs": np.zeros((SPEC.rollout_length, 2, 3), np.float32)}  # [T, E, 3], not [T+1, E, 2]
-        hostile(tp.encode(spy.report(g), [wrong[f.name] for f in SPEC.fields]), "frame_size")
+        hostile(codec.encode(spy.report(g), [wrong[f.name] for f in SPEC.fields]), "frame_size")
         g = spy.grant()
-        hostile(tp.encode(spy.report(g), [good[f.name] for f in SPEC.fields][:-1]), "frame_count")
+        hostile(codec.encode(spy.report(g), [good[f.name] for f in SPEC.fields][:-1]), "frame_count")
         g = spy.grant()
         nan = {**good, "rewards": np.full((SPEC.rollout_length, 2), np.nan, np.float32)}
-        hostile(tp.encode(spy.report(g), [nan[f.name] for f in SPEC.fields]), "nonfinite")
+        hostile(codec.encode(spy.report(g), [nan[f.name] for f in SPEC.fields]), "nonfinite")
         g = spy.grant()
         future = {**good, "behavior_version": np.full((SPEC.rollout_length, 2), 10**6, np.int64)}
-        hostile(tp.encode(spy.report(g), [future[f.name] for f in SPEC.fields]), "version")
+        hostile(codec.encode(spy.report(g), [future[f.name] for f in SPEC.fields]), "version")
         g = spy.grant()
-        hostile(tp.encode(spy.report(g), [good[f.name] for f in SPEC.fields]), "foreign_rows")  # rows not tagged g
+        hostile(codec.encode(spy.report(g), [good[f.name] for f in SPEC.fields]), "foreign_rows")  # rows not tagged g
         # a hello whose refusal would quote 4,090 characters of the actor's own: the learner must
         # still answer it (a reply over the wire's limits used to raise inside its handler)
         long = spy.hello(env_id="x" * 4090)
@@ -242,7 +247,7 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
         refusal = spy.hello(env_id="asyncrl/Constant-v0")
         assert refusal["type"] == "refuse" and "env_id" in refusal["reason"], refusal
         seen_at = len(read_jsonl(run_dir / "metrics.jsonl"))
-        spy.send(tp.encode(spy.header("bye")))  # give back the grant it holds
+        spy.send(codec.encode(spy.header("bye")))  # give back the grant it holds
     finally:
         spy.close()
         if big is not None:

@@ -22,8 +22,7 @@ from click.testing import CliRunner
 from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report, valid_slot
 
 from asyncrl.roles.learner import ActorInfo, _gone_here
-from asyncrl.wire import security
-from asyncrl.wire import transport as tp
+from asyncrl.wire import addresses, codec, protocol, rejects, security, sockets, weights_secret
 from asyncrl.wire.shm import dev_shm
 from asyncrl.wire.shm.ring import SlotRing
 
@@ -32,7 +31,7 @@ pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
 @pytest.fixture
 def ctx():
-    c = tp.context()
+    c = sockets.context()
     yield c
     c.destroy(linger=0)
 
@@ -54,7 +53,7 @@ def test_declared_pid_beyond_int32_cannot_end_the_learner(tmp_path, ctx, pid):
     (pid 1..2**22), ``_gone_here`` never trusts a declared pid, and training goes on."""
     with live_learner(tmp_path) as learner:
         first, second, honest = (Peer(ctx, learner.endpoint, n) for n in ("first", "second", "honest"))
-        hello = {"proto": tp.PROTOCOL_VERSION, **first.hello_header("x", host=socket.gethostname(), pid=pid)}
+        hello = {"proto": protocol.PROTOCOL_VERSION, **first.hello_header("x", host=socket.gethostname(), pid=pid)}
         first.send([msgpack.packb(hello, use_bin_type=True)])
         first.pump(learner)
         second.send([msgpack.packb({**hello, "pid": os.getpid()}, use_bin_type=True)])
@@ -62,7 +61,7 @@ def test_declared_pid_beyond_int32_cannot_end_the_learner(tmp_path, ctx, pid):
         honest.join(learner, "honest")
         honest.say("request", "honest")
         assert honest.wait(learner, "grant")["slot"] in range(learner.cfg.learner.num_slots)
-        if not 1 <= pid <= tp.MAX_PID:
+        if not 1 <= pid <= protocol.MAX_PID:
             assert learner.rejects.by_reason().get("schema") == 1, learner.rejects.counts
 
 
@@ -149,7 +148,7 @@ def test_names_in_dev_shm_cannot_break_asyncrl_clean(private_shm, monkeypatch):
     from asyncrl.cli import main
 
     _plant_hostile_names(private_shm)
-    monkeypatch.setattr(security, "remove_stale_weights_secrets", lambda: [])  # leave other runs' secrets alone
+    monkeypatch.setattr(weights_secret, "remove_stale_weights_secrets", lambda: [])  # leave other runs' secrets alone
     result = CliRunner().invoke(main, ["clean"])
     assert result.exit_code == 0, (result.output, result.exception)
     assert "removed 1 segment" in result.output, result.output
@@ -204,7 +203,7 @@ def test_refusal_counter_survives_a_concurrent_writer():
         i = 0
         while not stop.is_set():
             counter.reject(
-                tp.ProtocolError("auth", "key not allowed"), f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
+                protocol.ProtocolError("auth", "key not allowed"), f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
             )
             i += 1
             written[0] = i
@@ -239,7 +238,7 @@ def test_broadcaster_summary_survives_refusals_from_another_thread(tmp_path):
     def refuse() -> None:
         i = 0
         while not stop.is_set():
-            b.security.refused.reject(tp.ProtocolError("auth", "not allowed"), f"host-{i}")
+            b.security.refused.reject(protocol.ProtocolError("auth", "not allowed"), f"host-{i}")
             i += 1
 
     thread = threading.Thread(target=refuse, daemon=True)
@@ -316,7 +315,7 @@ def test_report_episode_returns_are_bounded_and_checked_against_the_slot(tmp_pat
         g = peer.wait(learner, "grant")
         peer.send(
             report(peer, "liar", g["grant_id"], episode_returns=returns, episode_lengths=lengths)
-            if max(map(abs, returns)) <= tp.MAX_ABS_FLOAT
+            if max(map(abs, returns)) <= protocol.MAX_ABS_FLOAT
             else raw_report(peer, "liar", g["grant_id"], episode_returns=returns, episode_lengths=lengths)
         )
         peer.pump(learner)
@@ -397,7 +396,7 @@ def test_report_timing_takes_plausible_seconds_only(tmp_path, ctx, timing):
 
 def test_one_actor_cannot_hoard_the_slots(tmp_path, ctx):
     """On 75409f3 a peer that sent ~100 requests and then only heartbeats held every slot, and
-    training stalled with no warning. Now an actor holds at most tp.GRANT_CREDITS grants (granted +
+    training stalled with no warning. Now an actor holds at most protocol.GRANT_CREDITS grants (granted +
     asked for); further requests are refused ("over_credit"), and an honest actor gets its slots."""
     with live_learner(tmp_path) as learner:
         hoarder = Peer(ctx, learner.endpoint, "hoarder")
@@ -405,13 +404,13 @@ def test_one_actor_cannot_hoard_the_slots(tmp_path, ctx):
         for _ in range(100):
             hoarder.say("request", "hoarder")
         hoarder.pump(learner, 1.0)
-        assert len(hoarder.grants()) <= tp.GRANT_CREDITS
-        assert learner.rejects.by_reason().get("over_credit", 0) >= 100 - tp.GRANT_CREDITS
+        assert len(hoarder.grants()) <= protocol.GRANT_CREDITS
+        assert learner.rejects.by_reason().get("over_credit", 0) >= 100 - protocol.GRANT_CREDITS
         honest = Peer(ctx, learner.endpoint, "honest")
         honest.join(learner, "honest")
-        for _ in range(tp.GRANT_CREDITS):
+        for _ in range(protocol.GRANT_CREDITS):
             honest.say("request", "honest")
-        grants = [honest.wait(learner, "grant") for _ in range(tp.GRANT_CREDITS)]
+        grants = [honest.wait(learner, "grant") for _ in range(protocol.GRANT_CREDITS)]
         for g in grants:
             honest.send(report(honest, "honest", g["grant_id"]))
         deadline = time.monotonic() + 10
@@ -422,11 +421,11 @@ def test_one_actor_cannot_hoard_the_slots(tmp_path, ctx):
 
 def test_many_ids_on_one_connection_cannot_hoard_the_slots(tmp_path, ctx):
     """The same through many actor ids on one connection: it may speak for a few ids, and all of
-    them together hold at most tp.GRANT_CREDITS grants."""
+    them together hold at most protocol.GRANT_CREDITS grants."""
     with live_learner(tmp_path) as learner:
         hoarder = Peer(ctx, learner.endpoint, "hoarder")
         for k in range(10):
-            hoarder.send(tp.encode(hoarder.hello_header(f"h{k}")))
+            hoarder.send(codec.encode(hoarder.hello_header(f"h{k}")))
         hoarder.pump(learner, 0.5)
         for h in [h for h in hoarder.inbox if h["type"] == "welcome"]:
             hoarder.run_id = h["run_id"]
@@ -437,8 +436,8 @@ def test_many_ids_on_one_connection_cannot_hoard_the_slots(tmp_path, ctx):
             for _ in range(20):
                 hoarder.say("request", f"h{k}")
         hoarder.pump(learner, 1.0)
-        assert len(hoarder.grants()) <= tp.GRANT_CREDITS
-        assert learner.ledger.num_free >= learner.cfg.learner.num_slots - tp.GRANT_CREDITS
+        assert len(hoarder.grants()) <= protocol.GRANT_CREDITS
+        assert learner.ledger.num_free >= learner.cfg.learner.num_slots - protocol.GRANT_CREDITS
 
 
 def test_a_grant_without_a_report_is_taken_back_after_its_lease(tmp_path, ctx):
@@ -489,7 +488,7 @@ def test_an_exception_in_a_handler_is_counted_not_fatal(tmp_path, ctx, monkeypat
 
         monkeypatch.setattr(learner, "on_hello", broken)
         peer = Peer(ctx, learner.endpoint, "p")
-        peer.send(tp.encode(peer.hello_header("trigger")))
+        peer.send(codec.encode(peer.hello_header("trigger")))
         peer.pump(learner)
         assert learner.rejects.by_reason() == {"handler_error:KeyError": 1}
         peer.join(learner, "after")
@@ -520,34 +519,34 @@ class FakeLearner:
     def __init__(self, welcomes: list[dict]):
         from asyncrl.run.launch import free_port
 
-        self.ctx = tp.context()
+        self.ctx = sockets.context()
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
-        self.sock = tp.router(self.ctx, self.endpoint)
+        self.sock = sockets.router(self.ctx, self.endpoint)
         self.welcomes, self.route, self.done = list(welcomes), None, threading.Event()
         self.thread = threading.Thread(target=self.answer, daemon=True)
         self.thread.start()
 
     def answer(self) -> None:
         while self.welcomes and not self.done.is_set():
-            frames = tp.recv_multipart_timeout(self.sock, 100)
+            frames = sockets.recv_multipart_timeout(self.sock, 100)
             if frames is None:
                 continue
             self.route = frames[0]
-            header, _ = tp.decode(frames[1:])
+            header, _ = codec.decode(frames[1:])
             if header["type"] == "hello":
                 w = self.welcomes.pop(0)
-                tp.send(
+                sockets.send(
                     self.sock,
                     [
                         self.route,
-                        msgpack.packb({"proto": tp.PROTOCOL_VERSION, "type": "welcome", **w}, use_bin_type=True),
+                        msgpack.packb({"proto": protocol.PROTOCOL_VERSION, "type": "welcome", **w}, use_bin_type=True),
                     ],
                 )
 
     def close(self) -> None:
         self.done.set()
         self.thread.join(10)
-        tp.close(self.sock)
+        sockets.close(self.sock)
         self.ctx.term()
 
 
@@ -600,8 +599,12 @@ def test_actor_survives_a_welcome_it_cannot_use(caplog):
         assert actor.rejects.by_reason().get("bad_welcome") == 4, actor.rejects.counts
         assert actor.run_id == "fake" and actor.local_slot is not None  # no segment: over TCP
         # a grant of a slot the ring does not have is refused, not indexed
-        tp.send(fake.sock, [fake.route, *tp.encode({"type": "grant", "run_id": "fake", "slot": 6, "grant_id": 3})])
-        tp.send(fake.sock, [fake.route, *tp.encode({"type": "grant", "run_id": "fake", "slot": 5, "grant_id": 4})])
+        sockets.send(
+            fake.sock, [fake.route, *codec.encode({"type": "grant", "run_id": "fake", "slot": 6, "grant_id": 3})]
+        )
+        sockets.send(
+            fake.sock, [fake.route, *codec.encode({"type": "grant", "run_id": "fake", "slot": 5, "grant_id": 4})]
+        )
         deadline = time.monotonic() + 10
         while not actor.grants and time.monotonic() < deadline:
             actor.poll_learner(100)
@@ -642,7 +645,7 @@ def test_an_oversized_frame_is_never_buffered(tmp_path, ctx):
     ZeroMQ with its connection (ZMQ_MAXMSGSIZE) before the learner buffers it; on 75409f3 the
     learner took all 64 MiB into memory, then refused it ("oversized")."""
     with live_learner(tmp_path) as learner:
-        assert 0 < tp.max_message_size(learner.router) < 1 << 20
+        assert 0 < sockets.max_message_size(learner.router) < 1 << 20
         big = Peer(ctx, learner.endpoint, "big")
         big.send([b"\0" * (64 << 20)])
         big.pump(learner, 1.0)
@@ -659,28 +662,28 @@ def test_broadcaster_answers_snapshots_at_a_bounded_rate_and_survives_its_handle
     from asyncrl.run.launch import free_port_pair
 
     b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
-    c = tp.context()
-    peer = tp.dealer(c, tp.snapshot_endpoint(b.endpoint), tp.route_identity("greedy"))
+    c = sockets.context()
+    peer = sockets.dealer(c, addresses.snapshot_endpoint(b.endpoint), sockets.route_identity("greedy"))
     try:
-        ask = tp.encode({"type": "snapshot", "run_id": "", "actor_id": "greedy"})
+        ask = codec.encode({"type": "snapshot", "run_id": "", "actor_id": "greedy"})
         for _ in range(200):
-            tp.send(peer, ask)
+            sockets.send(peer, ask)
         replies, deadline = 0, time.monotonic() + 3
         while time.monotonic() < deadline and b.rejects.total + replies < 200:
             b.serve(20)
-            while tp.recv_multipart_timeout(peer, 0) is not None:
+            while sockets.recv_multipart_timeout(peer, 0) is not None:
                 replies += 1
         assert replies + b.rejects.by_reason().get("snapshot_rate", 0) == 200
         assert 1 <= replies <= 3 / bmod.SNAPSHOT_INTERVAL_S + 1
         monkeypatch.setattr(b, "answer_snapshot", lambda *a: 1 / 0)
         time.sleep(bmod.SNAPSHOT_INTERVAL_S)
-        tp.send(peer, ask)
+        sockets.send(peer, ask)
         deadline = time.monotonic() + 5
         while "handler_error:ZeroDivisionError" not in b.rejects.by_reason() and time.monotonic() < deadline:
             b.serve(20)
         assert b.rejects.by_reason().get("handler_error:ZeroDivisionError") == 1
     finally:
-        tp.close(peer)
+        sockets.close(peer)
         c.term()
         b.close()
 
@@ -696,9 +699,9 @@ def test_join_records_of_ids_that_never_delivered_are_bounded(tmp_path, ctx, mon
     with live_learner(tmp_path) as learner:
         good = Peer(ctx, learner.endpoint, "good")
         good.join(learner, "good")
-        for _ in range(tp.GRANT_CREDITS):
+        for _ in range(protocol.GRANT_CREDITS):
             good.say("request", "good")
-        for g in [good.wait(learner, "grant") for _ in range(tp.GRANT_CREDITS)]:
+        for g in [good.wait(learner, "grant") for _ in range(protocol.GRANT_CREDITS)]:
             good.send(report(good, "good", g["grant_id"]))
         deadline = time.monotonic() + 10
         while learner.ledger.num_full < 2 and time.monotonic() < deadline:
@@ -756,16 +759,16 @@ def test_broadcaster_takes_a_lower_epoch_once_the_held_one_is_silent(monkeypatch
     STALE_EPOCH_S (on 75409f3: never, so actors waited for weights for ever)."""
     from asyncrl.roles import broadcaster as bmod
     from asyncrl.run.launch import free_port_pair
-    from asyncrl.wire.security import read_weights_secret
+    from asyncrl.wire.weights_secret import read_weights_secret
 
     monkeypatch.setattr(bmod, "STALE_EPOCH_S", 0.5)
     b = bmod.Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
-    c = tp.context()
-    learner = tp.dealer(c, tp.snapshot_endpoint(b.endpoint), tp.route_identity("learner"))
+    c = sockets.context()
+    learner = sockets.dealer(c, addresses.snapshot_endpoint(b.endpoint), sockets.route_identity("learner"))
 
     def weights(epoch, version):
-        return tp.sign_weights(
-            tp.encode_weights(
+        return codec.sign_weights(
+            codec.encode_weights(
                 run_id="r",
                 epoch=epoch,
                 version=version,
@@ -783,16 +786,16 @@ def test_broadcaster_takes_a_lower_epoch_once_the_held_one_is_silent(monkeypatch
         return pred()
 
     try:
-        tp.send(learner, weights(1000, 5))
+        sockets.send(learner, weights(1000, 5))
         assert serve_until(lambda: b.newest == (1000, 5))
-        tp.send(learner, weights(10, 0))  # at once: the held epoch's learner may still be there
+        sockets.send(learner, weights(10, 0))  # at once: the held epoch's learner may still be there
         serve_until(lambda: False, 0.2)
         assert b.newest == (1000, 5)
         time.sleep(0.6)
-        tp.send(learner, weights(10, 1))
+        sockets.send(learner, weights(10, 1))
         assert serve_until(lambda: b.newest == (10, 1))
     finally:
-        tp.close(learner)
+        sockets.close(learner)
         c.term()
         b.close()
 
@@ -803,10 +806,10 @@ def test_reject_counts_and_their_log_lines_are_bounded_whatever_the_senders(capl
     stop at ``max_keys`` (the rest are counted under "(others)") and the lines at the budget."""
     import logging
 
-    counter = tp.RejectCounter("learner", budget=tp.LogBudget(per_window=5, window_s=3600.0), max_keys=100)
+    counter = rejects.RejectCounter("learner", budget=rejects.LogBudget(per_window=5, window_s=3600.0), max_keys=100)
     with caplog.at_level(logging.WARNING, logger="asyncrl.wire.transport"):
         for i in range(1000):
-            counter.reject(tp.ProtocolError("malformed", "junk"), f"peer-{i}")
+            counter.reject(protocol.ProtocolError("malformed", "junk"), f"peer-{i}")
     assert len(counter.counts) == 101 and counter.total == 1000
     assert counter.counts[("malformed", "(others)")] == 900
     assert len([r for r in caplog.records if "rejected message" in r.getMessage()]) == 5
@@ -847,11 +850,11 @@ def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
             *MP_SMALL,
         ],
     )
-    hoarder = tp.dealer(ctx, learner_ep, tp.route_identity("hoarder"))
+    hoarder = sockets.dealer(ctx, learner_ep, sockets.route_identity("hoarder"))
     try:
-        tp.send(
+        sockets.send(
             hoarder,
-            tp.encode(
+            codec.encode(
                 {
                     "type": "hello",
                     "run_id": "",
@@ -865,17 +868,17 @@ def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
                 }
             ),
         )
-        frames = tp.recv_multipart_timeout(hoarder, 60_000)
+        frames = sockets.recv_multipart_timeout(hoarder, 60_000)
         assert frames is not None, procs.dump()
-        welcome, _ = tp.decode(frames)
+        welcome, _ = codec.decode(frames)
         assert welcome["type"] == "welcome", welcome
         me = {"run_id": welcome["run_id"], "actor_id": "hoarder", "token": welcome["actor_token"]}
         for _ in range(100):
-            tp.send(hoarder, tp.encode({"type": "request", **me}))
+            sockets.send(hoarder, codec.encode({"type": "request", **me}))
         grants, deadline = 0, time.monotonic() + 5
         while time.monotonic() < deadline:  # take what it is given
-            frames = tp.recv_multipart_timeout(hoarder, 200)
-            if frames is not None and tp.decode(frames)[0]["type"] == "grant":
+            frames = sockets.recv_multipart_timeout(hoarder, 200)
+            if frames is not None and codec.decode(frames)[0]["type"] == "grant":
                 grants += 1
         procs.start(
             "honest",
@@ -898,19 +901,19 @@ def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
         def finished() -> bool:
             nonlocal last_beat
             if time.monotonic() - last_beat > 0.5:  # only heartbeats from now on
-                tp.send(hoarder, tp.encode({"type": "heartbeat", **me}), block=False)
-                tp.drain_all(hoarder)
+                sockets.send(hoarder, codec.encode({"type": "heartbeat", **me}), block=False)
+                sockets.drain_all(hoarder)
                 last_beat = time.monotonic()
             return learner.poll() is not None
 
         wait_for(finished, 180, "the run to finish beside the hoarding peer", procs=procs)
     finally:
-        tp.close(hoarder)
+        sockets.close(hoarder)
     assert procs.wait("learner", 10) == 0, procs.dump()
-    assert grants <= tp.GRANT_CREDITS, grants
+    assert grants <= protocol.GRANT_CREDITS, grants
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "finished" and summary["env_steps"] >= 4000, summary
-    assert summary["rejected_messages"].get("over_credit", 0) >= 100 - tp.GRANT_CREDITS, summary
+    assert summary["rejected_messages"].get("over_credit", 0) >= 100 - protocol.GRANT_CREDITS, summary
     assert {r["actor"] for r in read_jsonl(run_dir / "lag.jsonl")} == {"honest"}
     procs.wait("honest", 30)
     procs.shutdown()

@@ -35,7 +35,7 @@ from hostile_helpers import CORRIDOR, SPEC
 
 from asyncrl.roles.broadcaster import weights_frame_limit
 from asyncrl.roles.resource_bounds import learner_max_frame, memory_bound_bytes
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, sockets
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(180)]
 
@@ -175,7 +175,7 @@ def honest_learner_peer(endpoint: str, curve=None, timeout_s: float = 30.0) -> b
     try:
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
-        sock.identity = tp.route_identity("honest").encode()
+        sock.identity = sockets.route_identity("honest").encode()
         if curve is not None:
             sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
         sock.connect(endpoint)
@@ -190,16 +190,16 @@ def honest_learner_peer(endpoint: str, curve=None, timeout_s: float = 30.0) -> b
             "shm_token": None,
             "token": None,
         }
-        sock.send_multipart(tp.encode(hello))
+        sock.send_multipart(codec.encode(hello))
         deadline = time.monotonic() + timeout_s
         welcome = None
         while time.monotonic() < deadline:
             if sock.poll(200):
-                header, _ = tp.decode(sock.recv_multipart())
+                header, _ = codec.decode(sock.recv_multipart())
                 if welcome is None and header["type"] == "welcome":
                     welcome = header
                     sock.send_multipart(
-                        tp.encode(
+                        codec.encode(
                             {
                                 "type": "request",
                                 "run_id": header["run_id"],
@@ -210,7 +210,7 @@ def honest_learner_peer(endpoint: str, curve=None, timeout_s: float = 30.0) -> b
                     )
                 elif welcome is not None and header["type"] == "grant":
                     sock.send_multipart(
-                        tp.encode(
+                        codec.encode(
                             {
                                 "type": "bye",
                                 "run_id": welcome["run_id"],
@@ -231,15 +231,15 @@ def honest_snapshot(endpoint: str, curve=None, timeout_s: float = 30.0) -> bool:
     try:
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
-        sock.identity = tp.route_identity("honest").encode()
+        sock.identity = sockets.route_identity("honest").encode()
         if curve is not None:
             sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
         sock.connect(endpoint)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            sock.send_multipart(tp.encode({"type": "snapshot", "run_id": "", "actor_id": "honest"}))
+            sock.send_multipart(codec.encode({"type": "snapshot", "run_id": "", "actor_id": "honest"}))
             if sock.poll(1000):
-                header, weights = tp.decode_weights(sock.recv_multipart())
+                header, weights = codec.decode_weights(sock.recv_multipart())
                 return weights.nbytes == WEIGHTS_BYTES
         return False
     finally:
@@ -352,7 +352,7 @@ def test_flood_from_a_peer_that_never_reads(role):
     if role.role == "learner":
 
         def ask(i):
-            return tp.encode(
+            return codec.encode(
                 {
                     "type": "hello",
                     "run_id": "",
@@ -368,7 +368,7 @@ def test_flood_from_a_peer_that_never_reads(role):
     else:
 
         def ask(i):
-            return tp.encode({"type": "snapshot", "run_id": "", "actor_id": "flood"})
+            return codec.encode({"type": "snapshot", "run_id": "", "actor_id": "flood"})
 
     peer = Zmtp(role.endpoint, b"flood")
     try:
@@ -387,7 +387,7 @@ def test_many_identities_on_one_connection(role):
         ids = range(i * 100, (i + 1) * 100)
         if role.role == "learner":
             msgs = [
-                tp.encode(
+                codec.encode(
                     {
                         "type": "hello",
                         "run_id": "",
@@ -403,7 +403,7 @@ def test_many_identities_on_one_connection(role):
                 for n in ids
             ]
         else:
-            msgs = [tp.encode({"type": "snapshot", "run_id": "", "actor_id": f"id{n}"}) for n in ids]
+            msgs = [codec.encode({"type": "snapshot", "run_id": "", "actor_id": f"id{n}"}) for n in ids]
         peer.send_raw(b"".join(message(m) for m in msgs))
 
     try:
@@ -446,7 +446,7 @@ def test_connection_flood_past_the_fd_limit(role):
                 if role.role == "learner":
                     p.send_raw(
                         message(
-                            tp.encode(
+                            codec.encode(
                                 {
                                     "type": "hello",
                                     "run_id": "",
@@ -462,7 +462,7 @@ def test_connection_flood_past_the_fd_limit(role):
                         )
                     )
                 else:
-                    p.send_raw(message(tp.encode({"type": "snapshot", "run_id": "", "actor_id": f"c{n}"})))
+                    p.send_raw(message(codec.encode({"type": "snapshot", "run_id": "", "actor_id": f"c{n}"})))
             accepted.append(taken)
             time.sleep(0.1)
             assert role.alive()

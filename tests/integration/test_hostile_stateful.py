@@ -20,13 +20,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from asyncrl.wire import transport as tp
+from asyncrl.wire import addresses, codec, protocol, sockets
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(300)]
 
 EXTREME_INTS = [0, -1, 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1]
 EXTREME_FLOATS = [0.0, -0.0, math.nan, math.inf, -math.inf, 3e38, -3e38, 1e15, 1e300]
-MAX_STR = tp.MAX_STR_BYTES
+MAX_STR = codec.MAX_STR_BYTES
 EXTREME_STRS = ["", "x" * MAX_STR, "x" * (MAX_STR + 1), "a\nb\x1b[2J", "\u2028"]
 extreme = st.one_of(
     st.sampled_from(EXTREME_INTS),
@@ -43,7 +43,7 @@ SESSION_KINDS = ["request", "heartbeat", "bye", "ready", "rollout"]
 
 
 def _int_ok(key: str, v) -> bool:
-    low, high = tp.INT_BOUNDS.get(key, (0, tp.MAX_INT))
+    low, high = protocol.INT_BOUNDS.get(key, (0, protocol.MAX_INT))
     return low <= v <= high
 
 
@@ -51,7 +51,7 @@ def surely_bad(kind: str, key: str, value) -> bool:
     """True if ``value`` in field ``key`` of a ``kind`` message is outside the schema's bounds, by
     this test's own reading of the issue (not the code under test): ints 0..2**63-1 (pid
     1..2**22), floats finite with |x| <= 1e15, strings of at most MAX_STR bytes, the schema's type."""
-    schema = {**tp._COMMON, **tp.SCHEMAS[kind], **tp.OPTIONAL.get(kind, {})}
+    schema = {**protocol._COMMON, **protocol.SCHEMAS[kind], **protocol.OPTIONAL.get(kind, {})}
     if key not in schema:
         return True  # an unexpected key
     expected = schema[key]
@@ -83,7 +83,7 @@ class HostilePeers(RuleBasedStateMachine):
         super().__init__()
         self.stack = _Stack()
         self.learner = self.stack.enter(live_learner(_tmp_path(), "transport.grant_lease_s=1.0"))
-        self.ctx = tp.context()
+        self.ctx = sockets.context()
         self.honest = Peer(self.ctx, self.learner.endpoint, "honest")
         self.honest.join(self.learner, "honest")
         self.hostile: list[Peer] = []
@@ -96,7 +96,9 @@ class HostilePeers(RuleBasedStateMachine):
         from asyncrl.run.launch import free_port_pair
 
         self.broadcaster = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
-        self.snap = tp.dealer(self.ctx, tp.snapshot_endpoint(self.broadcaster.endpoint), tp.route_identity("snap"))
+        self.snap = sockets.dealer(
+            self.ctx, addresses.snapshot_endpoint(self.broadcaster.endpoint), sockets.route_identity("snap")
+        )
 
     # One rule draws the action, weighted toward hostile messages (hypothesis picks among rules
     # evenly, and a derandomised run then spends most steps on the cheapest one).
@@ -156,9 +158,9 @@ class HostilePeers(RuleBasedStateMachine):
         value = data.draw(extreme, label="value")
         actor_id = next(iter(peer.ids), "nobody")
         if kind == "hello":
-            header = {"proto": tp.PROTOCOL_VERSION, **peer.hello_header(f"x{self.made}")}
+            header = {"proto": protocol.PROTOCOL_VERSION, **peer.hello_header(f"x{self.made}")}
         else:
-            header = {"proto": tp.PROTOCOL_VERSION, **peer.header(kind, actor_id)}
+            header = {"proto": protocol.PROTOCOL_VERSION, **peer.header(kind, actor_id)}
             if kind in ("ready", "rollout"):
                 header.update(grant_id=1, env_steps=STEPS, episode_returns=[], episode_lengths=[], timing={})
             if kind == "ready":
@@ -182,7 +184,7 @@ class HostilePeers(RuleBasedStateMachine):
     def barrier(self, peer: Peer) -> None:
         """Send a hello the learner refuses without counting (another env); once its refusal is
         back, everything the peer sent before was handled (one connection is served in order)."""
-        peer.send(tp.encode({**peer.hello_header("barrier"), "env_id": "asyncrl/Constant-v0"}))
+        peer.send(codec.encode({**peer.hello_header("barrier"), "env_id": "asyncrl/Constant-v0"}))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             for i, h in enumerate(peer.inbox):
@@ -204,13 +206,13 @@ class HostilePeers(RuleBasedStateMachine):
 
     # ---- hostile requests to the broadcaster
     def snapshot_request(self, key: str, value) -> None:
-        header = {"proto": tp.PROTOCOL_VERSION, "type": "snapshot", "run_id": "", "actor_id": "a", key: value}
+        header = {"proto": protocol.PROTOCOL_VERSION, "type": "snapshot", "run_id": "", "actor_id": "a", key: value}
         before = self.broadcaster.rejects.total
-        tp.send(self.snap, [msgpack.packb(header, use_bin_type=True)])
+        sockets.send(self.snap, [msgpack.packb(header, use_bin_type=True)])
         deadline, answered = time.monotonic() + 20, 0
         while time.monotonic() < deadline and not answered and self.broadcaster.rejects.total == before:
             self.broadcaster.serve(10)
-            while tp.recv_multipart_timeout(self.snap, 0) is not None:
+            while sockets.recv_multipart_timeout(self.snap, 0) is not None:
                 answered += 1
         assert answered + self.broadcaster.rejects.total - before == 1, (
             "a snapshot request neither answered nor counted"
@@ -223,12 +225,12 @@ class HostilePeers(RuleBasedStateMachine):
 
         import numpy as np
 
-        from asyncrl.wire.security import read_weights_secret
+        from asyncrl.wire.weights_secret import read_weights_secret
 
         payload = np.ones(4, np.float32)
         self.weights_sent += 1
         header = {
-            "proto": tp.PROTOCOL_VERSION,
+            "proto": protocol.PROTOCOL_VERSION,
             "type": "weights",
             "run_id": "r",
             "epoch": 1,
@@ -239,17 +241,17 @@ class HostilePeers(RuleBasedStateMachine):
             "layout_hash": "h",
             key: value,
         }
-        frames = [tp.WEIGHTS_TOPIC, msgpack.packb(header, use_bin_type=True), payload.tobytes()]
+        frames = [protocol.WEIGHTS_TOPIC, msgpack.packb(header, use_bin_type=True), payload.tobytes()]
         b = self.broadcaster
         rejected, published = b.rejects.total, b.published
-        tp.send(self.snap, tp.sign_weights(frames, read_weights_secret(b.endpoint) if signed else None))
+        sockets.send(self.snap, codec.sign_weights(frames, read_weights_secret(b.endpoint) if signed else None))
         # barrier: a snapshot request is answered (or counted) after the weights were handled
         time.sleep(0.2)  # (the snapshot rate limit: one answer per 0.2 s per connection)
-        tp.send(self.snap, tp.encode({"type": "snapshot", "run_id": "", "actor_id": "barrier"}))
+        sockets.send(self.snap, codec.encode({"type": "snapshot", "run_id": "", "actor_id": "barrier"}))
         deadline, answered = time.monotonic() + 20, 0
         while time.monotonic() < deadline and not answered:
             b.serve(10)
-            while tp.recv_multipart_timeout(self.snap, 0) is not None:
+            while sockets.recv_multipart_timeout(self.snap, 0) is not None:
                 answered += 1
         assert answered, "the broadcaster did not answer the barrier snapshot request"
         assert (b.rejects.total - rejected) + (b.published - published) <= 1, (key, value, signed)
@@ -267,7 +269,7 @@ class HostilePeers(RuleBasedStateMachine):
         finally:
             for p in [*self.hostile, self.honest]:
                 p.close()
-            tp.close(self.snap)
+            sockets.close(self.snap)
             self.broadcaster.close()
             self.ctx.term()
             self.stack.close()

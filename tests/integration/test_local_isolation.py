@@ -14,8 +14,8 @@ import pytest
 from mp_helpers import SMALL, wait_for
 
 from asyncrl.run.launch import private_endpoint_dir
-from asyncrl.wire import transport as tp
-from asyncrl.wire.security import weights_secret_path
+from asyncrl.wire import addresses
+from asyncrl.wire.weights_secret import weights_secret_path
 
 pytestmark = pytest.mark.integration
 CORRIDOR = "asyncrl/Corridor-v0"
@@ -28,7 +28,7 @@ def test_private_endpoint_dir_is_this_users_and_short_enough_for_socket_names():
         st = d.stat()
         assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
         assert len(str(d / "weights.snapshot")) < 108
-        assert tp.snapshot_endpoint(f"ipc://{d}/weights") == f"ipc://{d}/weights.snapshot"
+        assert addresses.snapshot_endpoint(f"ipc://{d}/weights") == f"ipc://{d}/weights.snapshot"
         assert weights_secret_path(f"ipc://{d}/weights") == d / "weights.secret"
     finally:
         d.rmdir()
@@ -76,7 +76,7 @@ def test_another_local_user_cannot_reach_a_runs_roles(procs, tmp_path):
     path = Path(learner[len("ipc://") :])
     wait_for(path.exists, 60, "the learner's socket", procs=procs)
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    for ep in (learner, broadcaster, tp.snapshot_endpoint(broadcaster)):
+    for ep in (learner, broadcaster, addresses.snapshot_endpoint(broadcaster)):
         wait_for(Path(ep[len("ipc://") :]).exists, 60, f"socket {ep}", procs=procs)
         assert _as_user(NOBODY, ep[len("ipc://") :]) == "PermissionError", ep
     # nor bind a socket of its own where a restarting role's endpoint would be

@@ -20,7 +20,7 @@ from mp_helpers import SMALL, new_run_id, read_jsonl, wait_for
 from test_hostile_messages import Spy
 from test_multiprocess import CORRIDOR, endpoints, start_actor, start_learner, start_roles
 
-from asyncrl.wire import transport as tp
+from asyncrl.wire import addresses, codec, sockets
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +114,7 @@ def test_restarted_actor_takes_its_id_back_with_its_token(procs, tmp_path):
             refusal = spy.hello(token=claim)
             assert refusal["type"] == "refuse" and "is in use" in refusal["reason"], refusal
         # and no message can speak for a1 without its route and token
-        spy.send(tp.encode({"type": "bye", "run_id": run_id, "actor_id": "a1", "token": b"\0" * 16}))
+        spy.send(codec.encode({"type": "bye", "run_id": run_id, "actor_id": "a1", "token": b"\0" * 16}))
         assert spy.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"  # barrier: all of the above handled
     finally:
         spy.close()
@@ -225,10 +225,10 @@ def test_forged_weights_and_bye_under_asyncrl_run(procs, tmp_path):
     procs.run_ids.add(run_id)
     wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, 90, "2 learner iterations", procs=procs)
 
-    ctx = tp.context()
-    forger = tp.dealer(ctx, tp.snapshot_endpoint(broadcaster_ep), "forger")
+    ctx = sockets.context()
+    forger = sockets.dealer(ctx, addresses.snapshot_endpoint(broadcaster_ep), "forger")
     try:
-        weights = tp.encode_weights(
+        weights = codec.encode_weights(
             run_id=run_id,
             epoch=2**63 - 1,
             version=2**62,
@@ -236,17 +236,17 @@ def test_forged_weights_and_bye_under_asyncrl_run(procs, tmp_path):
             layout_hash="x",
             payload=np.zeros(4, np.float32),
         )
-        tp.send(forger, weights)
-        tp.send(forger, tp.sign_weights(weights, b"a guessed secret"))
+        sockets.send(forger, weights)
+        sockets.send(forger, codec.sign_weights(weights, b"a guessed secret"))
         # barrier: the broadcaster answers this snapshot request after handling the two above
-        tp.send(forger, tp.encode({"type": "snapshot", "run_id": run_id, "actor_id": "forger"}))
-        assert tp.recv_multipart_timeout(forger, 20_000) is not None
+        sockets.send(forger, codec.encode({"type": "snapshot", "run_id": run_id, "actor_id": "forger"}))
+        assert sockets.recv_multipart_timeout(forger, 20_000) is not None
     finally:
-        tp.close(forger)
+        sockets.close(forger)
         ctx.term()
     spy = Spy(learner_ep, actor_id="actor0")
     try:
-        spy.send(tp.encode({"type": "bye", "run_id": run_id, "actor_id": "actor0", "token": b"\0" * 16}))
+        spy.send(codec.encode({"type": "bye", "run_id": run_id, "actor_id": "actor0", "token": b"\0" * 16}))
         assert spy.hello(env_id="asyncrl/Constant-v0")["type"] == "refuse"  # barrier
     finally:
         spy.close()

@@ -20,7 +20,7 @@ from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl,
 from test_multiprocess import CORRIDOR
 
 from asyncrl.core.spec import RolloutSpec
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, sockets
 from asyncrl.wire.security import Security
 
 pytestmark = pytest.mark.integration
@@ -150,13 +150,13 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
         assert re.search(pattern, line), line
 
     # an actor host's key may ask the broadcaster for weights, but not hand it any
-    ctx = tp.context()
+    ctx = sockets.context()
     request_ep = f"{broadcaster_ep.rsplit(':', 1)[0]}:{int(broadcaster_ep.rsplit(':', 1)[1]) + 1}"
-    spy = tp.dealer(ctx, request_ep, "forger", security=Security("spy", keys / "client-1").client(request_ep))
+    spy = sockets.dealer(ctx, request_ep, "forger", security=Security("spy", keys / "client-1").client(request_ep))
     try:
-        tp.send(
+        sockets.send(
             spy,
-            tp.encode_weights(
+            codec.encode_weights(
                 run_id=run_id, version=10**6, publish_time=0.0, layout_hash="x", payload=np.zeros(4, np.float32)
             ),
         )
@@ -167,7 +167,7 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
             procs=procs,
         )
     finally:
-        tp.close(spy)
+        sockets.close(spy)
         ctx.term()
 
     # training went on through every refusal: still running, and more iterations since
@@ -255,13 +255,13 @@ def test_relay_tcp_rollouts_and_handshake_refusals(procs, tmp_path):
     line = one_error_line(procs, "other_run")
     assert f"refused by the learner: run_id: actor has 'some-old-run', learner has '{run_id}'" in line, line
 
-    # a hello of another protocol version (msgpack by hand: tp.encode refuses to build it)
-    ctx = tp.context()
-    spy = tp.dealer(ctx, learner_ep, "future")
+    # a hello of another protocol version (msgpack by hand: codec.encode refuses to build it)
+    ctx = sockets.context()
+    spy = sockets.dealer(ctx, learner_ep, "future")
     try:
         hello = {
             "type": "hello",
-            "proto": tp.PROTOCOL_VERSION + 1,
+            "proto": protocol.PROTOCOL_VERSION + 1,
             "run_id": "",
             "actor_id": "future",
             "host": "h",
@@ -270,16 +270,16 @@ def test_relay_tcp_rollouts_and_handshake_refusals(procs, tmp_path):
             "spec": SPEC.to_dict(),
             "shm_token": None,
         }
-        tp.send(spy, [msgpack.packb(hello)])
-        frames = tp.recv_multipart_timeout(spy, 30_000)
+        sockets.send(spy, [msgpack.packb(hello)])
+        frames = sockets.recv_multipart_timeout(spy, 30_000)
         assert frames is not None, "no answer to a hello of another protocol version"
-        reply, _ = tp.decode(frames)
+        reply, _ = codec.decode(frames)
         assert reply["type"] == "refuse", reply
         assert reply["reason"] == (
-            f"proto: actor has protocol {tp.PROTOCOL_VERSION + 1}, learner has {tp.PROTOCOL_VERSION}"
+            f"proto: actor has protocol {protocol.PROTOCOL_VERSION + 1}, learner has {protocol.PROTOCOL_VERSION}"
         ), reply
     finally:
-        tp.close(spy)
+        sockets.close(spy)
         ctx.term()
 
     procs.start(

@@ -33,8 +33,8 @@ from asyncrl.tasks.llm import model as m  # noqa: E402
 from asyncrl.tasks.llm import task as llm_task
 from asyncrl.tasks.llm import weights as llm_weights  # noqa: E402
 from asyncrl.tasks.llm.learn import _token_log_probs  # noqa: E402
-from asyncrl.wire import transport as tp  # noqa: E402
-from asyncrl.wire.security import read_weights_secret  # noqa: E402
+from asyncrl.wire import addresses, codec, protocol, sockets  # noqa: E402
+from asyncrl.wire.weights_secret import read_weights_secret  # noqa: E402
 
 EPS = grpo.DEFAULT_EPS
 
@@ -361,31 +361,32 @@ def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
     assert flat.dtype == np.float32 and flat.size == sum(p.numel() for p in src.parameters())  # tied weights once
     port = free_port_pair()
     b = Broadcaster(f"tcp://127.0.0.1:{port}", summary=tmp_path / "b.json", echo=lambda *_: None)
-    ctx = tp.context()
+    ctx = sockets.context()
     learner = actor = None
     try:
-        ep = tp.snapshot_endpoint(b.endpoint)
-        learner = tp.dealer(ctx, ep, tp.route_identity("learner"))
-        actor = tp.dealer(ctx, ep, tp.route_identity("actor0"))
-        frames = tp.encode_weights(
+        ep = addresses.snapshot_endpoint(b.endpoint)
+        learner = sockets.dealer(ctx, ep, sockets.route_identity("learner"))
+        actor = sockets.dealer(ctx, ep, sockets.route_identity("actor0"))
+        frames = codec.encode_weights(
             run_id="r", epoch=1, version=5, publish_time=1.0, layout_hash=llm_weights.layout_hash(src), payload=flat
         )
-        tp.send(learner, tp.sign_weights(frames, read_weights_secret(b.endpoint)))
+        sockets.send(learner, codec.sign_weights(frames, read_weights_secret(b.endpoint)))
         deadline = time.monotonic() + 20
         while b.newest != (1, 5) and time.monotonic() < deadline:
             b.serve(20)
         assert b.newest == (1, 5)
-        tp.send(
-            actor, tp.encode({"type": "snapshot", "proto": tp.PROTOCOL_VERSION, "run_id": "r", "actor_id": "actor0"})
+        sockets.send(
+            actor,
+            codec.encode({"type": "snapshot", "proto": protocol.PROTOCOL_VERSION, "run_id": "r", "actor_id": "actor0"}),
         )
         reply = None
         while reply is None and time.monotonic() < deadline:
             b.serve(20)
-            reply = tp.recv_multipart_timeout(actor, 20)
+            reply = sockets.recv_multipart_timeout(actor, 20)
         assert reply is not None and len(reply) == 3
-        header, got = tp.decode_weights(reply, run_id="r", layout_hash=llm_weights.layout_hash(src))
+        header, got = codec.decode_weights(reply, run_id="r", layout_hash=llm_weights.layout_hash(src))
     finally:
-        tp.close(*(s for s in (learner, actor) if s is not None))
+        sockets.close(*(s for s in (learner, actor) if s is not None))
         ctx.term()
         b.close()
     assert header["version"] == 5 and np.array_equal(got, flat)
