@@ -484,7 +484,7 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
 _ENDLESS_ROLE = """
 import sys
 from asyncrl import transport as tp
-from asyncrl.roles.learner import ROUTER_HWM
+from asyncrl.roles.learner_peers import ROUTER_HWM
 ctx = tp.context()
 sock = tp.router(ctx, "tcp://127.0.0.1:0", hwm=ROUTER_HWM, max_message_bytes=65536)
 print(tp.endpoint_of(sock), flush=True)
