@@ -484,7 +484,7 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
 _ENDLESS_ROLE = """
 import sys
 from asyncrl.wire import sockets
-from asyncrl.roles.learner import ROUTER_HWM
+from asyncrl.roles.learner_peers import ROUTER_HWM
 ctx = sockets.context()
 sock = sockets.router(ctx, "tcp://127.0.0.1:0", hwm=ROUTER_HWM, max_message_bytes=65536)
 print(sockets.endpoint_of(sock), flush=True)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from asyncrl.core.consume import SlotError, check_slot
 from asyncrl.core.spec import RolloutSpec
-from asyncrl.roles.learner import handshake_mismatch
+from asyncrl.roles.learner_messages import handshake_mismatch
 from asyncrl.wire import codec, protocol, rejects, sockets
 from asyncrl.wire.shm.layout import _HEADER, HEADER_NBYTES, MAGIC, ShmError, _check_header, _hash
 

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from asyncrl.cli import main
 from asyncrl.core import config
-from asyncrl.run.launch_ray import RAY_MISSING, LauncherError, choose_nodes, import_ray, key_files
+from asyncrl.run.launch_ray import choose_nodes, key_files
+from asyncrl.run.ray_cluster import RAY_MISSING, LauncherError, import_ray
 
 
 def _node(i, ip, *, head=False, learner=False, alive=True):
@@ -115,7 +116,7 @@ def test_a_study_cell_on_a_node_sends_back_its_run_directory(tmp_path):
 
 
 def test_ray_token_authentication_is_turned_on_or_the_launch_refused(monkeypatch, tmp_path):
-    from asyncrl.run.launch_ray import require_token_auth
+    from asyncrl.run.ray_cluster import require_token_auth
 
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token
     env = {}

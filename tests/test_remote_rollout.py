@@ -12,7 +12,8 @@ import pytest
 from slot_examples import SPEC, example_slot
 
 from asyncrl.core import config
-from asyncrl.roles.learner import Learner, handshake_mismatch
+from asyncrl.roles.learner import Learner
+from asyncrl.roles.learner_messages import handshake_mismatch
 from asyncrl.run.launch import free_port
 from asyncrl.tasks.control.envs import env_spaces
 from asyncrl.wire import codec, sockets

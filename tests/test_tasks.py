@@ -10,7 +10,7 @@ from asyncrl.core.config import ConfigError
 from asyncrl.core.seeding import actor_seeds
 from asyncrl.core.spec import RolloutSpec
 from asyncrl.core.state import LearnerState
-from asyncrl.roles.learner import handshake_mismatch
+from asyncrl.roles.learner_messages import handshake_mismatch
 from asyncrl.tasks import make_task
 from asyncrl.tasks.control import ControlTask
 from asyncrl.tasks.control.envs import VecEnv

@@ -103,14 +103,14 @@ class RayCells:
     its run directory and log into the cell's directory on this host."""
 
     def __init__(self, address: str | None, fingerprint: str, echo=print):
-        from asyncrl.run.launch_ray import ROLE_RUNTIME_ENV, connect
+        from asyncrl.run.ray_cluster import ROLE_RUNTIME_ENV, connect
 
         self.ray, self.fingerprint, self.echo = connect(address), fingerprint, echo
         cpus = [n.get("Resources", {}).get("CPU", 0) for n in self.ray.nodes() if n.get("Alive")]
         self.node_cpus = max(cpus, default=0)
         if self.node_cpus < 1:
             self.close()
-            from asyncrl.run.launch_ray import LauncherError
+            from asyncrl.run.ray_cluster import LauncherError
 
             raise LauncherError("the Ray cluster has no alive node with a CPU")
         # SPREAD: a study's cells over the whole cluster, not packed onto the driver's node first

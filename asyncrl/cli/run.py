@@ -99,7 +99,7 @@ def run(
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
     if cfg.run.launcher == "ray" and not serial:
-        from asyncrl.run.launch_ray import LauncherError, import_ray
+        from asyncrl.run.ray_cluster import LauncherError, import_ray
 
         try:
             import_ray(cfg.run.ray_address or None)  # first: Ray reads its auth mode when imported
@@ -124,7 +124,8 @@ def run(
                 raise RunFailed(f"asyncrl: {exc}") from None
         elif cfg.run.launcher == "ray":
             from asyncrl.run.launch import RoleFailed
-            from asyncrl.run.launch_ray import LauncherError, launch_ray
+            from asyncrl.run.launch_ray import launch_ray
+            from asyncrl.run.ray_cluster import LauncherError
 
             try:
                 summary = launch_ray(cfg, out, address=cfg.run.ray_address or None, echo=click.echo, resume=resume)

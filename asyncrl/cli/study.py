@@ -127,7 +127,7 @@ def study(
         exit_status.install_stop_handlers()
         if launcher == "ray":
             from asyncrl.analysis.study_ray import RayCells
-            from asyncrl.run.launch_ray import LauncherError
+            from asyncrl.run.ray_cluster import LauncherError
 
             try:
                 runner.executor = RayCells(ray_address, runner.fingerprint, echo=click.echo)

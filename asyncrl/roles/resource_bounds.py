@@ -112,7 +112,7 @@ def memory_bound_bytes(
         raise ValueError("connections, num_slots and weights_bytes must be >= 0")
     terms: dict[str, int] = {}
     if role == "learner":
-        from asyncrl.roles.learner import MAX_IDS_PER_CONNECTION, MAX_UNDELIVERED_IDS, ROUTER_HWM
+        from asyncrl.roles.learner_peers import MAX_IDS_PER_CONNECTION, MAX_UNDELIVERED_IDS, ROUTER_HWM
 
         if spec is None:
             raise ValueError("a learner bound needs the slot layout (spec)")

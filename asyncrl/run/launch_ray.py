@@ -2,12 +2,12 @@
 stopped by a Ray cluster (https://docs.ray.io) instead of the local supervisor.
 
 Each role is the same ``python -m asyncrl ROLE ...`` command, run as a child process of one
-Ray actor (:class:`RoleHost`) on the node Ray put it on, so the data path stays ZeroMQ (CURVE
-across nodes, shared memory where an actor shares the learner's node and /dev/shm). Placement:
-the learner and the broadcaster on the node with a ``learner`` custom resource (else the head
-node); the actors round-robin over the other nodes (all on the learner's node when there are
-none), with a relay broadcaster on each of those nodes, so weights cross the network once per
-node. Ray is the one restart authority: a role process that dies makes its Ray actor exit, Ray
+Ray actor (:class:`asyncrl.run.ray_role_host.RoleHost`) on the node Ray put it on, so the data
+path stays ZeroMQ (CURVE across nodes, shared memory where an actor shares the learner's node and
+/dev/shm). Placement: the learner and the broadcaster on the node with a ``learner`` custom
+resource (else the head node); the actors round-robin over the other nodes (all on the learner's
+node when there are none), with a relay broadcaster on each of those nodes, so weights cross the
+network once per node. Ray is the one restart authority: a role process that dies makes its Ray actor exit, Ray
 restarts the actor (``max_restarts`` = run.max_restarts, no window or backoff: Ray has none) and
 the new actor starts the role again; a restarted learner resumes from its checkpoint on its node's
 disk (the run directory). Killing a role's Ray actor ends its process too (PR_SET_PDEATHSIG).
@@ -20,205 +20,29 @@ the nodes' asyncrl ports but not Ray.
 
 Ray is an optional extra: ``pip install -e '.[ray]'``. Usage statistics stay off
 (RAY_USAGE_STATS_ENABLED=0), and a local cluster started here gets a capped object store.
+
+This module: the driver's side (where each role goes, the run's keys, each role's command line,
+following the roles until the learner is done, stopping them, the summary). Joining or starting
+the cluster with token authentication: ``ray_cluster``; the role's process on its node:
+``ray_role_host``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from asyncrl.core.config import Config
 from asyncrl.core.metrics import write_json_atomic
 from asyncrl.core.wording import count_of
-from asyncrl.run.launch import BROADCASTER_SUMMARY, RoleFailed, free_port, free_port_pair, new_run_id
-from asyncrl.run.pdeathsig import die_with_parent
+from asyncrl.run.launch import BROADCASTER_SUMMARY, RoleFailed, new_run_id
+from asyncrl.run.ray_cluster import ROLE_RUNTIME_ENV, LauncherError, connect
+from asyncrl.run.ray_role_host import RoleHost, pick_ports
 
-RAY_MISSING = "asyncrl run --launcher ray needs Ray: pip install -e '.[ray]' (make install installs it)"
-OBJECT_STORE_BYTES = 256 * 1024 * 1024  # a local cluster's object store: the roles put nothing in it
 LEARNER_RESOURCE = "learner"
-# Ray starts its workers at niceness 15 (its RAY_worker_niceness), and a role inherits it: on a busy node
-# (seen beside two serial runs) a role then gets a small share of a core, the learner's tiny update took
-# 1.8 s and the toy run did 9 env steps/s. Roles run at the niceness of a normal process, as Ray's own job
-# supervisor does.
-ROLE_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
-
-
-class LauncherError(RuntimeError):
-    """The cluster cannot run this job (Ray missing, no node alive, a role cannot be placed)."""
-
-
-def import_ray(address: str | None = None):
-    """The ray module, imported with Ray's token authentication on for a cluster at ``address`` (a
-    running one) or a local one (None): :func:`require_token_auth` runs first, since Ray reads
-    RAY_AUTH_MODE once, when it is imported. Raises LauncherError (one line) when Ray is not
-    installed or token authentication would be off."""
-    require_token_auth(address)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # set before ray is imported: no outside host
-    try:
-        import ray
-    except ImportError:
-        raise LauncherError(RAY_MISSING) from None
-    return ray
-
-
-RAY_AUTH_ENV, RAY_TOKEN_ENV, RAY_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
-RAY_AUTH_OFF = (
-    "Ray's token authentication is off for this cluster ({why}): whoever reaches it could run code on every "
-    "node. Start every node and this command with RAY_AUTH_MODE=token and the head's token (ray "
-    "get-auth-token --generate on the head; RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token on "
-    "each node): docs/multi-host.md"
-)
-
-
-def require_token_auth(address: str | None, environ=os.environ) -> None:
-    """Turn on Ray's token authentication (RAY_AUTH_MODE=token, Ray >= 2.52) in ``environ`` for this
-    driver, or refuse: a local cluster started for the run gets a token of Ray's making; joining a
-    running cluster (``address``) needs a token here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or Ray's
-    default ~/.ray/auth_token), the head's. Raises LauncherError when RAY_AUTH_MODE says otherwise,
-    or no token is found for ``address``. (Whether the cluster's own nodes were started with token
-    auth cannot be seen from a client: the recipe in docs/multi-host.md starts them so.)"""
-    mode = environ.get(RAY_AUTH_ENV, "").strip().lower()
-    if mode and mode != "token":
-        raise LauncherError(RAY_AUTH_OFF.format(why=f"RAY_AUTH_MODE={environ[RAY_AUTH_ENV]}"))
-    if address and not (
-        environ.get(RAY_TOKEN_ENV) or environ.get(RAY_TOKEN_PATH_ENV) or (Path.home() / ".ray" / "auth_token").is_file()
-    ):
-        raise LauncherError(RAY_AUTH_OFF.format(why=f"no Ray token on this host to join {address}"))
-    environ[RAY_AUTH_ENV] = "token"
-
-
-def connect(address: str | None):
-    """Import Ray and join the cluster at ``address`` (e.g. "10.0.0.1:6379"), or start a local one
-    with a capped object store when it is None or ""; returns the ray module. Ray's token
-    authentication is on either way (:func:`require_token_auth`). Raises LauncherError when Ray is
-    not installed or token authentication would be off. (asyncrl run and asyncrl study --launcher ray.)"""
-    ray = import_ray(address)
-    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING", namespace="asyncrl")
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(object_store_memory=OBJECT_STORE_BYTES, **kwargs)
-    return ray
-
-
-def node_workdir(run_id: str, name: str) -> Path:
-    """The private directory of role ``name`` of run ``run_id`` on its node (0700): its keys, config
-    copy, token file and log. The same path after a restart, so a restarted actor keeps its token."""
-    root = Path(tempfile.gettempdir()) / f"asyncrl-ray-{run_id}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    d = root / name
-    d.mkdir(mode=0o700, exist_ok=True)
-    return d
-
-
-class RoleHost:
-    """One role's process on one node; a Ray actor (made with ``ray.remote`` in :func:`launch_ray`).
-
-    ``argv``: the role's ``asyncrl`` arguments, where ``{dir}`` stands for this role's private
-    directory. ``files``: {path relative to that directory: bytes} written there first (mode 0600).
-    ``run_files``: {absolute path: bytes} written only where missing (the learner's config.json on
-    its node). A learner started again by Ray resumes (``--restart resume``)."""
-
-    def __init__(
-        self,
-        name: str,
-        run_id: str,
-        argv: list[str],
-        files: dict[str, bytes],
-        run_files: dict[str, bytes] | None = None,
-    ):
-        import ray
-
-        self.name, self.dir = name, node_workdir(run_id, name)
-        for rel, data in files.items():
-            path = self.dir / rel
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        for path, data in (run_files or {}).items():
-            p = Path(path)
-            if not p.exists():
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_bytes(data)
-        argv = [a.replace("{dir}", str(self.dir)) for a in argv]
-        counter = self.dir / "starts"  # on this node's disk: how often Ray started this role
-        self.starts = (int(counter.read_text()) if counter.exists() else 0) + 1
-        counter.write_text(str(self.starts))
-        if (
-            ray.get_runtime_context().was_current_actor_reconstructed and "--restart" in argv
-        ):  # Ray restarted the learner: go on from its checkpoint
-            argv[argv.index("--restart") + 1] = "resume"
-        self.stopping = False
-        log = open(self.dir / "role.log", "a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncrl", *argv],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            preexec_fn=die_with_parent(),
-        )
-        log.close()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _watch(self) -> int:
-        rc = self.proc.wait()
-        if rc != 0 and not self.stopping:
-            os._exit(1)  # the Ray actor dies with its role, so Ray restarts both
-        return rc
-
-    def wait(self) -> int:
-        """The role's exit status once it exits: 0, or any status after :meth:`stop`. A role that
-        dies on its own never returns one: its Ray actor exits first (the call fails)."""
-        return self._watch()
-
-    def restarts(self) -> int:
-        """How often Ray started this role again (the count lives on this node's disk)."""
-        return self.starts - 1
-
-    def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGINT to the role (it writes its summary and checkpoint), SIGKILL after ``grace_s``."""
-        self.stopping = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
-
-    def read(self, path: str) -> bytes | None:
-        """A file of this node (relative paths: in the role's directory); None if it cannot be read."""
-        p = Path(path) if os.path.isabs(path) else self.dir / path
-        try:
-            return p.read_bytes()
-        except OSError:
-            return None
-
-    def cleanup(self) -> None:
-        """Remove this role's private directory (its keys among it), and the run's once empty."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        try:
-            self.dir.parent.rmdir()
-        except OSError:
-            pass
-
-
-def pick_ports() -> dict:
-    """On the node it runs on (a Ray task): its IP, a free port (a learner's) and a free pair (a
-    broadcaster's)."""
-    import ray
-
-    return {"ip": ray.util.get_node_ip_address(), "port": free_port("0.0.0.0"), "pair": free_port_pair("0.0.0.0")}
 
 
 def choose_nodes(nodes: list[dict], num_actors: int) -> tuple[dict, list[dict]]:

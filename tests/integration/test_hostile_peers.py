@@ -21,7 +21,8 @@ import pytest
 from click.testing import CliRunner
 from hostile_helpers import CORRIDOR, SPEC, STEPS, Peer, live_learner, raw_report, report, valid_slot
 
-from asyncrl.roles.learner import ActorInfo, _gone_here
+from asyncrl.roles.learner_messages import _gone_here
+from asyncrl.roles.learner_peers import ActorInfo
 from asyncrl.wire import addresses, codec, protocol, rejects, security, sockets, weights_secret
 from asyncrl.wire.shm import dev_shm
 from asyncrl.wire.shm.ring import SlotRing
@@ -496,7 +497,7 @@ def test_an_exception_in_a_handler_is_counted_not_fatal(tmp_path, ctx, monkeypat
 
 def test_serve_handles_a_bounded_number_of_messages_per_call(tmp_path, ctx):
     """A flood must not keep ``serve`` from returning (and the learner from training)."""
-    from asyncrl.roles.learner import MAX_MESSAGES_PER_SERVE
+    from asyncrl.roles.learner_peers import MAX_MESSAGES_PER_SERVE
 
     with live_learner(tmp_path) as learner:
         peer = Peer(ctx, learner.endpoint, "flood")
@@ -693,9 +694,9 @@ def test_join_records_of_ids_that_never_delivered_are_bounded(tmp_path, ctx, mon
     ever. Now at most MAX_UNDELIVERED_IDS ids that never delivered a trained slot keep theirs (their
     restart count may start again: none of their samples was trained on), while an id that
     delivered keeps its monotonic count (seeding needs it)."""
-    from asyncrl.roles import learner as lmod
+    from asyncrl.roles import learner_peers
 
-    monkeypatch.setattr(lmod, "MAX_UNDELIVERED_IDS", 3)
+    monkeypatch.setattr(learner_peers, "MAX_UNDELIVERED_IDS", 3)
     with live_learner(tmp_path) as learner:
         good = Peer(ctx, learner.endpoint, "good")
         good.join(learner, "good")

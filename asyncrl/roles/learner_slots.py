@@ -1,0 +1,180 @@
+"""The learner's slots from report to batch: an actor's report of a full slot checked (the grant
+is its own and current, env steps, timing, episode statistics, the slot's values; a TCP rollout
+written into the slot), full slots copied out of the ring and checked again (generation, row tags,
+values) with the row-tag audit, and ``consume``: one learner iteration once B good copies are there.
+
+Methods of :class:`asyncrl.roles.learner.Learner` (mixed in); the state they use is made in its
+``__init__``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from asyncrl.core.consume import SlotData, SlotError, check_slot, own_rows
+from asyncrl.roles.learner_peers import ActorInfo
+from asyncrl.wire import transport as tp
+
+log = logging.getLogger("asyncrl.learner")
+
+
+class LearnerSlots:
+    """The learner's slot intake and batches (a mixin of Learner)."""
+
+    def on_report(self, actor_id: str, h: dict, arrays) -> None:
+        """A slot is full: checked, then queued for the next batch. A rejected report frees
+        its slot again, so nothing of it is ever consumed."""
+        if h["type"] == "ready":
+            slot = h["slot"]
+            held = any(g == (slot, h["grant_id"]) for g in self.ledger.granted_to(actor_id))
+        else:
+            slot = next((g.slot for g in self.ledger.granted_to(actor_id) if g.grant_id == h["grant_id"]), None)
+            held = slot is not None
+        if not held:
+            raise tp.ProtocolError(
+                "stale_grant", f"{h['type']} for slot {slot} grant {h['grant_id']} not held by {actor_id}"
+            )
+        info = self.actors[actor_id]
+        try:
+            env_steps = self.check_report(info, h)
+            if h["type"] == "rollout":
+                received = tp.decode_rollout_frames(arrays, self.spec)
+                self.validate_slot(received, h["grant_id"])
+                episode_returns = self.check_episodes(received, h)
+                views = self.ring.views(slot)
+                for name, a in received.items():
+                    views[name][...] = a
+                del views
+                info.mode = "tcp"
+                self.rollouts_by_transport["tcp"] += 1
+            else:
+                views = self.ring.views(slot)
+                self.validate_slot(views, h["grant_id"])
+                episode_returns = self.check_episodes(views, h)
+                del views
+                self.rollouts_by_transport["shm"] += 1
+        except tp.ProtocolError:
+            if self.ledger.void(actor_id, slot, h["grant_id"]):
+                self.ring.disarm(slot)
+            info.pending += 1  # the grant it held is void: it may ask again
+            self.state.reward_scaler.reset(actor_id)  # the stream has a gap now
+            raise
+        self.ledger.complete(actor_id, slot, h["grant_id"])
+        now = time.monotonic()
+        self.slowest_report_s = max(self.slowest_report_s, now - info.lease_from)
+        info.lease_from = now
+        self.full_meta[slot] = (
+            actor_id,
+            {"host": info.host, "env_steps": env_steps, "episode_returns": episode_returns, "grant_id": h["grant_id"]},
+        )
+        for key in ("env_s", "inference_s", "wait_s"):
+            self.timing["actors_" + key] += float(h["timing"].get(key, 0.0))
+
+    def check_report(self, info: ActorInfo, h: dict) -> int:
+        """The env steps a report's slot holds, E * T of the slot's shape (what the learner knows;
+        llm: completions). Raises ProtocolError "env_steps" if the report says another number,
+        "timing" unless each of its timing values is a number of seconds in 0..(seconds since the
+        actor's welcome + 1)."""
+        steps = self.spec.num_envs * self.spec.rollout_length
+        if h["env_steps"] != steps:
+            raise tp.ProtocolError("env_steps", f"report of {h['env_steps']} env steps, a slot holds {steps}")
+        limit = time.monotonic() - info.joined + 1.0
+        for key, value in h["timing"].items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= limit:
+                raise tp.ProtocolError(
+                    "timing",
+                    f"timing {tp.printable(key, 40)} = {tp.printable(repr(value), 40)}: not seconds in 0..{limit:.0f}",
+                )
+        return steps
+
+    def check_episodes(self, views: dict, h: dict) -> list[float]:
+        """The episode returns to record for a report: raise ProtocolError "episodes" unless the
+        report's returns and lengths can be those of the slot (``spec.episode_mismatch``: control:
+        counts against the slot's episode ends, episodes inside the slot recomputed from its rewards;
+        llm: the returns are the slot's rewards); then ``spec.episode_statistics`` (what the slot
+        shows, when the report left episodes out)."""
+        bad = self.spec.episode_mismatch(views, h["episode_returns"], h["episode_lengths"])
+        if bad is not None:
+            raise tp.ProtocolError("episodes", bad)
+        return self.spec.episode_statistics(views, h["episode_returns"], h["episode_lengths"])[0]
+
+    def validate_slot(self, views: dict, grant_id: int) -> None:
+        """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot, written under
+        ``grant_id``, can be trained on."""
+        try:
+            check_slot(views, self.spec, version=self.state.version, grant_id=grant_id)
+        except SlotError as exc:
+            raise tp.ProtocolError(exc.reason, str(exc).split(": ", 1)[1]) from None
+
+    # ---- learning ----
+    def collect_full(self, limit: int) -> None:
+        """Copy up to ``limit`` of the oldest full slots out and free them. A copy is kept only if
+        the grant whose report was accepted still held the slot during the copy and no revoked
+        writer touched it (slot integrity, shm.py), and if it passes the report's checks again (the
+        memory could change after the report); else it is dropped and counted, and its stream
+        restarts."""
+        for s in self.ledger.pop_full(min(limit, self.ledger.num_full)):
+            actor_id, meta = self.full_meta.pop(s)
+            views = self.ring.views(s)
+            arrays = {k: v.copy() for k, v in views.items()}
+            del views
+            intact = self.ring.intact(s, meta["grant_id"])
+            self.ledger.release(s)
+            self.ring.disarm(s)
+            own = own_rows(arrays, meta["grant_id"])
+            self.audit(intact, own)
+            try:
+                if not intact:
+                    raise SlotError(
+                        "revoked_writer",
+                        f"slot {s} of grant {meta['grant_id']} was written into by a "
+                        f"writer whose grant had been revoked",
+                    )
+                # the tags were read once above: check_slot's own tag check only where they are foreign
+                check_slot(arrays, self.spec, version=self.state.version, grant_id=None if own else meta["grant_id"])
+            except SlotError as exc:
+                self.consumer.reject_slot(actor_id, exc.reason)
+                n = self.consumer.rejected_slots[exc.reason]
+                if n & (n - 1) == 0:
+                    log.warning("learner: dropped a slot of actor %s: %s (%d so far)", actor_id, exc, n)
+                continue
+            self.copied.append(SlotData(actor_id, meta["host"], arrays, meta["env_steps"], meta["episode_returns"]))
+
+    def audit(self, intact: bool, own: bool) -> None:
+        """Count one copied slot in the row-tag audit (summary.json ``slot_audit``), independent of
+        the generation check: ``passed_generation_foreign_rows`` counts slots that check passed
+        although a row is tagged with another grant (they are dropped too, as ``foreign_rows``)."""
+        self.consumer.slot_audit["copied"] += 1
+        key = ("passed_generation" if intact else "revoked_writer") + ("_own_rows" if own else "_foreign_rows")
+        self.consumer.slot_audit[key] += 1
+
+    def consume(self) -> bool:
+        """Copy full slots out (no more than the next batch needs) and free them; once B good
+        copies are there, run one learner iteration on them and publish.
+
+        Only what the next batch needs leaves the ring: the ring of learner.num_slots is the one
+        queue between actors and learner, so actors faster than the learner wait for a free slot
+        and the lag stays bounded (at most num_slots / B iterations of queueing). Copying every
+        full slot out, as this did until 2026-12-01, freed slots as fast as actors filled them:
+        with actors faster than the learner (actor hosts over TCP, toy envs) the copies piled up,
+        memory grew and the lag grew without bound (42 versions after 125 iterations, measured)."""
+        B = self.cfg.learner.slots_per_batch
+        if self.ledger.num_full and len(self.copied) < B:
+            self.collect_full(B - len(self.copied))
+            self.grant_pending()  # actors go on while the learner learns
+        if len(self.copied) < B:
+            return False
+        batch, self.copied = self.copied[:B], self.copied[B:]
+        trained = self.consumer.consume(batch) is not None
+        for sd in batch:  # these ids' join records are now kept for good (seeding)
+            self.undelivered.pop(sd.actor, None)
+        # The snapshot (and every learner.checkpoint_every iterations the checkpoint) is taken before
+        # the weights go out, not after: after the publish, its 0.5-1 ms delayed the next grants just
+        # long enough for the new weights (one hop longer, through the broadcaster) to reach the actors
+        # first. That made the main job more synchronous than designed: lag-2 samples fell from 7-9 % to
+        # 0.3-1 % (lag p95 2 -> 1 version), measured 2026-12-03 (docs/results/throughput.md).
+        self.consumer.end_iteration()
+        if trained:
+            self.publish()
+        return True
