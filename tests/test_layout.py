@@ -149,3 +149,13 @@ def test_the_checker_sees_lazy_and_type_only_imports(tmp_path, monkeypatch, sour
         assert any(expected in v for v in violations()), violations()
     finally:
         probe.unlink()
+
+
+def test_no_module_is_over_the_size_limit():
+    """About 400 lines a module (wc -l, formatted by ruff): past 450 it is split by responsibility."""
+    over = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 450
+    }
+    assert over == {}, f"modules over 450 lines (split them by responsibility): {over}"

@@ -30,10 +30,10 @@ from asyncrl.core.spec import SlotSpec
 from asyncrl.roles.actor_session import ActorOptions, LearnerSession, Rejoin
 from asyncrl.roles.actor_weights import WeightsFromBroadcaster
 from asyncrl.tasks import make_task
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, rejects, sockets
+from asyncrl.wire.addresses import snapshot_endpoint
 from asyncrl.wire.security import Security
 from asyncrl.wire.shm.ring import SlotRing
-from asyncrl.wire.transport import snapshot_endpoint
 
 log = logging.getLogger("asyncrl.actor")
 
@@ -50,20 +50,22 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
         # control: its envs, seeded at the first reset, once the welcome gave the run seed and this id's restart count
         self.producer = self.task.producer()
         self.spec: SlotSpec = self.producer.spec
-        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)  # reports of E*T episodes
+        self.wire_limits = protocol.report_limits(
+            self.spec.num_envs, self.spec.rollout_length
+        )  # reports of E*T episodes
         self.security = opts.security or Security(f"actor {opts.actor_id}")
         sec = self.security.client
         snapshot_ep = snapshot_endpoint(opts.broadcaster)
         keys = sec(opts.learner), sec(opts.broadcaster), sec(snapshot_ep)  # SecurityError before any socket
-        self.ctx = tp.context()
+        self.ctx = sockets.context()
         # random identities: no other peer can take over this actor's routes
-        self.learner = tp.dealer(self.ctx, opts.learner, tp.route_identity(opts.actor_id), security=keys[0])
-        self.weights_sub = tp.sub(self.ctx, opts.broadcaster, security=keys[1])
-        self.snapshot = tp.dealer(self.ctx, snapshot_ep, tp.route_identity(opts.actor_id), security=keys[2])
+        self.learner = sockets.dealer(self.ctx, opts.learner, sockets.route_identity(opts.actor_id), security=keys[0])
+        self.weights_sub = sockets.sub(self.ctx, opts.broadcaster, security=keys[1])
+        self.snapshot = sockets.dealer(self.ctx, snapshot_ep, sockets.route_identity(opts.actor_id), security=keys[2])
         self.watches = [
-            ("learner", opts.learner, tp.handshakes(self.learner)),
-            ("broadcaster", opts.broadcaster, tp.handshakes(self.weights_sub)),
-            ("broadcaster", snapshot_ep, tp.handshakes(self.snapshot)),
+            ("learner", opts.learner, sockets.handshakes(self.learner)),
+            ("broadcaster", opts.broadcaster, sockets.handshakes(self.weights_sub)),
+            ("broadcaster", snapshot_ep, sockets.handshakes(self.snapshot)),
         ]
         self.run_id = ""
         self.epoch = -1  # the learner epoch of this session (from its welcome)
@@ -79,10 +81,10 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
         self.seeds: ActorSeeds | None = None
         self.last_heartbeat = 0.0
         self.last_learner_message = time.monotonic()  # the learner answers every heartbeat
-        self.rejects = tp.RejectCounter("actor")
+        self.rejects = rejects.RejectCounter("actor")
         self.revoked = 0  # rollouts dropped because their grant was revoked mid-write
         # NaN/inf from this actor's own envs: counted and logged, never fatal
-        self.bad_numbers = tp.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
+        self.bad_numbers = rejects.RejectCounter(f"actor {opts.actor_id}", log, what="non-finite numbers")
         self.step_sleep_s = cfg.actor.slowdown_s / self.spec.rollout_length
         self.stopped = ""
         self.num_params = 0
@@ -134,7 +136,7 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
         """One session: first weights, then collect until stop or max_rollouts. Raises Rejoin."""
         self.first_weights()
         self.producer.reset()
-        for _ in range(tp.GRANT_CREDITS):  # two credits: fill one slot while the next is granted
+        for _ in range(protocol.GRANT_CREDITS):  # two credits: fill one slot while the next is granted
             self._send("request")
         while not self.stopped and (self.opts.max_rollouts == 0 or self.sent < self.opts.max_rollouts):
             self.poll_learner(0)
@@ -163,8 +165,8 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
                 continue
             returns, lengths = self.finite_episodes(stats)
             try:  # a slot with NaN/inf is still reported: the learner refuses it and frees the grant
-                tp.check_finite(slot)
-            except tp.ProtocolError as exc:
+                codec.check_finite(slot)
+            except protocol.ProtocolError as exc:
                 self.bad_numbers.reject(exc, "its envs")
             report = dict(
                 grant_id=grant_id,
@@ -179,25 +181,25 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
             else:
                 header = {
                     "type": "rollout",
-                    "proto": tp.PROTOCOL_VERSION,
+                    "proto": protocol.PROTOCOL_VERSION,
                     "run_id": self.run_id,
                     "actor_id": self.opts.actor_id,
                     "token": self.token or b"",
                     **report,
                 }
-                tp.send(self.learner, tp.encode_rollout(header, slot, self.spec))
+                sockets.send(self.learner, codec.encode_rollout(header, slot, self.spec))
             self.sent += 1
             self.heartbeat()
 
     def close(self) -> None:
         try:
             if self.run_id and not self.stopped:
-                tp.send(
+                sockets.send(
                     self.learner,
-                    tp.encode(
+                    codec.encode(
                         {
                             "type": "bye",
-                            "proto": tp.PROTOCOL_VERSION,
+                            "proto": protocol.PROTOCOL_VERSION,
                             "run_id": self.run_id,
                             "actor_id": self.opts.actor_id,
                             "token": self.token or b"",
@@ -206,7 +208,7 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
                     block=False,
                 )
         finally:
-            tp.close(self.learner, self.weights_sub, self.snapshot)
+            sockets.close(self.learner, self.weights_sub, self.snapshot)
             self.security.close()
             self.ctx.term()
             if self.ring is not None:

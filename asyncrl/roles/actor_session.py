@@ -21,7 +21,7 @@ from asyncrl.core import exit_status
 from asyncrl.core.config import from_dict
 from asyncrl.core.lag_control import WeightHistory
 from asyncrl.core.seeding import actor_seeds, fingerprint
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, rejects, sockets
 from asyncrl.wire.security import Security
 from asyncrl.wire.shm.layout import ShmError
 from asyncrl.wire.shm.ring import SlotRing
@@ -90,7 +90,7 @@ class LearnerSession:
         deadline = time.monotonic() + timeout_s
         header = {
             "type": "hello",
-            "proto": tp.PROTOCOL_VERSION,
+            "proto": protocol.PROTOCOL_VERSION,
             "run_id": self.opts.run_id,
             "actor_id": self.opts.actor_id,
             "host": self.opts.host_label or socket.gethostname(),
@@ -113,20 +113,20 @@ class LearnerSession:
                     timeout_s,
                 )
             if time.monotonic() >= next_hello:
-                tp.send(self.learner, tp.encode(header), block=False)
+                sockets.send(self.learner, codec.encode(header), block=False)
                 next_hello = time.monotonic() + 1.0
             self.check_connections()
-            frames = tp.recv_multipart_timeout(self.learner, 200)
+            frames = sockets.recv_multipart_timeout(self.learner, 200)
             if frames is None:
                 continue
             try:
-                reply, _ = tp.decode(frames)
-            except tp.ProtocolError as exc:  # counted and logged; a real answer may still come
+                reply, _ = codec.decode(frames)
+            except protocol.ProtocolError as exc:  # counted and logged; a real answer may still come
                 self.rejects.reject(exc, "learner")
                 continue
             if reply["type"] == "refuse":
                 raise ActorError(
-                    f"actor {self.opts.actor_id}: refused by the learner: {tp.printable(reply['reason'], 1000)}"
+                    f"actor {self.opts.actor_id}: refused by the learner: {rejects.printable(reply['reason'], 1000)}"
                 )
             if reply["type"] == "welcome":
                 try:
@@ -135,8 +135,8 @@ class LearnerSession:
                     raise
                 except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:  # the learner's config
                     # is not one this actor can build: counted, logged, and the hello goes on (until its timeout)
-                    bad_welcome = tp.printable(f"{type(exc).__name__}: {exc}")
-                    self.rejects.reject(tp.ProtocolError("bad_welcome", bad_welcome), "learner")
+                    bad_welcome = rejects.printable(f"{type(exc).__name__}: {exc}")
+                    self.rejects.reject(protocol.ProtocolError("bad_welcome", bad_welcome), "learner")
                     self.run_id, self.epoch, self.policy = "", -1, None
                     continue
             # anything else (a "rejoin" or heartbeat answer of the session before): not for this hello
@@ -170,7 +170,7 @@ class LearnerSession:
         log.info(
             "actor %s: joined run %s (restart %d); env and action streams %s from run seed %d; learner epoch %d",
             self.opts.actor_id,
-            tp.printable(self.run_id),
+            rejects.printable(self.run_id),
             reply["restart"],
             fingerprint(self.seeds),
             run_seed,
@@ -191,7 +191,7 @@ class LearnerSession:
             OSError,
             ValueError,
         ) as exc:  # any attach error: missing, EACCES (another user's), EINVAL, ...
-            why = tp.printable(f"{type(exc).__name__}: {exc}")
+            why = rejects.printable(f"{type(exc).__name__}: {exc}")
             if mode == "shm":
                 raise ActorError(
                     f"actor {self.opts.actor_id}: actor.rollout_transport is shm, but the learner's "
@@ -215,12 +215,12 @@ class LearnerSession:
                 )
 
     def _send(self, kind: str, **fields) -> None:
-        tp.send(
+        sockets.send(
             self.learner,
-            tp.encode(
+            codec.encode(
                 {
                     "type": kind,
-                    "proto": tp.PROTOCOL_VERSION,
+                    "proto": protocol.PROTOCOL_VERSION,
                     "run_id": self.run_id,
                     "actor_id": self.opts.actor_id,
                     "token": self.token or b"",
@@ -239,23 +239,23 @@ class LearnerSession:
             self.ring = None
         self.local_slot = None
         self.policy, self.history, self.version, self.epoch = None, None, -1, -1
-        tp.drain_all(self.weights_sub)  # a backlog of old versions, and late snapshot replies
-        tp.drain_all(self.snapshot)
+        sockets.drain_all(self.weights_sub)  # a backlog of old versions, and late snapshot replies
+        sockets.drain_all(self.snapshot)
 
     # ---- grants and reports ----
     def poll_learner(self, timeout_ms: int) -> None:
-        frames = tp.recv_multipart_timeout(self.learner, timeout_ms)
+        frames = sockets.recv_multipart_timeout(self.learner, timeout_ms)
         while frames is not None:
             try:
-                header, _ = tp.decode(frames, run_id=self.run_id)
-            except tp.ProtocolError as exc:
+                header, _ = codec.decode(frames, run_id=self.run_id)
+            except protocol.ProtocolError as exc:
                 self.rejects.reject(exc, "learner")
             else:
                 self.last_learner_message = time.monotonic()
                 if header["type"] == "grant":
                     if header["slot"] >= self.num_slots or header["grant_id"] < 1:
                         self.rejects.reject(
-                            tp.ProtocolError(
+                            protocol.ProtocolError(
                                 "bad_grant", f"slot {header['slot']} of {self.num_slots}, grant {header['grant_id']}"
                             ),
                             "learner",
@@ -265,8 +265,8 @@ class LearnerSession:
                 elif header["type"] == "stop":
                     self.stopped = header["reason"]
                 elif header["type"] == "rejoin":
-                    raise Rejoin(f"the learner says: {tp.printable(header['reason'])}")
-            frames = tp.recv_multipart_timeout(self.learner, 0)
+                    raise Rejoin(f"the learner says: {rejects.printable(header['reason'])}")
+            frames = sockets.recv_multipart_timeout(self.learner, 0)
 
     def check_learner_silence(self) -> None:
         """Raise Rejoin once the learner has said nothing for actor_timeout_s (it answers every

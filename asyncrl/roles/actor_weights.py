@@ -11,19 +11,19 @@ import time
 
 from asyncrl.core import exit_status
 from asyncrl.roles.actor_session import ActorError
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, sockets
 
 
 class WeightsFromBroadcaster:
     """The actor's side of the broadcaster (a base class of ``Actor``)."""
 
     def ask_snapshot(self) -> None:
-        tp.send(
+        sockets.send(
             self.snapshot,
-            tp.encode(
+            codec.encode(
                 {
                     "type": "snapshot",
-                    "proto": tp.PROTOCOL_VERSION,
+                    "proto": protocol.PROTOCOL_VERSION,
                     "run_id": self.run_id,
                     "actor_id": self.opts.actor_id,
                 }
@@ -36,17 +36,17 @@ class WeightsFromBroadcaster:
         pending after the first that holds weights); True once one held weights (an older "no
         weights yet" refusal may come first)."""
         got = False
-        frames = tp.recv_multipart_timeout(self.snapshot, timeout_ms)
+        frames = sockets.recv_multipart_timeout(self.snapshot, timeout_ms)
         while frames is not None:
             if len(frames) == 3:  # [topic, header, payload]
                 self._receive(frames)
                 got = True
             else:
                 try:  # else a refusal: "no weights yet"
-                    tp.decode(frames)
-                except tp.ProtocolError as exc:
+                    codec.decode(frames)
+                except protocol.ProtocolError as exc:
                     self.rejects.reject(exc, "broadcaster")
-            frames = tp.recv_multipart_timeout(self.snapshot, 0 if got else timeout_ms)
+            frames = sockets.recv_multipart_timeout(self.snapshot, 0 if got else timeout_ms)
         return got
 
     def first_weights(self) -> None:
@@ -74,7 +74,7 @@ class WeightsFromBroadcaster:
         ``catch_up``: if the queue was at least half full (a stall: what waits is a backlog of old
         versions, more wait in the kernel's buffers, and the publisher drops newer ones while the
         queue is full; ZeroMQ hands over about HWM - 1), also ask the broadcaster for its newest."""
-        pending = tp.drain_all(self.weights_sub)
+        pending = sockets.drain_all(self.weights_sub)
         for frames in pending:
             self._receive(frames)
         if catch_up and len(pending) >= max(2, self.weights_sub.rcvhwm // 2):
@@ -85,12 +85,12 @@ class WeightsFromBroadcaster:
         """Keep a weights message of this session's learner (its run id and epoch); one that does
         not decode is counted and logged, never fatal; another epoch's is dropped."""
         try:
-            header, flat = tp.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+            header, flat = codec.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
             if self.num_params and flat.size != self.num_params:
-                raise tp.ProtocolError(
+                raise protocol.ProtocolError(
                     "frame_size", f"weights of {flat.size} parameters, the policy has {self.num_params}"
                 )
-        except tp.ProtocolError as exc:
+        except protocol.ProtocolError as exc:
             self.rejects.reject(exc, "broadcaster")
             return
         if header["epoch"] == self.epoch:  # another epoch: an old learner's, or a newer one's

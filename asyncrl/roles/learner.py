@@ -29,7 +29,7 @@ from asyncrl.roles.learner_messages import LearnerMessages
 from asyncrl.roles.learner_peers import MAX_MESSAGES_PER_SERVE, ROUTER_HWM, ActorInfo, LearnerPeers
 from asyncrl.roles.learner_slots import LearnerSlots
 from asyncrl.tasks import make_task
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, rejects, sockets
 from asyncrl.wire.addresses import advertised_with_source, endpoint_host, is_loopback, snapshot_endpoint
 from asyncrl.wire.security import Security
 from asyncrl.wire.shm.dev_shm import check_space, cleanup_stale
@@ -90,17 +90,19 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         self.task = make_task(cfg)
         self.spec = self.task.spec
         self.spaces = self.task.spaces
-        self.wire_limits = tp.report_limits(self.spec.num_envs, self.spec.rollout_length)  # reports of E*T episodes
+        self.wire_limits = protocol.report_limits(
+            self.spec.num_envs, self.spec.rollout_length
+        )  # reports of E*T episodes
         # no frame larger than a report's header or one field of a slot is ever buffered
         max_frame = max(
             self.wire_limits.max_bytes, *(int(np.prod(f.shape)) * f.dtype.itemsize for f in self.spec.fields)
         )
         # Sockets next: a refused key or a busy port must not leave a shared-memory segment behind.
-        self.ctx = tp.context()
+        self.ctx = sockets.context()
         try:
             weights_ep = snapshot_endpoint(broadcaster)
             # a small queue per actor connection: an honest actor has a few messages in flight
-            self.router = tp.router(
+            self.router = sockets.router(
                 self.ctx,
                 bind,
                 hwm=ROUTER_HWM,
@@ -111,20 +113,20 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
             # hold any more); it gets the weights when it (re)connects, see check_connections
             # it receives nothing (the broadcaster answers snapshot requests only): any frame is small
-            self.weights_out = tp.dealer(
+            self.weights_out = sockets.dealer(
                 self.ctx,
                 weights_ep,
-                tp.route_identity(f"learner-{run_id}"),
+                sockets.route_identity(f"learner-{run_id}"),
                 security=self.weights_curve,
                 immediate=True,
-                max_message_bytes=tp.MAX_HEADER_BYTES,
+                max_message_bytes=protocol.MAX_HEADER_BYTES,
             )
         except BaseException:
             self.security.close()
             self.ctx.destroy(linger=0)
             raise
-        self.endpoint = tp.endpoint_of(self.router)
-        self.actor_watch, self.broadcaster_watch = tp.handshakes(self.router), tp.handshakes(self.weights_out)
+        self.endpoint = sockets.endpoint_of(self.router)
+        self.actor_watch, self.broadcaster_watch = sockets.handshakes(self.router), sockets.handshakes(self.weights_out)
         self.next_check = self.next_reap = 0.0
         self.by_route: dict[bytes, set[str]] = {}  # connection -> the actor ids it speaks for
         self.broadcaster_handshakes = 0  # seen so far: a new one means a (re)connected broadcaster
@@ -145,8 +147,8 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         self.actors: dict[str, ActorInfo] = {}
         self.full_meta: dict[int, tuple[str, dict]] = {}
         self.copied: list[SlotData] = []  # slots copied out of the ring, not yet trained on
-        self.rejects = tp.RejectCounter("learner")
-        self.session_log = tp.LogBudget(per_window=50, window_s=10.0)  # joins, leaves, refusals (peer_log)
+        self.rejects = rejects.RejectCounter("learner")
+        self.session_log = rejects.LogBudget(per_window=50, window_s=10.0)  # joins, leaves, refusals (peer_log)
         self.undelivered: dict[
             str, None
         ] = {}  # ids joined in this life that delivered no trained slot yet, oldest first
@@ -161,7 +163,7 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         signed with the secret the broadcaster wrote on this host (security.read_weights_secret;
         read at each publish, so a restarted broadcaster's new secret is used at once)."""
         now = self.consumer.lag.publish_time[self.state.version]
-        frames = tp.encode_weights(
+        frames = codec.encode_weights(
             run_id=self.run_id,
             epoch=self.epoch,
             version=self.state.version,
@@ -180,21 +182,21 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
                     self.broadcaster,
                 )
             return
-        tp.send(self.weights_out, tp.sign_weights(frames, secret), block=False)
+        sockets.send(self.weights_out, codec.sign_weights(frames, secret), block=False)
 
     # ---- messages (their handlers: learner_messages) ----
     def serve(self, timeout_ms: int) -> None:
         """Handle the messages that come within ``timeout_ms`` (at most MAX_MESSAGES_PER_SERVE, so a
         flood cannot keep the learner from training), then reap silent actors and expired leases,
         grant, and check connections."""
-        frames = tp.recv_multipart_timeout(self.router, timeout_ms, copy=False)
+        frames = sockets.recv_multipart_timeout(self.router, timeout_ms, copy=False)
         handled = 0
         while frames is not None:
             self.handle(frames)
             handled += 1
             if handled >= MAX_MESSAGES_PER_SERVE:
                 break
-            frames = tp.recv_multipart_timeout(self.router, 0, copy=False)
+            frames = sockets.recv_multipart_timeout(self.router, 0, copy=False)
         now = time.monotonic()
         if now >= self.next_reap:  # each scans every actor: at most 10 times a second
             self.next_reap = now + 0.1
@@ -311,7 +313,7 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             except OSError as exc:  # disk full at its last rows: what was written stays readable
                 if self.write_error is None:
                     log.warning("learner: %s", exc)
-            tp.close(self.router, self.weights_out)
+            sockets.close(self.router, self.weights_out)
             self.security.close()
             self.ctx.term()
         finally:

@@ -18,7 +18,7 @@ import socket
 import time
 
 from asyncrl.roles.learner_peers import MAX_IDS_PER_CONNECTION, ActorInfo
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, rejects, sockets
 
 log = logging.getLogger("asyncrl.learner")
 
@@ -33,30 +33,30 @@ class LearnerMessages:
         identity = frames[0].bytes if hasattr(frames[0], "bytes") else bytes(frames[0])
         sender = identity.decode(errors="replace")
         try:
-            header, arrays = tp.decode(frames[1:], limits=self.wire_limits)
+            header, arrays = codec.decode(frames[1:], limits=self.wire_limits)
             kind = header["type"]
             if kind == "hello":
                 return self.on_hello(identity, header)
             if header["run_id"] != self.run_id:
                 self.ask_rejoin(identity, kind, f"this learner runs {self.run_id}")
-                raise tp.ProtocolError("run_id", f"{kind}: run {header['run_id']!r}, this run is {self.run_id!r}")
+                raise protocol.ProtocolError("run_id", f"{kind}: run {header['run_id']!r}, this run is {self.run_id!r}")
             actor = self.actors.get(header.get("actor_id", ""))
             if actor is None:
                 self.ask_rejoin(identity, kind, "this learner does not know this actor (restarted, or it dropped it)")
-                raise tp.ProtocolError("unknown_actor", f"{kind} from an actor that did not say hello")
+                raise protocol.ProtocolError("unknown_actor", f"{kind} from an actor that did not say hello")
             if identity != actor.route or not hmac.compare_digest(header.get("token", b""), actor.token):
-                raise tp.ProtocolError(
+                raise protocol.ProtocolError(
                     "bad_token", f"{kind} for actor {header['actor_id']!r} from another connection or without its token"
                 )
             actor.last_seen = time.monotonic()
             if kind == "request":
                 if (
-                    self.outstanding(actor_id=header["actor_id"]) >= tp.GRANT_CREDITS
-                    or self.outstanding(route=identity) >= tp.GRANT_CREDITS
+                    self.outstanding(actor_id=header["actor_id"]) >= protocol.GRANT_CREDITS
+                    or self.outstanding(route=identity) >= protocol.GRANT_CREDITS
                 ):
-                    raise tp.ProtocolError(
+                    raise protocol.ProtocolError(
                         "over_credit",
-                        f"request beyond the {tp.GRANT_CREDITS} outstanding grants "
+                        f"request beyond the {protocol.GRANT_CREDITS} outstanding grants "
                         f"an actor (and a connection) may hold",
                     )
                 actor.pending += 1
@@ -68,20 +68,22 @@ class LearnerMessages:
             elif kind == "heartbeat":  # answered, so an actor can tell a dead learner
                 self.reply(identity, {"type": "heartbeat", "actor_id": header["actor_id"], "token": actor.token})
             else:
-                raise tp.ProtocolError("unexpected_type", kind)
-        except tp.ProtocolError as exc:
+                raise protocol.ProtocolError("unexpected_type", kind)
+        except protocol.ProtocolError as exc:
             self.rejects.reject(exc, sender)
-            raw = tp.peek(frames[1]) if exc.reason == "proto" and len(frames) > 1 else {}
+            raw = codec.peek(frames[1]) if exc.reason == "proto" and len(frames) > 1 else {}
             if raw.get("type") == "hello":  # tell an actor of another version why it gets nothing
-                reason = tp.printable(
-                    f"proto: actor has protocol {raw.get('proto')!r}, learner has {tp.PROTOCOL_VERSION}", 1000
+                reason = rejects.printable(
+                    f"proto: actor has protocol {raw.get('proto')!r}, learner has {protocol.PROTOCOL_VERSION}", 1000
                 )
-                self.peer_log(logging.WARNING, "learner: refused actor %s: %s", tp.printable(sender), reason)
+                self.peer_log(logging.WARNING, "learner: refused actor %s: %s", rejects.printable(sender), reason)
                 self.reply(identity, {"type": "refuse", "reason": reason})
         except Exception as exc:  # noqa: BLE001 - peer input must never end the learner: counted, logged, refused
-            self.rejects.reject(tp.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
+            self.rejects.reject(protocol.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), sender)
             if self.rejects.budget.allow()[0]:
-                log.warning("learner: a message from %s raised in its handler", tp.printable(sender), exc_info=True)
+                log.warning(
+                    "learner: a message from %s raised in its handler", rejects.printable(sender), exc_info=True
+                )
 
     def ask_rejoin(self, identity: bytes, kind: str, why: str) -> None:
         """Tell the sender of a session message this learner cannot place (an actor of a learner
@@ -94,13 +96,13 @@ class LearnerMessages:
         for ``actor_timeout_s``, or the hello carries that id's token (a restarted actor proving
         it is that actor: it takes over at once); any other claim on a live id is refused."""
         actor_id = h["actor_id"]
-        mismatch = tp.printable(self.mismatch(h), 1000)  # it quotes the actor's values: keep it sendable
+        mismatch = rejects.printable(self.mismatch(h), 1000)  # it quotes the actor's values: keep it sendable
         if mismatch:
             self.peer_log(
                 logging.WARNING,
                 "learner: refused actor %s from %s: %s",
-                tp.printable(actor_id),
-                tp.printable(h["host"]),
+                rejects.printable(actor_id),
+                rejects.printable(h["host"]),
                 mismatch,
             )
             self.reply(identity, {"type": "refuse", "reason": mismatch})
@@ -111,20 +113,20 @@ class LearnerMessages:
         if len(self.by_route.get(identity, ())) >= MAX_IDS_PER_CONNECTION:
             reason = f"this connection already speaks for {MAX_IDS_PER_CONNECTION} actor ids"
             self.reply(identity, {"type": "refuse", "reason": reason})
-            raise tp.ProtocolError("ids_per_connection", f"hello as {tp.printable(actor_id, 64)}: {reason}")
+            raise protocol.ProtocolError("ids_per_connection", f"hello as {rejects.printable(actor_id, 64)}: {reason}")
         proved = old is not None and h["token"] is not None and hmac.compare_digest(h["token"], old.token)
         if old is not None and not proved and _gone_here(old):  # it died on this host (e.g. restarted by asyncrl run)
             self.forget(actor_id, f"its process {old.pid} is gone")
             old = None
         if old is not None and not proved and time.monotonic() - old.last_seen < self.cfg.transport.actor_timeout_s:
-            reason = tp.printable(
+            reason = rejects.printable(
                 f"actor_id: {actor_id!r} is in use by pid {old.pid} on {old.host}; pick another --actor-id", 1000
             )
             self.peer_log(
                 logging.WARNING,
                 "learner: refused a second actor %s from %s: %s",
-                tp.printable(actor_id),
-                tp.printable(h["host"]),
+                rejects.printable(actor_id),
+                rejects.printable(h["host"]),
                 reason,
             )
             self.reply(identity, {"type": "refuse", "reason": reason})
@@ -144,8 +146,8 @@ class LearnerMessages:
         self.peer_log(
             logging.INFO,
             "learner: actor %s joined from %s (pid %d)%s",
-            tp.printable(actor_id),
-            tp.printable(h["host"]),
+            rejects.printable(actor_id),
+            rejects.printable(h["host"]),
             h["pid"],
             f", restart {restart}" if restart else "",
         )
@@ -175,16 +177,16 @@ class LearnerMessages:
         """Send ``header`` to ``identity``; never raises: a reply that cannot be encoded (e.g. a
         string over the wire's limits) is counted as "unsendable_reply" and logged instead."""
         try:
-            frames = tp.encode({"run_id": self.run_id, **header})
-        except (tp.ProtocolError, ValueError, TypeError) as exc:
-            self.rejects.reject(tp.ProtocolError("unsendable_reply", f"{header.get('type')}: {exc}"), identity)
+            frames = codec.encode({"run_id": self.run_id, **header})
+        except (protocol.ProtocolError, ValueError, TypeError) as exc:
+            self.rejects.reject(protocol.ProtocolError("unsendable_reply", f"{header.get('type')}: {exc}"), identity)
             return
-        tp.send(self.router, [identity, *frames], block=False)
+        sockets.send(self.router, [identity, *frames], block=False)
 
 
 def _gone_here(actor: ActorInfo) -> bool:
     """True if ``actor`` said it runs on this host and no process of its pid exists here."""
-    if actor.host != socket.gethostname() or not 1 <= actor.pid <= tp.MAX_PID:  # declared: not trusted as a pid
+    if actor.host != socket.gethostname() or not 1 <= actor.pid <= protocol.MAX_PID:  # declared: not trusted as a pid
         return False
     try:
         os.kill(actor.pid, 0)

@@ -14,11 +14,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from asyncrl.wire import transport as tp
+from asyncrl.wire import rejects
 
 log = logging.getLogger("asyncrl.learner")
 
-# Per-peer bounds (issue 39): an actor asks for tp.GRANT_CREDITS slots and one more per report, so
+# Per-peer bounds (issue 39): an actor asks for protocol.GRANT_CREDITS slots and one more per report, so
 # an honest actor never holds more; a peer asking for more (to hoard the ring) is held to it, per
 # actor id and per connection (one connection may speak for several ids).
 MAX_IDS_PER_CONNECTION = 4
@@ -84,7 +84,11 @@ class LearnerPeers:
             if not ids:
                 self.by_route.pop(info.route, None)
         self.peer_log(
-            logging.INFO, "learner: actor %s left (%s); %d granted slots freed", tp.printable(actor_id), why, len(freed)
+            logging.INFO,
+            "learner: actor %s left (%s); %d granted slots freed",
+            rejects.printable(actor_id),
+            why,
+            len(freed),
         )
 
     def lease_s(self) -> float:
@@ -116,7 +120,7 @@ class LearnerPeers:
             if self.rejects.budget.allow()[0]:
                 log.warning(
                     "learner: actor %s held %d granted slots for %.0f s without a report (lease); taken back",
-                    tp.printable(actor_id),
+                    rejects.printable(actor_id),
                     len(freed),
                     lease,
                 )

@@ -14,7 +14,7 @@ import time
 
 from asyncrl.core.consume import SlotData, SlotError, check_slot, own_rows
 from asyncrl.roles.learner_peers import ActorInfo
-from asyncrl.wire import transport as tp
+from asyncrl.wire import codec, protocol, rejects
 
 log = logging.getLogger("asyncrl.learner")
 
@@ -32,14 +32,14 @@ class LearnerSlots:
             slot = next((g.slot for g in self.ledger.granted_to(actor_id) if g.grant_id == h["grant_id"]), None)
             held = slot is not None
         if not held:
-            raise tp.ProtocolError(
+            raise protocol.ProtocolError(
                 "stale_grant", f"{h['type']} for slot {slot} grant {h['grant_id']} not held by {actor_id}"
             )
         info = self.actors[actor_id]
         try:
             env_steps = self.check_report(info, h)
             if h["type"] == "rollout":
-                received = tp.decode_rollout_frames(arrays, self.spec)
+                received = codec.decode_rollout_frames(arrays, self.spec)
                 self.validate_slot(received, h["grant_id"])
                 episode_returns = self.check_episodes(received, h)
                 views = self.ring.views(slot)
@@ -54,7 +54,7 @@ class LearnerSlots:
                 episode_returns = self.check_episodes(views, h)
                 del views
                 self.rollouts_by_transport["shm"] += 1
-        except tp.ProtocolError:
+        except protocol.ProtocolError:
             if self.ledger.void(actor_id, slot, h["grant_id"]):
                 self.ring.disarm(slot)
             info.pending += 1  # the grant it held is void: it may ask again
@@ -78,13 +78,14 @@ class LearnerSlots:
         actor's welcome + 1)."""
         steps = self.spec.num_envs * self.spec.rollout_length
         if h["env_steps"] != steps:
-            raise tp.ProtocolError("env_steps", f"report of {h['env_steps']} env steps, a slot holds {steps}")
+            raise protocol.ProtocolError("env_steps", f"report of {h['env_steps']} env steps, a slot holds {steps}")
         limit = time.monotonic() - info.joined + 1.0
         for key, value in h["timing"].items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= limit:
-                raise tp.ProtocolError(
+                raise protocol.ProtocolError(
                     "timing",
-                    f"timing {tp.printable(key, 40)} = {tp.printable(repr(value), 40)}: not seconds in 0..{limit:.0f}",
+                    f"timing {rejects.printable(key, 40)} = {rejects.printable(repr(value), 40)}: not seconds in "
+                    f"0..{limit:.0f}",
                 )
         return steps
 
@@ -96,7 +97,7 @@ class LearnerSlots:
         shows, when the report left episodes out)."""
         bad = self.spec.episode_mismatch(views, h["episode_returns"], h["episode_lengths"])
         if bad is not None:
-            raise tp.ProtocolError("episodes", bad)
+            raise protocol.ProtocolError("episodes", bad)
         return self.spec.episode_statistics(views, h["episode_returns"], h["episode_lengths"])[0]
 
     def validate_slot(self, views: dict, grant_id: int) -> None:
@@ -105,7 +106,7 @@ class LearnerSlots:
         try:
             check_slot(views, self.spec, version=self.state.version, grant_id=grant_id)
         except SlotError as exc:
-            raise tp.ProtocolError(exc.reason, str(exc).split(": ", 1)[1]) from None
+            raise protocol.ProtocolError(exc.reason, str(exc).split(": ", 1)[1]) from None
 
     # ---- learning ----
     def collect_full(self, limit: int) -> None:
