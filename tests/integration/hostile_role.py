@@ -17,25 +17,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # slot_examples
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hostile_helpers
 
 import numpy as np  # noqa: E402
+from hostile_helpers import SMALL as HOSTILE_SMALL  # noqa: E402
 
 from asyncrl.core import config  # noqa: E402
 from asyncrl.run.launch import free_port_pair  # noqa: E402
 from asyncrl.wire import codec, sockets  # noqa: E402
 from asyncrl.wire.security import Security  # noqa: E402
 
-SMALL = [
-    "env.num_envs=2",
-    "env.rollout_length=16",
-    "learner.slots_per_batch=2",
-    "learner.num_slots=6",
-    "algo.num_minibatches=4",
-    "algo.num_epochs=2",
-    "env.id=asyncrl/Corridor-v0",
-    "run.log_every_s=100000",
-    "run.total_env_steps=1000000000",
-]
+# the learner of the hostile tests, quiet and never finishing on its own
+SMALL = [*HOSTILE_SMALL, "run.log_every_s=100000", "run.total_env_steps=1000000000"]
 
 
 def main() -> int:

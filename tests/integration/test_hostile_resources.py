@@ -169,16 +169,22 @@ class Role:
             os.unlink(f"/dev/shm/{self.shm}")
 
 
+def _honest_dealer(ctx, endpoint: str, curve):
+    """A DEALER as an honest actor's, connected to ``endpoint`` (CURVE keys ``curve`` or none)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.identity = sockets.route_identity("honest").encode()
+    if curve is not None:
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
+    sock.connect(endpoint)
+    return sock
+
+
 def honest_learner_peer(endpoint: str, curve=None, timeout_s: float = 30.0) -> bool:
     """A pyzmq actor says hello, gets a welcome, asks for a slot and gets a grant, says bye."""
     ctx = zmq.Context()
     try:
-        sock = ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.identity = sockets.route_identity("honest").encode()
-        if curve is not None:
-            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
-        sock.connect(endpoint)
+        sock = _honest_dealer(ctx, endpoint, curve)
         hello = {
             "type": "hello",
             "run_id": "",
@@ -229,12 +235,7 @@ def honest_snapshot(endpoint: str, curve=None, timeout_s: float = 30.0) -> bool:
     """A pyzmq actor asks the broadcaster for a snapshot and gets valid weights."""
     ctx = zmq.Context()
     try:
-        sock = ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        sock.identity = sockets.route_identity("honest").encode()
-        if curve is not None:
-            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = curve
-        sock.connect(endpoint)
+        sock = _honest_dealer(ctx, endpoint, curve)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             sock.send_multipart(codec.encode({"type": "snapshot", "run_id": "", "actor_id": "honest"}))
