@@ -3,9 +3,9 @@ lab/vaco-lag-correction/README.md section 20).
 
     .venv/bin/python lab/vaco-lag-correction/scripts/age32_no_realign.py [--condition age-8]
 
-Reads the serial age-32 cells of ``bench/results/studies/diagnose-no-realign-age32`` (vaco_no_realign)
+Reads the serial age-32 cells of ``lab/vaco-lag-correction/results/diagnose-no-realign-age32`` (vaco_no_realign)
 and ``bench/results/studies/quick`` (vaco, ppo), and, where it exists, of
-``bench/results/studies/diagnose-realign-min-lag-age32`` (vaco with algo.realign_min_lag = 2, docs
+``lab/vaco-lag-correction/results/diagnose-realign-min-lag-age32`` (vaco with algo.realign_min_lag = 2, docs
 section 24), and ``diagnose-realign-warmup-age`` (vaco with algo.realign_from_version = 125,
 section 26). The quick study holds cells of several training-code
 versions; serial cells are bit-reproducible, so a cell of another version is used only where its

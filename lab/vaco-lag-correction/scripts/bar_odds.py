@@ -1,7 +1,7 @@
 """How often one ten-seed study meets issue 8's main-job bars, estimated from every run measured so far.
 
     .venv/bin/python lab/vaco-lag-correction/scripts/bar_odds.py --main bench/results/studies/main-job-{forward,lag-restored,...} \
-        --serial bench/results/studies/main-job-repeat bench/results/studies/main-job-serial-threads
+        --serial bench/results/studies/main-job-repeat lab/vaco-lag-correction/results/main-job-serial-threads
 
 Issue 8's first acceptance point judges *one* study: the median over seeds 101-110 of one main-job run
 per seed, against 3,000, against 0.9 x the serial no-lag median of the same config on the same seeds

@@ -1,6 +1,6 @@
 """Entropy of the policy early in a run against where the run ends (issue 8's diagnosis).
 
-    .venv/bin/python lab/vaco-lag-correction/scripts/entropy_vs_mode.py bench/results/studies/main-job bench/results/studies/diagnose-band
+    .venv/bin/python lab/vaco-lag-correction/scripts/entropy_vs_mode.py bench/results/studies/main-job lab/vaco-lag-correction/results/diagnose-band
 
 For every finished cell of the given study directories: its label, condition, seed, the mean
 entropy (nats, metrics.jsonl ``entropy``, the Gaussian's over the action dims) at the iteration
