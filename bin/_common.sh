@@ -25,8 +25,9 @@ is_port() { [[ "$1" =~ ^[0-9]+$ ]] && (( $1 >= 1 && $1 <= 65533 )); }
 show() { printf '%q ' "$@"; printf '\n'; }   # a command line as it would be typed
 
 BG_PIDS=()
-stop_background() {   # SIGINT to the roles this script started (by pid), then wait for them
+stop_background() {   # SIGTERM to the roles this script started (by pid), then wait for them
+    # (not SIGINT: a job started with & in a script begins with SIGINT ignored, and keeps it so)
     local pid
-    for pid in "${BG_PIDS[@]}"; do kill -INT "$pid" 2>/dev/null || true; done
+    for pid in "${BG_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${BG_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
