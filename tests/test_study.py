@@ -169,6 +169,10 @@ presets = ["vaco"]""",
     assert comp["median_ratio"] == pytest.approx(3000.0 / 3750.0)
     # P(X > Y): 3000 beats none, 4000 beats 3500 and ties 4000, 1000 beats none -> 1.5 / 6
     assert comp["probability_of_improvement"]["value"] == pytest.approx(1.5 / 6)
+    # negative returns: no ratio (-208 / -188 = 1.11 would read as X better although it is worse)
+    neg = [{**r, "final_return": -abs(r["final_return"]) / 10} for r in recs]
+    (comp,) = comparisons(st, neg)
+    assert comp["median_ratio"] is None
 
 
 def test_report_can_take_records_of_other_training_code(tmp_path):

@@ -160,3 +160,18 @@ def test_alias_code_command_refuses_what_it_cannot_check(tmp_path):
     res = CliRunner().invoke(main, ["study", str(path), "--out", str(out), "--alias-code", "no-such-revision"])
     assert res.exit_code == 2 and "is not a commit" in res.output, res.output
     assert not (out / "aliases.json").exists()
+
+
+def test_report_only_of_a_selection_without_finished_cells_keeps_the_report(tmp_path):
+    """--report-only with selection flags no finished cell matches (e.g. the run's were forgotten) is
+    one error line, and the report the study wrote stays as it was."""
+    path, st = _study(tmp_path)
+    out = tmp_path / "out"
+    runner = Runner(st, out, echo=lambda *_: None)
+    _finish(runner, runner.pending())
+    cli = CliRunner()
+    assert cli.invoke(main, ["study", str(path), "--out", str(out), "--report-only"]).exit_code == 0
+    before = (out / "report.md").read_text()
+    other = cli.invoke(main, ["study", str(path), "--out", str(out), "--report-only", "--seeds", "999"])
+    assert other.exit_code == 2 and "same --envs/--seeds" in other.output, other.output
+    assert (out / "report.md").read_text() == before

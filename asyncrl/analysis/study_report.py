@@ -214,7 +214,8 @@ def comparisons(study: Study, records: list[dict]) -> list[dict]:
                     "n_y": sum(map(len, sy.values())),
                     "median_x": mx,
                     "median_y": my,
-                    "median_ratio": mx / my if my else None,
+                    # a ratio of returns reads as "how many times better" only when both are positive
+                    "median_ratio": mx / my if mx is not None and my is not None and mx > 0 and my > 0 else None,
                     "probability_of_improvement": iv._asdict(),
                 }
             )

@@ -146,12 +146,14 @@ def summary_line(s: dict) -> str:
         return "interrupted: before the run wrote its summary"
     ret = s.get("final_average_return")
     ret_text = f"{ret:.1f}" if ret is not None else "n/a"
+    p50, p95 = s.get("lag_p50"), s.get("lag_p95")
+    lag_text = "n/a (no batch trained)" if p50 is None and p95 is None else f"{_num(p50)}/{_num(p95)} versions"
     outcome = s.get("outcome", "finished") or "interrupted"  # an interrupted or failed run says so, not "done"
     head = "done" if outcome == "finished" else outcome
     line = (
         f"{head}: {s['env_steps']:,} env steps in {s['wall_time_s']:.0f} s "
         f"({s['env_steps_per_s']:,.0f}/s), {count_of(s['learner_iterations'], 'learner iteration')}, "
-        f"average return {ret_text}, lag p50/p95 {_num(s.get('lag_p50'))}/{_num(s.get('lag_p95'))} versions"
+        f"average return {ret_text}, lag p50/p95 {lag_text}"
     )
     ck = s.get("resume_checkpoint")
     if outcome != "finished":

@@ -140,7 +140,14 @@ def study(
         finally:
             if runner.executor:
                 runner.executor.close()
-    results = write_report(st, runner.finished_records(any_code=any_code and report_only), runner.out)
+    records = runner.finished_records(any_code=any_code and report_only)
+    if report_only and not records and (runner.out / "report.md").exists():
+        raise UserError(
+            f"no cell of this selection has finished in {runner.out}, so its report.md is left as it is; "
+            "--report-only takes the same --envs/--seeds/--presets/--conditions/--total-steps as the run "
+            "(and --any-code for cells finished under other training code)"
+        )
+    results = write_report(st, records, runner.out)
     click.echo(
         f"report: {runner.out / 'report.md'} ({len(results['cells'])} of {count_of(len(st.cells), 'cell')} finished)"
     )
