@@ -77,7 +77,7 @@ def test_actor_streams_distinct_and_new_after_restart(procs, tmp_path):
     assert again[2] not in (first["a0"][2], first["a1"][2]), (again, first)
 
     procs.popen["learner"].send_signal(signal.SIGINT)
-    assert procs.wait("learner", 30) == 130, procs.dump()  # interrupted (asyncrl.core.exit_status)
+    assert procs.wait("learner", 90) == 130, procs.dump()  # interrupted (asyncrl.core.exit_status)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learner_iterations"] >= 1, summary
     procs.shutdown()

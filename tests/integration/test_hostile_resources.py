@@ -319,7 +319,7 @@ def test_big_messages(role):
     def attack(i):
         if i % 10 == 9:  # one byte over the limit: the role drops the connection
             state["peer"].send_raw(frame(b"\0" * (size + 1)))
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # a loaded machine: the role may take a while to read it
             while time.monotonic() < deadline and state["peer"].send_raw(frame(b"\0" * 4096, more=True)):
                 time.sleep(0.01)
             over_limit_dropped.append(time.monotonic() < deadline)

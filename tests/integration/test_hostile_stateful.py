@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from asyncrl.wire import addresses, codec, protocol, sockets
 
-pytestmark = [pytest.mark.hostile, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.hostile, pytest.mark.timeout(900)]
 
 EXTREME_INTS = [0, -1, 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1]
 EXTREME_FLOATS = [0.0, -0.0, math.nan, math.inf, -math.inf, 3e38, -3e38, 1e15, 1e300]
