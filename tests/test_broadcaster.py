@@ -129,3 +129,27 @@ def test_clean_removes_only_the_secrets_of_ports_no_one_listens_on(tmp_path, mon
     finally:
         b.close()
         listener.close()
+
+
+def test_cli_max_weights_mb_sets_the_frame_limit(monkeypatch):
+    """``asyncrl broadcaster --max-weights-mb M`` makes a Broadcaster that takes weights of M MiB
+    (ZMQ_MAXMSGSIZE of its sockets); 0 and negative sizes are a usage error."""
+    from click.testing import CliRunner
+
+    from asyncrl.cli import main
+    from asyncrl.roles import broadcaster as broadcaster_module
+
+    made = {}
+
+    def fake(*args, **kwargs):
+        made.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(broadcaster_module, "Broadcaster", fake)
+    result = CliRunner().invoke(main, ["broadcaster", "--max-weights-mb", "0.5"])
+    assert made["max_weights_bytes"] == 512 * 1024, result.output
+    result = CliRunner().invoke(main, ["broadcaster"])
+    assert made["max_weights_bytes"] is None  # the Broadcaster's default (1 GiB)
+    for bad in ("0", "-1", "x"):
+        result = CliRunner().invoke(main, ["broadcaster", "--max-weights-mb", bad])
+        assert result.exit_code == 2 and "--max-weights-mb" in result.output

@@ -318,9 +318,16 @@ def actor(
     help="JSON file of this role's counts: rejected messages and refused connections by reason, weights "
     "published (rewritten every 2 s and at exit).",
 )
+@click.option(
+    "--max-weights-mb",
+    type=click.FloatRange(min=0, min_open=True),
+    help="The largest weights payload taken, in MiB (the learner logs its run's at start: 4 bytes per "
+    "parameter); a peer that sends a larger frame is disconnected before it is buffered, and the memory a "
+    "peer can make this role hold scales with it. Default: 1024 (1 GiB).",
+)
 @_network
 @_common
-def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, config_file, overrides):
+def broadcaster(bind, advertise, upstream, summary_file, max_weights_mb, keys_dir, insecure, config_file, overrides):
     """The weight broadcaster: republishes the learner's newest weights to all actors.
 
     It runs until stopped: exit status 130 / 143 after SIGINT / SIGTERM (its normal end), 2 refused
@@ -339,6 +346,7 @@ def broadcaster(bind, advertise, upstream, summary_file, keys_dir, insecure, con
             advertise=advertise,
             echo=click.echo,
             summary=summary_file,
+            max_weights_bytes=None if max_weights_mb is None else int(max_weights_mb * (1 << 20)),
         )
     except (SecurityError, ValueError, OSError) as exc:  # OSError: sockets.AddressError
         raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None

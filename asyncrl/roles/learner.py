@@ -252,7 +252,15 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
 
     def run(self) -> dict:
         self.announce()
-        log.info("learner: run %s listening on %s, shared memory %s", self.run_id, self.endpoint, self.ring.name)
+        log.info(
+            "learner: run %s listening on %s, shared memory %s, weights payload %d bytes (a broadcaster "
+            "on another host takes them with --max-weights-mb %.2f or more)",
+            self.run_id,
+            self.endpoint,
+            self.ring.name,
+            self.state.flat_weights().nbytes,
+            self.state.flat_weights().nbytes / (1 << 20),
+        )
         while not self.consumer.done:
             t0 = time.perf_counter()
             self.serve(5)
