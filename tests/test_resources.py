@@ -178,3 +178,56 @@ def test_progress_line_says_lag_is_not_known_before_the_first_batch():
     assert "return      n/a" in line and "lag p50/p95 n/a" in line
     line = metrics.progress_line(env_steps=64, total=128, steps_per_s=3.0, avg_return=None, lag=(1, 2, 0.1, 0.3))
     assert "lag p50/p95 1/2 v | 0.10/0.30 s" in line
+
+
+def test_checkpoint_put_off_while_no_file_descriptor_is_free(tmp_path):
+    """A periodic checkpoint that fails for want of file descriptors (EMFILE: peers' connections
+    can take them all) does not end the run: the learner goes on, and the next iteration writes
+    it once descriptors are free again. Other write errors still raise (the test above)."""
+    import resource
+
+    from asyncrl.core.consume import Consumer, SlotData
+    from asyncrl.tasks import make_task
+
+    spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=8, num_envs=2)
+    cfg = config.load(
+        None,
+        ["learner.slots_per_batch=1", "learner.num_slots=2", "learner.checkpoint_every=1", "algo.num_minibatches=2"],
+    )
+    c = Consumer(cfg, spec, tmp_path, task=make_task(cfg, spec=spec))
+
+    def slot():
+        a = spec.allocate()
+        a["rewards"][:] = 1.0
+        return SlotData("a", "h", a, spec.num_envs * spec.rollout_length, [])
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        c.consume([slot()])
+        c.end_iteration()  # iteration 1: written
+        assert _iteration_saved(tmp_path) == 1
+        c.consume([slot()])
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 64, hard))
+        try:  # take every descriptor left, as a connection flood would
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+        c.end_iteration()  # iteration 2: no descriptor: put off, no error
+        for fd in held:
+            os.close(fd)
+        held.clear()
+        assert _iteration_saved(tmp_path) == 1
+        c.consume([slot()])
+        c.end_iteration()  # iteration 3: written
+        assert _iteration_saved(tmp_path) == 3
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        c.close()
+
+
+def _iteration_saved(run_dir) -> int:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]

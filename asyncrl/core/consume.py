@@ -4,6 +4,7 @@ and write metrics, checkpoints, progress and the summary."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections import Counter
@@ -270,10 +271,22 @@ class Consumer:
         learner.checkpoint_every iterations. Raises NonFiniteError (nothing written) for non-finite values."""
         self.boundary = self.snapshot(extra)
         every = self.cfg.learner.checkpoint_every
-        if every and self.state.iteration % every == 0 and self.state.iteration != self._saved_iteration:
-            self.write(self.boundary)
+        due = every and (self.state.iteration % every == 0 or self._checkpoint_put_off)
+        if due and self.state.iteration != self._saved_iteration:
+            try:
+                self.write(self.boundary)
+                self._checkpoint_put_off = False
+            except RunDirError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                # no file descriptor free (peers' connections can take them all): transient, not the
+                # run directory's fault; the last good checkpoint stays and the next iteration retries
+                if not self._checkpoint_put_off:
+                    log.warning("learner: checkpoint put off to the next iteration: %s", exc)
+                self._checkpoint_put_off = True
 
     _saved_iteration = -1
+    _checkpoint_put_off = False  # a checkpoint failed for want of file descriptors: retried each iteration
 
     def write(self, snapshot: dict) -> None:
         write_checkpoint(self.run_dir / CHECKPOINT, snapshot, keep=self.cfg.learner.keep_checkpoints)
