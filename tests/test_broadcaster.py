@@ -121,6 +121,10 @@ def test_clean_removes_only_the_secrets_of_ports_no_one_listens_on(tmp_path, mon
 
         from asyncrl.cli import main
 
+        result = CliRunner().invoke(main, ["clean", "--dry-run"])  # lists it, removes nothing
+        assert result.exit_code == 0, result.output
+        assert f"would remove 1 stale weights secret(s): {dead.name}" in result.output
+        assert dead.exists()
         result = CliRunner().invoke(main, ["clean"])
         assert result.exit_code == 0, result.output
         assert "removed 1 stale weights secret(s)" in result.output

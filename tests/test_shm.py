@@ -200,6 +200,8 @@ def test_cleanup_stale_removes_dead_creator_keeps_live(run_id):
     _raw_segment(f"asyncrl-{run_id}-notapid")
     try:
         with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=1) as live:
+            assert cleanup_stale(prefix=f"asyncrl-{run_id}-", dry_run=True) == [dead]  # listed, kept
+            assert dead in _segments(f"asyncrl-{run_id}-")
             assert cleanup_stale(prefix=f"asyncrl-{run_id}-") == [dead]
             assert _segments(f"asyncrl-{run_id}-") == sorted([live.name, f"asyncrl-{run_id}-notapid"])
     finally:
@@ -213,6 +215,8 @@ def test_remove_run_removes_only_that_run(run_id):
     _raw_segment(mine)
     try:
         with SlotRing.create(run_id=run_id, spec=SPEC, num_slots=1) as live:
+            assert remove_run(run_id, dry_run=True) == sorted([mine, live.name])
+            assert mine in _segments(f"asyncrl-{run_id}-")
             assert remove_run(run_id) == sorted([mine, live.name])
             # the owner still unlinks cleanly after `asyncrl clean` removed its name
         assert _segments(f"asyncrl-{run_id}-") == [neighbour]

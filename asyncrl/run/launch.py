@@ -120,11 +120,12 @@ def private_endpoint_dir() -> Path:
 ENDPOINT_DIR_PREFIX = "asyncrl-ep-"
 
 
-def remove_stale_endpoint_dirs(min_age_s: float = 60.0) -> list[str]:
+def remove_stale_endpoint_dirs(min_age_s: float = 60.0, *, dry_run: bool = False) -> list[str]:
     """Remove this user's private endpoint directories (:func:`private_endpoint_dir`) that no run
     uses any more: older than ``min_age_s`` (a run that is starting may not have bound yet) and
     without a socket that accepts a connection (those of a supervisor killed by SIGKILL). Returns
-    the directories removed; never raises for one it cannot read or remove (skipped)."""
+    the directories removed (``dry_run``: those it would remove, removing nothing); never raises
+    for one it cannot read or remove (skipped)."""
     removed = []
     now = time.time()
     for base in sorted({tempfile.gettempdir(), "/tmp"}):
@@ -135,7 +136,8 @@ def remove_stale_endpoint_dirs(min_age_s: float = 60.0) -> list[str]:
                     continue
                 if any(_accepts(p) for p in d.iterdir()):
                     continue
-                shutil.rmtree(d)
+                if not dry_run:
+                    shutil.rmtree(d)
                 removed.append(str(d))
             except OSError:
                 continue

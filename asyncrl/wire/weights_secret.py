@@ -84,12 +84,13 @@ def listening_tcp_ports() -> set[int] | None:
     return ports if read_any else None
 
 
-def remove_stale_weights_secrets() -> list[str] | None:
+def remove_stale_weights_secrets(*, dry_run: bool = False) -> list[str] | None:
     """Remove this user's ``broadcaster-<port>.secret`` files whose port no socket listens on: those
     of broadcasters that were killed (SIGKILL) before they could remove their own. A live
     broadcaster keeps its PUB socket bound for as long as its secret exists, so its file stays.
 
-    Returns the file names removed, or None where the listening ports cannot be read (no
+    Returns the file names removed (``dry_run``: those it would remove, removing nothing),
+    or None where the listening ports cannot be read (no
     /proc/net/tcp: nothing is removed). Never raises for a file it cannot remove (skipped)."""
     listening = listening_tcp_ports()
     if listening is None:
@@ -99,7 +100,8 @@ def remove_stale_weights_secrets() -> list[str] | None:
         port = path.name[len("broadcaster-") : -len(".secret")]
         if port.isdigit() and int(port) not in listening:
             try:
-                path.unlink()
+                if not dry_run:
+                    path.unlink()
                 removed.append(path.name)
             except OSError:
                 pass

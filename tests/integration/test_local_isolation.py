@@ -101,6 +101,7 @@ def test_clean_removes_endpoint_dirs_of_killed_runs_only():
         listener.listen(1)
         for d in (dead, live):
             os.utime(d, (0, 0))
+        assert str(dead) in remove_stale_endpoint_dirs(dry_run=True) and dead.exists()  # listed, kept
         removed = remove_stale_endpoint_dirs()
         assert str(dead) in removed and not dead.exists()
         assert live.exists() and young.exists() and str(live) not in removed and str(young) not in removed

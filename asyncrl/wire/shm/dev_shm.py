@@ -135,12 +135,16 @@ def _ours(name: str) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
-def _unlink_names(names: list[str]) -> list[str]:
-    """Unlink each of ``names`` in SHM_DIR that is ours (``_ours``); returns those removed. A name
-    that cannot be removed (gone, not permitted) is logged and skipped, never raised."""
+def _unlink_names(names: list[str], *, dry_run: bool = False) -> list[str]:
+    """Unlink each of ``names`` in SHM_DIR that is ours (``_ours``); returns those removed (with
+    ``dry_run``: those it would remove, removing nothing). A name that cannot be removed (gone, not
+    permitted) is logged and skipped, never raised."""
     removed = []
     for name in names:
         if not _ours(name):
+            continue
+        if dry_run:
+            removed.append(name)
             continue
         try:
             os.unlink(os.path.join(SHM_DIR, name))
@@ -163,15 +167,16 @@ def _listing() -> list[str]:
         return []
 
 
-def cleanup_stale(prefix: str = PREFIX) -> list[str]:
+def cleanup_stale(prefix: str = PREFIX, *, dry_run: bool = False) -> list[str]:
     """Unlink segments ``<prefix>...-<pid>`` in /dev/shm whose creator pid is no longer alive:
     regular files of this user only, whatever else the folder holds (never raises for a name).
 
-    Returns the names removed. Assumes the creators ran in this pid namespace (a pid reused by
+    Returns the names removed (``dry_run``: the names it would remove; nothing is removed).
+    Assumes the creators ran in this pid namespace (a pid reused by
     an unrelated live process keeps its segment: safe, merely not cleaned).
     """
     stale = [n for n in _listing() if (pid := _creator_pid(n, prefix)) is not None and not _alive(pid)]
-    return _unlink_names(stale)
+    return _unlink_names(stale, dry_run=dry_run)
 
 
 def run_segment_pattern(run_id: str) -> re.Pattern:
@@ -180,10 +185,11 @@ def run_segment_pattern(run_id: str) -> re.Pattern:
     return re.compile(re.escape(f"{PREFIX}{run_id}") + r"(\+[0-9a-f]{8})?-[0-9]+")
 
 
-def remove_run(run_id: str) -> list[str]:
+def remove_run(run_id: str, *, dry_run: bool = False) -> list[str]:
     """Unlink every segment of ``run_id`` (``run_segment_pattern``) of this user, live creator or not.
 
-    Returns the names removed. Processes that mapped them keep their mappings until they close.
+    Returns the names removed (``dry_run``: the names it would remove; nothing is removed).
+    Processes that mapped them keep their mappings until they close.
     """
     exact = run_segment_pattern(run_id)
-    return _unlink_names([n for n in _listing() if exact.fullmatch(n)])
+    return _unlink_names([n for n in _listing() if exact.fullmatch(n)], dry_run=dry_run)
