@@ -367,4 +367,4 @@ def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
     assert rows["ppo"]["no_grad_fraction"] == 0.04  # the old ppo cell is left out, not mixed in
     assert rows["ppo"]["clip_fraction_two_sided"] == pytest.approx(0.085)
     text = markdown(st, recs, list(rows.values()), [], [], {})
-    assert "| no grad | fires | clip 2-sided |" in text and "one definition for every preset" in text
+    assert "| no grad | fires | budget | clip 2-sided |" in text and "one definition for every preset" in text

@@ -12,7 +12,6 @@ Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
@@ -85,9 +84,11 @@ def advantages(
 ):
     """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring.
 
-    ``value_targets`` picks the critic's target apart from the advantages: "auto" takes the one of
-    the advantages' estimator (V-trace's vs where they are realigned, GAE's λ-returns otherwise);
-    "vtrace" or "lambda_returns" name one (docs/decisions/value-targets.md).
+    ``traces`` are those of the realigned advantages. ``value_targets`` picks the critic's target:
+    "auto" takes V-trace's vs where the advantages are realigned and GAE's λ-returns otherwise;
+    "vtrace" or "lambda_returns" name one. V-trace's vs always use V-trace's own traces
+    c_t = λ min(c̄, ρ_t), whatever ``traces``: the critic's targets feed back into the critic, and only
+    those traces keep that a contraction at any lag (docs/decisions/traces.md).
 
     ``realign_min_lag`` > 0 (realigning presets but impala): only the samples whose ``lag`` [T, N]
     (learner version - behaviour version, in versions) is at least this get the realigned advantage
@@ -109,7 +110,7 @@ def advantages(
         )
     adv = targets = None
     if realign or value_targets == "vtrace":
-        r = vtrace(
+        vtrace_kw = dict(
             behavior_log_prob=batch["behavior_log_prob"],
             target_log_prob=target_log_prob,
             rewards=batch["rewards"],
@@ -120,11 +121,12 @@ def advantages(
             lam=lam,
             rho_bar=rho_bar,
             c_bar=c_bar,
-            traces=traces,
         )
+        r = vtrace(**vtrace_kw, traces=traces)
         if realign:
             adv = r.pg_advantages if preset == "impala" else r.advantages
-        targets = r.vs if value_targets != "lambda_returns" else None
+        if value_targets != "lambda_returns":
+            targets = r.vs if traces == "vtrace" else vtrace(**{**vtrace_kw, "traces": "vtrace"}).vs
     if not realign or value_targets == "lambda_returns" or partial:
         g = gae(
             rewards=batch["rewards"],
@@ -200,15 +202,12 @@ def learner_iteration(
         lag = None
         if version is not None and "behavior_version" in batch:
             lag = version - batch["behavior_version"]
-        min_lag = cfg.realign_min_lag
-        if version is not None and version < cfg.realign_from_version:
-            min_lag = math.inf  # warm-up: no sample is realigned (GAE on β's data, as vaco_no_realign)
         adv, targets = advantages(
             preset=cfg.preset,
             target_log_prob=target_log_prob,
             value_targets=cfg.value_targets,
             lag=lag,
-            realign_min_lag=min_lag,
+            realign_min_lag=cfg.realign_min_lag,
             **kw,
         )
         stale = None if lag is None else (lag > 0).reshape(-1)
