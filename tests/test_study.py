@@ -59,6 +59,23 @@ def test_grid_expands_every_axis_seed_major(tmp_path):
     assert {c.seed for c in small.cells} == {5} and {c.total_env_steps for c in small.cells} == {512}
 
 
+def test_an_arm_may_name_its_own_envs_and_seeds(tmp_path):
+    """One study, ten seeds on one env and five on two others (the main job's reporting run)."""
+    text = (
+        'seeds = [1, 2, 3]\nenvs = ["CartPole-v1"]\n'
+        '[[arm]]\npresets = ["vaco", "ppo"]\nseeds = [4, 5, 6, 7]\n'
+        '[[arm]]\npresets = ["vaco", "ppo"]\nenvs = ["Acrobot-v1", "Pendulum-v1"]\n'
+    )
+    st = load_study(write(tmp_path, text))
+    seeds: dict = {}
+    for cell in st.cells:
+        seeds.setdefault((cell.env, cell.preset), []).append(cell.seed)
+    assert sorted(seeds[("CartPole-v1", "vaco")]) == [4, 5, 6, 7] and sorted(seeds[("Acrobot-v1", "ppo")]) == [1, 2, 3]
+    assert [cell.seed for cell in st.cells[:4]] == [1] * 4  # seed-major over every arm
+    with pytest.raises(StudyError, match="seeds"):
+        load_study(write(tmp_path, text.replace("seeds = [4, 5, 6, 7]", 'seeds = ["x"]')))
+
+
 @pytest.mark.parametrize(
     "name, mode, overrides",
     [
