@@ -245,7 +245,7 @@ def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset)
         values_tp1=values[1:], final_values=final, terminated=batch["terminated"], truncated=batch["truncated"]
     )
     end = batch["terminated"] | batch["truncated"]
-    vt = vtrace(
+    common = dict(
         behavior_log_prob=batch["behavior_log_prob"],
         target_log_prob=target,
         rewards=batch["rewards"],
@@ -254,21 +254,11 @@ def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset)
         episode_end=end,
         gamma=0.99,
         lam=0.95,
-        traces="uncorrected",
     )
+    vt = vtrace(**common, traces="uncorrected")
     ga = gae(rewards=batch["rewards"], values=values[:-1], next_values=nv, episode_end=end, gamma=0.99, lam=0.95)
     # the critic's V-trace targets use V-trace's own traces (c_t = λ min(c̄, ρ_t)) whatever the advantages'
-    vs = vtrace(
-        behavior_log_prob=batch["behavior_log_prob"],
-        target_log_prob=target,
-        rewards=batch["rewards"],
-        values=values[:-1],
-        next_values=nv,
-        episode_end=end,
-        gamma=0.99,
-        lam=0.95,
-        traces="vtrace",
-    ).vs
+    vs = vtrace(**common, traces="vtrace").vs
     assert not torch.allclose(vs, vt.vs)  # the lag cuts V-trace's traces
     realigned = preset == "vaco"
     adv_auto, tgt_auto = advantages(**kw)

@@ -21,6 +21,14 @@ from asyncrl.analysis.study import Study
 from asyncrl.core.metrics import strict_json
 from asyncrl.core.wording import count_of
 
+CELL_DIAGNOSTICS = (
+    "tv_estimate",
+    "no_grad_fraction",
+    "filter_fire_rate",
+    "tv_budget_fraction",
+    "clip_fraction_two_sided",
+    "approx_kl",
+)
 CSV_FIELDS = (
     "study",
     "label",
@@ -39,12 +47,7 @@ CSV_FIELDS = (
     "lag_p95",
     "lag_seconds_p50",
     "lag_seconds_p95",
-    "tv_estimate",
-    "no_grad_fraction",
-    "filter_fire_rate",
-    "tv_budget_fraction",
-    "clip_fraction_two_sided",
-    "approx_kl",
+    *CELL_DIAGNOSTICS,
     "entropy_last",
     "load_start",
     "load_end",
@@ -74,14 +77,6 @@ def random_returns(study: Study, out: Path) -> dict[str, float]:
     return {k: v["return"] for k, v in known.items()}
 
 
-CELL_DIAGNOSTICS = (
-    "tv_estimate",
-    "no_grad_fraction",
-    "filter_fire_rate",
-    "tv_budget_fraction",
-    "clip_fraction_two_sided",
-    "approx_kl",
-)
 _CLIP_PRESETS = ("ppo", "grpo")  # PPO's clip: the presets whose old "clip_fraction" was two-sided
 
 
