@@ -225,7 +225,7 @@ def _lagged_inputs(T=12, N=3, seed=0):
 
 @pytest.mark.parametrize("preset", ["vaco", "vaco_no_realign", "ppo"])
 def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset):
-    from asyncrl.algo.returns import gae, next_state_values, vtrace
+    from asyncrl.algo.returns import gae, next_state_values, realigned_returns
     from asyncrl.tasks.control.update import advantages
 
     batch, target, values, final = _lagged_inputs()
@@ -255,10 +255,10 @@ def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset)
         gamma=0.99,
         lam=0.95,
     )
-    vt = vtrace(**common, traces="uncorrected")
+    vt = realigned_returns(**common, traces="uncorrected")
     ga = gae(rewards=batch["rewards"], values=values[:-1], next_values=nv, episode_end=end, gamma=0.99, lam=0.95)
     # the critic's V-trace targets use V-trace's own traces (c_t = λ min(c̄, ρ_t)) whatever the advantages'
-    vs = vtrace(**common, traces="vtrace").vs
+    vs = realigned_returns(**common, traces="vtrace").vs
     assert not torch.allclose(vs, vt.vs)  # the lag cuts V-trace's traces
     realigned = preset == "vaco"
     adv_auto, tgt_auto = advantages(**kw)

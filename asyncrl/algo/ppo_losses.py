@@ -133,7 +133,7 @@ def impala_policy_loss(
     Args:
         log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
         behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        pg_advantages: [N] VTraceReturns.pg_advantages, flattened (reward units).
+        pg_advantages: [N] RealignedReturns.pg_advantages, flattened (reward units).
         rho_bar: ρ̄ > 0 (inf allowed).
 
     Returns:

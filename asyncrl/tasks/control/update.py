@@ -1,8 +1,10 @@
 """One learner iteration (VACO.md "Loss and schedule"), shared by every preset.
 
 1. With the weights at iteration start (π_T), compute log π_T(a|s) and V(s) once.
-2. Advantages once: V-trace realignment (vaco, vaco_no_filter) or GAE on β's data (ppo, ppo_kl,
-   spo, vaco_no_realign). impala instead recomputes V-trace before every optimizer step.
+2. Advantages and critic targets once: realigned advantages for π_T (vaco, vaco_no_filter: uncorrected
+   traces by default; vaco_paper: V-trace's) with V-trace's targets for the critic, or GAE on β's data
+   and its λ-returns (ppo, ppo_kl, spo, vaco_no_realign). impala instead recomputes V-trace before
+   every optimizer step.
 3. num_epochs x num_minibatches optimizer steps on
    policy loss + value_coef * mean (V - targets)^2 - entropy_coef * entropy.
 
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from asyncrl.algo.ppo_losses import impala_policy_loss
-from asyncrl.algo.returns import gae, next_state_values, vtrace
+from asyncrl.algo.returns import gae, next_state_values, realigned_returns
 from asyncrl.algo.value_loss import explained_variance, value_loss
 from asyncrl.core.config import VTRACE_PRESETS
 from asyncrl.core.iteration import (
@@ -110,7 +112,7 @@ def advantages(
         )
     adv = targets = None
     if realign or value_targets == "vtrace":
-        vtrace_kw = dict(
+        realign_kw = dict(
             behavior_log_prob=batch["behavior_log_prob"],
             target_log_prob=target_log_prob,
             rewards=batch["rewards"],
@@ -122,11 +124,11 @@ def advantages(
             rho_bar=rho_bar,
             c_bar=c_bar,
         )
-        r = vtrace(**vtrace_kw, traces=traces)
+        r = realigned_returns(**realign_kw, traces=traces)
         if realign:
             adv = r.pg_advantages if preset == "impala" else r.advantages
         if value_targets != "lambda_returns":
-            targets = r.vs if traces == "vtrace" else vtrace(**{**vtrace_kw, "traces": "vtrace"}).vs
+            targets = r.vs if traces == "vtrace" else realigned_returns(**realign_kw, traces="vtrace").vs
     if not realign or value_targets == "lambda_returns" or partial:
         g = gae(
             rewards=batch["rewards"],
