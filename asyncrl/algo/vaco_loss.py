@@ -63,7 +63,7 @@ def tv_estimate(log_ratio: Tensor, log_weight: Tensor | None = None) -> Tensor:
     Paper: VACO, arXiv:2603.01365 (Component 2 of VACO.md); the weighting: docs/decisions/tv-budget.md.
     """
     named = {"log_ratio": log_ratio} | ({} if log_weight is None else {"log_weight": log_weight})
-    checks.tensors(dims=1, floating=True, same_dtype=True, **named)
+    checks.samples(**named)
     return _deviation_tv(log_ratio, log_weight)[1]
 
 
@@ -120,7 +120,7 @@ def tv_filter(
     Paper: VACO, arXiv:2603.01365.
     """
     named = {} if log_weight is None else {"log_weight": log_weight}
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio, advantages=advantages, **named)
+    checks.samples(log_ratio=log_ratio, advantages=advantages, **named)
     tv_threshold = checks.scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
     min_deviation = checks.scalar("min_deviation", min_deviation, low=0.0)
     ratio_cap = checks.scalar("ratio_cap", ratio_cap, low=0.0, low_open=True, allow_inf=True)
@@ -224,10 +224,7 @@ def vaco_policy_loss(
         raise ValueError(f"band_ratio must be one of {BAND_RATIOS}, got {band_ratio!r}")
     if band_ratio == "backward" and anchor_log_prob is None:
         raise ValueError("band_ratio='backward' bounds π_T/β and needs anchor_log_prob (the learning anchor)")
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
+    checks.samples(
         log_prob=log_prob,
         behavior_log_prob=behavior_log_prob,
         advantages=advantages,
@@ -296,14 +293,7 @@ def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages
 
     Paper: VACO, arXiv:2603.01365 (its ablation without the filter).
     """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
+    checks.samples(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     loss = -(torch.exp(log_ratio) * advantages.detach()).mean()
     return _result(loss, log_ratio)
