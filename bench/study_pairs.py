@@ -1,5 +1,6 @@
 """Per env, X against Y in one study's results table: each arm's IQM with its 95 % bootstrap CI and
-P(X > Y) with its CI (asyncrl.analysis.stats), for the conditions named; then P(X > Y) over the envs.
+P(X > Y) with its CI (asyncrl.analysis.stats), for the conditions named; then P(X > Y) over the envs,
+and with two or more conditions P(X > Y) pooled over every (env, condition) task.
 
     .venv/bin/python bench/study_pairs.py bench/results/studies/quick --x vaco --y ppo --conditions age-8,age-32
     .venv/bin/python bench/study_pairs.py bench/results/studies/quick --x vaco --y vaco_paper --conditions none
@@ -29,6 +30,7 @@ def main() -> None:
     finals = {(g["label"], g["env"], g["condition"]): g["final_returns"] for g in groups}
     print(f"| condition | env | {a.x} IQM [95% CI] | {a.y} IQM [95% CI] | P({a.x} > {a.y}) [95% CI] |")
     print("|---|---|---|---|---|")
+    pooled_x, pooled_y = {}, {}
     for cond in a.conditions.split(","):
         xs, ys = {}, {}
         for (label, env, c), f in sorted(finals.items()):
@@ -44,6 +46,13 @@ def main() -> None:
         if xs:
             p = stats.probability_of_improvement(xs, ys)
             print(f"| {cond} | over {len(xs)} envs | | | {p.value:.2f} [{p.low:.2f}, {p.high:.2f}] |")
+        pooled_x |= {(env, cond): v for env, v in xs.items()}
+        pooled_y |= {(env, cond): v for env, v in ys.items()}
+    if len({c for _, c in pooled_x}) > 1:  # every (env, condition) a task of its own, stratified
+        p = stats.probability_of_improvement(pooled_x, pooled_y)
+        print(
+            f"| pooled | {len(pooled_x)} env x condition tasks | | | {p.value:.2f} [{p.low:.2f}, {p.high:.2f}] |"
+        )
 
 
 if __name__ == "__main__":

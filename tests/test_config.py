@@ -73,17 +73,25 @@ def test_presets_pin_their_traces_unless_the_config_names_them(preset, traces):
     assert config.load(overrides=[f"algo.preset={preset}", "algo.traces=vtrace"]).algo.traces == "vtrace"
 
 
-def test_realignment_warm_up_default_per_preset_and_task_kind():
-    """The control task's vaco realigns from learner version 125 (configs/default.toml); vaco_paper
-    from the first iteration, as the paper; the llm task has no such option (0) and refuses one set."""
-    assert config.load(None).algo.realign_from_version == 125
-    assert config.load(None, ["algo.preset=vaco_no_filter"]).algo.realign_from_version == 125
-    assert config.load(None, ["algo.preset=vaco_paper"]).algo.realign_from_version == 0
-    assert config.load(None, ["algo.preset=vaco_paper", "algo.realign_from_version=7"]).algo.realign_from_version == 7
-    llm = config.load(None, ["task.kind=llm", "algo.preset=grpo"])
-    assert llm.algo.realign_from_version == 0
-    with pytest.raises(ConfigError, match="realign_from_version"):
-        config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.realign_from_version=125"])
+def test_a_removed_key_is_refused_with_why(tmp_path):
+    """algo.realign_from_version (a learner version before which nothing was realigned) no longer
+    exists: a --set, a config file or a run's config.json naming it is refused, and the line says why."""
+    with pytest.raises(ConfigError, match="algo.realign_from_version was removed: the realignment no longer waits"):
+        config.load(None, ["algo.realign_from_version=125"])
+    path = tmp_path / "c.toml"
+    path.write_text("[algo]\nrealign_from_version = 0\n")
+    with pytest.raises(ConfigError, match="was removed"):
+        config.load(path)
+
+
+def test_tv_rule_shrink_needs_a_band_and_vaco_paper_pins_the_filter():
+    assert (config.load(None).algo.tv_rule, config.load(None).algo.tv_threshold) == ("shrink", 0.1)
+    assert config.load(None, ["algo.preset=vaco_paper"]).algo.tv_rule == "filter"
+    with pytest.raises(ConfigError, match="tv_rule = shrink narrows the band"):
+        config.load(None, ["algo.behavior_band=inf"])
+    assert config.load(None, ["algo.behavior_band=inf", "algo.tv_rule=filter"]).algo.behavior_band == float("inf")
+    with pytest.raises(ConfigError, match="algo.tv_rule must be one of"):
+        config.load(None, ["algo.tv_rule=sometimes"])
 
 
 def test_unknown_traces_name_the_key():

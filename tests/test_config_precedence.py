@@ -49,11 +49,11 @@ def test_config_show_with_the_default_file_prints_the_preset_alone(kind, preset)
 def test_config_show_prints_the_papers_pins_through_the_default_file():
     out = CliRunner().invoke(main, ["config", "show", "--config", str(DEFAULT_TOML), "--set", "algo.preset=vaco_paper"])
     shown = tomllib.loads(out.output)["algo"]
-    assert (shown["traces"], shown["ratio_anchor"], shown["behavior_band"], shown["realign_from_version"]) == (
+    assert (shown["traces"], shown["ratio_anchor"], shown["behavior_band"], shown["tv_rule"]) == (
         "vtrace",
         "behavior",
         math.inf,
-        0,
+        "filter",
     )
     assert "set by preset vaco_paper" in out.output
 
@@ -173,7 +173,7 @@ ALTERNATIVES = {  # a valid value other than the default, per field (bool: negat
     "c_bar": 0.5,
     "value_targets": "vtrace",
     "realign_min_lag": 2,
-    "realign_from_version": 3,
+    "tv_rule": "filter",
     "tv_threshold": 0.01,
     "surrogate_rho_bar": 0.5,
     "tv_filter_min_deviation": 0.05,
@@ -206,7 +206,7 @@ def _alternative(cfg, key):
             "traces": "uncorrected",
             "ratio_anchor": "learning",
             "behavior_band_ratio": "forward",
-            "realign_from_version": 0,
+            "tv_rule": "shrink",
             "value_targets": "lambda_returns",
         }.get(key, v * 2)
     return alt
@@ -273,7 +273,7 @@ def test_shipped_configs_say_nothing(path):
 
 def test_llm_task_defaults_to_no_minibatch_advantage_normalisation_and_refuses_it():
     llm = config.load(None, ["task.kind=llm", "algo.preset=grpo"])
-    assert llm.algo.normalize_advantages is False and llm.algo.realign_from_version == 0
+    assert llm.algo.normalize_advantages is False
     assert config.load(None).algo.normalize_advantages is True
     with pytest.raises(ConfigError, match="normalize_advantages = true"):
         config.load(None, ["task.kind=llm", "algo.preset=grpo", "algo.normalize_advantages=true"])

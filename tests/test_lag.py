@@ -79,11 +79,10 @@ def test_policy_delay_gives_exactly_that_lag(tmp_path):
 
 def test_realign_min_lag_above_the_lag_is_vaco_no_realign_bit_for_bit(tmp_path):
     """With one version of lag and algo.realign_min_lag = 2 no sample is realigned: the run is
-    vaco_no_realign's, to the last bit (same losses, same seeds). (realign_from_version = 0: the
-    default's warm-up would make every one of these 8 iterations vaco_no_realign's anyway.)"""
+    vaco_no_realign's, to the last bit (same losses, same seeds)."""
     finals = {}
     for name, extra in (
-        ("min-lag", ["algo.preset=vaco", "algo.realign_min_lag=2", "algo.realign_from_version=0"]),
+        ("min-lag", ["algo.preset=vaco", "algo.realign_min_lag=2"]),
         ("no-realign", ["algo.preset=vaco_no_realign"]),
     ):
         cfg = config.load(None, SMALL + ["actor.policy_delay=1", *extra])
@@ -95,7 +94,7 @@ def test_realign_min_lag_above_the_lag_is_vaco_no_realign_bit_for_bit(tmp_path):
     # the same lag with min_lag 1 realigns every stale sample: no longer the ablation's run
     cfg = config.load(
         None,
-        SMALL + ["actor.policy_delay=1", "algo.preset=vaco", "algo.realign_min_lag=1", "algo.realign_from_version=0"],
+        SMALL + ["actor.policy_delay=1", "algo.preset=vaco", "algo.realign_min_lag=1"],
     )
     run_serial(cfg, tmp_path / "one", max_iterations=8, echo=lambda *_: None)
     one = [
@@ -104,24 +103,6 @@ def test_realign_min_lag_above_the_lag_is_vaco_no_realign_bit_for_bit(tmp_path):
         if "policy_loss" in r
     ]
     assert one != rows["no-realign"]
-
-
-def test_realign_from_version_is_vaco_no_realign_until_that_version(tmp_path):
-    """algo.realign_from_version = 4: learner iterations at versions 0-3 are vaco_no_realign's to the
-    last bit; from version 4 on the stale samples are realigned (the runs part)."""
-    keys = ("policy_loss", "value_loss", "entropy", "approx_kl", "explained_variance")
-    rows = {}
-    for name, extra in (
-        ("warm-up", ["algo.preset=vaco", "algo.realign_from_version=4"]),
-        ("no-realign", ["algo.preset=vaco_no_realign"]),
-    ):
-        cfg = config.load(None, SMALL + ["actor.policy_delay=1", *extra])
-        run_serial(cfg, tmp_path / name, max_iterations=8, echo=lambda *_: None)
-        recs = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
-        rows[name] = [[r.get(k) for k in keys] for r in recs if "policy_loss" in r]
-    assert len(rows["warm-up"]) == len(rows["no-realign"]) == 8
-    assert rows["warm-up"][:4] == rows["no-realign"][:4]
-    assert rows["warm-up"][4:] != rows["no-realign"][4:]
 
 
 def test_max_policy_lag_drops_exactly_the_samples_over_it(tmp_path):

@@ -136,7 +136,7 @@ def test_plot_command_groups_runs_by_config_key(two_runs, tmp_path, figures):
         "backward lag in seconds",
     ]
     assert fig.axes[0].get_ylabel() == "evaluation return (mean action)"  # eval returns where recorded
-    deltas = [ln for ln in fig.axes[2].get_lines() if list(ln.get_ydata()) == [0.2, 0.2]]
+    deltas = [ln for ln in fig.axes[2].get_lines() if list(ln.get_ydata()) == [0.1, 0.1]]
     assert len(deltas) == 1  # the TV budget line
 
 
@@ -187,7 +187,7 @@ def test_lag_plot_panels(two_runs, tmp_path, figures):
     assert hist_v.get_yscale() == "log" and hist_s.get_yscale() == "log" and hist_s.get_xscale() == "log"
     assert [len(over_v.get_lines()), len(over_s.get_lines())] == [2, 2]  # one per actor, own panels
     texts = [t.get_text() for t in fig.legends[0].texts]
-    assert texts[:2] == ["actor0", "actor1"] and "TV budget δ = 0.2" in texts
+    assert texts[:2] == ["actor0", "actor1"] and "TV budget δ = 0.1" in texts
     assert not any("two-sided" in t for t in texts)  # vaco has no PPO clip: not drawn
     # bars of the two actors sit side by side, in the legend's colours
     bars0, bars1 = hist_v.containers

@@ -59,6 +59,23 @@ def test_grid_expands_every_axis_seed_major(tmp_path):
     assert {c.seed for c in small.cells} == {5} and {c.total_env_steps for c in small.cells} == {512}
 
 
+def test_an_arm_may_name_its_own_envs_and_seeds(tmp_path):
+    """One study, ten seeds on one env and five on two others (the main job's reporting run)."""
+    text = (
+        'seeds = [1, 2, 3]\nenvs = ["CartPole-v1"]\n'
+        '[[arm]]\npresets = ["vaco", "ppo"]\nseeds = [4, 5, 6, 7]\n'
+        '[[arm]]\npresets = ["vaco", "ppo"]\nenvs = ["Acrobot-v1", "Pendulum-v1"]\n'
+    )
+    st = load_study(write(tmp_path, text))
+    seeds: dict = {}
+    for cell in st.cells:
+        seeds.setdefault((cell.env, cell.preset), []).append(cell.seed)
+    assert sorted(seeds[("CartPole-v1", "vaco")]) == [4, 5, 6, 7] and sorted(seeds[("Acrobot-v1", "ppo")]) == [1, 2, 3]
+    assert [cell.seed for cell in st.cells[:4]] == [1] * 4  # seed-major over every arm
+    with pytest.raises(StudyError, match="seeds"):
+        load_study(write(tmp_path, text.replace("seeds = [4, 5, 6, 7]", 'seeds = ["x"]')))
+
+
 @pytest.mark.parametrize(
     "name, mode, overrides",
     [
@@ -367,4 +384,4 @@ def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
     assert rows["ppo"]["no_grad_fraction"] == 0.04  # the old ppo cell is left out, not mixed in
     assert rows["ppo"]["clip_fraction_two_sided"] == pytest.approx(0.085)
     text = markdown(st, recs, list(rows.values()), [], [], {})
-    assert "| no grad | fires | clip 2-sided |" in text and "one definition for every preset" in text
+    assert "| no grad | fires | budget | clip 2-sided |" in text and "one definition for every preset" in text

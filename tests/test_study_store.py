@@ -133,13 +133,13 @@ def test_an_aliased_fingerprint_finds_the_cells_of_the_old_one(tmp_path, monkeyp
 
 
 def test_any_code_gives_a_cell_that_never_ran_as_itself_the_run_it_shared(tmp_path):
-    """The delta arm's 0.2 cells resolve to the plain vaco run: under other code they ran once, as
+    """The delta arm's 0.1 cells resolve to the plain vaco run: under other code they ran once, as
     vaco; a cell with records of its own keeps them."""
     path, st = _study(tmp_path)
     out = tmp_path / "out"
     runner = Runner(st, out, echo=lambda *_: None)
     store = CellStore(out)
-    for i, c in enumerate(c for c in st.cells if not c.label.startswith("delta tv_threshold=0.2")):
+    for i, c in enumerate(c for c in st.cells if not c.label.startswith("delta tv_threshold=0.1")):
         p = store.record_path(f"old{i:02d}")
         p.parent.mkdir(parents=True)
         p.write_text(json.dumps(_record(c, f"old{i:02d}", "0" * 16, 100.0 * (i + 1))))
@@ -147,8 +147,8 @@ def test_any_code_gives_a_cell_that_never_ran_as_itself_the_run_it_shared(tmp_pa
     assert len(recs) == len(st.cells)
     by = {(r["label"], r["seed"]): r["final_return"] for r in recs}
     for seed in (1, 2):
-        assert by[("delta tv_threshold=0.2", seed)] == by[("vaco", seed)]
-        assert by[("delta tv_threshold=0.1", seed)] != by[("vaco", seed)]
+        assert by[("delta tv_threshold=0.1", seed)] == by[("vaco", seed)]
+        assert by[("delta tv_threshold=0.2", seed)] != by[("vaco", seed)]
     assert runner.finished_records() == []
 
 

@@ -153,7 +153,6 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
             "algo.num_minibatches=4",
             "algo.num_epochs=2",
             "env.id=HalfCheetah-v5",
-            "algo.realign_from_version=0",
         ],
     )  # the reference realigns from the first iteration
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
@@ -226,7 +225,7 @@ def _lagged_inputs(T=12, N=3, seed=0):
 
 @pytest.mark.parametrize("preset", ["vaco", "vaco_no_realign", "ppo"])
 def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset):
-    from asyncrl.algo.returns import gae, next_state_values, vtrace
+    from asyncrl.algo.returns import gae, next_state_values, realigned_returns
     from asyncrl.tasks.control.update import advantages
 
     batch, target, values, final = _lagged_inputs()
@@ -246,7 +245,7 @@ def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset)
         values_tp1=values[1:], final_values=final, terminated=batch["terminated"], truncated=batch["truncated"]
     )
     end = batch["terminated"] | batch["truncated"]
-    vt = vtrace(
+    common = dict(
         behavior_log_prob=batch["behavior_log_prob"],
         target_log_prob=target,
         rewards=batch["rewards"],
@@ -255,15 +254,18 @@ def test_value_targets_choose_the_critic_target_and_leave_the_advantages(preset)
         episode_end=end,
         gamma=0.99,
         lam=0.95,
-        traces="uncorrected",
     )
+    vt = realigned_returns(**common, traces="uncorrected")
     ga = gae(rewards=batch["rewards"], values=values[:-1], next_values=nv, episode_end=end, gamma=0.99, lam=0.95)
+    # the critic's V-trace targets use V-trace's own traces (c_t = λ min(c̄, ρ_t)) whatever the advantages'
+    vs = realigned_returns(**common, traces="vtrace").vs
+    assert not torch.allclose(vs, vt.vs)  # the lag cuts V-trace's traces
     realigned = preset == "vaco"
     adv_auto, tgt_auto = advantages(**kw)
     assert torch.equal(adv_auto, vt.advantages if realigned else ga.advantages)
-    assert torch.equal(tgt_auto, vt.vs if realigned else ga.returns)
-    assert not torch.allclose(vt.vs, ga.returns)  # the lag makes the two targets differ
-    for name, want in (("vtrace", vt.vs), ("lambda_returns", ga.returns)):
+    assert torch.equal(tgt_auto, vs if realigned else ga.returns)
+    assert not torch.allclose(vs, ga.returns)  # the lag makes the two targets differ
+    for name, want in (("vtrace", vs), ("lambda_returns", ga.returns)):
         adv, tgt = advantages(value_targets=name, **kw)
         assert torch.equal(adv, adv_auto) and torch.equal(tgt, want)
 
@@ -323,3 +325,67 @@ def test_realign_min_lag_is_checked():
     with pytest.raises(config.ConfigError, match="algo.realign_min_lag must be >= 0"):
         config.load(None, ["algo.realign_min_lag=-1"])
     assert config.load(None, []).algo.realign_min_lag == 0
+
+
+def test_no_count_of_versions_iterations_or_steps_selects_a_method():
+    """One fixed batch (its per-sample lag fixed: behaviour version = learner version - lag) through
+    the learner iteration at learner versions 1, 125, 10,000 and 1,000,000 and under step budgets of
+    100k and 30M env steps trains the same weights to the last bit: no rule of the iteration counts
+    versions, iterations or env steps (which estimator, which constraint). And a sample's advantage and
+    critic target do not depend on the batch around it: the same rollouts inside a batch twice as wide
+    get the same ones. The default config's [algo] holds no count of versions, iterations or steps."""
+    import copy
+    import dataclasses
+
+    from asyncrl.tasks.control.update import advantages, learner_iteration
+
+    base = [
+        "env.num_envs=4",
+        "env.rollout_length=16",
+        "learner.slots_per_batch=2",
+        "learner.num_slots=2",
+        "algo.num_minibatches=4",
+        "algo.num_epochs=2",
+        "env.id=HalfCheetah-v5",
+    ]
+    cfg = config.load(None, base)
+    env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
+    env.reset()
+    spec = env.spec(cfg.env.rollout_length)
+    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
+    batch = _batch(state, env)
+    env.close()
+    g = torch.Generator().manual_seed(5)
+    batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.3 * torch.randn(
+        batch["behavior_log_prob"].shape, generator=g
+    )
+    lag = torch.randint(0, 9, batch["behavior_log_prob"].shape, generator=g)
+    trained = []
+    for version, budget in ((1, 100_000), (125, 100_000), (10_000, 30_000_000), (1_000_000, 30_000_000)):
+        algo = config.load(None, [*base, f"run.total_env_steps={budget}"]).algo
+        policy, opt = copy.deepcopy(state.policy), None
+        opt = type(state.optimizer)(policy.parameters(), lr=algo.lr, eps=algo.adam_eps, fused=True)
+        b = dict(batch, behavior_version=version - lag)
+        learner_iteration(policy, opt, b, cfg=algo, generator=torch.Generator().manual_seed(3), version=version)
+        trained.append([p.detach().clone() for p in policy.parameters()])
+    for other in trained[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(trained[0], other))
+
+    batch2, target, values, final = _lagged_inputs(T=12, N=3, seed=1)
+    wide = {k: torch.cat([v, v.flip(1)], dim=1) for k, v in batch2.items()}
+    kw = dict(preset="vaco", gamma=0.99, lam=0.95, rho_bar=1.0, c_bar=1.0, traces=cfg.algo.traces)
+    adv, tgt = advantages(batch=batch2, target_log_prob=target, values=values, final_values=final, **kw)
+    adv_w, tgt_w = advantages(
+        batch=wide,
+        target_log_prob=torch.cat([target, target.flip(1)], 1),
+        values=torch.cat([values, values.flip(1)], 1),
+        final_values=torch.cat([final, final.flip(1)], 1),
+        **kw,
+    )
+    assert torch.equal(adv_w[:, :3], adv) and torch.equal(tgt_w[:, :3], tgt)
+    counts = [
+        f.name
+        for f in dataclasses.fields(config.AlgoConfig)
+        if f.type in (int, "int") and any(w in f.name for w in ("version", "iteration", "step"))
+    ]
+    assert counts == []

@@ -35,6 +35,12 @@ def tensors(*, dims: int | None = None, floating: bool = False, same_dtype: bool
             floats(**{name: x})
 
 
+def samples(**named) -> None:
+    """Flat minibatch inputs of a policy loss: each a non-empty [N] floating tensor, one shape and one
+    dtype for all (:func:`tensors` with dims=1, floating, same_dtype)."""
+    tensors(dims=1, floating=True, same_dtype=True, **named)
+
+
 def floats(**named: Tensor) -> None:
     """Floating-point tensors of one dtype."""
     dtype = first = None

@@ -49,6 +49,8 @@ class PolicyLoss(NamedTuple):
         no_grad_fraction; None otherwise (every sample keeps its gradient).
     clip_fraction_two_sided: 0-dim detached (PPO clip only), fraction with |r - 1| > clip_eps in
         either direction; None for the other losses.
+    budget_fraction: 0-dim detached (VACO with a TV budget only), fraction of samples whose gradient
+        the TV budget removed and the fixed band alone would have kept; None otherwise.
     """
 
     loss: Tensor
@@ -58,6 +60,7 @@ class PolicyLoss(NamedTuple):
     filter_fired: Tensor | None = None
     keep_mask: Tensor | None = None
     clip_fraction_two_sided: Tensor | None = None
+    budget_fraction: Tensor | None = None
 
 
 def _log_ratio(log_prob: Tensor, reference: Tensor) -> Tensor:
@@ -71,6 +74,7 @@ def _result(
     tv: Tensor | None = None,
     keep: Tensor | None = None,
     fired: Tensor | None = None,
+    budget: Tensor | None = None,
 ) -> PolicyLoss:
     """The PolicyLoss of ``loss``; ``keep`` [N] bool (None: every sample keeps its gradient) gives
     no_grad_fraction, the one definition every loss reports."""
@@ -86,4 +90,5 @@ def _result(
             approx_kl=((ratio - 1.0) - lr).mean(),
             filter_fired=fired,
             keep_mask=keep,
+            budget_fraction=budget,
         )

@@ -34,14 +34,7 @@ def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Te
 
     Paper: Schulman et al., arXiv:1707.06347.
     """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
+    checks.samples(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
     eps = checks.scalar("clip_eps", clip_eps, low=0.0, low_open=True)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio, adv = torch.exp(log_ratio), advantages.detach()
@@ -72,14 +65,7 @@ def ppo_kl_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tens
 
     Paper: Schulman et al., arXiv:1707.06347 (the KL-penalty variant, fixed coefficient).
     """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
+    checks.samples(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
     kl_coef = checks.scalar("kl_coef", kl_coef, low=0.0)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio = torch.exp(log_ratio)
@@ -107,14 +93,7 @@ def spo_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor,
 
     Paper: Xie et al., arXiv:2401.16025.
     """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
+    checks.samples(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
     eps = checks.scalar("spo_eps", spo_eps, low=0.0, low_open=True)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     ratio, adv = torch.exp(log_ratio), advantages.detach()
@@ -133,7 +112,7 @@ def impala_policy_loss(
     Args:
         log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
         behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        pg_advantages: [N] VTraceReturns.pg_advantages, flattened (reward units).
+        pg_advantages: [N] RealignedReturns.pg_advantages, flattened (reward units).
         rho_bar: ρ̄ > 0 (inf allowed).
 
     Returns:
@@ -144,14 +123,7 @@ def impala_policy_loss(
 
     Paper: Espeholt et al., arXiv:1802.01561.
     """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        pg_advantages=pg_advantages,
-    )
+    checks.samples(log_prob=log_prob, behavior_log_prob=behavior_log_prob, pg_advantages=pg_advantages)
     rho_bar = checks.scalar("rho_bar", rho_bar, low=0.0, low_open=True, allow_inf=True)
     with torch.no_grad():
         rhos = torch.clamp(torch.exp(log_prob - behavior_log_prob), max=rho_bar)

@@ -20,10 +20,12 @@ from torch import Tensor
 from asyncrl.algo import checks
 
 
-class VTraceReturns(NamedTuple):
-    """Output of :func:`vtrace`; every field is [T, B] in the dtype of ``values``.
+class RealignedReturns(NamedTuple):
+    """Output of :func:`realigned_returns`; every field is [T, B] in the dtype of ``values``.
 
-    vs: value targets (reward units), the critic's regression target.
+    vs: value targets (reward units): V-trace's targets with ``traces="vtrace"``; with
+        ``traces="uncorrected"`` the λ-targets of the uncorrected traces (not V-trace's, not a
+        contraction under lag: the learner takes the critic's targets from a ``"vtrace"`` call).
     advantages: VACO's realigned advantages A_t (no rho factor; arXiv:2603.01365).
     pg_advantages: IMPALA's policy-gradient advantages r_t + γ vs_{t+1} - V(s_t) (no rho factor;
         arXiv:1802.01561), with vs_{t+1} replaced by V'_t at an episode end and at t = T-1.
@@ -74,7 +76,7 @@ def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: T
     return torch.where(terminated, torch.zeros_like(out), out)
 
 
-def vtrace(
+def realigned_returns(
     *,
     behavior_log_prob: Tensor,
     target_log_prob: Tensor,
@@ -87,8 +89,10 @@ def vtrace(
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     traces: str = "vtrace",
-) -> VTraceReturns:
-    """V-trace value targets and VACO's realigned advantages of the learning policy π_T.
+) -> RealignedReturns:
+    """Returns realigned to the learning policy π_T from β's data: V-trace (``traces="vtrace"``, the
+    critic's targets and the paper's realigned advantages) or the realignment with uncorrected traces
+    (``traces="uncorrected"``, the default's advantages).
 
     With log_rho_t = target_log_prob - behavior_log_prob, rho_t = min(rho_bar, e^log_rho_t),
     c_t = lam * min(c_bar, e^log_rho_t) (``traces="vtrace"``) or c_t = lam (``traces="uncorrected"``:
@@ -117,7 +121,7 @@ def vtrace(
             Kozuno et al., arXiv:2103.00107).
 
     Returns:
-        :class:`VTraceReturns`, every field [T, B] in the dtype of ``values``.
+        :class:`RealignedReturns`, every field [T, B] in the dtype of ``values``.
 
     Raises:
         ValueError: shapes differ or are not [T, B] with T >= 1; episode_end is not bool;
@@ -159,7 +163,7 @@ def vtrace(
     next_diffs = torch.cat([diffs[1:], torch.zeros_like(diffs[:1])])
     advantages = deltas + gamma * lam * not_end * next_diffs
     pg_advantages = deltas + gamma * not_end * next_diffs
-    return VTraceReturns(values + diffs, advantages, pg_advantages, clipped_rhos)
+    return RealignedReturns(values + diffs, advantages, pg_advantages, clipped_rhos)
 
 
 def gae(

@@ -19,6 +19,7 @@ from asyncrl.algo import checks
 from asyncrl.algo.policy_loss import LOG_RATIO_CLAMP, PolicyLoss, _log_ratio, _result
 
 BAND_RATIOS = ("full", "backward", "forward")  # the ratio vaco_policy_loss's behavior_band bounds
+TV_RULES = ("shrink", "filter")  # how vaco_policy_loss spends the TV budget δ
 
 
 class TVFilter(NamedTuple):
@@ -38,29 +39,41 @@ class TVFilter(NamedTuple):
     deviation: Tensor | None = None  # [N] r - 1 (no gradient)
 
 
-def tv_estimate(log_ratio: Tensor) -> Tensor:
-    """Sample estimate of the total-variation distance between π and β.
+def tv_estimate(log_ratio: Tensor, log_weight: Tensor | None = None) -> Tensor:
+    """Sample estimate of the total-variation distance between π and its anchor μ, from actions
+    drawn by β (μ = β, or μ = π_T, the learning policy at iteration start).
+
+    With w_i = μ(a_i|s_i)/β(a_i|s_i) and r_i = π(a_i|s_i)/μ(a_i|s_i), E_{a~β}[w |r - 1|] =
+    Σ_a |π(a) - μ(a)| = 2 TV(π, μ): the importance-weighted mean is unbiased for E_s TV(π, μ) under
+    β's states. Unweighted (w = 1) it estimates E_{a~β}|π/μ - 1| / 2, which is TV only when μ = β
+    (under backward lag it reads high: the paper's estimate anchored on π_T).
 
     Args:
-        log_ratio: [N] log π(a_i|s_i) - log β(a_i|s_i) (nats), with a_i ~ β.
+        log_ratio: [N] log π(a_i|s_i) - log μ(a_i|s_i) (nats), with a_i ~ β.
+        log_weight: [N] log μ(a_i|s_i) - log β(a_i|s_i) (nats), or None for μ = β (w = 1).
 
     Returns:
-        0-dim tensor 0.5 * mean_i |exp(clamp(log_ratio_i, -20, 20)) - 1| (unitless). Its
-        expectation is E_s TV(π(.|s), β(.|s)).
+        0-dim tensor 0.5 * mean_i w_i |exp(log_ratio_i) - 1| (unitless), both exponents clamped to
+        [-20, 20].
 
     Raises:
-        ValueError: log_ratio is not a non-empty 1-D floating tensor.
+        ValueError: log_ratio (or log_weight) is not a non-empty 1-D floating tensor, or they differ
+            in shape or dtype.
 
-    Paper: VACO, arXiv:2603.01365 (Component 2 of VACO.md).
+    Paper: VACO, arXiv:2603.01365 (Component 2 of VACO.md); the weighting: docs/decisions/tv-budget.md.
     """
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio)
-    return _deviation_tv(log_ratio)[1]
+    named = {"log_ratio": log_ratio} | ({} if log_weight is None else {"log_weight": log_weight})
+    checks.samples(**named)
+    return _deviation_tv(log_ratio, log_weight)[1]
 
 
-def _deviation_tv(log_ratio: Tensor) -> tuple[Tensor, Tensor]:
-    """(r - 1 [N], 0.5 mean |r - 1|) with r = exp(clamp(log_ratio, -20, 20))."""
+def _deviation_tv(log_ratio: Tensor, log_weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(r - 1 [N], 0.5 mean w |r - 1|) with r = exp(clamp(log_ratio)), w = exp(clamp(log_weight)) or 1."""
     deviation = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - 1.0
-    return deviation, 0.5 * torch.mean(torch.abs(deviation))
+    spread = torch.abs(deviation)
+    if log_weight is not None:
+        spread = spread * torch.exp(torch.clamp(log_weight, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return deviation, 0.5 * torch.mean(spread)
 
 
 def tv_filter(
@@ -71,10 +84,11 @@ def tv_filter(
     min_deviation: float = 0.0,
     force: bool | Tensor = False,
     ratio_cap: float = math.inf,
+    log_weight: Tensor | None = None,
 ) -> TVFilter:
     """VACO's TV filter: which samples keep their gradient in this minibatch.
 
-    If tv_estimate(log_ratio) <= tv_threshold (and not ``force``) every sample is kept; otherwise
+    If tv_estimate(log_ratio, log_weight) <= tv_threshold (and not ``force``) every sample is kept; otherwise
     sample i is kept iff A_i (r_i - 1) <= 0, i.e. its gradient step would not grow |r_i - 1| (a
     step on sample i moves r_i in the direction of sign(A_i)), or |r_i - 1| <= min_deviation.
     min_deviation = 0 is the paper's rule; a positive one applies the sign rule only to samples
@@ -92,6 +106,8 @@ def tv_filter(
         min_deviation: >= 0, finite (unitless, on |r - 1|).
         force: apply the sign rule even at or under δ.
         ratio_cap: > min_deviation (unitless, on |r - 1|), inf allowed.
+        log_weight: [N] log anchor - log β (nats) for the importance-weighted estimate
+            (:func:`tv_estimate`), or None (the anchor is β).
 
     Returns:
         :class:`TVFilter` (keep_mask [N] bool, tv_estimate 0-dim, filtered_fraction 0-dim, fired
@@ -103,12 +119,13 @@ def tv_filter(
 
     Paper: VACO, arXiv:2603.01365.
     """
-    checks.tensors(dims=1, floating=True, same_dtype=True, log_ratio=log_ratio, advantages=advantages)
+    named = {} if log_weight is None else {"log_weight": log_weight}
+    checks.samples(log_ratio=log_ratio, advantages=advantages, **named)
     tv_threshold = checks.scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
     min_deviation = checks.scalar("min_deviation", min_deviation, low=0.0)
     ratio_cap = checks.scalar("ratio_cap", ratio_cap, low=0.0, low_open=True, allow_inf=True)
     with torch.no_grad():
-        deviation, tv = _deviation_tv(log_ratio)
+        deviation, tv = _deviation_tv(log_ratio, None if log_weight is None else log_weight.detach())
         fired = (tv > tv_threshold) | torch.as_tensor(force, device=tv.device)
         # "or" with the 0-dim comparison instead of a Python `if`: stays on device, no host sync.
         inward = advantages * deviation <= 0  # a step on the sample would not grow |r - 1|
@@ -134,6 +151,7 @@ def vaco_policy_loss(
     ratio_cap: float = math.inf,
     behavior_band: float = math.inf,
     band_ratio: str = "full",
+    tv_rule: str = "filter",
 ) -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
@@ -171,24 +189,42 @@ def vaco_policy_loss(
             centred on π_T, the clip of Hilton et al.'s decoupled PPO, arXiv:2110.00641, while
             surrogate_rho_bar bounds the weight π_T/β apart, so lag alone never takes a sample
             out of the band; with the β anchor it is "full").
+        tv_rule: how the minibatch's TV budget δ is spent. "filter" (the paper's): while the
+            estimate is at most δ every sample keeps its gradient (the band aside); over δ the sign
+            rule removes it from every sample moving away from the anchor. "shrink": the band's
+            half-width is behavior_band (1 - tv/δ)_+, so samples may move less the more of the budget
+            the minibatch has used, and at tv >= δ the band is closed: the sign rule on every
+            sample (needs a finite behavior_band; min_deviation, force and ratio_cap are the filter's).
+
+    The TV estimate is :func:`tv_estimate` against the anchor, importance-weighted by anchor/β when
+    the anchor is π_T (unbiased under backward lag).
 
     Returns:
-        :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β.
+        :class:`PolicyLoss`; tv_estimate is measured against the anchor, approx_kl against β;
+        budget_fraction is the share of samples whose gradient the TV budget removed and the fixed
+        band alone (behavior_band; none when inf) would have kept, filter_fired whether there was one.
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
-            surrogate_rho_bar <= 0 or NaN; band_ratio unknown, or "backward" without an anchor.
+            surrogate_rho_bar <= 0 or NaN; band_ratio or tv_rule unknown, "backward" without an
+            anchor, "shrink" with an infinite band or with a filter option set.
 
     Paper: VACO, arXiv:2603.01365.
     """
+    if tv_rule not in TV_RULES:
+        raise ValueError(f"tv_rule must be one of {TV_RULES}, got {tv_rule!r}")
+    if tv_rule == "shrink" and (
+        not behavior_band < math.inf or min_deviation != 0 or ratio_cap < math.inf or force is not False
+    ):
+        raise ValueError(
+            "tv_rule='shrink' narrows the band: it needs a finite behavior_band, and min_deviation, ratio_cap and "
+            "force are options of the 'filter' rule"
+        )
     if band_ratio not in BAND_RATIOS:
         raise ValueError(f"band_ratio must be one of {BAND_RATIOS}, got {band_ratio!r}")
     if band_ratio == "backward" and anchor_log_prob is None:
         raise ValueError("band_ratio='backward' bounds π_T/β and needs anchor_log_prob (the learning anchor)")
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
+    checks.samples(
         log_prob=log_prob,
         behavior_log_prob=behavior_log_prob,
         advantages=advantages,
@@ -210,20 +246,35 @@ def vaco_policy_loss(
         min_deviation=min_deviation,
         force=force,
         ratio_cap=ratio_cap,
+        log_weight=None if anchor_log_prob is None else anchor.detach() - behavior_log_prob.detach(),
     )
-    keep = filt.keep_mask
     band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
-    if band < math.inf:
-        with torch.no_grad():
+    delta = checks.scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)
+    with torch.no_grad():
+        adv = advantages.detach()
+        if band < math.inf:
             if band_ratio == "backward":
                 deviation = torch.exp(_log_ratio(anchor.detach(), behavior_log_prob)) - 1.0
             elif band_ratio == "full" and anchor_log_prob is not None:
                 deviation = torch.exp(_log_ratio(log_prob.detach(), behavior_log_prob)) - 1.0
             else:  # π_θ/anchor ("forward", or "full" with the β anchor): the filter's own r - 1
                 deviation = filt.deviation
-            keep = keep & ((advantages.detach() * deviation <= 0) | (deviation.abs() <= band))
+            inward = adv * deviation <= 0
+            band_keep = inward | (deviation.abs() <= band)
+        else:
+            band_keep = torch.ones_like(filt.keep_mask)
+        if tv_rule == "shrink":
+            tv = filt.tv_estimate
+            left = torch.clamp(1.0 - tv / delta, min=0.0) if delta > 0 else (tv <= 0).to(tv.dtype)
+            width = band * left  # 0-dim; the band closes at tv >= δ
+            keep = inward | (deviation.abs() <= width)
+        else:
+            keep = filt.keep_mask & band_keep
+        budget_removed = band_keep & ~keep
+        fired = budget_removed.any()
+        budget_fraction = budget_removed.to(log_prob.dtype).mean()
     loss = -torch.where(keep, surrogate, surrogate.detach()).mean()
-    return _result(loss, log_ratio, tv=filt.tv_estimate, keep=keep, fired=filt.fired)
+    return _result(loss, log_ratio, tv=filt.tv_estimate, keep=keep, fired=fired, budget=budget_fraction)
 
 
 def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor) -> PolicyLoss:
@@ -242,14 +293,7 @@ def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages
 
     Paper: VACO, arXiv:2603.01365 (its ablation without the filter).
     """
-    checks.tensors(
-        dims=1,
-        floating=True,
-        same_dtype=True,
-        log_prob=log_prob,
-        behavior_log_prob=behavior_log_prob,
-        advantages=advantages,
-    )
+    checks.samples(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
     log_ratio = _log_ratio(log_prob, behavior_log_prob)
     loss = -(torch.exp(log_ratio) * advantages.detach()).mean()
     return _result(loss, log_ratio)

@@ -11,7 +11,7 @@
     [modes]                             # optional: split between an env's low and high mode
     "HalfCheetah-v5" = 3000.0
     [[arm]]                             # cells = envs x presets x conditions x sweep x seeds
-    presets = ["vaco", "ppo"]
+    presets = ["vaco", "ppo"]           # (an arm may name its own envs and seeds)
     conditions = ["none", "age-8", "async-2", "straggler"]
     [[arm]]
     name = "delta"                      # label prefix (default: the preset)
@@ -50,7 +50,7 @@ STUDY_KEYS = {
     "random_episodes",
     "compare",
 }
-ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs"}
+ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs", "seeds"}
 
 
 class StudyError(ValueError):
@@ -225,6 +225,7 @@ def load_study(
             raise StudyError(f"{where}: sweep must be a table of key = [values]")
         axes = [[(k, v) for v in _list(f"{where}: sweep.{k}", vals, object)] for k, vals in sweep.items()]
         arm_envs = envs or (_list(f"{where}: envs", arm["envs"], str) if "envs" in arm else all_envs)
+        arm_seeds = seeds or (_list(f"{where}: seeds", arm["seeds"], int) if "seeds" in arm else all_seeds)
         for env, preset, cond, combo in itertools.product(
             arm_envs, arm_presets, arm_conditions, itertools.product(*axes)
         ):
@@ -240,7 +241,7 @@ def load_study(
                     *(f"{k.split('.')[-1]}={v}" for k, v in combo),
                 ]
             )
-            for seed in all_seeds:
+            for seed in arm_seeds:
                 cells.append(
                     Cell(
                         label,
@@ -256,13 +257,17 @@ def load_study(
                 )
     if not cells:
         raise StudyError(f"{path}: no cell matches the given presets / conditions")
-    for c in cells[:: max(1, len(all_seeds))]:  # one check per (arm, env, preset, condition, sweep)
+    checked = set()
+    for c in cells:  # one check per (arm, env, preset, condition, sweep)
+        if (c.label, c.env, c.preset, c.condition) in checked:
+            continue
+        checked.add((c.label, c.env, c.preset, c.condition))
         try:
             c.resolved_config()
         except config_mod.ConfigError as exc:
             raise StudyError(f"{path}: cell {c.label} / {c.env} / {c.condition}: {exc}") from None
     # interleave: seed-major, so a partial study holds every arm's first seeds
-    order = {s: k for k, s in enumerate(all_seeds)}
+    order = {s: k for k, s in enumerate(dict.fromkeys([*all_seeds, *(c.seed for c in cells)]))}
     cells.sort(key=lambda c: order[c.seed])
     compare = [tuple(p) for p in data.get("compare", [])]
     return Study(

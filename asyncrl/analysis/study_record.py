@@ -21,6 +21,7 @@ DIAGNOSTICS = (
     "entropy",
     "rho_mean",
     "filter_fire_rate",
+    "tv_budget_fraction",
     "no_grad_fraction_stale",
     "no_grad_fraction_fresh",
     "explained_variance",

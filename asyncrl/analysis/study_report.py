@@ -21,6 +21,14 @@ from asyncrl.analysis.study import Study
 from asyncrl.core.metrics import strict_json
 from asyncrl.core.wording import count_of
 
+CELL_DIAGNOSTICS = (
+    "tv_estimate",
+    "no_grad_fraction",
+    "filter_fire_rate",
+    "tv_budget_fraction",
+    "clip_fraction_two_sided",
+    "approx_kl",
+)
 CSV_FIELDS = (
     "study",
     "label",
@@ -39,11 +47,7 @@ CSV_FIELDS = (
     "lag_p95",
     "lag_seconds_p50",
     "lag_seconds_p95",
-    "tv_estimate",
-    "no_grad_fraction",
-    "filter_fire_rate",
-    "clip_fraction_two_sided",
-    "approx_kl",
+    *CELL_DIAGNOSTICS,
     "entropy_last",
     "load_start",
     "load_end",
@@ -73,7 +77,6 @@ def random_returns(study: Study, out: Path) -> dict[str, float]:
     return {k: v["return"] for k, v in known.items()}
 
 
-CELL_DIAGNOSTICS = ("tv_estimate", "no_grad_fraction", "filter_fire_rate", "clip_fraction_two_sided", "approx_kl")
 _CLIP_PRESETS = ("ppo", "grpo")  # PPO's clip: the presets whose old "clip_fraction" was two-sided
 
 
@@ -259,14 +262,16 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
         "(no_grad_fraction) is the share of samples whose gradient the preset's rule removed, one definition "
         "for every preset: PPO's clip mask (A (r - 1) > 0 and |r - 1| > ε), VACO's per-sample band and TV "
         "filter together; 0 for presets without such a rule (ppo_kl, spo, impala); n/a for ppo cells "
-        "recorded before it was measured. 'fires': the share of minibatches over the TV budget δ (VACO's "
-        "filter proper). 'clip 2-sided': PPO's usual clip fraction, |r - 1| > ε in either direction (half "
+        "recorded before it was measured. 'fires': the share of minibatches in which VACO's TV budget δ "
+        "removed a gradient the fixed band would have kept (the filter over δ, or the band it narrowed); "
+        "'budget': the share of samples it removed so. 'clip 2-sided': PPO's usual clip fraction, |r - 1| > ε "
+        "in either direction (half "
         "of those samples keep their gradient: not comparable with 'no grad').",
         "",
-        "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | no grad | fires | "
+        "| env | arm | condition | n | median | IQM [95% CI] | low/high mode | tv | no grad | fires | budget | "
         "clip 2-sided | KL | "
         "entropy | lag p50/p95 (versions) | lag p50/p95 (s) | seeds: final returns |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         iqm = _interval(stats.Interval(**r["iqm"]), nd) if "iqm" in r else "n/a"
@@ -278,7 +283,7 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
             f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'), nd)} | {iqm} | "
             f"{modes} | "
             f"{_fmt(r['tv_estimate'], 3)} | {_fmt(r['no_grad_fraction'], 3)} | {_fmt(r['filter_fire_rate'], 3)} | "
-            f"{_fmt(r['clip_fraction_two_sided'], 3)} | "
+            f"{_fmt(r['tv_budget_fraction'], 3)} | {_fmt(r['clip_fraction_two_sided'], 3)} | "
             f"{_fmt(r['approx_kl'], 3)} | {_fmt(r['entropy_last'], 2)} | {_fmt(r['lag_p50'])}/{_fmt(r['lag_p95'])} | "
             f"{_fmt(r['lag_seconds_p50'], 2)}/{_fmt(r['lag_seconds_p95'], 2)} | "
             f"{', '.join(f'{s}: {_fmt(f, nd)}' for s, f in zip(r['seeds'], r['final_returns']))} |"

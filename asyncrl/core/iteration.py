@@ -23,6 +23,7 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
     p = cfg.preset
     if p in ("vaco", "vaco_paper", "vaco_no_realign"):
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
+        filter_rule = cfg.tv_rule == "filter"  # the filter's own options (no meaning for "shrink")
         return vaco_policy_loss(
             log_prob=log_prob,
             behavior_log_prob=behavior_log_prob,
@@ -30,11 +31,12 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
             tv_threshold=cfg.tv_threshold,
             anchor_log_prob=anchor,
             surrogate_rho_bar=cfg.surrogate_rho_bar,
-            min_deviation=cfg.tv_filter_min_deviation,
-            force=force,
-            ratio_cap=cfg.tv_filter_ratio_cap,
+            min_deviation=cfg.tv_filter_min_deviation if filter_rule else 0.0,
+            force=force if filter_rule else False,
+            ratio_cap=cfg.tv_filter_ratio_cap if filter_rule else math.inf,
             behavior_band=cfg.behavior_band,
             band_ratio=cfg.behavior_band_ratio,
+            tv_rule=cfg.tv_rule,
         )
     if p == "vaco_no_filter":  # vaco's surrogate (same anchor, weight bound and band) without the TV filter
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
@@ -88,6 +90,8 @@ def step_record(step: int, pl: PolicyLoss, grad_norm: torch.Tensor, **extra) -> 
     }
     if pl.clip_fraction_two_sided is not None:  # PPO clip only (ppo, grpo)
         record["clip_fraction_two_sided"] = pl.clip_fraction_two_sided
+    if pl.budget_fraction is not None:  # VACO's TV budget: what it removed beyond the fixed band
+        record["tv_budget_fraction"] = pl.budget_fraction
     return {**record, **extra}
 
 

@@ -223,7 +223,8 @@ def test_learning_anchor_uses_anchor_ratio_for_tv_and_mask():
         tv_threshold=0.1,
         anchor_log_prob=anchor,
     )
-    assert out.tv_estimate.item() == pytest.approx(TV, rel=1e-12)
+    # importance-weighted by π_T/β = 1/R: 0.5 mean (1/R) |R - 1|, unbiased for TV(π_θ, π_T) under β's actions
+    assert out.tv_estimate.item() == pytest.approx(0.5 * sum(abs(r - 1) / r for r in R) / 4, rel=1e-12)
     assert out.no_grad_fraction.item() == 0.5
     assert out.approx_kl.item() == 0.0  # measured against β
     out.loss.backward()

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.algo.returns import GAEReturns, VTraceReturns, gae, next_state_values, vtrace
+from asyncrl.algo.returns import GAEReturns, RealignedReturns, gae, next_state_values, realigned_returns
 
 F64 = torch.float64
 
@@ -48,7 +48,7 @@ def next_values_of(ro):
 
 
 def run_vtrace(ro, *, gamma, lam, rho_bar=1.0, c_bar=1.0, traces="vtrace"):
-    return vtrace(
+    return realigned_returns(
         behavior_log_prob=ro["behavior_log_prob"],
         target_log_prob=ro["target_log_prob"],
         rewards=ro["rewards"],
@@ -180,7 +180,7 @@ def test_vtrace_matches_naive_reference(seed, gamma, lam, rho_bar, c_bar):
     ro = random_rollout(seed)
     assert ro["terminated"].any() and ro["truncated"].any()
     out = run_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar)
-    assert isinstance(out, VTraceReturns)
+    assert isinstance(out, RealignedReturns)
     vs, adv, pg = naive_vtrace(ro, gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar)
     torch.testing.assert_close(out.vs, t64(vs), rtol=0, atol=1e-10)
     torch.testing.assert_close(out.advantages, t64(adv), rtol=0, atol=1e-10)
@@ -216,7 +216,7 @@ def test_uncorrected_traces_hand_computed():
     """T = 3, one env, no episode end, V = 0 everywhere (so delta_t = r_t), gamma 0.5, lam 0.5:
     rho = (1, 0.5, 1) -> vs - V = (1 + 0.25*0.5*2 + 0.0625*3, 0.5*2 + 0.25*3, 3) with c = lam."""
     z = torch.zeros(3, 1, dtype=torch.float64)
-    out = vtrace(
+    out = realigned_returns(
         behavior_log_prob=z,
         target_log_prob=torch.log(t64([[1.0], [0.5], [1.0]])),
         rewards=t64([[1.0], [2.0], [3.0]]),
@@ -231,7 +231,7 @@ def test_uncorrected_traces_hand_computed():
     # advantages_t = delta_t + gamma lam (vs_{t+1} - V_{t+1}): (1 + 0.25*1.75, 2 + 0.25*3, 3)
     torch.testing.assert_close(out.advantages, t64([[1.4375], [2.75], [3.0]]), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="traces"):
-        vtrace(
+        realigned_returns(
             behavior_log_prob=z,
             target_log_prob=z,
             rewards=z,
@@ -306,7 +306,7 @@ def test_split_episode_equals_separate_episodes(end_kind):
     full = run_vtrace(ro, gamma=0.97, lam=0.9, rho_bar=1.5, c_bar=1.2)
     first = run_vtrace(sub_rollout(ro, 0, k), gamma=0.97, lam=0.9, rho_bar=1.5, c_bar=1.2)
     second = run_vtrace(sub_rollout(ro, k, 12), gamma=0.97, lam=0.9, rho_bar=1.5, c_bar=1.2)
-    for name in VTraceReturns._fields:
+    for name in RealignedReturns._fields:
         joined = torch.cat([getattr(first, name), getattr(second, name)])
         torch.testing.assert_close(getattr(full, name), joined, rtol=0, atol=1e-12)
     g_full = run_gae(ro, gamma=0.97, lam=0.9)
@@ -322,7 +322,7 @@ def test_split_episode_equals_separate_episodes(end_kind):
     # Episode A never reads the next episode's first value V(obs[k]).
     ro["values_all"][k] += 1000.0
     moved = run_vtrace(ro, gamma=0.97, lam=0.9, rho_bar=1.5, c_bar=1.2)
-    for name in VTraceReturns._fields:
+    for name in RealignedReturns._fields:
         torch.testing.assert_close(getattr(moved, name)[:k], getattr(full, name)[:k], rtol=0, atol=0)
     assert not torch.equal(moved.vs[k], full.vs[k])
 
@@ -414,7 +414,7 @@ def test_float32_matches_float64():
     ro64 = random_rollout(50)
     ro32 = {k: (v.float() if v.is_floating_point() else v) for k, v in ro64.items()}
     a, b = run_vtrace(ro64, gamma=0.99, lam=0.95), run_vtrace(ro32, gamma=0.99, lam=0.95)
-    for name in VTraceReturns._fields:
+    for name in RealignedReturns._fields:
         assert getattr(b, name).dtype == torch.float32
         torch.testing.assert_close(getattr(b, name).double(), getattr(a, name), rtol=1e-5, atol=1e-5)
     g = run_gae(ro32, gamma=0.99, lam=0.95)
@@ -465,7 +465,7 @@ def test_vtrace_rejects_bad_input(change, match):
     kw = _kwargs(random_rollout(60))
     kw.update(change)
     with pytest.raises(ValueError, match=match):
-        vtrace(**kw)
+        realigned_returns(**kw)
 
 
 def test_gae_and_next_state_values_reject_bad_input():

@@ -97,6 +97,7 @@ def _fire_sequence(trigger):
             "algo.tv_threshold=0.05",
             "algo.lr=0.01",
             f"algo.tv_filter_trigger={trigger}",
+            "algo.tv_rule=filter",
             "algo.ratio_anchor=learning",
             "algo.surrogate_rho_bar=1.0",
             "env.id=asyncrl/Corridor-v0",

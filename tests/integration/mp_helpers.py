@@ -28,6 +28,7 @@ from asyncrl.wire.shm.dev_shm import run_segment_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 SHM_DIR = "/dev/shm"
+CORRIDOR = "asyncrl/Corridor-v0"  # a toy env of asyncrl.tasks.control.toy_envs: fast, deterministic
 
 # A small, fast configuration shared by the tests (2 busy cores).
 SMALL = [
@@ -295,3 +296,25 @@ def assert_strict_json_files(run_dir: Path) -> list[Path]:
             except ValueError as exc:
                 pytest.fail(f"{p} (line {i + 1}) is not strict JSON: {exc}: {line[:200]}")
     return files
+
+
+def learner_cmd(learner_ep, broadcaster_ep, *extra, run_id, run_dir, total, env=CORRIDOR) -> list[str]:
+    """``asyncrl learner`` arguments (for ``Procs.start``): bound at ``learner_ep``, publishing to the
+    broadcaster at ``broadcaster_ep``, ``run_id`` in ``run_dir``, ``total`` env steps of ``env``; then
+    ``extra`` (flags and --set pairs)."""
+    return [
+        "learner",
+        "--bind",
+        learner_ep,
+        "--broadcaster",
+        broadcaster_ep,
+        "--env",
+        env,
+        "--run-id",
+        run_id,
+        "--run-dir",
+        str(run_dir),
+        "--total-steps",
+        str(total),
+        *extra,
+    ]

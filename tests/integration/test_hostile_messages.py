@@ -14,14 +14,23 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, shm_segments, wait_for
+from mp_helpers import (
+    CORRIDOR,
+    SMALL,
+    free_port,
+    free_port_pair,
+    learner_cmd,
+    new_run_id,
+    read_jsonl,
+    shm_segments,
+    wait_for,
+)
 
 from asyncrl.core.spec import RolloutSpec
 from asyncrl.wire import codec, protocol
 
 pytestmark = pytest.mark.integration
 
-CORRIDOR = "asyncrl/Corridor-v0"
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)  # = SMALL
 
 
@@ -117,22 +126,7 @@ def test_hostile_messages_are_counted_and_training_goes_on(procs, tmp_path):
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
-            learner_ep,
-            "--broadcaster",
-            broadcaster_ep,
-            "--env",
-            CORRIDOR,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            str(total),
-            *SMALL,
-        ],
+        learner_cmd(learner_ep, broadcaster_ep, *SMALL, run_id=run_id, run_dir=run_dir, total=total),
     )
     procs.start(
         "good",

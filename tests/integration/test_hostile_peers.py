@@ -826,7 +826,7 @@ def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
     requests and then only heartbeats; an honest actor joins afterwards. On 75409f3 the peer held
     every slot and the run never got past its first iteration; now the run finishes."""
     from mp_helpers import SMALL as MP_SMALL
-    from mp_helpers import free_port, free_port_pair, new_run_id, read_jsonl, wait_for
+    from mp_helpers import free_port, free_port_pair, learner_cmd, new_run_id, read_jsonl, wait_for
 
     run_id, run_dir = new_run_id(), tmp_path / "run"
     procs.run_ids.add(run_id)
@@ -834,22 +834,7 @@ def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
-            learner_ep,
-            "--broadcaster",
-            broadcaster_ep,
-            "--env",
-            CORRIDOR,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            "4000",
-            *MP_SMALL,
-        ],
+        learner_cmd(learner_ep, broadcaster_ep, *MP_SMALL, run_id=run_id, run_dir=run_dir, total="4000"),
     )
     hoarder = sockets.dealer(ctx, learner_ep, sockets.route_identity("hoarder"))
     try:

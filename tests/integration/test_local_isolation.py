@@ -11,14 +11,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from mp_helpers import SMALL, wait_for
+from mp_helpers import CORRIDOR, SMALL, wait_for
 
 from asyncrl.run.launch import private_endpoint_dir
 from asyncrl.wire import addresses
 from asyncrl.wire.weights_secret import weights_secret_path
 
 pytestmark = pytest.mark.integration
-CORRIDOR = "asyncrl/Corridor-v0"
 NOBODY = 65534
 
 

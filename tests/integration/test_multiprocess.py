@@ -18,12 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mp_helpers import (
+    CORRIDOR,
     SMALL,
     alive,
     assert_strict_json_files,
     descendants,
     free_port,
     free_port_pair,
+    learner_cmd,
     new_run_id,
     outcome_lines,
     proc_stat,
@@ -35,7 +37,6 @@ from mp_helpers import (
 pytestmark = pytest.mark.integration
 
 RUN_LINE = re.compile(r"^run (\S+): learner ", re.MULTILINE)
-CORRIDOR = "asyncrl/Corridor-v0"
 
 
 def endpoints() -> tuple[str, str]:
@@ -63,23 +64,9 @@ def start_roles(procs, *, run_id, run_dir, env_id, total_steps, extra=()):
 def start_learner(procs, learner_ep, broadcaster_ep, *, run_id, run_dir, env_id, total_steps, extra=()):
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
-            learner_ep,
-            "--broadcaster",
-            broadcaster_ep,
-            "--env",
-            env_id,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            str(total_steps),
-            *SMALL,
-            *extra,
-        ],
+        learner_cmd(
+            learner_ep, broadcaster_ep, *SMALL, *extra, run_id=run_id, run_dir=run_dir, total=total_steps, env=env_id
+        ),
     )
 
 
@@ -397,22 +384,7 @@ def test_actor_with_long_rollouts_is_not_reaped(procs, tmp_path):
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep])
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
-            learner_ep,
-            "--broadcaster",
-            broadcaster_ep,
-            "--env",
-            CORRIDOR,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            str(2 * T),
-            *cfg,
-        ],
+        learner_cmd(learner_ep, broadcaster_ep, *cfg, run_id=run_id, run_dir=run_dir, total=2 * T),
     )
     procs.start(
         "slow",
@@ -539,22 +511,7 @@ def test_learner_by_hand_exit_status_and_one_outcome_line(procs, tmp_path, sig):
     learner_ep, broadcaster_ep = endpoints()
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
-            learner_ep,
-            "--broadcaster",
-            broadcaster_ep,
-            "--env",
-            CORRIDOR,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            "1000000",
-            *SMALL,
-        ],
+        learner_cmd(learner_ep, broadcaster_ep, *SMALL, run_id=run_id, run_dir=run_dir, total="1000000"),
         expect_failure=True,
     )
     wait_for(lambda: "listening on" in procs.err("learner"), 60, "the learner to listen", procs=procs)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mp_helpers import SMALL, new_run_id, read_jsonl, wait_for
+from mp_helpers import SMALL, learner_cmd, new_run_id, read_jsonl, wait_for
 from test_multiprocess import CORRIDOR, check_run_outputs
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
@@ -204,24 +204,16 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     )
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
+        learner_cmd(
             learner_ep,
-            "--broadcaster",
             broadcaster_ep,
-            "--env",
-            CORRIDOR,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            str(total),
             "--keys",
             str(keys / "server"),
             *SMALL,
-        ],
+            run_id=run_id,
+            run_dir=run_dir,
+            total=total,
+        ),
         prefix=lan.prefix("L"),
     )
     assert procs.wait("learner", 90) == 0, procs.dump()

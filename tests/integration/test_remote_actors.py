@@ -16,7 +16,7 @@ import sys
 import msgpack
 import numpy as np
 import pytest
-from mp_helpers import SMALL, free_port, free_port_pair, new_run_id, read_jsonl, wait_for
+from mp_helpers import SMALL, free_port, free_port_pair, learner_cmd, new_run_id, read_jsonl, wait_for
 from test_multiprocess import CORRIDOR
 
 from asyncrl.core.spec import RolloutSpec
@@ -90,24 +90,16 @@ def test_actor_with_wrong_or_missing_key_is_refused_and_training_goes_on(procs, 
     procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep, "--keys", str(keys / "server")])
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
+        learner_cmd(
             learner_ep,
-            "--broadcaster",
             broadcaster_ep,
-            "--env",
-            CORRIDOR,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            str(total),
             "--keys",
             str(keys / "server"),
             *SMALL,
-        ],
+            run_id=run_id,
+            run_dir=run_dir,
+            total=total,
+        ),
     )
 
     def actor(name, *extra, expect_failure=False):
@@ -215,22 +207,7 @@ def test_relay_tcp_rollouts_and_handshake_refusals(procs, tmp_path):
     procs.start("relay", ["broadcaster", "--bind", relay_ep, "--upstream", upstream_ep])
     procs.start(
         "learner",
-        [
-            "learner",
-            "--bind",
-            learner_ep,
-            "--broadcaster",
-            upstream_ep,
-            "--env",
-            CORRIDOR,
-            "--run-id",
-            run_id,
-            "--run-dir",
-            str(run_dir),
-            "--total-steps",
-            str(total),
-            *SMALL,
-        ],
+        learner_cmd(learner_ep, upstream_ep, *SMALL, run_id=run_id, run_dir=run_dir, total=total),
     )
     # refused before any good actor joins: nothing of it can be consumed
     procs.start(

@@ -163,7 +163,6 @@ def test_config_keeps_presets_to_their_task():
     for key in (
         "algo.value_targets=vtrace",
         "algo.realign_min_lag=2",
-        "algo.realign_from_version=10",
     ):  # control-only: an error, not ignored
         with pytest.raises(ConfigError, match="control-task options .* llm.realign"):
             config.load(None, ["task.kind=llm", "algo.num_minibatches=4", key])

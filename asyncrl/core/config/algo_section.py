@@ -27,6 +27,10 @@ def _computes_vtrace(c: Config) -> bool:
     return c.task.kind == "control" and (c.algo.preset in VTRACE_PRESETS or c.algo.value_targets == "vtrace")
 
 
+def _filter_rule(c: Config) -> bool:
+    return c.algo.tv_rule == "filter"
+
+
 def _uses_rho_bar(c: Config) -> bool:
     return _computes_vtrace(c) or (c.task.kind == "llm" and c.llm.realign != "none")
 
@@ -49,14 +53,19 @@ class AlgoConfig:
     )
     c_bar: float = _f(
         1.0,
-        "V-trace clip of the trace coefficients",
+        "V-trace clip of the trace coefficients: of the critic's V-trace targets, and of the realigned advantages "
+        "under traces = vtrace",
         kinds=CONTROL,
-        when=("V-trace is computed with traces = vtrace", lambda c: _computes_vtrace(c) and c.algo.traces == "vtrace"),
+        when=(
+            "V-trace is computed with traces = vtrace, or for the critic's targets",
+            lambda c: _computes_vtrace(c) and (c.algo.traces == "vtrace" or c.algo.value_targets != "lambda_returns"),
+        ),
     )
     traces: str = _f(
         "uncorrected",
         "trace coefficients of the realigned advantages: vtrace (c_t = lambda min(c_bar, rho_t)) or uncorrected (c_t "
-        "= lambda; the TD errors keep their rho_bar-clipped weights; docs/decisions/traces.md)",
+        "= lambda; the TD errors keep their rho_bar-clipped weights); the critic's V-trace targets always use "
+        "V-trace's (docs/decisions/traces.md)",
         kinds=CONTROL,
         when=("V-trace is computed (vtrace presets or value_targets = vtrace)", _computes_vtrace),
     )
@@ -76,19 +85,17 @@ class AlgoConfig:
         presets=REALIGNING,
         study_only=True,
     )
-    realign_from_version: int = _f(
-        125,
-        "realigning presets but impala, control task: before the learner reaches this policy version, no sample is "
-        "realigned (GAE on beta's data and lambda-return targets under value_targets auto, as vaco_no_realign); 0: "
-        "from the first iteration (vaco_paper; the llm task has no such option); 125: about 256k env steps at the "
-        "default batch (docs/decisions/realign-from-version.md)",
-        kinds=CONTROL,
-        presets=REALIGNING,
-    )
     tv_threshold: float = _f(
-        0.2,
-        "delta of the TV filter: samples of a minibatch over this TV budget get no gradient "
-        "(docs/decisions/tv-threshold.md)",
+        0.1,
+        "delta, the TV budget of a minibatch: the estimate of TV(pi_theta, anchor), importance-weighted by "
+        "pi_T/beta for the learning anchor, that tv_rule spends (docs/decisions/tv-budget.md)",
+        presets=TV_FILTERED,
+    )
+    tv_rule: str = _f(
+        "shrink",
+        "how the TV budget acts: shrink (the band's half-width is behavior_band (1 - tv/delta)_+: closed, the "
+        "sign rule on every sample, at tv >= delta) or filter (the paper's: the sign rule once tv > delta); "
+        "docs/decisions/tv-budget.md",
         presets=TV_FILTERED,
     )
     ratio_anchor: str = _f(
@@ -107,12 +114,14 @@ class AlgoConfig:
         "minibatch",
         "when the TV filter acts: minibatch (each minibatch over delta) or iteration (from the first one on)",
         presets=TV_FILTERED,
+        when=("tv_rule = filter", _filter_rule),
         study_only=True,
     )
     tv_filter_min_deviation: float = _f(
         0.0,
         "the TV filter's sign rule applies only to samples with |r - 1| above this",
         presets=TV_FILTERED,
+        when=("tv_rule = filter", _filter_rule),
         study_only=True,
     )
     behavior_band: float = _f(
@@ -133,6 +142,7 @@ class AlgoConfig:
         float("inf"),
         "the sign rule also applies, whatever the TV estimate, to samples with |r - 1| above this; inf: never",
         presets=TV_FILTERED,
+        when=("tv_rule = filter", _filter_rule),
         study_only=True,
     )
     clip_eps: float = _f(0.2, "ppo: ratio clip epsilon", presets=("ppo", "grpo"))

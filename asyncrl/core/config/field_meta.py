@@ -42,13 +42,20 @@ PRESET_SETTINGS: dict[str, dict[str, Any]] = {
         "behavior_band_ratio": "full",
         "entropy_coef": 0.0,
         "traces": "vtrace",
-        "realign_from_version": 0,
+        "tv_rule": "filter",
     },
     "impala": {"traces": "vtrace"},
+}
+# Keys that no longer exist, with why (a config or config.json naming one is refused with this line).
+REMOVED_KEYS = {
+    "algo.realign_from_version": "the realignment no longer waits for a learner version: every sample is "
+    "realigned from the first iteration (docs/decisions/traces.md); a run started with this key resumes only "
+    "with the asyncrl version that started it",
 }
 RATIO_ANCHORS = ("behavior", "learning")
 FILTER_TRIGGERS = ("minibatch", "iteration")
 BAND_RATIOS = ("full", "backward", "forward")
+TV_RULES = ("shrink", "filter")
 TRACES = ("vtrace", "uncorrected")
 VALUE_TARGETS = ("auto", "vtrace", "lambda_returns")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")

@@ -9,7 +9,7 @@ import typing
 from typing import Any
 
 from asyncrl.core.config.algo_section import AlgoConfig
-from asyncrl.core.config.field_meta import LLM_PRESETS, PRESET_SETTINGS, PRESETS, ConfigError
+from asyncrl.core.config.field_meta import LLM_PRESETS, PRESET_SETTINGS, PRESETS, REMOVED_KEYS, ConfigError
 from asyncrl.core.config.llm_sections import MOVED_KEYS, TaskConfig
 from asyncrl.core.config.root import Config, toml_value
 from asyncrl.core.config.validate import validate
@@ -61,9 +61,9 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
 # (Resolved.overridden); a user value that the preset or task kind does not use is reported too
 # (Resolved.unused). A resolved config (a run's config.json) is taken as it is: no layer re-applied.
 TASK_KIND_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
-    # no critic and no time steps: no realignment warm-up; advantages are group-normalised already, and a
-    # per-minibatch normalisation of token advantages breaks the group's zero mean and averaging weights
-    "llm": {"algo": {"realign_from_version": 0, "normalize_advantages": False}},
+    # advantages are group-normalised already, and a per-minibatch normalisation of token advantages breaks
+    # the group's zero mean and averaging weights
+    "llm": {"algo": {"normalize_advantages": False}},
 }
 
 
@@ -129,6 +129,9 @@ def _check_sections(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 f"config key {moved[0]} moved to {MOVED_KEYS[moved[0]]}: the language-model task's "
                 f"keys are in [{MOVED_KEYS[moved[0]].split('.')[0]}]"
             )
+        removed = sorted(f"{name}.{k}" for k in raw if f"{name}.{k}" in REMOVED_KEYS)
+        if removed:
+            raise ConfigError(f"config key {removed[0]} was removed: {REMOVED_KEYS[removed[0]]}")
         bad = sorted(set(raw) - set(hints))
         if bad:
             raise ConfigError(f"unknown config key {name}.{bad[0]}; keys of [{name}] are {sorted(hints)}")

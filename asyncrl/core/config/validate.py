@@ -21,6 +21,8 @@ from asyncrl.core.config.field_meta import (
     ROLLOUT_TRANSPORTS,
     TASK_KINDS,
     TRACES,
+    TV_FILTERED,
+    TV_RULES,
     VALUE_TARGETS,
     ConfigError,
 )
@@ -55,6 +57,13 @@ def validate(cfg: Config) -> None:
         )
     if not a.behavior_band > 0:
         raise ConfigError(f"algo.behavior_band must be > 0 (inf: off), got {a.behavior_band}")
+    if a.tv_rule not in TV_RULES:
+        raise ConfigError(f"algo.tv_rule must be one of {TV_RULES}, got {a.tv_rule!r}")
+    if a.tv_rule == "shrink" and a.preset in TV_FILTERED:
+        if not a.behavior_band < float("inf"):
+            raise ConfigError(
+                "algo.tv_rule = shrink narrows the band: it needs a finite algo.behavior_band (or tv_rule = filter)"
+            )
     if a.behavior_band_ratio not in BAND_RATIOS:
         raise ConfigError(f"algo.behavior_band_ratio must be one of {BAND_RATIOS}, got {a.behavior_band_ratio!r}")
     if a.behavior_band_ratio == "backward" and a.ratio_anchor != "learning":
@@ -86,7 +95,6 @@ def validate(cfg: Config) -> None:
         ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
         ("run.seed", cfg.run.seed, 0),
         ("algo.realign_min_lag", a.realign_min_lag, 0),
-        ("algo.realign_from_version", a.realign_from_version, 0),
         ("learner.max_consecutive_skips", lrn.max_consecutive_skips, 0),
         ("learner.keep_checkpoints", lrn.keep_checkpoints, 1),
         ("run.max_restarts", cfg.run.max_restarts, 0),
@@ -153,9 +161,9 @@ def _validate_task(cfg: Config) -> None:
         return
     if preset not in LLM_PRESETS:
         raise ConfigError(f"task.kind = llm takes algo.preset {', '.join(LLM_PRESETS)}, got {preset!r}")
-    if cfg.algo.value_targets != "auto" or cfg.algo.realign_min_lag != 0 or cfg.algo.realign_from_version != 0:
+    if cfg.algo.value_targets != "auto" or cfg.algo.realign_min_lag != 0:
         raise ConfigError(
-            "algo.value_targets, algo.realign_min_lag and algo.realign_from_version are control-task "
+            "algo.value_targets and algo.realign_min_lag are control-task "
             "options (a critic's target, V-trace per sample); task.kind = llm has no critic: its "
             "realignment is llm.realign"
         )

@@ -1,8 +1,10 @@
 """One learner iteration (VACO.md "Loss and schedule"), shared by every preset.
 
 1. With the weights at iteration start (π_T), compute log π_T(a|s) and V(s) once.
-2. Advantages once: V-trace realignment (vaco, vaco_no_filter) or GAE on β's data (ppo, ppo_kl,
-   spo, vaco_no_realign). impala instead recomputes V-trace before every optimizer step.
+2. Advantages and critic targets once: realigned advantages for π_T (vaco, vaco_no_filter: uncorrected
+   traces by default; vaco_paper: V-trace's) with V-trace's targets for the critic, or GAE on β's data
+   and its λ-returns (ppo, ppo_kl, spo, vaco_no_realign). impala instead recomputes V-trace before
+   every optimizer step.
 3. num_epochs x num_minibatches optimizer steps on
    policy loss + value_coef * mean (V - targets)^2 - entropy_coef * entropy.
 
@@ -12,7 +14,6 @@ Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from asyncrl.algo.ppo_losses import impala_policy_loss
-from asyncrl.algo.returns import gae, next_state_values, vtrace
+from asyncrl.algo.returns import gae, next_state_values, realigned_returns
 from asyncrl.algo.value_loss import explained_variance, value_loss
 from asyncrl.core.config import VTRACE_PRESETS
 from asyncrl.core.iteration import (
@@ -85,9 +86,11 @@ def advantages(
 ):
     """(advantages [T, N], value targets [T, N]) for ``preset``; see the module docstring.
 
-    ``value_targets`` picks the critic's target apart from the advantages: "auto" takes the one of
-    the advantages' estimator (V-trace's vs where they are realigned, GAE's λ-returns otherwise);
-    "vtrace" or "lambda_returns" name one (docs/decisions/value-targets.md).
+    ``traces`` are those of the realigned advantages. ``value_targets`` picks the critic's target:
+    "auto" takes V-trace's vs where the advantages are realigned and GAE's λ-returns otherwise;
+    "vtrace" or "lambda_returns" name one. V-trace's vs always use V-trace's own traces
+    c_t = λ min(c̄, ρ_t), whatever ``traces``: the critic's targets feed back into the critic, and only
+    those traces keep that a contraction at any lag (docs/decisions/traces.md).
 
     ``realign_min_lag`` > 0 (realigning presets but impala): only the samples whose ``lag`` [T, N]
     (learner version - behaviour version, in versions) is at least this get the realigned advantage
@@ -109,7 +112,7 @@ def advantages(
         )
     adv = targets = None
     if realign or value_targets == "vtrace":
-        r = vtrace(
+        realign_kw = dict(
             behavior_log_prob=batch["behavior_log_prob"],
             target_log_prob=target_log_prob,
             rewards=batch["rewards"],
@@ -120,11 +123,12 @@ def advantages(
             lam=lam,
             rho_bar=rho_bar,
             c_bar=c_bar,
-            traces=traces,
         )
+        r = realigned_returns(**realign_kw, traces=traces)
         if realign:
             adv = r.pg_advantages if preset == "impala" else r.advantages
-        targets = r.vs if value_targets != "lambda_returns" else None
+        if value_targets != "lambda_returns":
+            targets = r.vs if traces == "vtrace" else realigned_returns(**realign_kw, traces="vtrace").vs
     if not realign or value_targets == "lambda_returns" or partial:
         g = gae(
             rewards=batch["rewards"],
@@ -200,15 +204,12 @@ def learner_iteration(
         lag = None
         if version is not None and "behavior_version" in batch:
             lag = version - batch["behavior_version"]
-        min_lag = cfg.realign_min_lag
-        if version is not None and version < cfg.realign_from_version:
-            min_lag = math.inf  # warm-up: no sample is realigned (GAE on β's data, as vaco_no_realign)
         adv, targets = advantages(
             preset=cfg.preset,
             target_log_prob=target_log_prob,
             value_targets=cfg.value_targets,
             lag=lag,
-            realign_min_lag=min_lag,
+            realign_min_lag=cfg.realign_min_lag,
             **kw,
         )
         stale = None if lag is None else (lag > 0).reshape(-1)
