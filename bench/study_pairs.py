@@ -50,9 +50,7 @@ def main() -> None:
         pooled_y |= {(env, cond): v for env, v in ys.items()}
     if len({c for _, c in pooled_x}) > 1:  # every (env, condition) a task of its own, stratified
         p = stats.probability_of_improvement(pooled_x, pooled_y)
-        print(
-            f"| pooled | {len(pooled_x)} env x condition tasks | | | {p.value:.2f} [{p.low:.2f}, {p.high:.2f}] |"
-        )
+        print(f"| pooled | {len(pooled_x)} env x condition tasks | | | {p.value:.2f} [{p.low:.2f}, {p.high:.2f}] |")
 
 
 if __name__ == "__main__":
