@@ -13,6 +13,16 @@ from asyncrl.tasks.control.envs import VecEnv
 from asyncrl.tasks.control.policy import InferencePolicy
 from asyncrl.tasks.control.rollout import collect
 
+# a learner iteration small enough for a unit test: 2 slots of 4 envs x 16 steps, 4 minibatches, 2 epochs
+TINY = [
+    "env.num_envs=4",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=2",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+]
+
 
 def _batch(state, env, slots=2):
     actor = InferencePolicy(state.policy, activation="tanh", seed=0)
@@ -31,12 +41,7 @@ def test_preset_iteration(preset, env_id):
         None,
         [
             f"algo.preset={preset}",
-            "env.num_envs=4",
-            "env.rollout_length=16",
-            "learner.slots_per_batch=2",
-            "learner.num_slots=2",
-            "algo.num_minibatches=4",
-            "algo.num_epochs=2",
+            *TINY,
             f"env.id={env_id}",
             "env.max_episode_steps=12",
         ],
@@ -146,12 +151,7 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
         None,
         [
             f"algo.preset={preset}",
-            "env.num_envs=4",
-            "env.rollout_length=16",
-            "learner.slots_per_batch=2",
-            "learner.num_slots=2",
-            "algo.num_minibatches=4",
-            "algo.num_epochs=2",
+            *TINY,
             "env.id=HalfCheetah-v5",
         ],
     )  # the reference realigns from the first iteration
@@ -339,15 +339,7 @@ def test_no_count_of_versions_iterations_or_steps_selects_a_method():
 
     from asyncrl.tasks.control.update import advantages, learner_iteration
 
-    base = [
-        "env.num_envs=4",
-        "env.rollout_length=16",
-        "learner.slots_per_batch=2",
-        "learner.num_slots=2",
-        "algo.num_minibatches=4",
-        "algo.num_epochs=2",
-        "env.id=HalfCheetah-v5",
-    ]
+    base = [*TINY, "env.id=HalfCheetah-v5"]
     cfg = config.load(None, base)
     env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
     env.reset()

@@ -83,16 +83,7 @@ def test_shrink_narrows_the_band_in_proportion_to_the_budget_used():
     assert removed.any() and (deviation[removed].abs() > 0.1 - 1e-12).all()
     # gradient: exactly zero where removed
     lp = log_prob.clone().requires_grad_(True)
-    vaco_policy_loss(
-        log_prob=lp,
-        behavior_log_prob=beh,
-        advantages=adv,
-        tv_threshold=delta,
-        anchor_log_prob=anchor,
-        behavior_band=0.2,
-        band_ratio="forward",
-        tv_rule="shrink",
-    ).loss.backward()
+    _keep("shrink", delta, mb=(lp, beh, anchor, adv)).loss.backward()
     assert torch.all(lp.grad[removed] == 0) and torch.all(lp.grad[~removed] != 0)
 
 
