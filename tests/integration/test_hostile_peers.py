@@ -149,7 +149,8 @@ def test_names_in_dev_shm_cannot_break_asyncrl_clean(private_shm, monkeypatch):
     from asyncrl.cli import main
 
     _plant_hostile_names(private_shm)
-    monkeypatch.setattr(weights_secret, "remove_stale_weights_secrets", lambda **_: [])  # leave other runs' secrets alone
+    # leave other runs' secrets alone
+    monkeypatch.setattr(weights_secret, "remove_stale_weights_secrets", lambda **_: [])
     result = CliRunner().invoke(main, ["clean"])
     assert result.exit_code == 0, (result.output, result.exception)
     assert "removed 1 segment" in result.output, result.output

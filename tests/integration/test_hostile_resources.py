@@ -1,8 +1,8 @@
 """Resource attacks on a live learner and a live broadcaster, each in its own process
 (hostile_role.py), its RSS read from /proc/PID/status (issue 39, "Memory").
 
-For each attack: (a) the role's extra RSS (above its RSS once started and warmed up by an honest
-peer) stays under ``resource_bounds.memory_bound_bytes`` computed from the config, the socket caps
+For each attack: (a) the role's extra RSS (above its RSS before the attack, once started and warmed up
+by an honest peer) stays under ``resource_bounds.memory_bound_bytes`` computed from the config, the socket caps
 and the role's file-descriptor limit; (b) the attack runs in rounds, and the RSS after the second
 half of the rounds exceeds that after the first half by at most GROWTH_TOLERANCE (8 MiB, or a quarter
 of the first half's extra RSS if more; allocator noise:
@@ -278,7 +278,10 @@ def role(request, tmp_path_factory):
 def run_halves(role: Role, attack, rounds: int) -> tuple[int, int]:
     """``attack(i)`` for ``rounds`` rounds after a quarter as many not measured (the allocator's pools
     and libzmq's pipes reach their working size there); the role's RSS after the first and after the
-    second half of the measured rounds."""
+    second half of the measured rounds. ``role.base`` becomes its RSS before this attack: the role
+    serves every attack of the module, and what an earlier one left in the allocator's pools (freed,
+    not returned) is not this attack's."""
+    role.base = settle(role)
     for i in range(rounds // 4):
         attack(rounds + i)
     out = []
