@@ -144,5 +144,5 @@ def test_study_quick_lists_the_quick_profile(tmp_path):
     p = _run("study-quick", "--dry-run", "--out", str(tmp_path / "q"))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
-    assert len(lines) == 330 and all(line.startswith("pending") for line in lines)
-    assert any("vaco_paper | Walker2d-v5 | age-8 | seed 105" in line for line in lines)
+    assert len(lines) == 240 and all(line.startswith("pending") for line in lines)
+    assert any("vaco_no_realign | Walker2d-v5 | straggler | seed 305" in line for line in lines)

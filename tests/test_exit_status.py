@@ -13,8 +13,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _child(body: str) -> subprocess.CompletedProcess:
+    """Run ``body`` in a child whose SIGINT is at its default, as in a terminal: a suite started in
+    the background (``.ci/run &``) passes SIGINT down ignored, and exit_status keeps an ignored SIGINT."""
+    from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
+
     code = "import os, signal\nimport asyncrl.core.exit_status as exit_status\n" + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
 
 
 def test_a_stop_during_deferred_start_up_is_raised_by_arm_not_inside_the_import():

@@ -231,3 +231,50 @@ def test_checkpoint_put_off_while_no_file_descriptor_is_free(tmp_path):
 
 def _iteration_saved(run_dir) -> int:
     return torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]
+
+
+def test_tensorboard_writes_without_a_free_descriptor_stop_tensorboard_not_the_run(tmp_path, caplog):
+    """TensorBoard opens its event file for every write: with every descriptor taken (EMFILE) the
+    learner drops its writer with one warning and goes on (metrics.jsonl keeps the record); a full
+    disk still ends the run as one line (RunDirError)."""
+    from asyncrl.core.consume import Consumer, SlotData
+    from asyncrl.core.metrics import tensorboard_kept
+    from asyncrl.tasks import make_task
+
+    class Broken:
+        def __init__(self, code):
+            self.code = code
+
+        def add_scalar(self, *a, **k):
+            raise OSError(self.code, os.strerror(self.code))
+
+        add_histogram = add_scalar
+
+        def close(self):
+            pass
+
+    assert tensorboard_kept(lambda: None)
+    assert not tensorboard_kept(Broken(errno.EMFILE).add_scalar)
+    with pytest.raises(OSError):
+        tensorboard_kept(Broken(errno.ENOSPC).add_scalar)
+
+    spec = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=8, num_envs=2)
+    cfg = config.load(None, ["learner.slots_per_batch=1", "learner.num_slots=2", "algo.num_minibatches=2"])
+    c = Consumer(cfg, spec, tmp_path, task=make_task(cfg, spec=spec))
+    try:
+        if c.tb is not None:
+            c.tb.close()
+        c.tb = c.lag.tb = Broken(errno.EMFILE)
+        a = spec.allocate()
+        a["rewards"][:] = 1.0
+        assert c.consume([SlotData("a", "h", a, spec.num_envs * spec.rollout_length, [])]) is not None
+        assert c.tb is None and c.lag.tb is None
+        assert "TensorBoard output stopped" in caplog.text
+        rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert any("policy_loss" in r for r in rows)
+        c.tb = Broken(errno.ENOSPC)
+        with pytest.raises(RunDirError):
+            c.consume([SlotData("a", "h", a, spec.num_envs * spec.rollout_length, [])])
+    finally:
+        c.tb = None
+        c.close()

@@ -24,6 +24,7 @@ from asyncrl.core.metrics import (
     is_event,
     progress_line,
     rewrite_jsonl,
+    tensorboard_kept,
     tensorboard_writer,
     write_json_atomic,
     write_scalars,
@@ -242,8 +243,9 @@ class Consumer:
             **stats,
         }
         self.metrics.write(record)
-        if self.tb is not None:
-            write_scalars(self.tb, record)
+        tb = self.tb
+        if tb is not None and not tensorboard_kept(lambda: write_scalars(tb, record)):
+            self.tb = self.lag.tb = None
         return stats
 
     # ---- checkpoints ----

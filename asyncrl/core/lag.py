@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncrl.core.metrics import JsonlWriter, percentiles
+from asyncrl.core.metrics import JsonlWriter, percentiles, tensorboard_kept
 
 # Lag-in-seconds histogram bin edges: 0, then log-spaced 1 ms .. 1000 s.
 SECONDS_EDGES = [0.0, *np.logspace(-3, 3, 25).round(6).tolist()]
@@ -132,10 +132,16 @@ class LagTracker:
         }
         if self.hist_rows is not None:
             self.hist_rows.write(row)
-        if self.tb is not None:
+        tb = self.tb
+        if tb is not None:
             expanded = np.repeat(list(self.window_versions), list(self.window_versions.values()))
-            self.tb.add_histogram("lag/versions", expanded, self.windows)
-            self.tb.add_histogram("lag/seconds", np.repeat(secs, w), self.windows)
+
+            def histograms():
+                tb.add_histogram("lag/versions", expanded, self.windows)
+                tb.add_histogram("lag/seconds", np.repeat(secs, w), self.windows)
+
+            if not tensorboard_kept(histograms):
+                self.tb = None
         self.windows += 1
         self.window_start, self.window_versions, self.window_seconds = now, Counter(), []
 

@@ -12,7 +12,9 @@ asyncrl.core.config reads back as floats.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import threading
 import time
@@ -278,6 +280,24 @@ def tensorboard_writer(logdir: str | Path):
         return None
     _quiet_tensorboard_thread()
     return SummaryWriter(str(logdir), flush_secs=10)
+
+
+def tensorboard_kept(write) -> bool:
+    """Run ``write()`` (calls on a SummaryWriter); False if it failed for want of file descriptors
+    (EMFILE / ENFILE: TensorBoard opens its event file for every write, and peers' connections can
+    hold every descriptor): the caller then drops its writer, with one warning here, and the run goes
+    on (metrics.jsonl keeps every record; a writer that failed once raises again at every call).
+    Any other OSError (disk full, read-only) propagates."""
+    try:
+        write()
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        logging.getLogger("asyncrl.core.metrics").warning(
+            "TensorBoard output stopped: %s (no free file descriptor); metrics.jsonl has every record", exc
+        )
+        return False
 
 
 def _quiet_tensorboard_thread() -> None:
