@@ -52,8 +52,8 @@ def _columns(by: dict) -> list[str]:
 
 
 def _diag(cells: list, key: str) -> float | None:
-    """Mean over cells of a diagnostic (asyncrl.analysis.study_report.cell_diagnostic: cells recorded before
-    issue 38 have no one-sided no_grad_fraction for grpo, n/a here)."""
+    """Mean over cells of a diagnostic (asyncrl.analysis.study_report.cell_diagnostic: older cells
+    have no one-sided no_grad_fraction for grpo, n/a here)."""
     xs = [x for x in (cell_diagnostic(c, key) for c in cells) if x is not None]
     return statistics.mean(xs) if xs else None
 
@@ -122,7 +122,7 @@ def plot(by: dict, out_path: Path) -> Path:
         what = "tokens without gradient (" + ("clip mask)" if preset == "grpo" else "band + TV filter)")
         pts = [(i, _diag(by[(preset, col)], "no_grad_fraction")) for i, col in enumerate(cols) if by.get((preset, col))]
         pts = [(i, y) for i, y in pts if y is not None]
-        if not pts:  # cells recorded before issue 38 have no one-sided share for grpo
+        if not pts:  # older cells have no one-sided share for grpo
             what += ": not recorded in these cells"
         axes[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{k}", label=f"{preset}: {what}")
     for i, col in enumerate(cols):  # the training reward: one batch's mean, smoothed, averaged over seeds

@@ -1,4 +1,4 @@
-"""Non-finite numbers (issue 9, point 6): skipped optimizer steps, refused checkpoints, rejected
+"""Non-finite numbers: skipped optimizer steps, refused checkpoints, rejected
 slots, and the reward scaler's per-stream gaps."""
 
 import json

@@ -1,4 +1,4 @@
-"""Resources (issue 9, point 7), in one process: the /dev/shm space check, SIGBUS in the
+"""Resources, in one process: the /dev/shm space check, SIGBUS in the
 supervisor's report, run-directory writes that fail, and header limits no legal config overflows.
 The multi-process versions are in tests/integration/test_resource_faults.py."""
 

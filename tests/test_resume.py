@@ -1,4 +1,4 @@
-"""Resume (issue 9, point 1): checkpoints kept and read back, env states, the run-directory choices,
+"""Resume: checkpoints kept and read back, env states, the run-directory choices,
 and serial runs resumed in process that end bit-identical to runs that were not stopped."""
 
 import json

@@ -1,4 +1,4 @@
-"""Strict, consistent outputs (issue 38): every JSON / JSONL file of a run parses with a strict
+"""Strict, consistent outputs: every JSON / JSONL file of a run parses with a strict
 parser, config.json's infinities load back, summary.json names the checkpoint a resume starts from,
 and an interrupted `asyncrl run` ends with one outcome line and exit status 130."""
 

@@ -360,7 +360,7 @@ def test_cells_record_the_cpu_kernels_and_the_report_names_them():
 
 
 def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
-    """'no grad' is no_grad_fraction for every preset; a cell recorded before it existed (issue 38)
+    """'no grad' is no_grad_fraction for every preset; a cell recorded before it existed
     keeps its vaco share (the same definition) and has none for ppo, whose old clip_fraction counted
     both directions and is shown only as 'clip 2-sided'."""
     from asyncrl.analysis.study_report import cell_diagnostic, markdown

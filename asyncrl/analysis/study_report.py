@@ -84,7 +84,7 @@ def cell_diagnostic(record: dict, key: str) -> float | None:
     """The iteration mean of diagnostic ``key`` (one of CELL_DIAGNOSTICS) of a study cell, None if
     not recorded.
 
-    Cells recorded before issue 38 named two of them differently: their ``filtered_fraction`` is
+    Older cells named two of them differently: their ``filtered_fraction`` is
     today's ``no_grad_fraction`` for every preset but ppo and grpo (the vaco presets' band and filter;
     0 for the presets without a rule), and ppo's and grpo's ``clip_fraction`` is today's
     ``clip_fraction_two_sided``; their one-sided no-gradient share was not recorded (None)."""

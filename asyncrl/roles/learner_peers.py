@@ -18,7 +18,7 @@ from asyncrl.wire import rejects
 
 log = logging.getLogger("asyncrl.learner")
 
-# Per-peer bounds (issue 39): an actor asks for protocol.GRANT_CREDITS slots and one more per report, so
+# Per-peer bounds: an actor asks for protocol.GRANT_CREDITS slots and one more per report, so
 # an honest actor never holds more; a peer asking for more (to hoard the ring) is held to it, per
 # actor id and per connection (one connection may speak for several ids).
 MAX_IDS_PER_CONNECTION = 4

@@ -1,5 +1,5 @@
 """Upper bounds on the memory a peer can make a role hold, computed before a run from the config,
-the slot layout, the weights size and the socket caps (issue 39, "resources per peer are bounded").
+the slot layout, the weights size and the socket caps.
 
 ``memory_bound_bytes`` gives the extra resident memory (RSS, bytes) the learner or the broadcaster
 may reach under attack, above what it holds once started: each term is one thing a peer can make

@@ -114,7 +114,7 @@ def report_limits(num_envs: int, rollout_length: int) -> HeaderLimits:
     return HeaderLimits(MAX_HEADER_BYTES + _BYTES_PER_EPISODE * episodes, max(DEFAULT_LIMITS.max_array_len, episodes))
 
 
-# Magnitude bounds of every number a peer sends (class fix of issue 39: a value that fits the type
+# Magnitude bounds of every number a peer sends (a value that fits the type
 # but not the run, e.g. a pid of 2**40 or an env-step count of 2**63, must never reach the code
 # that acts on it). Ints are 0..MAX_INT (an int64: what numpy, torch and TensorBoard take) unless
 # INT_BOUNDS says less; floats are finite with |x| <= MAX_ABS_FLOAT (so +-3e38 is refused: it

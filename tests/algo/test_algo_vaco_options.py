@@ -1,4 +1,4 @@
-"""VACO's design options (issue 8): the truncated importance weight of the learning anchor, the
+"""VACO's design options: the truncated importance weight of the learning anchor, the
 sign rule only beyond a minimum deviation, and the iteration-level (hysteresis) trigger."""
 
 import math

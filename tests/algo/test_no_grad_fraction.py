@@ -1,4 +1,4 @@
-"""One definition of "share of samples without gradient" (issue 38): ``no_grad_fraction`` counts the
+"""One definition of "share of samples without gradient": ``no_grad_fraction`` counts the
 samples whose policy-gradient term the preset's own rule (PPO's clip, VACO's band and TV filter)
 sets to exactly zero, the same way for every preset; PPO's two-sided clip fraction is reported
 apart, under its own name."""

@@ -1,4 +1,4 @@
-"""Faults and hostile peers (issue 9): seeds per actor incarnation, how a run ended, bad numbers,
+"""Faults and hostile peers: seeds per actor incarnation, how a run ended, bad numbers,
 slot integrity.
 
 Every test starts its processes through the ``procs`` fixture (conftest.py), which stops only

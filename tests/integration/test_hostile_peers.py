@@ -1,4 +1,4 @@
-"""Hostile peers, second round (issue 39): no message, number, name or connection from a peer can
+"""Hostile peers, second round: no message, number, name or connection from a peer can
 end, stall, fake or exhaust a run. One test per finding of the issue (each failed on main 75409f3),
 then tests of the class fixes. Run alone with ``pytest -m hostile``.
 
@@ -720,7 +720,7 @@ def test_join_records_of_ids_that_never_delivered_are_bounded(tmp_path, ctx, mon
         assert joins["good"] == 1  # kept, though it is the oldest record
 
 
-# ---------------------------------------------------------------- epochs (issue 39, item 6)
+# ---------------------------------------------------------------- epochs
 
 
 def test_a_resumed_learner_has_a_newer_epoch_even_after_the_clock_went_back(tmp_path, monkeypatch):
@@ -823,7 +823,7 @@ def test_reject_counts_and_their_log_lines_are_bounded_whatever_the_senders(capl
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_a_hoarding_peer_does_not_stall_a_real_run(procs, tmp_path, ctx):
-    """The finding of issue 39 as it was measured, with real processes: a peer says hello, sends 100
+    """The finding as it was first measured, with real processes: a peer says hello, sends 100
     requests and then only heartbeats; an honest actor joins afterwards. On 75409f3 the peer held
     every slot and the run never got past its first iteration; now the run finishes."""
     from mp_helpers import SMALL as MP_SMALL

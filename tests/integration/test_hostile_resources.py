@@ -1,5 +1,5 @@
 """Resource attacks on a live learner and a live broadcaster, each in its own process
-(hostile_role.py), its RSS read from /proc/PID/status (issue 39, "Memory").
+(hostile_role.py), its RSS read from /proc/PID/status.
 
 For each attack: (a) the role's extra RSS (above its RSS before the attack, once started and warmed up
 by an honest peer) stays under ``resource_bounds.memory_bound_bytes`` computed from the config, the socket caps

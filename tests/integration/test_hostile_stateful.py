@@ -1,5 +1,5 @@
-"""Property-based (hypothesis, stateful) hostile peers against a live learner and a live broadcaster
-(issue 39): sequences of well-formed messages whose fields take extreme values (0, -1, 2**31,
+"""Property-based (hypothesis, stateful) hostile peers against a live learner and a live broadcaster:
+sequences of well-formed messages whose fields take extreme values (0, -1, 2**31,
 2**63, 2**64 - 1, NaN, +-inf, +-3e38, empty and maximal strings and lists, wrong types), from
 peers that connect and disconnect at random, while an honest actor trains. After every message:
 the role is alive (nothing escaped ``serve``), a message with a value outside the schema's bounds

@@ -1,4 +1,4 @@
-"""`asyncrl run --launcher ray` on a three-node Ray cluster on one machine (issue 12).
+"""`asyncrl run --launcher ray` on a three-node Ray cluster on one machine.
 
     ns L 10.77.0.1: Ray head; the learner and the broadcaster (the launcher puts them on the head)
     ns A 10.77.0.2: Ray worker node; a relay broadcaster and two actors

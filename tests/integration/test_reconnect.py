@@ -1,4 +1,4 @@
-"""Reconnection and hostile-but-well-formed messages (issue 9, points 3 and 5): a restarted learner,
+"""Reconnection and hostile-but-well-formed messages: a restarted learner,
 a restarted actor proving its id with its token, a restarted broadcaster, a stalled actor, and
 forged weights, versions and byes.
 

@@ -1,4 +1,4 @@
-"""Resources (issue 9, point 7): /dev/shm too small for the ring, a SIGBUS in a role, a run
+"""Resources: /dev/shm too small for the ring, a SIGBUS in a role, a run
 directory that fills up mid-run, and a legal config whose reports carry the most episodes.
 
 Every process goes through the ``procs`` fixture (conftest.py): only those pids are stopped, and no

@@ -1,4 +1,4 @@
-"""Resume and supervision (issue 9, points 1 and 2): a serial run killed at a random iteration and
+"""Resume and supervision: a serial run killed at a random iteration and
 re-run ends bit-identical to one that was not; `asyncrl run` killed whole and re-run goes on to
 its budget; under `asyncrl run` a killed actor or learner is restarted (the learner resumes from
 its checkpoint), a role killed past run.max_restarts fails the run naming it, and the roles die

@@ -243,7 +243,7 @@ def test_sigterm_stops_the_running_cells_and_records_none(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_a_study_through_ray_gives_the_local_studys_serial_cells_bit_for_bit(tmp_path):
-    """`asyncrl study --launcher ray` (issue 12): the same tiny grid as Ray tasks on a local one-node
+    """`asyncrl study --launcher ray`: the same tiny grid as Ray tasks on a local one-node
     cluster; every serial cell equals the local study's cell bit for bit (weights and metrics)."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
     path = tmp_path / "s.toml"
