@@ -35,6 +35,7 @@ STUDY_ONLY = {
     "actor.policy_delay",
     "actor.policy_age_buffer",
     "actor.slowdown_s",
+    "actor.lag_trace",
     "run.straggler_slowdown_s",
     "algo.realign_min_lag",
     "algo.tv_filter_trigger",

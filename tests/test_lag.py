@@ -153,7 +153,7 @@ def test_whole_run_lag_in_seconds_stays_bounded_and_survives_a_checkpoint():
     for i in range(5000):
         now = float(rng.uniform(0.05, 0.35))
         bv = np.zeros((4, 2), np.int64)
-        t.consumed(1, now, [("actor0", "h", bv)], iteration=i)
+        t.consumed(1, now, [("actor0", "h", bv, None)], iteration=i)
         exact.append(now)
         weights.append(8)
     assert len(t.seconds_ms_counts) <= 301  # 50 ms .. 350 ms in whole ms

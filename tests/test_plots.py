@@ -183,7 +183,7 @@ def test_lag_plot_panels(two_runs, tmp_path, figures):
     plot_report(two_runs[0], out)
     assert out.exists()
     fig = figures[0]
-    hist_v, hist_s, over_v, over_s, tv, frac = fig.axes
+    hist_v, hist_s, over_v, over_s, tv, frac, parts_s, parts_v = fig.axes
     assert hist_v.get_yscale() == "log" and hist_s.get_yscale() == "log" and hist_s.get_xscale() == "log"
     assert [len(over_v.get_lines()), len(over_s.get_lines())] == [2, 2]  # one per actor, own panels
     texts = [t.get_text() for t in fig.legends[0].texts]
@@ -193,3 +193,7 @@ def test_lag_plot_panels(two_runs, tmp_path, figures):
     bars0, bars1 = hist_v.containers
     assert bars0[0].get_x() < bars1[0].get_x()
     assert bars0[0].get_facecolor() == fig.legends[0].legend_handles[0].get_facecolor()
+    # where the lag comes from: one stacked bar per actor, three parts, in seconds and in versions
+    assert [t.get_text() for t in parts_s.get_yticklabels()] == ["actor0", "actor1"]
+    assert len(parts_s.containers) == len(parts_v.containers) == 3
+    assert {"propagation", "collection", "queueing"} <= set(texts)

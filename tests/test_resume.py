@@ -26,7 +26,12 @@ SMALL = [
     "run.log_every_s=1000",
 ]
 # keys whose values depend on the clock (or are NaN, which equals nothing)
-CLOCK_KEYS = {"wall_time_s", "lag_seconds_p50", "lag_seconds_p95"}
+CLOCK_KEYS = {
+    "wall_time_s",
+    "lag_seconds_p50",
+    "lag_seconds_p95",
+    *(f"lag_{part}_s_mean" for part in ("propagation", "collection", "queueing")),
+}
 
 
 def same_value(a, b) -> bool:

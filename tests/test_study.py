@@ -10,6 +10,7 @@ from asyncrl.analysis import study as study_mod
 from asyncrl.analysis import study_code, study_record
 from asyncrl.analysis.study import StudyError, cell_key, condition_settings, load_study
 from asyncrl.analysis.study_report import comparisons, group_rows
+from asyncrl.core.lag_trace import trace_digest
 
 SMALL = [
     "env.num_envs=2",
@@ -110,6 +111,29 @@ def test_bad_study_files_name_the_problem(tmp_path, text, match):
         load_study(write(tmp_path, text))
 
 
+def test_a_replay_condition_keys_its_cells_on_the_trace_content(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"iteration": 1, "version": 0, "lags": [0, 2]}\n')
+    text = '[traces]\nmain = "t.jsonl"\n[[arm]]\npresets=["vaco"]\nconditions=["replay-main"]'
+    study = load_study(write(tmp_path, text))
+    (cell,) = study.cells
+    assert cell.mode == "serial" and cell.condition == "replay-main"
+    (override,) = cell.overrides
+    assert override == f"actor.lag_trace={trace}#sha256={trace_digest(trace)}"  # the study file's folder
+    command = cell.command(tmp_path / "cell")
+    assert "--serial" in command and f"actor.lag_trace={trace}#sha256={trace_digest(trace)}" in command
+    key = cell_key(study, cell, "code")
+    trace.write_text('{"iteration": 1, "version": 0, "lags": [0, 1]}\n')
+    assert cell_key(load_study(write(tmp_path, text)), load_study(write(tmp_path, text)).cells[0], "code") != key
+    for bad, match in (
+        ('[[arm]]\npresets=["vaco"]\nconditions=["replay-other"]', "names no trace 'other'"),
+        ('[traces]\nx = "nope.jsonl"\n[[arm]]\npresets=["vaco"]\nconditions=["replay-x"]', "No such file"),
+        ('traces = 3\n[[arm]]\npresets=["vaco"]', "traces must be a table"),
+    ):
+        with pytest.raises(StudyError, match=match):
+            load_study(write(tmp_path, bad))
+
+
 def test_missing_study_file(tmp_path):
     with pytest.raises(StudyError, match="not found"):
         load_study(tmp_path / "nope.toml")
@@ -164,6 +188,22 @@ def test_report_rows_count_modes_and_failed_cells(tmp_path):
     comp = comparisons(st, recs)
     assert comp[0]["x"] == "vaco" and comp[0]["y"] == "ppo"
     assert comp[0]["probability_of_improvement"]["value"] == pytest.approx(2 / 3)
+
+
+def test_report_flags_the_cells_with_lag_warnings(tmp_path):
+    from asyncrl.analysis.study_report import markdown
+
+    st = load_study(write(tmp_path, """[[arm]]\npresets=["vaco", "ppo"]"""))
+    recs = [
+        {**_rec(p, "E", "none", s, 100.0), "code_fingerprint": "f", "commit": "c", "lag_warnings": w}
+        for p, s, w in (("vaco", 1, []), ("ppo", 1, ["uncorrected_lag"]), ("ppo", 2, []))
+    ]
+    rows = group_rows(st, recs)
+    assert {r["label"]: r["lag_warned"] for r in rows} == {"vaco": 0, "ppo": 1}
+    text = markdown(st, recs, rows, [], [], {})
+    assert "| E | ppo | none | 2 (1 lag-warned) |" in text
+    assert "## Cells with lag warnings" in text and "- uncorrected_lag: 1 cell (ppo / E / none)" in text
+    assert "lag-warned" not in markdown(st, recs[:1], group_rows(st, recs[:1]), [], [], {})
 
 
 def test_comparison_across_conditions_with_at_syntax(tmp_path):

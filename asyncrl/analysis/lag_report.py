@@ -1,8 +1,10 @@
 """``asyncrl lag RUN_DIR``: the policy-lag report of a run (from lag.jsonl and metrics.jsonl).
 
 Backward lag in versions and seconds (count, mean, p50, p90, p99, max) overall, per actor and per
-host, the samples dropped by ``max_policy_lag``, and forward lag (tv_estimate and filtered / clip
-fraction per optimizer step). ``--plot`` draws histograms and time series with matplotlib.
+host, where it comes from (the mean per sample of its parts: propagation, collection, queueing, in
+seconds and versions; asyncrl.core.lag_parts), the samples dropped by ``max_policy_lag``, and forward
+lag (tv_estimate and filtered / clip fraction per optimizer step). ``--plot`` draws histograms, time
+series and the parts with matplotlib.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncrl.core.lag import weighted_percentiles
+from asyncrl.core.lag import PART_KEYS, weighted_percentiles
 from asyncrl.core.metrics import is_event, read_jsonl
 
 QS = (50, 90, 99)
@@ -33,6 +35,22 @@ def _stats(values, weights) -> dict:
     v, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
     p50, p90, p99, pmax = weighted_percentiles(values, weights, (*QS, 100))
     return {"count": n, "mean": float((v * w).sum() / w.sum()), "p50": p50, "p90": p90, "p99": p99, "max": pmax}
+
+
+def lag_parts(rows: list[dict]) -> dict:
+    """Sample-weighted means of the parts of the lag over lag.jsonl ``rows`` whose parts are known:
+    {"samples", "propagation_s", "collection_s", "queueing_s", "grant_wait_s", "propagation_versions",
+    "collection_versions", "queueing_versions"}; {"samples": 0} when none is (older runs)."""
+    known = [r for r in rows if all(r.get(k) is not None for k in PART_KEYS)]
+    n = sum(r["samples"] for r in known)
+    if not n:
+        return {"samples": 0}
+    out = {"samples": int(n)}
+    for k in (*PART_KEYS, "grant_wait_s"):
+        have = [r for r in known if r.get(k) is not None]
+        w = sum(r["samples"] for r in have)
+        out[k] = sum(r[k] * r["samples"] for r in have) / w if w else None
+    return out
 
 
 def build_report(run_dir: str | Path) -> dict:
@@ -58,6 +76,7 @@ def build_report(run_dir: str | Path) -> dict:
             key: {
                 "lag_versions": _stats([r["lag_versions"] for r in rs], [r["samples"] for r in rs]),
                 "lag_seconds": _stats([r["lag_seconds"] for r in rs], [r["samples"] for r in rs]),
+                "parts": lag_parts(rs),
             }
             for key, rs in sorted(by_key.items())
         }
@@ -102,6 +121,20 @@ def format_report(report: dict) -> str:
             for key, stats in report[group].items():
                 label = key if group == "overall" else f"{group[4:]} {key}"
                 out.append(line(label, stats[metric], fmt))
+    out += ["", "where the lag comes from: mean per sample, seconds (versions)"]
+    out.append(f"{'':<24} {'samples':>10} {'propagation':>17} {'collection':>17} {'queueing':>17} {'grant wait':>11}")
+    for group in ("overall", "per_actor", "per_host"):
+        for key, stats in report[group].items():
+            p = stats.get("parts", {"samples": 0})
+            label = key if group == "overall" else f"{group[4:]} {key}"
+            if not p["samples"]:
+                out.append(f"{label:<24} {'not recorded':>10}")
+                continue
+            cells = [
+                f"{p[f'{k}_s']:>8.3f} ({p[f'{k}_versions']:>5.2f})" for k in ("propagation", "collection", "queueing")
+            ]
+            wait = "" if p["grant_wait_s"] is None else f"{p['grant_wait_s']:>11.3f}"
+            out.append(f"{label:<24} {p['samples']:>10,} " + " ".join(f"{c:>17}" for c in cells) + f" {wait}")
     d = report["dropped"]
     out += [
         "",

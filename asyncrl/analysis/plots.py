@@ -342,12 +342,14 @@ def plot_lag(
     Panels: lag histograms in versions (actors side by side) and in seconds (log-spaced bins,
     outlines), both with log y axes so small bins show; mean lag per learner iteration in
     versions and in seconds (one panel each); tv_estimate per iteration with the TV budget δ as
-    a dashed line; no_grad_fraction (and PPO's clip_fraction_two_sided only where it is non-zero).
+    a dashed line; no_grad_fraction (and PPO's clip_fraction_two_sided only where it is non-zero);
+    where the lag comes from: the mean parts per sample of each actor (propagation, collection,
+    queueing; asyncrl.core.lag_parts) in seconds and in versions, as stacked bars.
     Returns ``Path(out_path)``. Raises ImportError (no matplotlib), OSError (cannot write)."""
     plt = _pyplot()
     actors = sorted({r["actor"] for r in rows})
     colours = _colours(actors)
-    fig, ax = plt.subplots(3, 2, figsize=(12, 11), layout="constrained")
+    fig, ax = plt.subplots(4, 2, figsize=(12, 14.5), layout="constrained")
     entries = []
     top = int(max((r["lag_versions"] for r in rows), default=0))
     width = 0.8 / max(len(actors), 1)
@@ -416,6 +418,7 @@ def plot_lag(
     ax[2, 1].set(
         xlabel="learner iteration", ylabel="fraction of samples", title="samples without gradient per iteration"
     )
+    entries += _lag_parts_bars(ax[3, 0], ax[3, 1], rows, actors)
     for a in ax.flat:
         a.grid(alpha=0.3)
     fig.suptitle(title)
@@ -423,3 +426,36 @@ def plot_lag(
     fig.savefig(out_path, dpi=100)
     plt.close(fig)
     return Path(out_path)
+
+
+def _lag_parts_bars(ax_s, ax_v, rows: list[dict], actors: list[str]) -> list:
+    """Stacked bars, one per actor: the mean propagation, collection and queueing per sample, in
+    seconds (``ax_s``) and versions (``ax_v``). Returns legend entries (none when no row has parts)."""
+    from asyncrl.analysis.lag_report import lag_parts
+
+    parts = {a: lag_parts([r for r in rows if r["actor"] == a]) for a in actors}
+    shown = [a for a in actors if parts[a]["samples"]]
+    entries = []
+    for axis, unit in ((ax_s, "s"), (ax_v, "versions")):
+        if not shown:
+            axis.text(
+                0.5, 0.5, "parts not recorded (a run of before 2026-12-05)", ha="center", transform=axis.transAxes
+            )
+        left = np.zeros(len(shown))
+        # greys and hatches: the actors' colours are the other panels' (a part is not an actor)
+        for colour, hatch, name in zip(
+            ("0.3", "0.6", "0.85"), ("", "//", ".."), ("propagation", "collection", "queueing")
+        ):
+            widths = np.asarray([parts[a][f"{name}_{unit}"] for a in shown], np.float64)
+            h = axis.barh(
+                np.arange(len(shown)), widths, left=left, color=colour, hatch=hatch, edgecolor="black", height=0.6
+            )
+            left += widths
+            if unit == "s" and shown:
+                entries.append((h, name))
+        axis.set_yticks(np.arange(len(shown)), shown)
+        axis.set(
+            xlabel=f"mean per sample ({unit}{', learner clock' if unit == 's' else ''})",
+            title=f"where the lag comes from, {unit}",
+        )
+    return entries

@@ -10,6 +10,9 @@
     "HalfCheetah-v5" = 1443.0
     [modes]                             # optional: split between an env's low and high mode
     "HalfCheetah-v5" = 3000.0
+    [traces]                            # optional: lag traces the replay-NAME conditions replay (paths
+                                        # as config's: the working directory's, else the study file's)
+    main = "bench/results/lag-traces/main-job-halfcheetah.jsonl"
     [[arm]]                             # cells = envs x presets x conditions x sweep x seeds
     presets = ["vaco", "ppo"]           # (an arm may name its own envs and seeds)
     conditions = ["none", "age-8", "async-2", "straggler"]
@@ -21,7 +24,10 @@
 
 Lag conditions (STUDY.md): ``none`` (serial), ``age-K`` (policy-age buffer K, serial),
 ``delay-K`` (policy delay K, serial), ``async-N`` (multi-process, N actors), ``straggler`` or
-``straggler-N-S`` (multi-process, N actors, actor0 slowed by S seconds per rollout; default 2, 0.2).
+``straggler-N-S`` (multi-process, N actors, actor0 slowed by S seconds per rollout; default 2, 0.2),
+``replay-NAME`` (serial, the lag trace ``traces.NAME`` replayed rollout by rollout: a real run's lag
+without its scheduling noise; asyncrl.core.lag_trace). A cell's key holds the trace's sha256, so a
+changed trace file runs its cells again.
 """
 
 from __future__ import annotations
@@ -35,8 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.core import config as config_mod
+from asyncrl.core.lag_trace import DIGEST_MARK, LagTraceError, read_lag_trace, split_digest, trace_digest
 
-CONDITION = re.compile(r"^(none|age-(\d+)|delay-(\d+)|async-(\d+)|straggler(?:-(\d+)-([0-9.]+))?)$")
+CONDITION = re.compile(
+    r"^(none|age-(\d+)|delay-(\d+)|async-(\d+)|straggler(?:-(\d+)-([0-9.]+))?|replay-([A-Za-z0-9_.]+))$"
+)
 STUDY_KEYS = {
     "name",
     "total_env_steps",
@@ -49,6 +58,7 @@ STUDY_KEYS = {
     "arm",
     "random_episodes",
     "compare",
+    "traces",
 }
 ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs", "seeds"}
 
@@ -57,15 +67,29 @@ class StudyError(ValueError):
     """A study file is wrong; the message names the field."""
 
 
-def condition_settings(name: str) -> tuple[str, list[str]]:
-    """(mode, overrides) of a lag condition: mode is "serial" or "multiprocess".
+def condition_settings(name: str, traces: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """(mode, overrides) of a lag condition: mode is "serial" or "multiprocess". ``traces``: the
+    study's trace files by name (for replay-NAME).
 
     Raises:
-        StudyError: an unknown condition name.
+        StudyError: an unknown condition name, a replay of a trace the study does not name, or a
+            trace that cannot be read.
     """
     m = CONDITION.match(name)
     if not m:
-        raise StudyError(f"unknown lag condition {name!r}; use none, age-K, delay-K, async-N, straggler[-N-S]")
+        raise StudyError(
+            f"unknown lag condition {name!r}; use none, age-K, delay-K, async-N, straggler[-N-S], replay-NAME"
+        )
+    if m.group(7):
+        path = (traces or {}).get(m.group(7))
+        if path is None:
+            raise StudyError(f"lag condition {name!r}: the study names no trace {m.group(7)!r} under [traces]")
+        try:
+            read_lag_trace(path)
+            digest = trace_digest(path)
+        except LagTraceError as exc:
+            raise StudyError(f"lag condition {name!r}: {exc}") from None
+        return "serial", [f"actor.lag_trace={path}{DIGEST_MARK}{digest}"]
     if name == "none":
         return "serial", []
     if m.group(2):
@@ -116,14 +140,19 @@ class Cell:
         return cmd + self._absolute_paths()
 
     def _absolute_paths(self) -> list[str]:
-        """A cell runs in its own directory, so an llm cell's relative llm.cache_dir and llm.model_dir
-        are made absolute against the study's working directory (every cell then shares one cached
-        warm-up). Command line only: the cell's key keeps the paths as the study file gives them."""
+        """A cell runs in its own directory, so its relative paths are made absolute against the
+        study's working directory: a replayed lag trace (actor.lag_trace), and an llm cell's
+        llm.cache_dir and llm.model_dir (every cell then shares one cached warm-up). Command line
+        only: the cell's key keeps the paths as the study file gives them."""
         resolved = self.resolved_config()
+        out = []
+        trace, digest = split_digest(resolved["actor"]["lag_trace"])
+        if trace and not Path(trace).is_absolute():
+            out += ["--set", f"actor.lag_trace={Path(trace).resolve()}{DIGEST_MARK + digest if digest else ''}"]
         if resolved["task"]["kind"] != "llm":
-            return []
+            return out
         llm = resolved["llm"]
-        return [
+        return out + [
             a
             for key in ("cache_dir", "model_dir")
             if llm[key] and not Path(llm[key]).is_absolute()
@@ -202,6 +231,11 @@ def load_study(
     all_seeds = seeds or _list("seeds", data.get("seeds", [1]), int)
     all_envs = envs or _list("envs", data.get("envs", ["HalfCheetah-v5"]), str)
     common = _list("set", data["set"], str) if "set" in data else []
+    traces = data.get("traces", {})
+    if not isinstance(traces, dict) or not all(isinstance(v, str) for v in traces.values()):
+        raise StudyError(f'{path}: traces must be a table of NAME = "path of a lag trace"')
+    # like config: relative to the working directory, else to the study file's directory
+    traces = {k: v if Path(v).is_absolute() or Path(v).exists() else str(path.parent / v) for k, v in traces.items()}
     cfg_file = data.get("config")
     if cfg_file is not None:
         cfg_file = str(
@@ -231,7 +265,7 @@ def load_study(
         ):
             if (only_presets and preset not in only_presets) or (only_conditions and cond not in only_conditions):
                 continue
-            mode, cond_set = condition_settings(cond)
+            mode, cond_set = condition_settings(cond, traces)
             swept = [f"{k}={json.dumps(v)}" for k, v in combo]
             label = " ".join(
                 [

@@ -80,6 +80,8 @@ def cell_record(cell: Cell, run_dir: Path) -> dict:
         "lag_p95": summary.get("lag_p95"),
         "lag_seconds_p50": summary.get("lag_seconds_p50"),
         "lag_seconds_p95": summary.get("lag_seconds_p95"),
+        # the run's lag warnings (asyncrl.core.lag_warnings), by kind; the report flags such cells
+        "lag_warnings": sorted({w.get("kind", "?") for w in summary.get("warnings") or [] if isinstance(w, dict)}),
         "diagnostics": diag,
         "curve": _downsample(curve),
         # no finished episode (final None) is not divergence: a NaN score, or a NaN loss of an

@@ -129,6 +129,7 @@ def group_rows(study: Study, records: list[dict]) -> list[dict]:
             "n": len(ok),
             "failed": sum(r.get("status") == "failed" for r in rs),
             "diverged": sum(r.get("status") == "diverged" for r in rs),
+            "lag_warned": sum(bool(r.get("lag_warnings")) for r in rs),
             "seeds": sorted(r["seed"] for r in ok),
             "final_returns": finals,
         }
@@ -276,8 +277,10 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
     for r in rows:
         iqm = _interval(stats.Interval(**r["iqm"]), nd) if "iqm" in r else "n/a"
         modes = f"{r['modes']['low']}/{r['modes']['high']}" if "modes" in r else ""
-        bad = (f" ({r['failed']} failed)" if r["failed"] else "") + (
-            f" ({r['diverged']} diverged)" if r["diverged"] else ""
+        bad = (
+            (f" ({r['failed']} failed)" if r["failed"] else "")
+            + (f" ({r['diverged']} diverged)" if r["diverged"] else "")
+            + (f" ({r['lag_warned']} lag-warned)" if r.get("lag_warned") else "")
         )
         lines.append(
             f"| {r['env']} | {r['label']} | {r['condition']} | {r['n']}{bad} | {_fmt(r.get('median'), nd)} | {iqm} | "
@@ -288,6 +291,20 @@ def markdown(study: Study, records: list[dict], rows, aggs, comps, random) -> st
             f"{_fmt(r['lag_seconds_p50'], 2)}/{_fmt(r['lag_seconds_p95'], 2)} | "
             f"{', '.join(f'{s}: {_fmt(f, nd)}' for s, f in zip(r['seeds'], r['final_returns']))} |"
         )
+    warned = [r for r in records if r.get("lag_warnings")]
+    if warned:
+        lines += [
+            "",
+            "## Cells with lag warnings",
+            "",
+            "A run says once when its preset does not correct the backward lag it measured (uncorrected_lag), "
+            "or when its lag grows with the run (growing_lag); see summary.json `warnings` of each run "
+            "(asyncrl/core/lag_warnings.py).",
+            "",
+        ]
+        for k, n in sorted(Counter(kind for r in warned for kind in r["lag_warnings"]).items()):
+            cells = sorted({f"{r['label']} / {r['env']} / {r['condition']}" for r in warned if k in r["lag_warnings"]})
+            lines.append(f"- {k}: {count_of(n, 'cell')} ({'; '.join(cells)})")
     if aggs:
         lines += [
             "",

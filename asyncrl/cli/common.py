@@ -149,3 +149,21 @@ def _env_module(f):
         help="Python module to import first, e.g. one that registers your env id "
         "(config env.module); or give --env module:callable.",
     )(f)
+
+
+def check_lag_trace(cfg: Config, *, serial: bool) -> None:
+    """Raise UserError unless ``actor.lag_trace`` is unset, or set in serial mode and names a readable
+    trace (asyncrl.core.lag_trace): processes have their own lag, which a trace cannot replace."""
+    if not cfg.actor.lag_trace:
+        return
+    if not serial:
+        raise UserError(
+            "actor.lag_trace (--lag-trace) replays a run's lag in serial mode only: add --serial "
+            "(actor and learner processes have their own lag)"
+        )
+    from asyncrl.core.lag_trace import LagTraceError, read_lag_trace
+
+    try:
+        read_lag_trace(cfg.actor.lag_trace)
+    except LagTraceError as exc:
+        raise UserError(str(exc)) from None

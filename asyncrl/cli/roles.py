@@ -17,6 +17,7 @@ from asyncrl.cli.common import (
     _device_option,
     _env_module,
     _interrupted,
+    check_lag_trace,
     load_config,
     main,
 )
@@ -145,6 +146,7 @@ def learner(
         resolved=True,
     )
     cfg = res.config
+    check_lag_trace(cfg, serial=False)
     _check_devices(cfg, actor=False)
     run_id = run_id or new_run_id()
     out, resume = prepare_run_dir(run_dir, cfg, restart)
@@ -271,6 +273,7 @@ def actor(
         }
     )
     cfg = load_config(config_file, overrides, flags)
+    check_lag_trace(cfg, serial=False)
     _check_devices(cfg, learner=False)
     actor_id = actor_id or f"{host_label or socket.gethostname()}-{os.getpid()}"
     opts = ActorOptions(

@@ -12,6 +12,7 @@ from asyncrl.cli.common import (
     _device_option,
     _env_module,
     _interrupted,
+    check_lag_trace,
     load_config,
     main,
 )
@@ -45,6 +46,12 @@ from asyncrl.core import exit_status
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
 @click.option("--seed", type=int, help="Run seed.")
 @click.option("--serial", is_flag=True, help="Everything in one process (debugging; bit-reproducible).")
+@click.option(
+    "--lag-trace",
+    type=click.Path(),
+    help="--serial: replay the lag of a run, rollout by rollout (its run directory or lag_trace.jsonl; "
+    "config actor.lag_trace).",
+)
 @_device_option("learner.device", "Where the learner computes")
 @click.option(
     "--launcher",
@@ -69,6 +76,7 @@ def run(
     run_dir,
     seed,
     serial,
+    lag_trace,
     device,
     launcher,
     ray_address,
@@ -92,10 +100,12 @@ def run(
             ("run", "launcher"): launcher,
             ("run", "ray_address"): ray_address,
             ("learner", "device"): device,
+            ("actor", "lag_trace"): lag_trace,
         },
         resolved=True,
     )
     cfg = res.config
+    check_lag_trace(cfg, serial=serial)
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
     if cfg.run.launcher == "ray" and not serial:

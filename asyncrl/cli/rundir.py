@@ -14,7 +14,14 @@ from asyncrl.core import config as config_mod
 from asyncrl.core.config import Config, ConfigError
 from asyncrl.core.wording import count_of
 
-RUN_OUTPUTS = ("metrics.jsonl", "lag.jsonl", "lag_histograms.jsonl", "summary.json", "checkpoint.pt")
+RUN_OUTPUTS = (
+    "metrics.jsonl",
+    "lag.jsonl",
+    "lag_trace.jsonl",
+    "lag_histograms.jsonl",
+    "summary.json",
+    "checkpoint.pt",
+)
 
 
 def holds_run(out: Path) -> bool:

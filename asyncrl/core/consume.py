@@ -16,6 +16,9 @@ import torch
 
 from asyncrl.core.config import Config
 from asyncrl.core.lag import LagTracker
+from asyncrl.core.lag_parts import SlotTiming, forward_lag
+from asyncrl.core.lag_trace import TRACE_FILE
+from asyncrl.core.lag_warnings import LagWarnings
 from asyncrl.core.metrics import (
     Clock,
     EpisodeTracker,
@@ -45,6 +48,7 @@ class SlotData(NamedTuple):
     arrays: dict  # field -> array of one slot (already copied out of shared memory)
     env_steps: int
     episode_returns: list
+    timing: SlotTiming | None = None  # when its rollout ran (the parts of its lag); None: unknown
 
 
 class SlotError(ValueError):
@@ -87,11 +91,16 @@ def own_rows(arrays: dict[str, np.ndarray], grant_id: int) -> bool:
 
 
 class Consumer:
-    def __init__(self, cfg: Config, spec: SlotSpec, run_dir: str | Path, *, task, resume: bool = False):
-        """``resume``: go on with the run of ``run_dir`` from its newest readable checkpoint (an
-        older one when the newest is damaged; iteration 0 when there is none): the learner's and
-        this object's state come back, the metrics and lag rows logged after that checkpoint are
-        removed (each iteration appears once), and metrics.jsonl and lag.jsonl get a resume record
+    def __init__(
+        self, cfg: Config, spec: SlotSpec, run_dir: str | Path, *, task, resume: bool = False, lag_ramp: int = 0
+    ):
+        """``lag_ramp``: iterations the run's lag controls take to reach their lag (a replayed trace's
+        largest lag; asyncrl.core.lag_warnings).
+
+        ``resume``: go on with the run of ``run_dir`` from its newest readable checkpoint (an older
+        one when the newest is damaged; iteration 0 when there is none): the learner's and this
+        object's state come back, the metrics, lag and lag-trace rows logged after that checkpoint are
+        removed (each iteration appears once), and metrics.jsonl, lag.jsonl and lag_trace.jsonl get a resume record
         (``{"event": "resume", ...}``). ``resumed_extra`` then holds what the caller stored with
         the checkpoint (serial mode: its envs), or None. ``task``: the task interface
         (:func:`asyncrl.tasks.make_task`)."""
@@ -113,6 +122,8 @@ class Consumer:
             tb=self.tb,
         )
         self.metrics = JsonlWriter(self.run_dir / "metrics.jsonl")
+        self.lag_trace = JsonlWriter(self.run_dir / TRACE_FILE)  # asyncrl.core.lag_trace
+        self.lag_warnings = LagWarnings(cfg, ramp=lag_ramp)
         self.episodes = EpisodeTracker()
         self.clock = Clock(cfg.run.log_every_s, elapsed_s=own["elapsed_s"] if own else 0.0)
         self.last_stats: dict = {}
@@ -134,9 +145,11 @@ class Consumer:
             self.slot_audit.update(own.get("slot_audit", {}))
             self.evaluate.next_at = int(own["eval_next_at"])
             self.last_eval = dict(own["last_eval"])
+            self.lag_warnings.load_state_dict(own.get("lag_warnings", {}))
         if resume:
             self.metrics.write(event)
             self.lag.rows.write(event)
+            self.lag_trace.write(event)
         self.lag.published(self.state.version, time.time())
 
     def _resume(self) -> tuple[dict | None, dict]:
@@ -159,9 +172,10 @@ class Consumer:
             self.run_dir / "metrics.jsonl",
             lambda r: is_event(r) or (isinstance(r, dict) and r.get("iteration", 0) <= n),
         )
-        rewrite_jsonl(
-            self.run_dir / "lag.jsonl", lambda r: is_event(r) or (isinstance(r, dict) and r.get("iteration", 0) <= n)
-        )
+        for rows_file in ("lag.jsonl", TRACE_FILE):
+            rewrite_jsonl(
+                self.run_dir / rows_file, lambda r: is_event(r) or (isinstance(r, dict) and r.get("iteration", 0) <= n)
+            )
         rewrite_jsonl(
             self.run_dir / "lag_histograms.jsonl",
             lambda r: is_event(r) or (isinstance(r, dict) and r.get("end", 0) <= since),
@@ -200,33 +214,48 @@ class Consumer:
 
     def _consume(self, slots: list[SlotData]) -> dict | None:
         st, now, limit = self.state, time.time(), self.cfg.learner.max_policy_lag
-        kept, gaps, ended = [], [], []
+        version, iteration = st.version, st.iteration + 1
+        kept, gaps, ended, lags = [], [], [], []
         dropped_streams: set[str] = set()  # a dropped slot leaves a gap in its stream
         for sd in slots:
             st.env_steps += sd.env_steps
             self.episodes.add(sd.episode_returns)
             ended += sd.episode_returns
-            lag_versions = st.version - int(np.min(sd.arrays["behavior_version"]))
+            lag_versions = version - int(np.min(sd.arrays["behavior_version"]))
+            lags.append(lag_versions)
             if 0 <= limit < lag_versions:
                 self.lag.dropped(
-                    st.version, now, sd.actor, sd.host, sd.arrays["behavior_version"], iteration=st.iteration + 1
+                    version,
+                    now,
+                    sd.actor,
+                    sd.host,
+                    sd.arrays["behavior_version"],
+                    iteration=iteration,
+                    timing=sd.timing,
                 )
                 dropped_streams.add(sd.actor)
             else:
                 kept.append(sd)
                 gaps.append(sd.actor in dropped_streams)
                 dropped_streams.discard(sd.actor)
+        self.lag_trace.write({"iteration": iteration, "version": version, "lags": lags})
         for stream in dropped_streams:  # no later slot of it in this batch: restart it now
             st.reward_scaler.reset(stream)
         if not kept:
             return None
-        batch_lag = self.lag.consumed(
-            st.version, now, [(s.actor, s.host, s.arrays["behavior_version"]) for s in kept], iteration=st.iteration + 1
-        )
         batch = st.make_batch([(s.actor, s.arrays) for s in kept], gaps)
         t0 = time.perf_counter()
         stats = st.iterate(batch)
-        self.update_s += time.perf_counter() - t0
+        update_s = time.perf_counter() - t0
+        self.update_s += update_s
+        batch_lag = self.lag.consumed(
+            version,
+            now,
+            [(s.actor, s.host, s.arrays["behavior_version"], s.timing) for s in kept],
+            iteration=iteration,
+            forward=forward_lag(stats.get("minibatches", []), update_s),
+        )
+        self.lag_warnings.check(iteration, batch_lag["lag_versions_p50"], self.lag.run_versions_p95())
         self.lag.published(st.version, time.time())
         self.last_stats = stats
         if self.evaluate.due(st.env_steps):  # the policy of version st.version, after this iteration
@@ -262,6 +291,7 @@ class Consumer:
             "eval_next_at": self.evaluate.next_at,
             "learner_epoch": self.learner_epoch,
             "last_eval": dict(self.last_eval),
+            "lag_warnings": self.lag_warnings.state_dict(),
             "elapsed_s": self.clock.elapsed,
             "time": time.time(),
         }
@@ -376,6 +406,7 @@ class Consumer:
             "skipped_optimizer_steps": st.optimizer.skipped,
             "last_eval": self.last_eval or None,
             **self.lag.summary(),
+            "warnings": [dict(w) for w in self.lag_warnings.said],  # asyncrl.core.lag_warnings
             **extra,
             # the task's own (llm: held-out accuracy before and after RL); control adds none
             **(self.state.task.final_summary(st.policy, self.run_dir) if outcome == "finished" else {}),
@@ -391,6 +422,7 @@ class Consumer:
         for close in (
             self.evaluate.close,
             self.metrics.close,
+            self.lag_trace.close,
             self.lag.close,
             self.tb.close if self.tb is not None else None,
         ):

@@ -4,7 +4,8 @@
   than the newest one (the oldest kept while fewer exist): a constant extra backward lag.
 - ``policy_age_buffer`` K: each rollout acts with a version drawn uniformly from the last K
   received: the simulated asynchrony of VACO's MuJoCo study (arXiv:2603.01365).
-Both 0/1 (the defaults) mean: act with the newest version.
+Both 0/1 (the defaults) mean: act with the newest version. A lag replay (serial mode,
+:mod:`asyncrl.core.lag_trace`) picks with ``lagging`` and keeps ``replay_depth`` versions.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class WeightHistory:
         ValueError: a negative delay, a buffer below 1, or both controls at once.
     """
 
-    def __init__(self, *, policy_delay: int = 0, policy_age_buffer: int = 1, seed: int = 0):
+    def __init__(self, *, policy_delay: int = 0, policy_age_buffer: int = 1, seed: int = 0, replay_depth: int = 0):
         if policy_delay < 0 or policy_age_buffer < 1:
             raise ValueError(
                 f"policy_delay must be >= 0 and policy_age_buffer >= 1, got {policy_delay}, {policy_age_buffer}"
@@ -29,7 +30,7 @@ class WeightHistory:
         if policy_delay > 0 and policy_age_buffer > 1:
             raise ValueError("use policy_delay or policy_age_buffer, not both")
         self.delay, self.buffer = policy_delay, policy_age_buffer
-        self.keep = max(policy_delay + 1, policy_age_buffer)
+        self.keep = max(policy_delay + 1, policy_age_buffer, replay_depth)
         self.versions: OrderedDict[int, np.ndarray] = OrderedDict()
         self.rng = np.random.default_rng(seed)
 
@@ -75,4 +76,14 @@ class WeightHistory:
             version = keys[int(self.rng.integers(len(keys)))]
         else:
             version = keys[-1]
+        return version, self.versions[version]
+
+    def lagging(self, lag: int) -> tuple[int, np.ndarray]:
+        """(version, flat weights) ``lag`` versions behind the newest, or the oldest kept when that
+        one is not (fewer versions exist, or the history keeps fewer). Raises LookupError if empty."""
+        if not self.versions:
+            raise LookupError("no weights received yet")
+        keys = list(self.versions)
+        target = keys[-1] - lag
+        version = next((v for v in reversed(keys) if v <= target), keys[0])
         return version, self.versions[version]

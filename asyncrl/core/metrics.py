@@ -1,7 +1,7 @@
 """Run-directory outputs: metrics JSONL, episode statistics, summary, console progress line.
 
-Every JSON and JSONL file a run writes (metrics.jsonl, lag.jsonl, lag_histograms.jsonl, summary.json,
-config.json, the broadcaster's counts, study cell records and results, eval outputs) is made by
+Every JSON and JSONL file a run writes (metrics.jsonl, lag.jsonl, lag_trace.jsonl, lag_histograms.jsonl,
+summary.json, config.json, the broadcaster's counts, study cell records and results, eval outputs) is made by
 :func:`strict_json`, so a strict parser (RFC 8259: no NaN or Infinity literals; e.g.
 ``json.loads(text, parse_constant=raise)``) reads it. Non-finite floats are written as ``null``: a
 NaN statistic (an llm iteration that took no optimizer step, a split with no stale sample) and an

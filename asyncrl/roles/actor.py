@@ -150,6 +150,7 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
             self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None
+            t_first = time.perf_counter()  # the rollout's first action (the parts of its lag: core/lag_parts.py)
             stats = self.producer.collect(slot, version=self.version, guard=guard, grant_id=grant_id, tick=self.tick)
             if stats.revoked:  # the learner reclaimed this grant (we were silent too long)
                 del slot
@@ -173,7 +174,12 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
                 env_steps=stats.env_steps,
                 episode_returns=returns,
                 episode_lengths=lengths,
-                timing={"env_s": stats.env_s, "inference_s": stats.inference_s, "wait_s": wait_s},
+                timing={
+                    "env_s": stats.env_s,
+                    "inference_s": stats.inference_s,
+                    "wait_s": wait_s,
+                    "collect_s": time.perf_counter() - t_first,
+                },
             )
             if self.ring is not None:
                 del slot

@@ -13,6 +13,7 @@ import logging
 import time
 
 from asyncrl.core.consume import SlotData, SlotError, check_slot, own_rows
+from asyncrl.core.lag_parts import SlotTiming
 from asyncrl.roles.learner_peers import ActorInfo
 from asyncrl.wire import codec, protocol, rejects
 
@@ -64,9 +65,16 @@ class LearnerSlots:
         now = time.monotonic()
         self.slowest_report_s = max(self.slowest_report_s, now - info.lease_from)
         info.lease_from = now
+        timing = h["timing"]  # numbers of seconds (check_report); an actor may leave keys out
         self.full_meta[slot] = (
             actor_id,
-            {"host": info.host, "env_steps": env_steps, "episode_returns": episode_returns, "grant_id": h["grant_id"]},
+            {
+                "host": info.host,
+                "env_steps": env_steps,
+                "episode_returns": episode_returns,
+                "grant_id": h["grant_id"],
+                "timing": SlotTiming(time.time(), _seconds(timing.get("collect_s")), _seconds(timing.get("wait_s"))),
+            },
         )
         for key in ("env_s", "inference_s", "wait_s"):
             self.timing["actors_" + key] += float(h["timing"].get(key, 0.0))
@@ -140,7 +148,9 @@ class LearnerSlots:
                 if n & (n - 1) == 0:
                     log.warning("learner: dropped a slot of actor %s: %s (%d so far)", actor_id, exc, n)
                 continue
-            self.copied.append(SlotData(actor_id, meta["host"], arrays, meta["env_steps"], meta["episode_returns"]))
+            self.copied.append(
+                SlotData(actor_id, meta["host"], arrays, meta["env_steps"], meta["episode_returns"], meta["timing"])
+            )
 
     def audit(self, intact: bool, own: bool) -> None:
         """Count one copied slot in the row-tag audit (summary.json ``slot_audit``), independent of
@@ -179,3 +189,8 @@ class LearnerSlots:
         if trained:
             self.publish()
         return True
+
+
+def _seconds(value) -> float | None:
+    """A report's timing value as seconds, or None when the actor left it out."""
+    return None if value is None else float(value)

@@ -2,12 +2,14 @@
 transport (plain arrays instead of shared-memory slots), for every task kind (asyncrl.tasks). The
 way to debug, and bit-reproducible
 for a given seed. Actors act with the newest weights (policy lag 0) unless the lag controls of
-[actor] say otherwise (asyncrl.core.lag_control), exactly as actor processes would."""
+[actor] say otherwise (asyncrl.core.lag_control), exactly as actor processes would, or a run's lag
+is replayed (``actor.lag_trace``: asyncrl.core.lag_trace)."""
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,8 @@ import torch
 from asyncrl.core.config import Config
 from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot
 from asyncrl.core.lag_control import WeightHistory
+from asyncrl.core.lag_parts import SlotTiming
+from asyncrl.core.lag_trace import LagReplay, read_lag_trace
 from asyncrl.core.seeding import actor_seeds
 from asyncrl.tasks import make_task
 
@@ -32,13 +36,20 @@ def run_serial(
     weight histories, so a run stopped at any moment (even by SIGKILL) and resumed ends
     bit-identical to one that was not stopped, for envs whose state can be saved
     (:func:`asyncrl.tasks.control.envs.env_state`: MuJoCo and the toy envs); other envs start fresh episodes
-    (from streams of restart number ``resumes``) and the run goes on from there."""
+    (from streams of restart number ``resumes``) and the run goes on from there.
+
+    Raises LagTraceError (``actor.lag_trace`` names no readable trace) before anything is written."""
     torch.set_num_threads(cfg.learner.torch_threads)
+    replay = None
+    if cfg.actor.lag_trace:  # the i-th rollout acts with the weights lags[i] versions behind the newest
+        replay = LagReplay(read_lag_trace(cfg.actor.lag_trace), source=cfg.actor.lag_trace, log=_log)
     # actor env group i draws from the streams of actor id "actor{i}", as `asyncrl run`'s actor i does
     names = [f"actor{i}" for i in range(cfg.run.num_actors)]
     task = make_task(cfg)
     producers = [task.producer() for _ in names]  # control: each makes its envs
-    consumer = Consumer(cfg, producers[0].spec, run_dir, resume=resume, task=task)
+    consumer = Consumer(
+        cfg, producers[0].spec, run_dir, resume=resume, task=task, lag_ramp=replay.depth - 1 if replay else 0
+    )
     state = consumer.state
     saved = consumer.resumed_extra
     restored = saved is not None and all(p.load_source_state(e) for p, e in zip(producers, saved["envs"]))
@@ -49,7 +60,12 @@ def run_serial(
         p.bind(cfg, s, template=state.policy)
     # each actor env group keeps the versions it was sent, as an actor process does (lag controls)
     histories = [
-        WeightHistory(policy_delay=cfg.actor.policy_delay, policy_age_buffer=cfg.actor.policy_age_buffer, seed=s.lag)
+        WeightHistory(
+            policy_delay=cfg.actor.policy_delay,
+            policy_age_buffer=cfg.actor.policy_age_buffer,
+            seed=s.lag,
+            replay_depth=replay.depth if replay else 0,
+        )
         for s in seeds
     ]
     for h in histories:
@@ -60,6 +76,8 @@ def run_serial(
             p.load_rng_state(rng)
             h.load_state_dict(hist)
         next_actor = int(saved["next_actor"])
+        if replay is not None:
+            replay.position = int(saved.get("replay_position", 0))
     else:
         if resume and state.iteration:
             _log.warning("serial: the envs of %s cannot be saved; the resumed run starts fresh episodes", task.id)
@@ -73,16 +91,21 @@ def run_serial(
             "policy_rng": [o["rng"] for o in own],
             "histories": [h.state_dict() for h in histories],
             "next_actor": next_actor,
+            "replay_position": replay.position if replay else 0,
         }
 
     try:
         while not consumer.done and (max_iterations is None or state.iteration < max_iterations):
             slots = []
             while len(slots) < cfg.learner.slots_per_batch and not consumer.done:
-                version, flat = histories[next_actor].choose()
+                history = histories[next_actor]
+                version, flat = history.lagging(replay.next_lag()) if replay else history.choose()
                 producers[next_actor].load(flat)
                 arrays = consumer.state.spec.allocate()
+                t_first = time.time()
                 stats = producers[next_actor].collect(arrays, version=version)
+                t_report = time.time()
+                timing = SlotTiming(t_report, t_report - t_first, 0.0)  # no grant to wait for
                 name, next_actor = names[next_actor], (next_actor + 1) % len(producers)
                 try:  # the checks the learner applies to an actor's slot, and the same counting
                     check_slot(arrays, consumer.state.spec, version=state.version)
@@ -93,7 +116,7 @@ def run_serial(
                         _log.warning("serial: slot of %s not trained on: %s (%d so far)", name, exc, n)
                     continue
                 returns = [r for r in stats.episode_returns if np.isfinite(r)]
-                slots.append(SlotData(name, host, arrays, stats.env_steps, returns))
+                slots.append(SlotData(name, host, arrays, stats.env_steps, returns, timing))
             if len(slots) < cfg.learner.slots_per_batch:  # the budget went on rejected slots
                 break
             if consumer.consume(slots) is not None:

@@ -105,13 +105,24 @@ def check_run_outputs(run_dir: Path, total_steps: int, *, actors: set[str] | Non
     assert metrics[-1]["env_steps"] == summary["env_steps"]
     lag = read_jsonl(run_dir / "lag.jsonl")
     assert lag, "lag.jsonl is empty"
-    for row in lag:
+    for row in (r for r in lag if "event" not in r):
         assert 0 <= row["behavior_version"] <= row["version"], row
         assert row["lag_versions"] == row["version"] - row["behavior_version"], row
         if actors is not None:
             assert row["actor"] in actors, row
+        check_lag_parts(row)
     assert (run_dir / "checkpoint.pt").stat().st_size > 0
     return summary
+
+
+def check_lag_parts(row: dict) -> None:
+    """A lag.jsonl row's parts add up to its lag (asyncrl.core.lag_parts): seconds to 6 decimals each."""
+    seconds = [row[f"{p}_s"] for p in ("propagation", "collection", "queueing")]
+    versions = [row[f"{p}_versions"] for p in ("propagation", "collection", "queueing")]
+    assert None not in seconds and None not in versions, row  # actors of this version report collect_s
+    assert all(x >= 0 for x in seconds + versions) and row["grant_wait_s"] <= row["propagation_s"] + 1e-6, row
+    assert abs(sum(seconds) - row["lag_seconds"]) <= 4e-6, row
+    assert sum(versions) == row["lag_versions"], row
 
 
 def wait_adopting(procs, name: str, timeout: float) -> int:

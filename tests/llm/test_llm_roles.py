@@ -400,7 +400,13 @@ def test_lm_weights_round_trip_through_the_broadcaster(micro_dir, tmp_path):
 
 # ---- serial mode -------------------------------------------------------------------------------------
 
-_TIMES = ("wall_time_s", "lag_seconds_p50", "lag_seconds_p95", "time")
+_TIMES = (
+    "wall_time_s",
+    "lag_seconds_p50",
+    "lag_seconds_p95",
+    "time",
+    *(f"lag_{part}_s_mean" for part in ("propagation", "collection", "queueing")),
+)
 
 
 def _metrics(run_dir):

@@ -22,6 +22,12 @@ class ActorConfig:
     slowdown_s: float = _f(
         0.0, "a straggler: each rollout takes this many seconds longer (actor processes)", study_only=True
     )
+    lag_trace: str = _f(
+        "",
+        "serial mode: replay the lag of a run, rollout by rollout (its run directory or lag_trace.jsonl; "
+        "asyncrl/core/lag_trace.py); '': none",
+        study_only=True,
+    )
     rollout_transport: str = _f("auto", "auto (shared memory if the learner's segment attaches, else TCP), shm or tcp")
     device: str = _f(
         "cpu",
@@ -84,6 +90,11 @@ class RunConfig:
     num_actors: int = _f(2, "actor processes (serial mode: actor env groups)")
     straggler_slowdown_s: float = _f(
         0.0, "asyncrl run: actor0 alone is slowed by this many seconds per rollout", study_only=True
+    )
+    lag_warning_p95: int = _f(
+        1,
+        "warn once (log, summary.json warnings) when a preset that does not correct backward lag "
+        "trains on samples whose lag p95 reaches this many versions; -1: never",
     )
     run_dir: str = _f("runs", "parent directory of the default run directory")
     log_every_s: float = _f(5.0, "seconds between progress lines and lag-histogram windows")

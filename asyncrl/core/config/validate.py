@@ -113,6 +113,10 @@ def validate(cfg: Config) -> None:
     _validate_device(cfg)
     if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
+    if cfg.actor.lag_trace and (cfg.actor.policy_delay > 0 or cfg.actor.policy_age_buffer > 1):
+        raise ConfigError("actor.lag_trace replays a run's lag: set it without actor.policy_delay or policy_age_buffer")
+    if cfg.run.lag_warning_p95 < -1:
+        raise ConfigError(f"run.lag_warning_p95 must be >= 0 (versions) or -1 (never), got {cfg.run.lag_warning_p95}")
     if cfg.run.eval_every < 0 or cfg.run.eval_episodes < 1:
         raise ConfigError(
             f"run.eval_every must be >= 0 and run.eval_episodes >= 1, got {cfg.run.eval_every}, {cfg.run.eval_episodes}"
