@@ -1,13 +1,22 @@
-"""The lag target's controller (asyncrl.core.lag_target) on a simulated ring."""
+"""The lag target (learner.target_lag_p95): the controller on a simulated ring, the learner's grants
+under it, its records, and serial mode's refusal. The multi-process run that holds a target:
+tests/integration/test_lag_target_run.py."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import time
 from collections import deque
 
 import pytest
+from click.testing import CliRunner
+from slot_examples import example_slot
+from test_remote_rollout import SMALL, _fill_granted_slot, _joined_learner
 
+from asyncrl.cli import main
+from asyncrl.core import config
 from asyncrl.core.lag import weighted_percentiles
 from asyncrl.core.lag_target import (
     MIN_WINDOW_SLOTS,
@@ -16,6 +25,7 @@ from asyncrl.core.lag_target import (
     initial_slots,
     window_iterations,
 )
+from asyncrl.run.serial import run_serial
 
 
 def simulate(ctrl: LagTarget | None, *, num_slots: int, per_batch: int, batches: int, fill=None, late=0.0, seed=0):
@@ -140,3 +150,73 @@ def test_refuses_what_it_cannot_hold():
     for target, s, b in ((-1, 12, 4), (2, 3, 4), (2, 4, 0)):
         with pytest.raises(ValueError, match="target_p95 >= 0"):
             LagTarget(target, num_slots=s, slots_per_batch=b)
+
+
+# ---- in the learner ----
+
+
+def _report_one(c, learner, ring, arrays) -> None:
+    g = _fill_granted_slot(c, learner, ring, arrays)
+    full = learner.ledger.num_full
+    c.send(
+        "ready", slot=g["slot"], grant_id=g["grant_id"], env_steps=32, episode_returns=[], episode_lengths=[], timing={}
+    )
+    deadline = time.monotonic() + 10
+    while learner.ledger.num_full == full and time.monotonic() < deadline:
+        learner.serve(20)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", [-1, 0])
+def test_grants_keep_to_the_effective_ring_size(tmp_path, target):
+    """Target 0: the ring's effective size is B = 2 of its 6 slots; an actor that reported two
+    slots gets no new grant until the learner takes them. Off (-1): it gets them at once, and
+    neither metrics.jsonl nor summary.json says anything of a lag target."""
+    cfg = config.load(None, [*SMALL, f"learner.target_lag_p95={target}"])
+    with _joined_learner(cfg, tmp_path, f"utest-target{target + 1}") as (learner, c, ring):
+        arrays = example_slot(seed=3)
+        for _ in range(2):
+            _report_one(c, learner, ring, arrays)
+        for _ in range(5):
+            learner.serve(20)
+        assert learner.ledger.num_full == 2
+        assert learner.ledger.num_granted == (0 if target == 0 else 2)
+        assert learner.consume() and learner.state.iteration == 1
+        learner.serve(20)
+        assert learner.ledger.num_granted == 2
+        record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+        summary = learner.finish()
+    if target == 0:
+        assert record["effective_slots"] == 2
+        block = summary["lag_target"]
+        assert block["target_p95"] == 0 and block["effective_slots"]["initial"] == 2
+        assert block["actors_wait_s"] == 0.0 and block["env_steps_per_s"] > 0
+    else:
+        assert learner.lag_target is None and "effective_slots" not in record and "lag_target" not in summary
+
+
+def test_serial_mode_refuses_a_lag_target(tmp_path):
+    cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "learner.target_lag_p95=2"])
+    with pytest.raises(config.ConfigError, match="learner.target_lag_p95 = 2: serial mode has no slot ring"):
+        run_serial(cfg, tmp_path / "serial")
+    r = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--serial",
+            "--env",
+            "asyncrl/Corridor-v0",
+            "--run-dir",
+            str(tmp_path / "cli"),
+            "--set",
+            "learner.target_lag_p95=2",
+        ],
+    )
+    assert r.exit_code == 2, r.output
+    assert "learner.target_lag_p95 = 2: serial mode has no slot ring" in r.output
+    assert not (tmp_path / "cli").exists()
+
+
+def test_a_target_below_minus_one_is_refused():
+    with pytest.raises(config.ConfigError, match="learner.target_lag_p95 must be >= -1, got -2"):
+        config.load(None, ["learner.target_lag_p95=-2"])

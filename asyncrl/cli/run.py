@@ -96,6 +96,11 @@ def run(
         resolved=True,
     )
     cfg = res.config
+    if serial:
+        try:
+            config_mod.validate_serial(cfg)
+        except config_mod.ConfigError as exc:
+            raise UserError(str(exc)) from None
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
     if cfg.run.launcher == "ray" and not serial:

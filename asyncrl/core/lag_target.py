@@ -39,12 +39,17 @@ How it settles (no count below is tuned on an env; each follows from S, B or the
 
 Limits. The lowest lag it can reach is what B slots give: actors fill the next batch while the
 learner trains on this one, with the weights of the iteration under way, so about 1 version (0
-needs a synchronous system); a target below that holds ``slots`` at B. It cannot raise a lag
-above what the actors give on their own (actors slower than the learner never fill the ring: the
-limit does not bind and ``slots`` stays). It acts with a delay of a dead time and a window (tens
-of iterations), so it follows slow changes of the actors' speed, not sudden ones. A straggler's
-lag comes from its rollout time, which no ring size shortens. Its state is not checkpointed: a
-resumed learner starts it again from B x target.
+needs a synchronous system; weights that reach an actor after its grant add one); a target below
+that holds ``slots`` at B. It only binds where the ring fills: not with actors slower than the
+learner, nor where the actors' grants bound the queue already (the learner serves no message while
+it trains, so an actor fills about its protocol.GRANT_CREDITS = 2 grants an iteration, and with
+2 x actors <= B the ring never fills: the default run's 2 actors and B = 4). It acts with a
+delay of a dead time and a window (tens of iterations), so it follows slow changes of the actors'
+speed, not sudden ones. A window of 20 slots shows a p95 above the target now and then where a
+few per cent of the slots come in late, and a size is left upward only on a window below the
+target: it settles at or under the target, on the side of less lag (and of fewer slots than a
+longer look would allow). A straggler's lag comes from its rollout time, which no ring size
+shortens. Its state is not checkpointed: a resumed learner starts it again from B x target.
 """
 
 from __future__ import annotations
@@ -161,7 +166,9 @@ class LagTarget:
         """What summary.json's ``lag_target`` block says of the controller: the target, the ring,
         the effective slots over iterations (initial, min, median, max, final), the steps taken,
         and the lag p95 of the samples consumed from ``controlled_from_iteration`` on (after the
-        ring's first turn: the start-up, when versions are few and lags short, is left out)."""
+        ring's first turn: the start-up, when versions are few and lags short, is left out;
+        iterations are counted as batches taken from the ring: a batch whose every slot
+        max_policy_lag dropped trains nothing and puts this count one ahead of metrics.jsonl's)."""
         sizes = sorted(self.slots_per_iteration)
         weights = [self.slots_per_iteration[s] for s in sizes]
         median = weighted_percentiles(sizes, weights, (50,))[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.core.config import Config
+from asyncrl.core.config import Config, validate_serial
 from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot
 from asyncrl.core.lag_control import WeightHistory
 from asyncrl.core.seeding import actor_seeds
@@ -32,7 +32,10 @@ def run_serial(
     weight histories, so a run stopped at any moment (even by SIGKILL) and resumed ends
     bit-identical to one that was not stopped, for envs whose state can be saved
     (:func:`asyncrl.tasks.control.envs.env_state`: MuJoCo and the toy envs); other envs start fresh episodes
-    (from streams of restart number ``resumes``) and the run goes on from there."""
+    (from streams of restart number ``resumes``) and the run goes on from there.
+
+    Raises ConfigError for what serial mode cannot honour (asyncrl.core.config.validate_serial)."""
+    validate_serial(cfg)
     torch.set_num_threads(cfg.learner.torch_threads)
     # actor env group i draws from the streams of actor id "actor{i}", as `asyncrl run`'s actor i does
     names = [f"actor{i}" for i in range(cfg.run.num_actors)]
