@@ -106,6 +106,11 @@ def run(
     )
     cfg = res.config
     check_lag_trace(cfg, serial=serial)
+    if serial:
+        try:
+            config_mod.validate_serial(cfg)
+        except config_mod.ConfigError as exc:
+            raise UserError(str(exc)) from None
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
     if cfg.run.launcher == "ray" and not serial:

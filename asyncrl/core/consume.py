@@ -200,19 +200,20 @@ class Consumer:
         )
         return own, event
 
-    def consume(self, slots: list[SlotData]) -> dict | None:
+    def consume(self, slots: list[SlotData], extra: dict | None = None) -> dict | None:
         """One learner iteration on ``slots`` (those over max_policy_lag are dropped first); lag
         rows carry the number of the iteration that consumed them, as metrics.jsonl does (1-based).
+        ``extra``: more values for the iteration's metrics.jsonl record (the learner's lag target).
         Returns the iteration's metrics, or None if every slot was dropped. Raises RunDirError when
         an output cannot be written (the files keep whole lines, the last good checkpoint stays)."""
         try:
-            return self._consume(slots)
+            return self._consume(slots, extra)
         except RunDirError:
             raise
         except OSError as exc:  # TensorBoard's writer raises a bare OSError
             raise RunDirError(exc.filename or self.run_dir / "tb", exc) from None
 
-    def _consume(self, slots: list[SlotData]) -> dict | None:
+    def _consume(self, slots: list[SlotData], extra: dict | None = None) -> dict | None:
         st, now, limit = self.state, time.time(), self.cfg.learner.max_policy_lag
         version, iteration = st.version, st.iteration + 1
         kept, gaps, ended, lags = [], [], [], []
@@ -270,6 +271,7 @@ class Consumer:
             "dropped_samples": self.lag.dropped_samples,
             **batch_lag,
             **stats,
+            **(extra or {}),
         }
         self.metrics.write(record)
         tb = self.tb

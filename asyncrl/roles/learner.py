@@ -25,6 +25,7 @@ import torch
 
 from asyncrl.core.config import Config, EnvConfig
 from asyncrl.core.consume import Consumer, SlotData
+from asyncrl.core.lag_target import LagTarget
 from asyncrl.roles.learner_messages import LearnerMessages
 from asyncrl.roles.learner_peers import MAX_MESSAGES_PER_SERVE, ROUTER_HWM, ActorInfo, LearnerPeers
 from asyncrl.roles.learner_slots import LearnerSlots
@@ -144,6 +145,18 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             log.warning("learner: removed shared-memory segment %s left by a dead run", name)
         self.ring = SlotRing.create(run_id=run_id, spec=self.spec, num_slots=cfg.learner.num_slots)
         self.ledger = SlotLedger(cfg.learner.num_slots)
+        lrn = cfg.learner  # a lag target: grants keep to its effective ring size (None: off, the whole ring)
+        self.lag_target = (
+            LagTarget(
+                lrn.target_lag_p95,
+                num_slots=lrn.num_slots,
+                slots_per_batch=lrn.slots_per_batch,
+                iteration=self.state.iteration,
+            )
+            if lrn.target_lag_p95 >= 0
+            else None
+        )
+        self.peak_in_use = 0  # most slots in use since the last batch (the lag target's input)
         self.actors: dict[str, ActorInfo] = {}
         self.full_meta: dict[int, tuple[str, dict]] = {}
         self.copied: list[SlotData] = []  # slots copied out of the ring, not yet trained on
@@ -293,6 +306,7 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             refused_connections=self.security.refused.by_reason(),
             learner_epoch=self.epoch,
             rollouts_by_transport=dict(self.rollouts_by_transport),
+            **self.lag_target_summary(),
         )
 
     def record_failure(self, exc: BaseException) -> None:

@@ -134,14 +134,18 @@ class LearnerPeers:
         """Grant free slots to the actors that asked, one at a time, longest-unserved first: an
         actor just served goes to the back of ``self.actors``. With fewer slots than requests
         (many actors, e.g. across hosts), the first actors to join would otherwise take every
-        freed slot and starve the rest."""
+        freed slot and starve the rest. With a lag target (``learner.target_lag_p95``), only while
+        fewer slots than its effective ring size are in use (asyncrl.core.lag_target)."""
         while True:
             actor_id = next((a for a, info in self.actors.items() if info.pending > 0), None)
             if actor_id is None:
                 return
+            if self.lag_target is not None and self.ledger.num_in_use >= self.lag_target.slots:
+                return
             g = self.ledger.grant(actor_id)
             if g is None:
                 return
+            self.peak_in_use = max(self.peak_in_use, self.ledger.num_in_use)
             info = self.actors.pop(actor_id)
             info.pending -= 1
             if len(self.ledger.granted_to(actor_id)) == 1:  # it held none: its lease starts now

@@ -177,7 +177,14 @@ class LearnerSlots:
         if len(self.copied) < B:
             return False
         batch, self.copied = self.copied[:B], self.copied[B:]
-        trained = self.consumer.consume(batch) is not None
+        version, target = self.state.version, self.lag_target
+        extra = None if target is None else {"effective_slots": target.slots}  # the ring size in force now
+        trained = self.consumer.consume(batch, extra=extra) is not None
+        if target is not None:  # the batch's lag, dropped slots too: they waited in the ring as well
+            target.observe(
+                [version - int(sd.arrays["behavior_version"].min()) for sd in batch], peak_in_use=self.peak_in_use
+            )
+            self.peak_in_use = self.ledger.num_in_use
         for sd in batch:  # these ids' join records are now kept for good (seeding)
             self.undelivered.pop(sd.actor, None)
         # The snapshot (and every learner.checkpoint_every iterations the checkpoint) is taken before
@@ -189,6 +196,24 @@ class LearnerSlots:
         if trained:
             self.publish()
         return True
+
+    def lag_target_summary(self) -> dict:
+        """summary.json's ``lag_target`` block ({} when there is none): the controller's
+        (asyncrl.core.lag_target.LagTarget.summary) and what it cost: env steps a second and the
+        actors' seconds waiting for a grant, also as a share of their env, inference and wait time."""
+        if self.lag_target is None:
+            return {}
+        t = self.timing
+        wait = t["actors_wait_s"]
+        busy = t["actors_env_s"] + t["actors_inference_s"] + wait
+        return {
+            "lag_target": {
+                **self.lag_target.summary(),
+                "env_steps_per_s": self.state.env_steps / max(self.consumer.clock.elapsed, 1e-9),
+                "actors_wait_s": wait,
+                "actors_wait_share": wait / busy if busy > 0 else None,
+            }
+        }
 
 
 def _seconds(value) -> float | None:

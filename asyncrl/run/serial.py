@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.core.config import Config
+from asyncrl.core.config import Config, validate_serial
 from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot
 from asyncrl.core.lag_control import WeightHistory
 from asyncrl.core.lag_parts import SlotTiming
@@ -38,7 +38,9 @@ def run_serial(
     (:func:`asyncrl.tasks.control.envs.env_state`: MuJoCo and the toy envs); other envs start fresh episodes
     (from streams of restart number ``resumes``) and the run goes on from there.
 
-    Raises LagTraceError (``actor.lag_trace`` names no readable trace) before anything is written."""
+    Raises ConfigError for what serial mode cannot honour (asyncrl.core.config.validate_serial), and
+    LagTraceError (``actor.lag_trace`` names no readable trace), before anything is written."""
+    validate_serial(cfg)
     torch.set_num_threads(cfg.learner.torch_threads)
     replay = None
     if cfg.actor.lag_trace:  # the i-th rollout acts with the weights lags[i] versions behind the newest

@@ -62,7 +62,7 @@ from asyncrl.core.config.llm_sections import MOVED_KEYS, LLMConfig, TaskConfig
 from asyncrl.core.config.resolve import TASK_KIND_SETTINGS, Resolved, resolve, unused_reason
 from asyncrl.core.config.role_sections import ActorConfig, LearnerConfig, RunConfig, TransportConfig
 from asyncrl.core.config.root import Config, toml_value
-from asyncrl.core.config.validate import validate
+from asyncrl.core.config.validate import validate, validate_serial
 
 __all__ = [
     "BAND_RATIOS",
@@ -118,4 +118,5 @@ __all__ = [
     "translate_moved_keys",
     "unused_reason",
     "validate",
+    "validate_serial",
 ]

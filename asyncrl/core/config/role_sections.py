@@ -42,6 +42,12 @@ class LearnerConfig:
     slots_per_batch: int = _f(4, "B: slots of E rollouts per batch ([T, B*E])")
     num_slots: int = _f(12, "S: slots in the shared-memory ring")
     max_policy_lag: int = _f(-1, "drop samples more versions behind than this; -1: keep all")
+    target_lag_p95: int = _f(
+        -1,
+        "a lag target: hold the consumed samples' lag p95 near this many versions by limiting the "
+        "ring slots in use (B to num_slots; about 1 is the lowest reachable), at a cost in env steps "
+        "a second; -1: off (asyncrl run's processes, not --serial)",
+    )
     reward_scaling: bool = _f(
         True, "divide rewards by the running std of the discounted return, per env stream", kinds=CONTROL
     )

@@ -97,6 +97,7 @@ def validate(cfg: Config) -> None:
         ("algo.realign_min_lag", a.realign_min_lag, 0),
         ("learner.max_consecutive_skips", lrn.max_consecutive_skips, 0),
         ("learner.keep_checkpoints", lrn.keep_checkpoints, 1),
+        ("learner.target_lag_p95", lrn.target_lag_p95, -1),
         ("run.max_restarts", cfg.run.max_restarts, 0),
         ("run.restart_backoff_s", cfg.run.restart_backoff_s, 0),
         ("run.restart_window_s", cfg.run.restart_window_s, 0),
@@ -216,3 +217,15 @@ def _validate_task(cfg: Config) -> None:
         raise ConfigError(f"llm.warmup_target must be an accuracy in [0, 1], got {llm.warmup_target}")
     if not 0 < llm.temperature < float("inf"):
         raise ConfigError(f"llm.temperature must be a finite number > 0, got {llm.temperature}")
+
+
+def validate_serial(cfg: Config) -> None:
+    """What serial mode (``asyncrl run --serial``) cannot honour; raises ConfigError with one line.
+    learner.target_lag_p95: serial mode has no ring and no queue, its lag is what the actor lag
+    controls make it (0 without them), so there is nothing to hold."""
+    if cfg.learner.target_lag_p95 >= 0:
+        raise ConfigError(
+            f"learner.target_lag_p95 = {cfg.learner.target_lag_p95}: serial mode has no slot ring and no "
+            f"queueing lag to hold (its lag is 0, or what actor.policy_delay / actor.policy_age_buffer "
+            f"make it); the lag target is for asyncrl run without --serial (set -1, or leave it out)"
+        )

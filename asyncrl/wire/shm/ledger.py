@@ -117,6 +117,11 @@ class SlotLedger:
     def num_consuming(self) -> int:
         return len(self._consuming)
 
+    @property
+    def num_in_use(self) -> int:
+        """Slots not free: granted, full or being consumed."""
+        return self.num_slots - len(self._free)
+
     def granted_to(self, actor_id: str) -> list[Grant]:
         """The grants ``actor_id`` currently holds."""
         return [Grant(s, g) for s, (a, g) in self._granted.items() if a == actor_id]
