@@ -153,10 +153,11 @@ def format_report(report: dict) -> str:
 
 
 def plot_report(run_dir: str | Path, path: str | Path) -> None:
-    """PNG (asyncrl.analysis.plots.plot_lag): lag histograms in versions and seconds, lag over time, the
+    """PNG (asyncrl.analysis.lag_plot.plot_lag): lag histograms in versions and seconds, lag over time, the
     tv_estimate against the TV budget δ, and no_grad_fraction. Raises ImportError with
     install advice when matplotlib is missing, OSError when ``path`` cannot be written."""
-    from asyncrl.analysis.plots import plot_lag, tv_budget
+    from asyncrl.analysis.lag_plot import plot_lag
+    from asyncrl.analysis.plots import tv_budget
 
     run_dir = Path(run_dir)
     rows = [

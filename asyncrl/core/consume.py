@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from asyncrl.core.config import Config
 from asyncrl.core.lag import LagTracker
@@ -34,7 +33,15 @@ from asyncrl.core.metrics import (
 )
 from asyncrl.core.provenance import provenance
 from asyncrl.core.spec import SlotSpec
-from asyncrl.core.state import CHECKPOINT, LearnerState, NonFiniteError, read_checkpoint, write_checkpoint
+from asyncrl.core.state import (
+    CHECKPOINT,
+    LearnerState,
+    NonFiniteError,
+    checkpoint_record,
+    copied_tree,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 log = logging.getLogger("asyncrl.core.consume")
 
@@ -297,7 +304,7 @@ class Consumer:
             "elapsed_s": self.clock.elapsed,
             "time": time.time(),
         }
-        return {**_copied(self.state.state_dict()), "consumer": own, "extra": _copied(extra)}
+        return {**copied_tree(self.state.state_dict()), "consumer": own, "extra": copied_tree(extra)}
 
     def end_iteration(self, extra: dict | None = None) -> None:
         """Call between iterations (the learner role calls it before it publishes the new weights):
@@ -437,28 +444,3 @@ class Consumer:
                 )
         if first is not None:
             raise first
-
-
-def checkpoint_record(file: str, snapshot: dict) -> dict:
-    """What summary.json says of a checkpoint: its file name (in the run directory), env steps,
-    policy version and learner iterations."""
-    return {
-        "file": file,
-        "env_steps": int(snapshot["env_steps"]),
-        "version": int(snapshot["version"]),
-        "learner_iterations": int(snapshot["iteration"]),
-    }
-
-
-def _copied(tree):
-    """A copy of a nested dict / list / tuple of tensors, arrays and immutable values (tensors
-    cloned): what a snapshot keeps past the next iteration. copy.deepcopy does the same 50x slower."""
-    if isinstance(tree, dict):
-        return {k: _copied(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_copied(v) for v in tree)
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().clone()
-    if isinstance(tree, np.ndarray):
-        return tree.copy()
-    return tree

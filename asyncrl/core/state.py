@@ -272,3 +272,28 @@ def read_checkpoint(run_dir: str | Path) -> tuple[dict, Path, list[str]] | None:
             continue
         return d, p, skipped
     return None
+
+
+def checkpoint_record(file: str, snapshot: dict) -> dict:
+    """What summary.json says of a checkpoint: its file name (in the run directory), env steps,
+    policy version and learner iterations."""
+    return {
+        "file": file,
+        "env_steps": int(snapshot["env_steps"]),
+        "version": int(snapshot["version"]),
+        "learner_iterations": int(snapshot["iteration"]),
+    }
+
+
+def copied_tree(tree):
+    """A copy of a nested dict / list / tuple of tensors, arrays and immutable values (tensors
+    cloned): what a snapshot keeps past the next iteration. copy.deepcopy does the same 50x slower."""
+    if isinstance(tree, dict):
+        return {k: copied_tree(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(copied_tree(v) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, np.ndarray):
+        return tree.copy()
+    return tree
