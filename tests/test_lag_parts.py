@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncrl.core.lag_parts import PARTS, SlotTiming, VersionClock, backward_parts, forward_lag
+from asyncrl.core.lag_parts import PARTS, SlotTiming, VersionClock, backward_parts, forward_lag, inbox_wait
 
 
 def _clock(times):
@@ -97,3 +97,15 @@ def test_forward_lag_of_an_iteration():
     assert f["forward_s"] == pytest.approx(0.8 * 4.0 / 8)
     assert forward_lag([[1, float("nan"), 0.0], [2, None, 0.0]], 1.0)["forward_tv"] is None
     assert set(forward_lag([], 1.0).values()) == {None}
+
+
+def test_a_report_that_waited_unread_shows_the_wait_beyond_its_actors_least_delay():
+    least = float("inf")
+    # (handled, sent): seconds since the welcome on the learner's and the actor's clock; the actor's
+    # clock started 0.003 s later (the welcome's transit); the second report waited 0.25 s unread
+    waits = []
+    for handled, sent in ((1.004, 1.0), (2.253, 2.0), (3.0035, 3.0), (4.1035, 4.0)):
+        wait, least = inbox_wait(handled, sent, least)
+        waits.append(round(wait, 6))
+    assert waits == [0.0, 0.249, 0.0, 0.1] and least == pytest.approx(0.0035)
+    assert inbox_wait(5.0, None, least) == (0.0, least)  # an actor that does not say

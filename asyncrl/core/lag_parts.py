@@ -2,9 +2,11 @@
 propagation, collection and queueing, and the learner's forward lag of the iteration that trains on it.
 
 One slot (one rollout, one behaviour version v) at consumption time c on the learner's clock, with v
-published at p and the slot's report accepted at r (learner's clock), the rollout's first action at
-a = r - collect_s (``collect_s`` measured on the actor's own monotonic clock, so no clock
-synchronisation is needed; a report's transit time is counted in propagation):
+published at p, the slot's report arriving at the learner at r (learner's clock) and the rollout's
+first action at a = r - collect_s (``collect_s`` measured on the actor's own monotonic clock; a
+report's network transit counts in propagation). The learner reads no message while it trains, so a
+report can wait in its inbox: r is the time it was handled minus that wait (:func:`inbox_wait`, from
+durations on each side's own clock: no clock synchronisation is needed):
 
 - propagation = a - p: publish -> broadcaster -> actor -> the first action of a rollout with v (the
   actor waits for its grant, finishes the rollout under way, or is told to act with an older version
@@ -34,13 +36,34 @@ FORWARD = ("forward_steps", "forward_tv", "forward_s")
 
 class SlotTiming(NamedTuple):
     """When a slot's rollout ran. ``reported_at``: the learner's clock (``time.time()``, seconds) when
-    its report was accepted; ``collect_s``: seconds from the rollout's first action to its report, on
+    its report arrived (handled, less its wait in the inbox: :func:`inbox_wait`); ``collect_s``: seconds from the rollout's first action to its report, on
     the actor's clock (None: an actor that does not say); ``grant_wait_s``: seconds the actor waited
     for this slot's grant before the first action (None: not said)."""
 
     reported_at: float
     collect_s: float | None = None
     grant_wait_s: float | None = None
+
+
+def inbox_wait(handled_s: float, sent_s: float | None, least: float) -> tuple[float, float]:
+    """How long a report waited in the learner's inbox, and the new least delay of its actor.
+
+    Args:
+        handled_s: seconds from the actor's welcome to the report's handling, learner's clock.
+        sent_s: seconds from the actor's receipt of its welcome to sending the report, actor's clock
+            (None: an actor that does not say; the wait is then 0).
+        least: the least ``handled_s - sent_s`` of this actor's reports so far (inf before the first).
+
+    Returns:
+        (wait >= 0 in seconds, updated least). A report handled at once shows the least delay (the
+        welcome's and a report's transit, and the clocks' offset at the welcome); what a report shows
+        beyond it is the time it waited unread. The first report of a session counts as unread for 0 s.
+    """
+    if sent_s is None:
+        return 0.0, least
+    delay = handled_s - sent_s
+    least = min(least, delay)
+    return delay - least, least
 
 
 class VersionClock:

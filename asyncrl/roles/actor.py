@@ -71,6 +71,7 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
         self.epoch = -1  # the learner epoch of this session (from its welcome)
         self.token = self.read_token()  # this id's token of an earlier welcome, if kept
         self.sessions = 0  # welcomes so far
+        self.welcomed_at = time.monotonic()  # when the last welcome came (monotonic)
         self.sent = 0  # rollouts sent, all sessions
         self.ring: SlotRing | None = None
         self.local_slot = None  # TCP mode: one slot in ordinary memory
@@ -179,6 +180,7 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
                     "inference_s": stats.inference_s,
                     "wait_s": wait_s,
                     "collect_s": time.perf_counter() - t_first,
+                    "sent_s": time.monotonic() - self.welcomed_at,  # the learner's inbox wait: lag_parts
                 },
             )
             if self.ring is not None:

@@ -155,6 +155,7 @@ class LearnerSession:
             raise ValueError(f"welcome names {reply['num_slots']} slots, outside 1..{MAX_SLOTS}")
         self.run_id, self.epoch = reply["run_id"], reply["epoch"]
         self.sessions += 1
+        self.welcomed_at = time.monotonic()  # reports say when they are sent, in seconds since this
         self.keep_token(reply["actor_token"])
         self.last_learner_message = time.monotonic()
         self.num_slots = reply["num_slots"]

@@ -41,6 +41,9 @@ class ActorInfo:
     meta: dict = field(default_factory=dict)
     joined: float = 0.0  # monotonic time of its welcome
     lease_from: float = 0.0  # monotonic: its welcome, last accepted report, or first grant since
+    # the least (handled - sent) of its reports, both in seconds since the welcome, each on its own
+    # clock: what a report that waited in no inbox shows (asyncrl.core.lag_parts.inbox_wait)
+    least_delay: float = float("inf")
 
 
 class LearnerPeers:

@@ -13,7 +13,7 @@ import logging
 import time
 
 from asyncrl.core.consume import SlotData, SlotError, check_slot, own_rows
-from asyncrl.core.lag_parts import SlotTiming
+from asyncrl.core.lag_parts import SlotTiming, inbox_wait
 from asyncrl.roles.learner_peers import ActorInfo
 from asyncrl.wire import codec, protocol, rejects
 
@@ -66,6 +66,7 @@ class LearnerSlots:
         self.slowest_report_s = max(self.slowest_report_s, now - info.lease_from)
         info.lease_from = now
         timing = h["timing"]  # numbers of seconds (check_report); an actor may leave keys out
+        waited, info.least_delay = inbox_wait(now - info.joined, _seconds(timing.get("sent_s")), info.least_delay)
         self.full_meta[slot] = (
             actor_id,
             {
@@ -73,7 +74,9 @@ class LearnerSlots:
                 "env_steps": env_steps,
                 "episode_returns": episode_returns,
                 "grant_id": h["grant_id"],
-                "timing": SlotTiming(time.time(), _seconds(timing.get("collect_s")), _seconds(timing.get("wait_s"))),
+                "timing": SlotTiming(
+                    time.time() - waited, _seconds(timing.get("collect_s")), _seconds(timing.get("wait_s"))
+                ),
             },
         )
         for key in ("env_s", "inference_s", "wait_s"):
