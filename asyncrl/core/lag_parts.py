@@ -36,9 +36,10 @@ FORWARD = ("forward_steps", "forward_tv", "forward_s")
 
 class SlotTiming(NamedTuple):
     """When a slot's rollout ran. ``reported_at``: the learner's clock (``time.time()``, seconds) when
-    its report arrived (handled, less its wait in the inbox: :func:`inbox_wait`); ``collect_s``: seconds from the rollout's first action to its report, on
-    the actor's clock (None: an actor that does not say); ``grant_wait_s``: seconds the actor waited
-    for this slot's grant before the first action (None: not said)."""
+    its report arrived (handled, less its wait in the inbox: :func:`inbox_wait`); ``collect_s``:
+    seconds from the rollout's first action to its report, on the actor's clock (None: an actor that
+    does not say); ``grant_wait_s``: seconds the actor waited for this slot's grant before the first
+    action (None: not said)."""
 
     reported_at: float
     collect_s: float | None = None
