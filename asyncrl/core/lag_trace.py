@@ -113,10 +113,9 @@ class LagReplay:
 
     def next_lag(self) -> int:
         i = self.position % self.lags.size
-        if i == 0 and self.position and self.log is not None:
-            if self.position == self.lags.size:  # once
-                self.log.warning(
-                    "lag replay: the trace %s ended after %d rollouts; it starts again", self.source, self.lags.size
-                )
+        if self.position == self.lags.size and self.log is not None:  # the first time round only
+            self.log.warning(
+                "lag replay: the trace %s ended after %d rollouts; it starts again", self.source, self.lags.size
+            )
         self.position += 1
         return int(self.lags[i])
