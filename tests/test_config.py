@@ -84,12 +84,16 @@ def test_a_removed_key_is_refused_with_why(tmp_path):
         config.load(path)
 
 
-def test_tv_rule_shrink_needs_a_band_and_vaco_paper_pins_the_filter():
-    assert (config.load(None).algo.tv_rule, config.load(None).algo.tv_threshold) == ("shrink", 0.1)
+def test_the_default_is_the_papers_filter_and_vaco_no_filter_keeps_the_fixed_band():
+    a = config.load(None).algo
+    assert (a.tv_rule, a.tv_threshold, a.behavior_band, a.tv_filter_ratio_cap) == ("filter", 0.1, float("inf"), 1.0)
     assert config.load(None, ["algo.preset=vaco_paper"]).algo.tv_rule == "filter"
+    # the default without the TV budget falls back to decoupled PPO's band, not an unconstrained surrogate
+    assert config.load(None, ["algo.preset=vaco_no_filter"]).algo.behavior_band == 0.2
+    assert config.load(None, ["algo.preset=vaco_no_filter", "algo.behavior_band=0.3"]).algo.behavior_band == 0.3
     with pytest.raises(ConfigError, match="tv_rule = shrink narrows the band"):
-        config.load(None, ["algo.behavior_band=inf"])
-    assert config.load(None, ["algo.behavior_band=inf", "algo.tv_rule=filter"]).algo.behavior_band == float("inf")
+        config.load(None, ["algo.tv_rule=shrink"])
+    assert config.load(None, ["algo.behavior_band=0.2", "algo.tv_rule=shrink"]).algo.behavior_band == 0.2
     with pytest.raises(ConfigError, match="algo.tv_rule must be one of"):
         config.load(None, ["algo.tv_rule=sometimes"])
 

@@ -89,7 +89,7 @@ def test_default_toml_lists_every_unlayered_default_and_comments_the_layered_one
 
 def test_a_copied_default_file_with_a_pinned_key_set_says_it_overrides(tmp_path):
     copy = tmp_path / "mine.toml"
-    copy.write_text(DEFAULT_TOML.read_text().replace("# behavior_band = 0.2", "behavior_band = 0.3"))
+    copy.write_text(DEFAULT_TOML.read_text().replace("# behavior_band = inf", "behavior_band = 0.3"))
     res = config.load_resolved(copy, ["algo.preset=vaco_paper"])
     assert res.config.algo.behavior_band == 0.3 and res.config.algo.traces == "vtrace"
     assert res.overridden == ["algo.behavior_band = 0.3 overrides preset vaco_paper's inf"]

@@ -40,7 +40,6 @@ STUDY_ONLY = {
     "algo.realign_min_lag",
     "algo.tv_filter_trigger",
     "algo.tv_filter_min_deviation",
-    "algo.tv_filter_ratio_cap",
 }
 
 

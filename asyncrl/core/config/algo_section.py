@@ -92,9 +92,9 @@ class AlgoConfig:
         presets=TV_FILTERED,
     )
     tv_rule: str = _f(
-        "shrink",
-        "how the TV budget acts: shrink (the band's half-width is behavior_band (1 - tv/delta)_+: closed, the "
-        "sign rule on every sample, at tv >= delta) or filter (the paper's: the sign rule once tv > delta); "
+        "filter",
+        "how the TV budget acts: filter (the paper's: the sign rule once tv > delta) or shrink (the band's "
+        "half-width is behavior_band (1 - tv/delta)_+: closed, the sign rule on every sample, at tv >= delta); "
         "docs/decisions/tv-budget.md",
         presets=TV_FILTERED,
     )
@@ -125,9 +125,10 @@ class AlgoConfig:
         study_only=True,
     )
     behavior_band: float = _f(
-        0.2,
+        float("inf"),
         "vaco: also detach samples whose pi_theta/beta left [1-band, 1+band] in the direction of their advantage "
-        "(PPO-clip's mask, per sample); inf: off (docs/decisions/behavior-band.md)",
+        "(PPO-clip's mask, per sample); inf: off (the default; vaco_no_filter pins 0.2): "
+        "docs/decisions/behavior-band.md",
         presets=VACO_FAMILY,
     )
     behavior_band_ratio: str = _f(
@@ -139,11 +140,11 @@ class AlgoConfig:
         when=("behavior_band < inf", lambda c: c.algo.behavior_band < float("inf")),
     )
     tv_filter_ratio_cap: float = _f(
-        float("inf"),
-        "the sign rule also applies, whatever the TV estimate, to samples with |r - 1| above this; inf: never",
+        1.0,
+        "the sign rule also applies, whatever the TV estimate, to samples with |r - 1| above this (1: a sample "
+        "may at most double its probability before it loses its gradient); inf: never",
         presets=TV_FILTERED,
         when=("tv_rule = filter", _filter_rule),
-        study_only=True,
     )
     clip_eps: float = _f(0.2, "ppo: ratio clip epsilon", presets=("ppo", "grpo"))
     kl_coef: float = _f(1.0, "ppo_kl: KL penalty coefficient", presets=("ppo_kl",))

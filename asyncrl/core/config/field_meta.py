@@ -44,6 +44,9 @@ PRESET_SETTINGS: dict[str, dict[str, Any]] = {
         "traces": "vtrace",
         "tv_rule": "filter",
     },
+    # The default without the TV budget: its fallback is the fixed band of decoupled PPO (ε 0.2), not an
+    # unconstrained surrogate (docs/decisions/tv-budget.md).
+    "vaco_no_filter": {"behavior_band": 0.2},
     "impala": {"traces": "vtrace"},
 }
 # Keys that no longer exist, with why (a config or config.json naming one is refused with this line).
