@@ -137,7 +137,7 @@ def make_format(
         raise ValueError(f"prompt format must be one of {', '.join(PROMPT_FORMATS)}, got {style!r}")
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if style == "chat" and not has_template:
-        raise PromptError("llm.prompt_format = chat, but the tokenizer has no chat template (use plain or auto)")
+        raise PromptError("prompt format 'chat', but the tokenizer has no chat template (use plain or auto)")
     return PromptFormat(
         chat=style == "chat" or (style == "auto" and has_template),
         system_prompt=system_prompt,
@@ -184,7 +184,7 @@ def stop_ids(tokenizer, generation_eos: int | Sequence[int] | None = None) -> tu
     in that order.
 
     Raises:
-        ValueError: none at all (a tokenizer without EOS and no generation config naming one).
+        PromptError: none at all (a tokenizer without EOS and no generation config naming one).
     """
     ids: list[int] = []
     extra = generation_eos if isinstance(generation_eos, (list, tuple)) else [generation_eos]
@@ -192,5 +192,5 @@ def stop_ids(tokenizer, generation_eos: int | Sequence[int] | None = None) -> tu
         if i is not None and int(i) not in ids:
             ids.append(int(i))
     if not ids:
-        raise ValueError("no stop token: the tokenizer has no EOS token and generation_config.json names none")
+        raise PromptError("no stop token: the tokenizer has no EOS token and generation_config.json names none")
     return tuple(ids)
