@@ -263,3 +263,12 @@ def test_keys_without_effect_are_reported():
     assert "llm.train_problems = 10 has no effect: used only when llm.train_file is ''" in notes
     assert 'llm.few_shot_file = "y.jsonl" has no effect: used only when llm.few_shot > 0' in notes
     assert "llm.answer_strict = false has no effect: used only when llm.answer_format is not last_number" in notes
+
+
+def test_a_start_record_of_other_prompts_is_not_paired(micro_dir, tmp_path):
+    model = m.load(micro_dir).model
+    make_task(_cfg(micro_dir, "llm.eval_size=4")).prepare_run(tmp_path, **QUIET)
+    same = make_task(_cfg(micro_dir, "llm.eval_size=4")).final_summary(model, tmp_path)
+    assert same["initial_accuracy"] is not None and "accuracy_difference_ci95_paired" in same
+    other = make_task(_cfg(micro_dir, "llm.eval_size=4", "llm.system_prompt=Be exact.")).final_summary(model, tmp_path)
+    assert other["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in other

@@ -201,9 +201,12 @@ class LLMHeldoutEvaluation:
             "eval_mode": self.eval_label(),
         }
         sampled = self.cfg.llm.eval_mode == "sampled"  # its draws follow the batch: row r of a batch, step t
-        if start.get("eval_mode", "greedy") != self.eval_label() or (
-            sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size
-        ):  # 64: records before the key
+        prompted = {"prompt_format": self.prompt_format().describe(), "stop_ids": list(self.stop_ids())}
+        if (
+            start.get("eval_mode", "greedy") != self.eval_label()
+            or (sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size)  # 64: older records
+            or any(k in start and start[k] != v for k, v in prompted.items())  # other prompts (absent: older records)
+        ):
             # a start record of another evaluation (a run directory resumed under other settings): not comparable
             out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
         if not self.cfg.llm.eval_size:
