@@ -219,10 +219,42 @@ def warmup(
     "--breakdown", is_flag=True, help="Also print where completions first go wrong (JSON, gsm_answers.error_breakdown)."
 )
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads (0: torch's default).")
-def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, calculator, breakdown, threads) -> None:
-    """Greedy exact-match accuracy of a model on GSM8k-format problems."""
-    from asyncrl.tasks.llm import gsm_answers, gsm_problems, sampling
+@click.option(
+    "--prompt-format",
+    type=click.Choice(["auto", "plain", "chat"]),
+    default="auto",
+    show_default=True,
+    help="As llm.prompt_format: plain 'Question: ...', the tokenizer's chat template, or chat when it has one.",
+)
+@click.option("--system-prompt", default="", help="As llm.system_prompt (default: none).")
+@click.option(
+    "--answer-format",
+    type=click.Choice(["gsm8k", "boxed", "last_number"]),
+    default="gsm8k",
+    show_default=True,
+    help="As llm.answer_format: where the answer is read.",
+)
+@click.option("--lenient", is_flag=True, help="As llm.answer_strict = false: else the last number counts.")
+def eval_cmd(
+    model_dir,
+    jsonl,
+    seed,
+    limit,
+    max_new_tokens,
+    calculator,
+    breakdown,
+    threads,
+    prompt_format,
+    system_prompt,
+    answer_format,
+    lenient,
+) -> None:
+    """Greedy exact-match accuracy of a model on GSM8k-format problems, in the prompt and answer formats
+    an RL run uses (stopping at any of the model's stop tokens)."""
+    from asyncrl.core.config import ConfigError
+    from asyncrl.tasks.llm import answer_formats, gsm_answers, gsm_problems, prompts, sampling
     from asyncrl.tasks.llm import model as m
+    from asyncrl.tasks.llm.datasets import generation_eos
 
     _threads(threads)
     try:
@@ -232,13 +264,28 @@ def eval_cmd(model_dir, jsonl, seed, limit, max_new_tokens, calculator, breakdow
             else gsm_problems.make_splits(seed=seed, n_train=0, n_heldout=limit).heldout
         )
         loaded = m.load(model_dir)
-    except (FileNotFoundError, gsm_problems.GSMFormatError, m.ModelLoadError) as e:
+        tok = loaded.tokenizer
+        fmt = prompts.make_format(tok, prompt_format, system_prompt=system_prompt)
+        stops = prompts.stop_ids(tok, generation_eos(Path(model_dir)))
+        problems = problems[:limit]
+        fmt.encode(tok, [p.question for p in problems[:1]])  # a template that refuses: one line, before any work
+    except (FileNotFoundError, gsm_problems.GSMFormatError, prompts.PromptError, ConfigError, m.ModelLoadError) as e:
         raise LLMUserError(str(e)) from None
-    problems = problems[:limit]
     texts = sampling.eval_completions(
-        loaded.model, loaded.tokenizer, problems, greedy=True, max_new_tokens=max_new_tokens, calculator=calculator
+        loaded.model,
+        tok,
+        problems,
+        greedy=True,
+        max_new_tokens=max_new_tokens,
+        calculator=calculator,
+        prompt_format=fmt,
+        stop_ids=stops,
     )
-    acc = sum(gsm_answers.reward(t, p.target) for t, p in zip(texts, problems)) / len(problems) if problems else 0.0
+    score = [
+        answer_formats.reward(t, p.target, answer_format=answer_format, strict=not lenient)
+        for t, p in zip(texts, problems)
+    ]
+    acc = sum(score) / len(problems) if problems else 0.0
     click.echo(f"accuracy {acc:.3f} on {count_of(len(problems), 'problem')}")
     if breakdown:
         click.echo(json.dumps(gsm_answers.error_breakdown(problems, texts)))

@@ -61,3 +61,27 @@ def smollm2_dir():
     cache = Path(__file__).resolve().parents[2] / "runs" / "test-cache" / example_model.DEFAULT_NAME
     out, _ = example_model.from_gguf(example_model.packaged_gguf(), cache)
     return out
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_dir(tmp_path_factory):
+    """A Hugging Face tokenizer directory made from the SentencePiece model the `mistral_common` package
+    ships (Mistral 7B v0.1's: 32,000 pieces, BOS <s> = 1, EOS </s> = 2), with the tokenizer_config.json
+    such models have (BOS added on encoding, no EOS, no chat template)."""
+    import importlib.util
+    import shutil
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("sentencepiece")
+    spec = importlib.util.find_spec("mistral_common")  # its data files only: the package is not imported
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("mistral_common (the dev extra) is not installed")
+    model_file = os.path.join(spec.submodule_search_locations[0], "data", "tokenizer.model.v1")
+    out = tmp_path_factory.mktemp("sentencepiece")
+    shutil.copy(model_file, out / "tokenizer.model")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": False}
+        )
+    )
+    return out

@@ -1,6 +1,7 @@
 """The ``llm`` click group: prepare is cached, warmup writes a reusable directory, bad paths are one line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,15 @@ def test_eval_breakdown_prints_json(tmp_path, micro_dir):
     first, second = res.stdout.strip().splitlines()
     assert first.startswith("accuracy ") and json.loads(second)["n"] == 1
     assert sum(json.loads(second)["first_error"].values()) == 1
+
+
+def test_eval_takes_the_run_prompt_and_answer_formats(micro_dir):
+    data = Path(__file__).parent / "data" / "gsm-own-test.jsonl"
+    base = ["eval", "--model", str(micro_dir), "--file", str(data), "--limit", "2", "--max-new-tokens", "2"]
+    res = CliRunner().invoke(llm, [*base, "--answer-format", "boxed", "--lenient", "--system-prompt", "Be brief."])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("accuracy ") and res.stdout.strip().endswith("on 2 problems")
+    res = CliRunner().invoke(llm, [*base, "--prompt-format", "chat"])  # the micro tokenizer has no template
+    assert res.exit_code == 2 and res.output.strip() == (
+        "Error: prompt format 'chat', but the tokenizer has no chat template (use plain or auto)"
+    )

@@ -28,7 +28,7 @@ from asyncrl.roles.broadcaster import Broadcaster  # noqa: E402
 from asyncrl.run.launch import free_port_pair  # noqa: E402
 from asyncrl.run.serial import run_serial  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
-from asyncrl.tasks.llm import gsm_answers, gsm_problems, heldout_eval, producer, start_model  # noqa: E402
+from asyncrl.tasks.llm import answer_formats, gsm_problems, heldout_eval, producer, start_model  # noqa: E402
 from asyncrl.tasks.llm import model as m  # noqa: E402
 from asyncrl.tasks.llm import task as llm_task
 from asyncrl.tasks.llm import weights as llm_weights  # noqa: E402
@@ -418,7 +418,7 @@ def test_serial_llm_run_is_bit_reproducible(micro_dir, tmp_path, monkeypatch):
     cfg = _tiny_cfg(micro_dir, "run.seed=3")
     # the untrained micro model solves nothing: a reward on the completion's length parity gives the
     # groups unequal rewards, so the learner really moves the weights (the verifiable reward is gsm's)
-    monkeypatch.setattr(gsm_answers, "reward", lambda text, target: float(len(text) % 2))
+    monkeypatch.setattr(answer_formats, "reward", lambda text, target, **_: float(len(text) % 2))
     summaries = []
     for name in ("a", "b"):
         make_task(cfg).prepare_run(tmp_path / name, echo=lambda *_: None)
@@ -526,7 +526,7 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
 
     texts = []
     # the untrained micro model solves nothing: score the completions' length parity to see them
-    monkeypatch.setattr(gsm_answers, "reward", lambda text, target: texts.append(text) or float(len(text) % 2))
+    monkeypatch.setattr(answer_formats, "reward", lambda text, target, **_: texts.append(text) or float(len(text) % 2))
     model = m.load(micro_dir).model
     sampled = make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5"))
     assert sampled.eval_label() == "sampled T=1.5"
@@ -597,7 +597,7 @@ def test_truncated_completions_get_zero_when_asked(micro_dir, monkeypatch):
     cm = torch.tensor([[True, True, False], [True, True, True]])
     s = Samples(ids, torch.ones(2, 4, dtype=torch.long), cm, torch.zeros(2, 3), 1, cm)
     assert producer.truncated(s, eos_id=2) == [False, True]
-    monkeypatch.setattr(gsm_answers, "reward", lambda text, target: 1.0)
+    monkeypatch.setattr(answer_formats, "reward", lambda text, target, **_: 1.0)
     got = {}
     for mode in ("score", "zero"):
         cfg = _tiny_cfg(micro_dir, f"llm.truncated_reward={mode}")

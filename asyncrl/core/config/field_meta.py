@@ -28,6 +28,8 @@ LLM_TRUNCATED_REWARD = ("score", "zero")
 LLM_REALIGN = ("none", "is_baseline")  # docs/llm-realignment.md
 LLM_SILENT_GROUPS = ("step", "skip", "drop")  # docs/llm.md
 LLM_EVAL_MODES = ("sampled", "greedy")  # docs/llm.md
+LLM_PROMPT_FORMATS = ("auto", "plain", "chat")  # asyncrl.tasks.llm.prompts
+LLM_ANSWER_FORMATS = ("gsm8k", "boxed", "last_number")  # asyncrl.tasks.llm.answer_formats
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {

@@ -54,14 +54,68 @@ class LLMConfig:
     )
     group_size: int = _f(8, "G: completions sampled per prompt (a group)", kinds=LLM)
     prompts_per_slot: int = _f(4, "prompts per slot: a slot holds whole groups, prompts_per_slot * G rows", kinds=LLM)
-    max_prompt_tokens: int = _f(96, "prompt width in a slot (left-padded); a longer prompt is an error", kinds=LLM)
+    max_prompt_tokens: int = _f(
+        0,
+        "prompt width in a slot (left-padded); 0: the longest encoded prompt of the train problems and "
+        "the held-out ones (auto); a longer prompt than a width set here is refused at start",
+        kinds=LLM,
+    )
     max_new_tokens: int = _f(
         160, "completion width in a slot and generation budget (sampling and evaluation)", kinds=LLM
     )
     temperature: float = _f(
         1.0, "sampling temperature of the generators (the learner's log-probs use it too)", kinds=LLM
     )
-    train_problems: int = _f(20000, "generated train problems the generators draw prompts from", kinds=LLM)
+    train_problems: int = _f(
+        20000,
+        "generated train problems the generators draw prompts from",
+        kinds=LLM,
+        when=("llm.train_file is ''", lambda c: not c.llm.train_file),
+    )
+    train_file: str = _f(
+        "",
+        "GSM8k-format JSONL file (question, answer with '#### N' per line) the generators draw "
+        "prompts from; '': generated problems (llm.train_problems)",
+        kinds=LLM,
+    )
+    test_file: str = _f(
+        "",
+        "GSM8k-format JSONL file of the held-out evaluation (its first llm.eval_size problems); "
+        "'': generated held-out problems",
+        kinds=LLM,
+    )
+    prompt_format: str = _f(
+        "auto",
+        "plain ('Question: ...\\nAnswer:'), chat (the tokenizer's chat template) or auto (chat when the "
+        "tokenizer has a template)",
+        kinds=LLM,
+    )
+    system_prompt: str = _f("", "system prompt before the question (a chat template's system message); ''", kinds=LLM)
+    few_shot: int = _f(
+        0,
+        "worked examples shown before the question: the first N problems of llm.few_shot_file, or of "
+        "the train problems (which then leave the prompt source); 0: none",
+        kinds=LLM,
+    )
+    few_shot_file: str = _f(
+        "",
+        "GSM8k-format JSONL file of the few-shot examples; '': the train problems",
+        kinds=LLM,
+        when=("llm.few_shot > 0", lambda c: c.llm.few_shot > 0),
+    )
+    answer_format: str = _f(
+        "gsm8k",
+        "where the reward reads a completion's answer: gsm8k (the number after '####'), boxed "
+        "(the last \\boxed{...}) or last_number",
+        kinds=LLM,
+    )
+    answer_strict: bool = _f(
+        True,
+        "true: only llm.answer_format's answer counts; false: the last number of the completion "
+        "when that format gives none",
+        kinds=LLM,
+        when=("llm.answer_format is not last_number", lambda c: c.llm.answer_format != "last_number"),
+    )
     eval_size: int = _f(500, "held-out problems of the evaluation before and after RL; 0: none", kinds=LLM)
     eval_batch_size: int = _f(
         64,

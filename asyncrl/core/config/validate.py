@@ -9,9 +9,11 @@ from asyncrl.core.config.field_meta import (
     DEVICE_RE,
     FILTER_TRIGGERS,
     LAUNCHERS,
+    LLM_ANSWER_FORMATS,
     LLM_AVERAGING,
     LLM_EVAL_MODES,
     LLM_PRESETS,
+    LLM_PROMPT_FORMATS,
     LLM_REALIGN,
     LLM_SILENT_GROUPS,
     LLM_TRUNCATED_REWARD,
@@ -188,6 +190,14 @@ def _validate_task(cfg: Config) -> None:
         raise ConfigError(f"llm.silent_groups must be one of {', '.join(LLM_SILENT_GROUPS)}, got {llm.silent_groups!r}")
     if llm.eval_mode not in LLM_EVAL_MODES:
         raise ConfigError(f"llm.eval_mode must be one of {', '.join(LLM_EVAL_MODES)}, got {llm.eval_mode!r}")
+    if llm.prompt_format not in LLM_PROMPT_FORMATS:
+        raise ConfigError(
+            f"llm.prompt_format must be one of {', '.join(LLM_PROMPT_FORMATS)}, got {llm.prompt_format!r}"
+        )
+    if llm.answer_format not in LLM_ANSWER_FORMATS:
+        raise ConfigError(
+            f"llm.answer_format must be one of {', '.join(LLM_ANSWER_FORMATS)}, got {llm.answer_format!r}"
+        )
     if llm.realign not in LLM_REALIGN:
         raise ConfigError(f"llm.realign must be one of {', '.join(LLM_REALIGN)}, got {llm.realign!r}")
     if llm.realign != "none" and not cfg.algo.rho_bar > 0:
@@ -202,7 +212,6 @@ def _validate_task(cfg: Config) -> None:
     for key in (
         "group_size",
         "prompts_per_slot",
-        "max_prompt_tokens",
         "max_new_tokens",
         "train_problems",
         "warmup_batch_size",
@@ -210,7 +219,7 @@ def _validate_task(cfg: Config) -> None:
     ):
         if getattr(llm, key) < 1:
             raise ConfigError(f"llm.{key} must be >= 1, got {getattr(llm, key)}")
-    for key in ("warmup_steps", "eval_size", "model_seed", "warmup_threads"):
+    for key in ("warmup_steps", "eval_size", "model_seed", "warmup_threads", "max_prompt_tokens", "few_shot"):
         if getattr(llm, key) < 0:
             raise ConfigError(f"llm.{key} must be >= 0, got {getattr(llm, key)}")
     if not 0 <= llm.warmup_target <= 1:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from asyncrl.core.metrics import strict_json
-from asyncrl.tasks.llm import gsm_answers, gsm_problems
+from asyncrl.tasks.llm import gsm_problems
 
 START_FILE = "llm-start.json"  # in the run directory: the start model and its accuracy before RL
 START_EVAL_FIELDS = ("initial_accuracy", "eval_problems", "initial_eval_s", "initial_correct")
@@ -28,8 +28,10 @@ class LLMHeldoutEvaluation:
     """Accuracy on held-out problems before and after RL, and the start record of a run directory."""
 
     def evaluate(self, model) -> tuple[float, int, list[int]]:
-        """(exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the first
-        llm.eval_size held-out problems, one completion each (calculator on, as :func:`sampling.evaluate`).
+        """(exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the held-out
+        problems (the first llm.eval_size of llm.test_file or generated ones), one completion each in
+        the run's prompt format, stopped by any stop token and scored by llm.answer_format (calculator
+        on, as :func:`sampling.evaluate`).
 
         llm.eval_mode "sampled": at llm.temperature (the policy RL trains, and DeepSeek-R1's pass@1
         with one sample, arXiv:2501.12948) from a generator seeded with llm.model_seed, so the
@@ -37,12 +39,11 @@ class LLMHeldoutEvaluation:
         interval then measures the policy's change, not the draws'); "greedy": argmax decoding.
         Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
         instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
-        from asyncrl.tasks.llm import model as m
         from asyncrl.tasks.llm.sampling import eval_completions
 
         llm = self.cfg.llm
-        heldout = gsm_problems.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
-        tokenizer = m.load(self.start_dir()).tokenizer
+        heldout = self.heldout_problems()
+        tokenizer = self.tokenizer()
         greedy = llm.eval_mode == "greedy"
         device = next(model.parameters()).device  # the draws come from the model's device (cuda: its own stream)
         generator = None if greedy else torch.Generator(device=device).manual_seed(llm.model_seed)
@@ -58,10 +59,12 @@ class LLMHeldoutEvaluation:
                 generator=generator,
                 max_new_tokens=llm.max_new_tokens,
                 batch_size=llm.eval_batch_size,
+                prompt_format=self.prompt_format(tokenizer),
+                stop_ids=self.stop_ids(tokenizer),
             )
         finally:
             torch.set_num_threads(threads)
-        correct = [int(gsm_answers.reward(text, p.target)) for text, p in zip(texts, heldout)]
+        correct = [int(self.score(text, p.target)) for text, p in zip(texts, heldout)]
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
     def eval_label(self) -> str:
@@ -70,14 +73,22 @@ class LLMHeldoutEvaluation:
         return "greedy" if llm.eval_mode == "greedy" else f"sampled T={llm.temperature:g}"
 
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
-        """Make the start model, then (once per run directory) its held-out accuracy before RL.
-        Raises ValueError (a model directory that does not load), FileExistsError."""
+        """Make the start model, read the data and measure the prompt width (so that bad data or a
+        too narrow llm.max_prompt_tokens is one line now, not a crash in a generator), then (once per run
+        directory) the held-out accuracy before RL. Raises ValueError (a model directory that does not
+        load, bad data: ConfigError), FileExistsError."""
         from asyncrl.tasks.llm import model as m
 
         try:
             start = self.prepare_model(echo)
         except m.ModelLoadError as exc:
             raise ValueError(str(exc)) from None
+        width, fmt, source = self.prompt_width(check=True), self.prompt_format(), self.cfg.llm.train_file or "generated"
+        echo(
+            f"llm: {'chat-template' if fmt.chat else 'plain'} prompts of at most {self.longest_prompt()[0]} tokens "
+            f"(slot width {width}), {len(self.rl_problems())} train problems ({source}), "
+            f"stop tokens {list(self.stop_ids())}"
+        )
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         path = Path(run_dir) / START_FILE
         if path.exists():
@@ -88,6 +99,9 @@ class LLMHeldoutEvaluation:
             "eval_problems": 0,
             "eval_mode": self.eval_label(),
             "eval_batch_size": self.cfg.llm.eval_batch_size,
+            "prompt_tokens": width,
+            "prompt_format": fmt.describe(),
+            "stop_ids": list(self.stop_ids()),
         }
         if self.cfg.llm.eval_size:
             record.update(self._start_evaluation(start, echo))
@@ -136,7 +150,8 @@ class LLMHeldoutEvaluation:
     def start_eval_key(self, start: Path) -> str:
         """Cache key (16 hex digits) of the evaluation before RL: the start model directory's files
         (name, size, modification time), the llm task's code (sampler, problems, this evaluation) and
-        every setting the evaluation reads. The same key means the same computation on this machine
+        every setting the evaluation reads (prompt format, stop tokens, answer format, the held-out
+        problems' text). The same key means the same computation on this machine
         (one torch thread, seeded draws), so :meth:`prepare_run` reuses its result across runs."""
         llm = self.cfg.llm
         h = hashlib.sha256()
@@ -157,6 +172,12 @@ class LLMHeldoutEvaluation:
                     "threads": self.cfg.learner.torch_threads,
                     "generator_version": gsm_problems.GENERATOR_VERSION,
                     "torch": torch.__version__,
+                    "answer_format": [llm.answer_format, llm.answer_strict],
+                    "prompt_format": self.prompt_format().describe(),
+                    "stop_ids": list(self.stop_ids()),
+                    "problems": hashlib.sha256(
+                        json.dumps([[p.question, p.answer] for p in self.heldout_problems()]).encode()
+                    ).hexdigest(),
                 },
                 sort_keys=True,
             ).encode()
@@ -180,9 +201,12 @@ class LLMHeldoutEvaluation:
             "eval_mode": self.eval_label(),
         }
         sampled = self.cfg.llm.eval_mode == "sampled"  # its draws follow the batch: row r of a batch, step t
-        if start.get("eval_mode", "greedy") != self.eval_label() or (
-            sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size
-        ):  # 64: records before the key
+        prompted = {"prompt_format": self.prompt_format().describe(), "stop_ids": list(self.stop_ids())}
+        if (
+            start.get("eval_mode", "greedy") != self.eval_label()
+            or (sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size)  # 64: older records
+            or any(k in start and start[k] != v for k, v in prompted.items())  # other prompts (absent: older records)
+        ):
             # a start record of another evaluation (a run directory resumed under other settings): not comparable
             out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
         if not self.cfg.llm.eval_size:

@@ -241,20 +241,38 @@ def load(path: str | Path) -> Loaded:
             causal LM and tokenizer (one line, with the cause).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     p = Path(path)
     if not p.is_dir():
         raise ModelLoadError(f"model directory not found: {p}")
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"{p} has no config.json: not a Hugging Face model directory")
+    tokenizer = load_tokenizer(p)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelLoadError(f"cannot load {p}: {first}") from None
+        raise ModelLoadError(f"cannot load {p}: {_first_line(e)}") from None
+    return Loaded(model.eval(), tokenizer)
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a model directory as :func:`load` gives it (left padding; EOS as the pad token
+    when it has none), without loading the weights. Raises ModelLoadError (one line)."""
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelLoadError(f"model directory not found: {p}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"cannot load {p}: {_first_line(e)}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Loaded(model.eval(), tokenizer)
+    return tokenizer
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

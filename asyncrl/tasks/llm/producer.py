@@ -1,19 +1,20 @@
 """The generator actor's side of the llm task (:class:`LLMProducer`, asyncrl.tasks.base's ``Producer``):
-a stale copy of the causal LM samples G completions per prompt, the verifiable reward scores them, and
+a stale copy of the causal LM samples G completions per prompt (in the run's prompt format, stopping on
+any of the model's stop tokens: asyncrl.tasks.llm.datasets), the verifiable reward scores them, and
 whole prompt groups are written into a slot (asyncrl.tasks.llm.spec) row by row under the slot guard."""
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from asyncrl.tasks.base import RolloutStats
-from asyncrl.tasks.llm import gsm_answers, gsm_problems
+from asyncrl.tasks.llm import gsm_problems
 from asyncrl.tasks.llm.spec import TokenSpec
 from asyncrl.tasks.llm.weights import layout_hash, load_flat, param_layout
 
@@ -34,6 +35,8 @@ class LLMProducer:
         self.spaces = task.spaces
         self.model = self.tokenizer = None
         self.problems: list[gsm_problems.Problem] = []
+        self.prompt_format = None
+        self.stop_ids: tuple[int, ...] = ()
         self.layout_hash, self.num_params = "", 0
         self.rng = random.Random(0)
         self.device = torch.device("cpu")
@@ -49,9 +52,10 @@ class LLMProducer:
         self.gen = torch.Generator(device=self.device)
         self.layout_hash = layout_hash(self.model)
         self.num_params = sum(p.numel() for _, p in param_layout(self.model))
-        llm = self.cfg.llm
         if not self.problems:
-            self.problems = gsm_problems.make_splits(seed=llm.model_seed, n_train=llm.train_problems, n_heldout=0).train
+            self.problems = self.task.rl_problems()
+        self.prompt_format = self.task.prompt_format(self.tokenizer)
+        self.stop_ids = self.task.stop_ids(self.tokenizer)
         self.seeds = seeds
 
     def load(self, flat: np.ndarray) -> None:
@@ -80,11 +84,12 @@ class LLMProducer:
         out = generate_group(
             self.model,
             self.tokenizer,
-            [gsm_problems.format_prompt(p) for p in chosen],
+            self.task.encode_questions(self.tokenizer, self.prompt_format, chosen),
             s.group_size,
             temperature=llm.temperature,
             max_new_tokens=s.completion_tokens,
             generator=self.gen,
+            stop_ids=self.stop_ids,
         )
         out = out._replace(
             **{
@@ -94,14 +99,14 @@ class LLMProducer:
         )
         t1 = time.perf_counter()
         texts = decode_completions(self.tokenizer, out)
-        rewards = [gsm_answers.reward(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
+        rewards = [self.task.score(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
         if llm.truncated_reward == "zero":
-            rewards = [0.0 if cut else x for x, cut in zip(rewards, truncated(out, self.tokenizer.eos_token_id))]
+            rewards = [0.0 if cut else x for x, cut in zip(rewards, truncated(out, self.stop_ids))]
         if tick is not None:
             tick()
         sp, width = out.prompt_len, out.completion_mask.shape[1]
-        if sp > s.prompt_tokens:
-            raise ValueError(f"a prompt of {sp} tokens is longer than llm.max_prompt_tokens = {s.prompt_tokens}")
+        if sp > s.prompt_tokens:  # the task's prompt width (datasets.LLMData.prompt_width) covers every prompt
+            raise ValueError(f"a prompt of {sp} tokens is longer than the slot's prompt width {s.prompt_tokens}")
         pad = self.tokenizer.pad_token_id
         prompt_ids, prompt_mask = out.input_ids[:, :sp].numpy(), out.attention_mask[:, :sp].numpy().astype(bool)
         comp_ids, comp_mask = out.input_ids[:, sp:].numpy(), out.completion_mask.numpy()
@@ -144,11 +149,12 @@ class LLMProducer:
         self.model = None
 
 
-def truncated(samples, eos_id: int) -> list[bool]:
-    """Per row of ``samples`` (sampling.Samples): True when the completion never emitted ``eos_id``
-    (it was cut at the generation budget)."""
+def truncated(samples, eos_id: int | Sequence[int]) -> list[bool]:
+    """Per row of ``samples`` (sampling.Samples): True when the completion never emitted ``eos_id`` (a stop
+    token id, or any of several: it was cut at the generation budget)."""
     ids = samples.input_ids[:, samples.prompt_len :]
-    return [not bool(((ids[r] == eos_id) & samples.completion_mask[r]).any()) for r in range(ids.shape[0])]
+    stop = torch.isin(ids, torch.as_tensor(eos_id, dtype=ids.dtype, device=ids.device).reshape(-1))
+    return [not bool((stop[r] & samples.completion_mask[r]).any()) for r in range(ids.shape[0])]
 
 
 def _rng_state(rng: random.Random) -> list:

@@ -24,15 +24,18 @@ so RL must take its loss, ratios and token counts over ``policy_mask``, not ``co
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
 from asyncrl.tasks.llm import gsm_answers, gsm_problems
+from asyncrl.tasks.llm.calculator import Calculator, calculator_for
+
+if TYPE_CHECKING:
+    from asyncrl.tasks.llm.prompts import PromptFormat
 
 
 class Samples(NamedTuple):
@@ -57,29 +60,6 @@ class Samples(NamedTuple):
     policy_mask: Tensor
 
 
-class Calculator:
-    """Inserts the value of each annotation ``<<expr=`` a row writes (see the module docstring).
-
-    Built once per tokenizer: it precomputes which vocabulary tokens end in ``=`` (the only tokens
-    after which a row is decoded and checked). The inserted text is ``"<value>>>"`` tokenised on its
-    own (digits are single tokens, so it tokenises as in the training text).
-
-    Args:
-        tokenizer: the model's tokenizer.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        vocab = range(len(tokenizer))
-        self.trigger_ids = torch.tensor([i for i in vocab if tokenizer.decode([i]).endswith("=")], dtype=torch.long)
-
-    def insert(self, completion_ids: list[int]) -> list[int]:
-        """The token ids to insert after ``completion_ids`` (a row's completion so far), or []."""
-        text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
-        tail = gsm_answers.calculator_completion(text)
-        return [] if tail is None else self.tokenizer(tail, add_special_tokens=False)["input_ids"]
-
-
 def position_ids(attention_mask: Tensor) -> Tensor:
     """[B, S] positions counting only attended tokens: cumsum(mask) - 1, clamped at 0 (left padding)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -91,7 +71,7 @@ def sample(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     *,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -111,7 +91,9 @@ def sample(
         model: a transformers causal LM (put in eval mode here); decoding runs on its device.
         prompt_ids: [B, S_p] int64 left-padded prompts (moved to the model's device).
         prompt_mask: [B, S_p] 0/1 attention mask of the prompts.
-        eos_id, pad_id: token ids; a row stops after it emits EOS.
+        eos_id: the stop token id, or several (asyncrl.tasks.llm.prompts.stop_ids): a row stops after it
+            emits any of them (called EOS below; it is kept in the completion).
+        pad_id: the padding token id.
         max_new_tokens: >= 1, completion budget L_max (a row that never emits EOS is cut there and
             simply has no EOS).
         temperature: > 0; logits are divided by it (ignored for greedy).
@@ -146,6 +128,7 @@ def sample(
     device = getattr(model, "device", prompt_ids.device)  # transformers models name theirs
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # CPU: the same tensors
     b, s_p = prompt_ids.shape
+    stops = torch.as_tensor(eos_id, dtype=torch.long, device=device).reshape(-1)
     mask = prompt_mask.long()
     cache = _cache_kwargs(model)  # the KV cache, updated in place by every forward
     out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True, **cache)
@@ -185,7 +168,7 @@ def sample(
                 ins = calculator.insert([int(t[row]) for t in tokens])
                 if ins:
                     queues[row] = deque(ins)
-        done = done | (live & (tok == eos_id))
+        done = done | (live & torch.isin(tok, stops))
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         if compact and bool(done[rows].any()):  # drop the rows that just ended from the batch and the cache
@@ -275,45 +258,56 @@ def completion_log_probs(
     return torch.where(completion_mask, logp, torch.zeros_like(logp))
 
 
-def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
-    """Left-padded prompt ids and mask, both [B, S_p] int64 (the tokenizer's padding_side is forced left)."""
+def encode_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt ids and mask, both [B, S_p] int64 (S_p: the longest prompt).
+
+    Args:
+        tokenizer: pads with its pad token (its padding_side is forced left).
+        prompts: texts, encoded here without special tokens; or token ids already encoded (e.g. by
+            :meth:`asyncrl.tasks.llm.prompts.PromptFormat.encode`, which adds BOS where it belongs).
+
+    Raises:
+        ValueError: an empty prompt of token ids.
+    """
     tokenizer.padding_side = "left"
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
-    return enc["input_ids"], enc["attention_mask"]
-
-
-_CALCULATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def calculator_for(tokenizer) -> Calculator:
-    """The :class:`Calculator` of ``tokenizer``, built on first use and cached while the tokenizer lives."""
-    calc = _CALCULATORS.get(tokenizer)
-    if calc is None:
-        calc = _CALCULATORS[tokenizer] = Calculator(tokenizer)
-    return calc
+    if all(isinstance(p, str) for p in prompts):
+        enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+        return enc["input_ids"], enc["attention_mask"]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("a prompt of no tokens")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[r, width - len(p) :] = 1
+    return ids, mask
 
 
 def generate_group(
     model,
     tokenizer,
-    prompts: Sequence[str],
+    prompts: Sequence[str] | Sequence[Sequence[int]],
     G: int,
     *,
     temperature: float,
     max_new_tokens: int,
     generator: torch.Generator | None,
     calculator: bool = True,
+    stop_ids: Sequence[int] | None = None,
 ) -> Samples:
     """G sampled completions of each prompt (GRPO's group), rows prompt-major: row p * G + g.
 
     Args:
         model, tokenizer: from :func:`asyncrl.tasks.llm.model.load`.
-        prompts: P prompt strings.
+        prompts: P prompts, texts or token ids (as :func:`encode_prompts`).
         G: >= 1 completions per prompt.
         temperature, max_new_tokens: as :func:`sample`.
         generator: seeded CPU torch.Generator (same seed, same model, same thread count: same tokens).
         calculator: write the value of each ``<<expr=`` annotation for the model (default; those
             tokens get policy_mask False). False: the model writes every token itself.
+        stop_ids: the token ids that end a completion (:func:`asyncrl.tasks.llm.prompts.stop_ids`);
+            None: the tokenizer's EOS alone.
 
     Returns:
         :class:`Samples` with B = P * G.
@@ -328,7 +322,7 @@ def generate_group(
         model,
         ids,
         mask,
-        eos_id=tokenizer.eos_token_id,
+        eos_id=tokenizer.eos_token_id if stop_ids is None else stop_ids,
         pad_id=tokenizer.pad_token_id,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -356,10 +350,15 @@ def eval_completions(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     calculator: bool = True,
+    prompt_format: PromptFormat | None = None,
+    stop_ids: Sequence[int] | None = None,
 ) -> list[str]:
     """One completion per problem (the texts :func:`evaluate` scores), in problem order.
 
-    Arguments as :func:`evaluate`.
+    Arguments as :func:`evaluate`, and:
+        prompt_format: how a question becomes prompt tokens (:mod:`asyncrl.tasks.llm.prompts`); None:
+            the plain :func:`asyncrl.tasks.llm.gsm_problems.format_prompt` text.
+        stop_ids: as :func:`generate_group`.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -367,12 +366,15 @@ def eval_completions(
     texts: list[str] = []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i : i + batch_size]
-        ids, mask = encode_prompts(tokenizer, [gsm_problems.format_prompt(p) for p in chunk])
+        if prompt_format is None:
+            ids, mask = encode_prompts(tokenizer, [gsm_problems.format_prompt(p) for p in chunk])
+        else:
+            ids, mask = encode_prompts(tokenizer, prompt_format.encode(tokenizer, [p.question for p in chunk]))
         out = sample(
             model,
             ids,
             mask,
-            eos_id=tokenizer.eos_token_id,
+            eos_id=tokenizer.eos_token_id if stop_ids is None else stop_ids,
             pad_id=tokenizer.pad_token_id,
             max_new_tokens=max_new_tokens,
             temperature=temperature,

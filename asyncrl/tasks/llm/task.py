@@ -13,6 +13,7 @@ default, or greedy); a finished run adds the accuracy after RL (summary.json ``i
 
 The pieces: :mod:`asyncrl.tasks.llm.producer` (the generator actor), :mod:`asyncrl.tasks.llm.start_model`
 (the start model and its warm-up), :mod:`asyncrl.tasks.llm.heldout_eval` (accuracy before and after RL),
+:mod:`asyncrl.tasks.llm.datasets` (problems, prompt format, stop tokens, reward format, prompt width),
 :mod:`asyncrl.tasks.llm.weights` (the flat weight buffer).
 """
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from asyncrl.tasks.base import NoPeriodicEvaluation
+from asyncrl.tasks.llm.datasets import LLMData
 from asyncrl.tasks.llm.heldout_eval import LLMHeldoutEvaluation
 from asyncrl.tasks.llm.producer import LLMProducer
 from asyncrl.tasks.llm.spec import TokenSpec
@@ -38,7 +40,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-class LLMTask(LLMStartModel, LLMHeldoutEvaluation):
+class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
     kind = "llm"
     obs_shape: tuple[int, ...] = ()
 
@@ -60,7 +62,7 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation):
             self._spec = TokenSpec(
                 prompts=llm.prompts_per_slot,
                 group_size=llm.group_size,
-                prompt_tokens=llm.max_prompt_tokens,
+                prompt_tokens=self.prompt_width(),
                 completion_tokens=llm.max_new_tokens,
                 vocab_size=int(self._model_config()["vocab_size"]),
             )
