@@ -259,3 +259,31 @@ def test_error_breakdown_counts_by_hand():
     assert out["first_error"] == {"correct": 1, "setup: wrong second operand": 1, "stopped early": 1}
     with pytest.raises(ValueError):
         gsm_answers.error_breakdown([two], [])
+
+
+def test_generated_problems_take_a_step_range_and_keep_the_default_stream():
+    from asyncrl.tasks.llm import gsm_problems as gp
+
+    default = gp.make_splits(seed=3, n_train=40, n_heldout=5)
+    assert default == gp.make_splits(seed=3, n_train=40, n_heldout=5, steps=(2, 4))  # the tiny model's data kept
+    one = gp.make_splits(seed=3, n_train=40, n_heldout=5, steps=(1, 1))
+    assert all(p.answer.count("<<") == 1 for p in one.train + one.heldout)
+    five = gp.make_splits(seed=3, n_train=20, n_heldout=0, steps=(5, 6)).train
+    assert {p.answer.count("<<") for p in five} <= {5, 6}
+    for bad in ((0, 2), (3, 2), (1, 9)):
+        with pytest.raises(ValueError, match="steps must satisfy"):
+            gp.make_splits(seed=3, n_train=1, n_heldout=0, steps=bad)
+
+
+def test_problem_steps_config_is_checked_and_reported_unused_with_both_files(tmp_path):
+    from asyncrl.core import config
+
+    base = ["task.kind=llm"]
+    with pytest.raises(config.ConfigError, match="problem_steps_min / llm.problem_steps_max"):
+        config.load(None, [*base, "llm.problem_steps_min=3", "llm.problem_steps_max=2"])
+    cfg = config.load(None, [*base, "llm.problem_steps_min=1", "llm.problem_steps_max=1"])
+    assert (cfg.llm.problem_steps_min, cfg.llm.problem_steps_max) == (1, 1)
+    res = config.load_resolved(
+        None, [*base, "llm.problem_steps_min=1", "llm.train_file=a.jsonl", "llm.test_file=b.jsonl"]
+    )
+    assert any("llm.problem_steps_min" in line for line in res.unused)

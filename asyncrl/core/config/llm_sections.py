@@ -19,6 +19,10 @@ class TaskConfig:
     )
 
 
+# the generated problems are used: for RL prompts or for the held-out evaluation
+_GENERATED = ("llm.train_file or llm.test_file empty", lambda c: not (c.llm.train_file and c.llm.test_file))
+
+
 @dataclass(frozen=True)
 class LLMConfig:
     """The language-model task's keys (task.kind = llm; docs/decisions/llm-defaults.md)."""
@@ -65,6 +69,16 @@ class LLMConfig:
     )
     temperature: float = _f(
         1.0, "sampling temperature of the generators (the learner's log-probs use it too)", kinds=LLM
+    )
+    problem_steps_min: int = _f(
+        2,
+        "fewest arithmetic steps of a generated problem (1 to 8; an easier task for a pretrained model "
+        "that scores near 0 on the default 2 to 4; the supervised warm-up keeps 2 to 4)",
+        kinds=LLM,
+        when=_GENERATED,
+    )
+    problem_steps_max: int = _f(
+        4, "most arithmetic steps of a generated problem (>= problem_steps_min, <= 8)", kinds=LLM, when=_GENERATED
     )
     train_problems: int = _f(
         20000,

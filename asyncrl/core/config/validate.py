@@ -222,6 +222,11 @@ def _validate_task(cfg: Config) -> None:
     for key in ("warmup_steps", "eval_size", "model_seed", "warmup_threads", "max_prompt_tokens", "few_shot"):
         if getattr(llm, key) < 0:
             raise ConfigError(f"llm.{key} must be >= 0, got {getattr(llm, key)}")
+    if not 1 <= llm.problem_steps_min <= llm.problem_steps_max <= 8:
+        raise ConfigError(
+            "llm.problem_steps_min / llm.problem_steps_max must satisfy 1 <= min <= max <= 8, got "
+            f"{llm.problem_steps_min} / {llm.problem_steps_max}"
+        )
     if not 0 <= llm.warmup_target <= 1:
         raise ConfigError(f"llm.warmup_target must be an accuracy in [0, 1], got {llm.warmup_target}")
     if not 0 < llm.temperature < float("inf"):

@@ -68,8 +68,10 @@ class LLMData:
         llm = self.cfg.llm
         if llm.train_file:
             return self._cached("train", lambda: read_problems(llm.train_file, "llm.train_file"))
-        seed, n = llm.model_seed, llm.train_problems
-        return self._cached("train", lambda: gsm_problems.make_splits(seed=seed, n_train=n, n_heldout=0).train)
+        seed, n, steps = llm.model_seed, llm.train_problems, (llm.problem_steps_min, llm.problem_steps_max)
+        return self._cached(
+            "train", lambda: gsm_problems.make_splits(seed=seed, n_train=n, n_heldout=0, steps=steps).train
+        )
 
     def few_shot_problems(self) -> list[Problem]:
         """The first llm.few_shot problems of llm.few_shot_file, or of the train problems.
@@ -101,8 +103,12 @@ class LLMData:
         llm = self.cfg.llm
         if llm.test_file:
             return self._cached("test", lambda: read_problems(llm.test_file, "llm.test_file"))[: llm.eval_size]
+        steps = (llm.problem_steps_min, llm.problem_steps_max)
         return self._cached(
-            "heldout", lambda: gsm_problems.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size).heldout
+            "heldout",
+            lambda: (
+                gsm_problems.make_splits(seed=llm.model_seed, n_train=0, n_heldout=llm.eval_size, steps=steps).heldout
+            ),
         )
 
     def tokenizer(self):

@@ -7,7 +7,8 @@ whose lines carry calculator annotations ``<<48/2=24>>`` and whose last line is 
 (its parser, the reward and the calculator: :mod:`asyncrl.tasks.llm.gsm_answers`).
 
 The generator writes problems of that shape from a seed: a short story of two to four arithmetic steps
-(+, -, *, / with exact division) on whole numbers below 1,000 (every operand, intermediate and final
+(``steps`` sets the range; llm.problem_steps_min / _max) (+, -, *, / with exact division) on whole
+numbers below 1,000 (every operand, intermediate and final
 result is in [1, 999]); operands lean small (one digit half of the time) so that a tiny model can learn
 some of them quickly, and the mix of easy and hard problems gives GRPO groups with mixed rewards.
 
@@ -27,6 +28,8 @@ from asyncrl.tasks.llm.gsm_answers import ANSWER_MARKER, parse_final_answer
 
 GENERATOR_VERSION = 1  # bump when generated text changes: it keys the cached tokenizer / model directories
 MAX_NUMBER = 999
+DEFAULT_STEPS = (2, 4)  # arithmetic steps per generated problem (fewest, most)
+MAX_STEPS = 8
 HELDOUT_PERCENT = 10  # share of all possible questions that belong to the held-out split (by hash)
 
 
@@ -208,11 +211,13 @@ _SOLUTION = {
 }
 
 
-def generate_problem(rng: random.Random) -> Problem:
-    """One problem of 2 to 4 steps drawn from ``rng`` (see the module docstring for the distribution).
+def generate_problem(rng: random.Random, steps: tuple[int, int] = DEFAULT_STEPS) -> Problem:
+    """One problem of ``steps[0]`` to ``steps[1]`` steps (2 to 4 by default) drawn from ``rng`` (see the
+    module docstring for the distribution).
 
     Args:
         rng: a seeded random.Random (the only source of randomness).
+        steps: (fewest, most) arithmetic steps, 1 <= fewest <= most (checked by :func:`make_splits`).
 
     Returns:
         A :class:`Problem` whose answer has one line per step, each ``<text> a<op>b = <<a<op>b=r>>r
@@ -221,7 +226,7 @@ def generate_problem(rng: random.Random) -> Problem:
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
     pron, obj = rng.choice([("she", "her"), ("he", "him")])
     value = _operand(rng)
-    n_steps = rng.randint(2, 4)
+    n_steps = rng.randint(*steps)
     story = [f"{name} has {value} {item}."]
     solution = []
     while len(solution) < n_steps:
@@ -253,7 +258,7 @@ class Splits:
     heldout: list[Problem]
 
 
-def make_splits(*, seed: int, n_train: int, n_heldout: int = 500) -> Splits:
+def make_splits(*, seed: int, n_train: int, n_heldout: int = 500, steps: tuple[int, int] = DEFAULT_STEPS) -> Splits:
     """Deterministic train / held-out split of generated problems.
 
     Problems are drawn from one random.Random(seed) stream; each new question (duplicates skipped)
@@ -264,21 +269,25 @@ def make_splits(*, seed: int, n_train: int, n_heldout: int = 500) -> Splits:
         seed: any int.
         n_train: >= 0, problems in the train split.
         n_heldout: >= 0, problems in the held-out split (500 by default, the floor the RL runs use).
+        steps: (fewest, most) arithmetic steps per problem, 1 <= fewest <= most <= MAX_STEPS (an easier
+            task for a model that scores near 0 on the default 2 to 4).
 
     Returns:
         :class:`Splits`.
 
     Raises:
-        ValueError: a negative count.
+        ValueError: a negative count, or steps out of range.
     """
     if n_train < 0 or n_heldout < 0:
         raise ValueError(f"split sizes must be >= 0, got n_train={n_train}, n_heldout={n_heldout}")
+    if not 1 <= steps[0] <= steps[1] <= MAX_STEPS:
+        raise ValueError(f"steps must satisfy 1 <= fewest <= most <= {MAX_STEPS}, got {tuple(steps)}")
     rng = random.Random(seed)
     seen: set[str] = set()
     train: list[Problem] = []
     heldout: list[Problem] = []
     while len(train) < n_train or len(heldout) < n_heldout:
-        pr = generate_problem(rng)
+        pr = generate_problem(rng, steps)
         if pr.question in seen:
             continue
         seen.add(pr.question)
