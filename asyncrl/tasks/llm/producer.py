@@ -85,6 +85,8 @@ class LLMProducer:
             temperature=llm.temperature,
             max_new_tokens=s.completion_tokens,
             generator=self.gen,
+            top_k=llm.top_k,
+            top_p=llm.top_p,
         )
         out = out._replace(
             **{
