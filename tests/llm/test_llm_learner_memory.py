@@ -101,10 +101,10 @@ def _peak_bytes(fn, tmp_path) -> int:
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_peak_memory_of_the_log_probs_is_set_by_the_chunk_not_the_batch(tmp_path, top_p):
     """Forward and backward of the completion log-probs: with chunks of c = 32 tokens the allocator
-    never holds more than 10 c V floats (measured: 4.8-5.3 without top-p, 7.0-7.6 with its sort),
-    for about 250 or 500 completion tokens (8 or 16 times the chunk), and doubling the tokens moves
-    the peak by less than one chunk; in one chunk, the peak is above N V floats (one float32 copy of
-    the batch's logits), so the measure sees the logits."""
+    never holds more than 10 c V floats (measured with this model at 16 and 32 rows: 4.8-5.3 without
+    top-p, 7.0-7.6 with its sort), for about 250 or 500 completion tokens (8 or 16 times the chunk),
+    and doubling the tokens moves the peak by less than one chunk; in one chunk, the peak is above
+    N V floats (one float32 copy of the batch's logits), so the measure sees the logits."""
     lm, chunk, unit = _lm(), 32, 32 * V * 4  # bytes of one [chunk, V] float32 tensor
 
     def run(ids, mask, comp, chunk_tokens):
