@@ -123,7 +123,7 @@ def llm_case(cfg: Config, device, fwd, model_dir: Path, seed: int = 0):
     }
     with torch.no_grad():  # behaviour log-probs of the same weights: a zero-lag batch
         dev_batch = to_device(batch, device)
-        lp = _token_log_probs(model, dev_batch, torch.arange(rows, device=device), temperature=llm.temperature)
+        lp = _token_log_probs(model, dev_batch, torch.arange(rows, device=device), llm=llm)
     batch["behavior_log_prob"] = lp.cpu()
     gen = torch.Generator().manual_seed(seed)
 

@@ -6,6 +6,7 @@ normalisation and the TV filter's split by lag. The control task's iteration
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,14 +62,18 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
     raise ValueError(f"unknown preset {p!r}")
 
 
-def optimizer_step(optimizer, loss, max_grad_norm) -> torch.Tensor:
+def optimizer_step(optimizer, loss, max_grad_norm, *, backward: Callable[[], None] | None = None) -> torch.Tensor:
     """Backward, clip the global norm of the optimizer's parameters' gradient at ``max_grad_norm``,
     step: returns the norm before clipping (0-dim tensor). A :class:`asyncrl.core.optim.GuardedAdam` is
-    given that norm and skips the step when it is not finite."""
+    given that norm and skips the step when it is not finite. ``backward``: called instead of
+    ``loss.backward()`` to fill the gradients (gradient accumulation over micro-batches)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for p in params:  # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
         p.grad = None
-    loss.backward()
+    if backward is None:
+        loss.backward()
+    else:
+        backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     if isinstance(optimizer, GuardedAdam):
         optimizer.step(grad_norm=grad_norm)

@@ -92,11 +92,16 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
         self.num_slots = 0  # slots of the learner's ring (from its welcome)
 
     def tick(self) -> None:
-        """Called by the producer while it collects (control: before each env step of its envs): a
-        straggler (actor.slowdown_s > 0) sleeps slowdown_s / T per step, so its rollouts take that
-        much longer and come back staler."""
+        """Called by the producer while it collects (control: before each env step of its envs; llm:
+        once before each slot's generation): a straggler (actor.slowdown_s > 0) sleeps slowdown_s / T
+        per step, so its rollouts take that much longer and come back staler. The sleep is cut into
+        pieces of at most transport.heartbeat_s with a heartbeat after each, so a sleep longer than
+        transport.actor_timeout_s (an llm slot is one step) does not make the actor look dead."""
         if self.step_sleep_s > 0:
-            time.sleep(self.step_sleep_s)
+            pieces = math.ceil(self.step_sleep_s / max(self.cfg.transport.heartbeat_s, 1e-3))
+            for _ in range(pieces):
+                time.sleep(self.step_sleep_s / pieces)
+                self.heartbeat()
         # Heartbeat while collecting: a rollout longer than transport.actor_timeout_s must not make
         # the learner reap a live actor (it would regrant the slot being written, then lock it out).
         self.heartbeat()
@@ -152,7 +157,9 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None
             t_first = time.perf_counter()  # the rollout's first action (the parts of its lag: core/lag_parts.py)
-            stats = self.producer.collect(slot, version=self.version, guard=guard, grant_id=grant_id, tick=self.tick)
+            stats = self.producer.collect(
+                slot, version=self.version, guard=guard, grant_id=grant_id, tick=self.tick, heartbeat=self.heartbeat
+            )
             if stats.revoked:  # the learner reclaimed this grant (we were silent too long)
                 del slot
                 self.revoked += 1

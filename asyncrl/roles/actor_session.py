@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from asyncrl.core import exit_status
+from asyncrl.core.background import run_with_heartbeats
 from asyncrl.core.config import from_dict
 from asyncrl.core.lag_control import WeightHistory
 from asyncrl.core.seeding import actor_seeds, fingerprint
@@ -161,7 +162,9 @@ class LearnerSession:
         self.num_slots = reply["num_slots"]
         run_seed = self.opts.seed if self.opts.seed is not None else learner_cfg.run.seed
         self.seeds = actor_seeds(run_seed, self.opts.actor_id, reply["restart"], self.cfg.env.num_envs)
-        self.producer.bind(learner_cfg, self.seeds)  # the policy copy, in the learner's layout
+        # the policy copy, in the learner's layout; loading a language model takes tens of seconds, so
+        # it loads in a worker thread while this one heartbeats (the learner knows us from this welcome)
+        run_with_heartbeats(lambda _: self.producer.bind(learner_cfg, self.seeds), self.heartbeat, name="actor-bind")
         self.layout_hash, self.num_params = self.producer.layout_hash, self.producer.num_params
         self.policy = self.producer
         a = self.cfg.actor

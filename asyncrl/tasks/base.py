@@ -75,10 +75,13 @@ class Producer(Protocol):
         guard: RowGuard | None = None,
         grant_id: int = 0,
         tick: Callable[[], None] | None = None,
+        heartbeat: Callable[[], None] | None = None,
     ) -> RolloutStats:
         """Fill one slot (row by row, ``grant_id`` written last in each row, ``guard`` asked around
         every row) with data of policy ``version``; ``tick`` is called while it works (the
-        actor's heartbeat and straggler sleep)."""
+        actor's heartbeat and straggler sleep), ``heartbeat`` (the actor's heartbeat alone, cheap and
+        never sleeping) at least every few tenths of a second from the calling thread while a long
+        step runs elsewhere (the llm task's generation in a worker thread)."""
 
     def state_dict(self) -> dict:
         """What serial mode checkpoints to go on bit-identically: {"source": ..., "rng": ...}."""

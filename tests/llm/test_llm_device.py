@@ -64,7 +64,7 @@ def test_bf16_llm_iteration_keeps_float32_log_probs_and_weights(micro_dir):
     from asyncrl.tasks.llm.learn import _token_log_probs
 
     with torch.no_grad(), bf16.forward_context():
-        lp = _token_log_probs(bf16.policy, batch, torch.arange(4), temperature=1.0)
+        lp = _token_log_probs(bf16.policy, batch, torch.arange(4), llm=cfg.llm)
     assert lp.dtype == torch.float32
     stats = bf16.iterate(batch)
     fp32.iterate(fp32.make_batch(slots))

@@ -231,7 +231,7 @@ def test_generator_writes_whole_groups_and_learner_log_probs_match_at_zero_lag(m
     state_model = task.build_policy()
     batch = {k: torch.from_numpy(v) for k, v in slot.items()}
     with torch.no_grad():
-        lp = _token_log_probs(state_model, batch, torch.arange(4), temperature=cfg.llm.temperature)
+        lp = _token_log_probs(state_model, batch, torch.arange(4), llm=cfg.llm)
     mask = batch["policy_mask"]
     assert (lp[mask] - batch["behavior_log_prob"][mask]).abs().max() < 1e-4
 
@@ -675,18 +675,21 @@ def test_pi_t_log_probs_come_from_forwards_before_the_first_step(micro_dir, sets
     """log π_T is taken at the iteration's start weights: a no-gradient forward of the rows outside
     the first minibatch before any optimizer step, and the first minibatch's own forward (also
     before any step); rows of silent groups that drop removes get none. Records (grad enabled, rows,
-    optimizer steps taken so far) of every forward."""
+    optimizer steps taken so far) of every forward of the model's backbone (the learner applies the
+    output head itself, in chunks)."""
     from asyncrl.tasks.llm.learn import llm_iteration
+    from asyncrl.tasks.llm.token_log_probs import output_head
 
     cfg = _tiny_cfg(micro_dir, "llm.silent_groups=step", *sets)
     task = make_task(cfg)
     batch = _slot_batch(cfg, task, [1.0, 0.0, 1.0, 1.0])
     model = task.build_policy()
+    assert output_head(model, batch["prompt_ids"], batch["prompt_mask"].long()) is not None  # its one-time check
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     taken, log = [0], []
     step = opt.step
     opt.step = lambda *a, **k: (taken.__setitem__(0, taken[0] + 1), step(*a, **k))[1]
-    model.register_forward_pre_hook(
+    model.model.register_forward_pre_hook(
         lambda mod, args, kw: log.append((torch.is_grad_enabled(), kw["input_ids"].shape[0], taken[0])),
         with_kwargs=True,
     )

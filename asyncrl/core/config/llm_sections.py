@@ -70,6 +70,19 @@ class LLMConfig:
     temperature: float = _f(
         1.0, "sampling temperature of the generators (the learner's log-probs use it too)", kinds=LLM
     )
+    top_k: int = _f(
+        0,
+        "sample from the k most likely tokens only, renormalised (after the temperature; the "
+        "behaviour and the learner's log-probs are those of this distribution); 0: off",
+        kinds=LLM,
+    )
+    top_p: float = _f(
+        1.0,
+        "nucleus sampling (arXiv:1904.09751): sample from the smallest set of most likely tokens "
+        "whose probability reaches top_p, renormalised (after temperature and top_k; the behaviour "
+        "and the learner's log-probs are those of this distribution); 1: off",
+        kinds=LLM,
+    )
     problem_steps_min: int = _f(
         2,
         "fewest arithmetic steps of a generated problem (1 to 8; an easier task for a pretrained model "
@@ -180,6 +193,26 @@ class LLMConfig:
         "factor on negative advantages after group normalisation: 1 is GRPO, 0 keeps "
         "the positive (above-group-mean) completions only (positive-sample "
         "reinforcement, arXiv:2506.01347)",
+        kinds=LLM,
+    )
+    logprob_chunk_tokens: int = _f(
+        512,
+        "completion tokens per chunk of the learner's log-prob computation (output head and "
+        "log-softmax, recomputed in the backward pass): its memory is a few chunk x vocabulary "
+        "floats, never rows x tokens x vocabulary",
+        kinds=LLM,
+    )
+    micro_batch_rows: int = _f(
+        0,
+        "completions per forward / backward of the learner: each minibatch's gradient is "
+        "accumulated over micro-batches of this many rows (the same update to float rounding, "
+        "one more forward without gradient per micro-batch); 0: the whole minibatch at once",
+        kinds=LLM,
+    )
+    gradient_checkpointing: bool = _f(
+        False,
+        "recompute each decoder layer's activations in the learner's backward pass "
+        "(transformers' activation checkpointing): less memory, about one more forward of time",
         kinds=LLM,
     )
 

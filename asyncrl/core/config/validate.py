@@ -231,6 +231,13 @@ def _validate_task(cfg: Config) -> None:
         raise ConfigError(f"llm.warmup_target must be an accuracy in [0, 1], got {llm.warmup_target}")
     if not 0 < llm.temperature < float("inf"):
         raise ConfigError(f"llm.temperature must be a finite number > 0, got {llm.temperature}")
+    if not 0 < llm.top_p <= 1:
+        raise ConfigError(f"llm.top_p must be in (0, 1] (1: off), got {llm.top_p}")
+    for key in ("top_k", "micro_batch_rows"):
+        if getattr(llm, key) < 0:
+            raise ConfigError(f"llm.{key} must be >= 0 (0: off), got {getattr(llm, key)}")
+    if llm.logprob_chunk_tokens < 1:
+        raise ConfigError(f"llm.logprob_chunk_tokens must be >= 1, got {llm.logprob_chunk_tokens}")
 
 
 def validate_serial(cfg: Config) -> None:

@@ -54,9 +54,16 @@ class ControlProducer:
         self.env.reset(seeds=self.seeds.env)
 
     def collect(
-        self, slot, *, version: int, guard=None, grant_id: int = 0, tick: Callable[[], None] | None = None
+        self,
+        slot,
+        *,
+        version: int,
+        guard=None,
+        grant_id: int = 0,
+        tick: Callable[[], None] | None = None,
+        heartbeat: Callable[[], None] | None = None,
     ) -> RolloutStats:
-        act = self.policy.act
+        act = self.policy.act  # (heartbeat: unused, tick heartbeats before every env step)
         if tick is not None:
 
             def act(obs, _act=act):  # once per env step of all E envs

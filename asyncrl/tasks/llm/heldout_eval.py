@@ -33,10 +33,11 @@ class LLMHeldoutEvaluation:
         the run's prompt format, stopped by any stop token and scored by llm.answer_format (calculator
         on, as :func:`sampling.evaluate`).
 
-        llm.eval_mode "sampled": at llm.temperature (the policy RL trains, and DeepSeek-R1's pass@1
-        with one sample, arXiv:2501.12948) from a generator seeded with llm.model_seed, so the
-        evaluations before and after RL use the same random draws (common random numbers: the paired
-        interval then measures the policy's change, not the draws'); "greedy": argmax decoding.
+        llm.eval_mode "sampled": at llm.temperature, llm.top_k and llm.top_p (the policy RL trains, and
+        DeepSeek-R1's pass@1 with one sample, arXiv:2501.12948) from a generator seeded with
+        llm.model_seed, so the evaluations before and after RL use the same random draws (common random
+        numbers: the paired interval then measures the policy's change, not the draws'); "greedy":
+        argmax decoding.
         Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
         instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
         from asyncrl.tasks.llm.sampling import eval_completions
@@ -56,6 +57,8 @@ class LLMHeldoutEvaluation:
                 heldout,
                 greedy=greedy,
                 temperature=llm.temperature,
+                top_k=llm.top_k,
+                top_p=llm.top_p,
                 generator=generator,
                 max_new_tokens=llm.max_new_tokens,
                 batch_size=llm.eval_batch_size,
@@ -68,9 +71,16 @@ class LLMHeldoutEvaluation:
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
     def eval_label(self) -> str:
-        """ "greedy" or "sampled T=<llm.temperature>": what initial and final accuracy measure."""
+        """ "greedy" or "sampled T=<llm.temperature>" (with " top_k=<k>" / " top_p=<p>" when they
+        truncate): what initial and final accuracy measure."""
         llm = self.cfg.llm
-        return "greedy" if llm.eval_mode == "greedy" else f"sampled T={llm.temperature:g}"
+        if llm.eval_mode == "greedy":
+            return "greedy"
+        return (
+            f"sampled T={llm.temperature:g}"
+            + (f" top_k={llm.top_k}" if llm.top_k else "")
+            + (f" top_p={llm.top_p:g}" if llm.top_p < 1 else "")
+        )
 
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None] = print) -> dict:
         """Make the start model, read the data and measure the prompt width (so that bad data or a
@@ -166,6 +176,8 @@ class LLMHeldoutEvaluation:
                     "eval_size": llm.eval_size,
                     "eval_mode": llm.eval_mode,
                     "temperature": llm.temperature,
+                    **({"top_k": llm.top_k} if llm.top_k else {}),
+                    **({"top_p": llm.top_p} if llm.top_p < 1 else {}),
                     "model_seed": llm.model_seed,
                     "eval_batch_size": llm.eval_batch_size,
                     "max_new_tokens": llm.max_new_tokens,

@@ -26,12 +26,22 @@ with the learning anchor π_T, ``surrogate_rho_bar`` and the band on the forward
    policy token (:func:`asyncrl.algo.grpo.kl_k3`), averaged with the loss's token weights; π_ref
    is the frozen start model, its log-probs computed once per iteration (DeepSeekMath, arXiv:2402.03300).
 
+Log-probs and memory: every log-prob is that of the generators' sampling transform (llm.temperature,
+top_k, top_p; asyncrl.tasks.llm.token_log_probs), computed in chunks of ``llm.logprob_chunk_tokens``
+completion positions (never [rows, tokens, vocabulary] logits). With ``llm.micro_batch_rows`` each
+optimizer step accumulates its gradient over micro-batches: the minibatch's log-probs first without
+gradient, its loss and the loss's gradient per token on them (the TV filter, advantage normalisation and
+token averaging see the whole minibatch), then each micro-batch's forward backpropagates its share
+(GradCache, arXiv:2101.06983): the update of the whole minibatch to float rounding. The forwards
+without gradient (π_T, π_ref) run one micro-batch at a time too.
+
 Shapes: batch rows R' = B slots x prompts x G (groups of G consecutive rows), S = S_p + L tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
@@ -49,13 +59,46 @@ from asyncrl.core.iteration import (
     step_means,
     step_record,
 )
-from asyncrl.tasks.llm.sampling import completion_log_probs
+from asyncrl.tasks.llm.token_log_probs import completion_log_probs
 
 
-def _token_log_probs(model, batch: dict[str, torch.Tensor], rows, *, temperature: float) -> torch.Tensor:
+def _token_log_probs(model, batch: dict[str, torch.Tensor], rows, *, llm) -> torch.Tensor:
+    """[len(rows), L] log-probs of the rows' completion tokens under ``model`` and the generators'
+    sampling transform (llm.temperature, top_k, top_p), in chunks of llm.logprob_chunk_tokens."""
     ids = torch.cat([batch["prompt_ids"][rows], batch["completion_ids"][rows]], 1)
     mask = torch.cat([batch["prompt_mask"][rows], batch["completion_mask"][rows]], 1).long()
-    return completion_log_probs(model, ids, mask, batch["completion_mask"][rows], temperature=temperature)
+    return completion_log_probs(
+        model,
+        ids,
+        mask,
+        batch["completion_mask"][rows],
+        temperature=llm.temperature,
+        top_k=llm.top_k,
+        top_p=llm.top_p,
+        chunk_tokens=llm.logprob_chunk_tokens,
+    )
+
+
+def _micro_batches(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """``rows`` in consecutive parts of ``size`` (llm.micro_batch_rows; 0: one part)."""
+    return list(rows.split(size)) if 0 < size < len(rows) else [rows]
+
+
+def _no_grad_log_probs(model, batch, rows, *, llm, forward_context) -> torch.Tensor:
+    """:func:`_token_log_probs` without gradient, one micro-batch of rows per forward."""
+    with torch.no_grad(), forward_context():
+        parts = [_token_log_probs(model, batch, part, llm=llm) for part in _micro_batches(rows, llm.micro_batch_rows)]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _backward_micro_batches(model, batch, parts, grad_log_prob, *, llm, forward_context) -> None:
+    """Fill the parameters' gradients one micro-batch (``parts``, rows) at a time: its forward with
+    gradient, then the backward of its log-probs against its rows of ``grad_log_prob`` ([rows, L],
+    d loss / d log π of the whole minibatch): their sum is the minibatch's gradient."""
+    for part, g in zip(parts, grad_log_prob.split([len(p) for p in parts])):
+        with forward_context():
+            lp = _token_log_probs(model, batch, part, llm=llm)
+        (lp * g).sum().backward()
 
 
 def _advantages(batch: dict[str, torch.Tensor], target: torch.Tensor, *, algo, llm) -> tuple[torch.Tensor, dict]:
@@ -118,7 +161,8 @@ def llm_iteration(
         batch: prompt_ids / prompt_mask [R', S_p], completion_ids / completion_mask / policy_mask /
             behavior_log_prob [R', L], behavior_version and rewards [R'] (asyncrl.tasks.llm.spec).
         algo: AlgoConfig (preset grpo, vaco or vaco_no_filter; clip_eps, tv_threshold, ...).
-        llm: LLMConfig (group_size, temperature, averaging, scale_by_std, realign, kl_coef).
+        llm: LLMConfig (group_size, temperature, top_k, top_p, averaging, scale_by_std, realign,
+            kl_coef, logprob_chunk_tokens, micro_batch_rows).
         generator: minibatch shuffling.
         reference: the frozen reference model π_ref of the KL penalty, on the model's device; needed
             when llm.kl_coef > 0, unused otherwise.
@@ -161,8 +205,7 @@ def llm_iteration(
 
     def fill_target(idx: torch.Tensor) -> None:  # a forward at π_T, without gradient
         if len(idx):
-            with torch.no_grad(), forward_context():
-                target[idx] = _token_log_probs(model, batch, idx, temperature=llm.temperature)
+            target[idx] = _no_grad_log_probs(model, batch, idx, llm=llm, forward_context=forward_context)
             known[idx] = True
 
     if llm.realign != "none":
@@ -183,11 +226,37 @@ def llm_iteration(
     if llm.kl_coef > 0:
         ref = torch.zeros_like(behavior)
         if len(pool):
-            with torch.no_grad(), forward_context():
-                ref[pool] = _token_log_probs(reference, batch, pool, temperature=llm.temperature)
+            ref[pool] = _no_grad_log_probs(reference, batch, pool, llm=llm, forward_context=forward_context)
     steps: list[dict] = []
     skipped = 0
     fired = torch.zeros((), dtype=torch.bool, device=device)
+
+    def minibatch_loss(log_prob: torch.Tensor, idx: torch.Tensor):
+        """(loss, PolicyLoss, KL statistics) of the minibatch ``idx`` from its [len(idx), L] log-probs."""
+        m = pmask[idx]
+        tb = grpo.flatten_tokens(
+            m,
+            log_prob=log_prob,
+            behavior_log_prob=behavior[idx],
+            advantages=adv[idx],
+            averaging=llm.averaging,
+            max_len=cmask.shape[1],
+        )
+        a = normalize_advantages(tb.advantages, algo.normalize_advantages)
+        pl = policy_loss(
+            algo,
+            log_prob=tb.log_prob,
+            behavior_log_prob=tb.behavior_log_prob,
+            target_log_prob=target[idx][m],
+            adv=a,
+            force=fired if algo.tv_filter_trigger == "iteration" else False,
+        )
+        loss, kl = pl.loss, {}
+        if ref is not None:
+            penalty, kl["kl_ref"] = _kl_penalty(tb.log_prob, ref[idx][m], m, llm=llm, max_len=cmask.shape[1])
+            loss = loss + llm.kl_coef * penalty
+        return loss, pl, kl
+
     for epoch in range(algo.num_epochs):  # CPU generator: the same shuffles on every device
         perm = first_perm if epoch == 0 else pool[torch.randperm(len(pool), generator=generator).to(device)]
         for idx in _minibatches(perm, algo.num_minibatches, exact=exact):
@@ -195,33 +264,32 @@ def llm_iteration(
             if llm.silent_groups == "skip" and ref is None and not bool((adv[idx] != 0).any()):
                 skipped += 1  # nothing to learn here: no Adam step on momentum alone
                 continue
-            with forward_context():
-                log_prob = _token_log_probs(model, batch, idx, temperature=llm.temperature)
+            parts = _micro_batches(idx, llm.micro_batch_rows)
+            if len(parts) == 1:
+                with forward_context():
+                    log_prob = _token_log_probs(model, batch, idx, llm=llm)
+            else:  # the minibatch's log-probs first, without gradient (GradCache's first pass)
+                log_prob = _no_grad_log_probs(model, batch, idx, llm=llm, forward_context=forward_context)
+                log_prob.requires_grad_()
             if not bool(known[idx].all()):  # the first minibatch, before any step: these weights are π_T
                 target[idx] = log_prob.detach()
                 known[idx] = True
-            tb = grpo.flatten_tokens(
-                m,
-                log_prob=log_prob,
-                behavior_log_prob=behavior[idx],
-                advantages=adv[idx],
-                averaging=llm.averaging,
-                max_len=cmask.shape[1],
-            )
-            a = normalize_advantages(tb.advantages, algo.normalize_advantages)
-            pl = policy_loss(
-                algo,
-                log_prob=tb.log_prob,
-                behavior_log_prob=tb.behavior_log_prob,
-                target_log_prob=target[idx][m],
-                adv=a,
-                force=fired if algo.tv_filter_trigger == "iteration" else False,
-            )
-            loss, kl = pl.loss, {}
-            if ref is not None:
-                penalty, kl["kl_ref"] = _kl_penalty(tb.log_prob, ref[idx][m], m, llm=llm, max_len=cmask.shape[1])
-                loss = loss + llm.kl_coef * penalty
-            grad_norm = optimizer_step(optimizer, loss, algo.max_grad_norm)
+            loss, pl, kl = minibatch_loss(log_prob, idx)
+            backward = None
+            if len(parts) > 1:
+                (grad_log_prob,) = torch.autograd.grad(loss, log_prob, allow_unused=True)  # [len(idx), L]
+                if grad_log_prob is None:  # a loss that does not depend on the log-probs
+                    grad_log_prob = torch.zeros_like(log_prob)
+                backward = functools.partial(
+                    _backward_micro_batches,
+                    model,
+                    batch,
+                    parts,
+                    grad_log_prob,
+                    llm=llm,
+                    forward_context=forward_context,
+                )
+            grad_norm = optimizer_step(optimizer, loss, algo.max_grad_norm, backward=backward)
             step = step_record(len(steps), pl, grad_norm, **kl)
             if pl.filter_fired is not None:
                 fired = fired | pl.filter_fired

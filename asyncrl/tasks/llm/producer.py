@@ -1,7 +1,14 @@
 """The generator actor's side of the llm task (:class:`LLMProducer`, asyncrl.tasks.base's ``Producer``):
 a stale copy of the causal LM samples G completions per prompt (in the run's prompt format, stopping on
 any of the model's stop tokens: asyncrl.tasks.llm.datasets), the verifiable reward scores them, and
-whole prompt groups are written into a slot (asyncrl.tasks.llm.spec) row by row under the slot guard."""
+whole prompt groups are written into a slot (asyncrl.tasks.llm.spec) row by row under the slot guard.
+
+Heartbeats: a slot of a real model on a CPU takes minutes, longer than ``transport.actor_timeout_s``.
+In an actor process the generation therefore runs in a worker thread while the actor's own thread goes
+on answering the learner's liveness check (:func:`asyncrl.core.background.run_with_heartbeats`); the
+actor's sockets are used by its own thread only. Serial mode (no heartbeat) generates in the calling
+thread.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from asyncrl.core.background import run_with_heartbeats
 from asyncrl.tasks.base import RolloutStats
 from asyncrl.tasks.llm import gsm_problems
 from asyncrl.tasks.llm.spec import TokenSpec
@@ -66,10 +74,20 @@ class LLMProducer:
         self.gen = torch.Generator(device=self.device).manual_seed(int(self.seeds.action))
 
     def collect(
-        self, slot, *, version: int, guard=None, grant_id: int = 0, tick: Callable[[], None] | None = None
+        self,
+        slot,
+        *,
+        version: int,
+        guard=None,
+        grant_id: int = 0,
+        tick: Callable[[], None] | None = None,
+        heartbeat: Callable[[], None] | None = None,
     ) -> RolloutStats:
         """Sample G completions for each of P prompts drawn from the train problems, score them, and
-        write the slot row by row (``grant_id`` last in each row, ``guard`` asked around each)."""
+        write the slot row by row (``grant_id`` last in each row, ``guard`` asked around each).
+        ``tick`` is called once before the generation (the actor's straggler sleep and heartbeat);
+        with ``heartbeat``, the generation runs in a worker thread while this thread calls it
+        (asyncrl.core.background): the same tokens, bit for bit."""
         from asyncrl.tasks.llm.sampling import decode_completions, generate_group
 
         if guard is not None:
@@ -81,16 +99,23 @@ class LLMProducer:
         s, llm = self.spec, self.cfg.llm
         chosen = [self.problems[self.rng.randrange(len(self.problems))] for _ in range(s.prompts)]
         t0 = time.perf_counter()
-        out = generate_group(
-            self.model,
-            self.tokenizer,
-            self.task.encode_questions(self.tokenizer, self.prompt_format, chosen),
-            s.group_size,
-            temperature=llm.temperature,
-            max_new_tokens=s.completion_tokens,
-            generator=self.gen,
-            stop_ids=self.stop_ids,
-        )
+
+        def generate(on_step: Callable[[], None] | None):
+            return generate_group(
+                self.model,
+                self.tokenizer,
+                self.task.encode_questions(self.tokenizer, self.prompt_format, chosen),
+                s.group_size,
+                temperature=llm.temperature,
+                max_new_tokens=s.completion_tokens,
+                generator=self.gen,
+                top_k=llm.top_k,
+                top_p=llm.top_p,
+                on_step=on_step,
+                stop_ids=self.stop_ids,
+            )
+
+        out = generate(None) if heartbeat is None else run_with_heartbeats(generate, heartbeat, name="llm-generation")
         out = out._replace(
             **{
                 k: getattr(out, k).cpu()
@@ -102,8 +127,8 @@ class LLMProducer:
         rewards = [self.task.score(text, chosen[r // s.group_size].target) for r, text in enumerate(texts)]
         if llm.truncated_reward == "zero":
             rewards = [0.0 if cut else x for x, cut in zip(rewards, truncated(out, self.stop_ids))]
-        if tick is not None:
-            tick()
+        if heartbeat is not None:
+            heartbeat()
         sp, width = out.prompt_len, out.completion_mask.shape[1]
         if sp > s.prompt_tokens:  # the task's prompt width (datasets.LLMData.prompt_width) covers every prompt
             raise ValueError(f"a prompt of {sp} tokens is longer than the slot's prompt width {s.prompt_tokens}")

@@ -1,4 +1,6 @@
-"""Generation with behaviour log-probs, the learner's recomputation of them, and exact-match evaluation.
+"""Generation with behaviour log-probs, and exact-match evaluation (the learner's recomputation of the
+log-probs, :func:`completion_log_probs`, and the sampling transform, temperature / top-k / top-p, live in
+:mod:`asyncrl.tasks.llm.token_log_probs`).
 
 Layout of every batch (B rows): ``[left-padded prompt, S_p tokens | completion, L tokens]``. The
 completion of a row ends with its EOS token (kept, mask 1: the policy learns when to stop); positions
@@ -8,7 +10,8 @@ first real token has position 0 whatever its left padding, in the sampler and in
 
 The sampler is a plain loop over the model's forward with its KV cache (not ``model.generate``) so that
 it draws from an explicit ``torch.Generator`` (bit-reproducible on CPU for a given seed and thread
-count) and returns the log-probability of each drawn token under the distribution it was drawn from.
+count) and returns the log-probability of each drawn token under the distribution it was drawn from
+(after temperature, top-k and top-p).
 A row that has emitted EOS leaves the decoding batch and the cache (compaction: a step costs what
 the rows still decoding cost; 1.17-1.26x faster on the tiny GSM model, lab/llm-gsm-tiny/README.md), and every
 draw is an inversion of one uniform per row and step, so no row's tokens depend on when the others end.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -33,6 +36,8 @@ from torch import Tensor
 
 from asyncrl.tasks.llm import gsm_answers, gsm_problems
 from asyncrl.tasks.llm.calculator import Calculator, calculator_for
+from asyncrl.tasks.llm.token_log_probs import check_sampling, position_ids, truncate_logits, truncates
+from asyncrl.tasks.llm.token_log_probs import completion_log_probs as completion_log_probs  # the learner's
 
 if TYPE_CHECKING:
     from asyncrl.tasks.llm.prompts import PromptFormat
@@ -60,11 +65,6 @@ class Samples(NamedTuple):
     policy_mask: Tensor
 
 
-def position_ids(attention_mask: Tensor) -> Tensor:
-    """[B, S] positions counting only attended tokens: cumsum(mask) - 1, clamped at 0 (left padding)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 @torch.no_grad()
 def sample(
     model,
@@ -79,8 +79,11 @@ def sample(
     generator: torch.Generator | None = None,
     calculator: Calculator | None = None,
     compact: bool = True,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    on_step: Callable[[], None] | None = None,
 ) -> Samples:
-    """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` or greedily.
+    """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` (with top-k / top-p) or greedily.
 
     Each step draws one uniform per batch row from ``generator`` (live or not) and samples the row's
     token by inversion (:func:`inverse_cdf`), so a row's draws are fixed by the seed, the step and its
@@ -97,6 +100,11 @@ def sample(
         max_new_tokens: >= 1, completion budget L_max (a row that never emits EOS is cut there and
             simply has no EOS).
         temperature: > 0; logits are divided by it (ignored for greedy).
+        top_k, top_p: >= 0 and in (0, 1]: sample from the k most likely tokens and from the nucleus of
+            mass top_p, renormalised (asyncrl.tasks.llm.token_log_probs; 0 and 1: off, and the draws
+            are those of the plain softmax at ``temperature``, bit for bit); ignored for greedy.
+            behavior_log_prob is the log-prob under this renormalised distribution; a token outside
+            it has probability 0 and is never drawn.
         greedy: argmax decoding (evaluation).
         generator: torch.Generator for the draws, on the model's device (None: the global RNG).
         calculator: a :class:`Calculator` that writes annotation results (None: none). A step that
@@ -106,6 +114,8 @@ def sample(
             the cost of a step follows the rows still decoding, not the batch (default). False keeps
             every row to the end (for stand-in models that cannot tell rows apart). The tokens drawn
             are the same either way, up to the float rounding of a different batch shape.
+        on_step: called after every decoding step (None: nothing); an exception it raises ends the
+            generation (the generator actor's worker thread stops there when its actor gives up).
 
     Returns:
         :class:`Samples` on the model's device, with L = the number of decoding steps taken (<=
@@ -113,12 +123,15 @@ def sample(
         max_new_tokens.
 
     Raises:
-        ValueError: max_new_tokens < 1, temperature <= 0 when sampling, or mismatched shapes.
+        ValueError: max_new_tokens < 1, temperature <= 0 when sampling, top_k or top_p out of range,
+            or mismatched shapes.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not greedy and not temperature > 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+    check_sampling(temperature=temperature if not greedy else 1.0, top_k=top_k, top_p=top_p)
+    truncate = not greedy and truncates(top_k=top_k, top_p=top_p)
     if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
         raise ValueError(
             f"prompt_ids and prompt_mask must be [B, S_p] alike, got {tuple(prompt_ids.shape)} "
@@ -139,7 +152,8 @@ def sample(
     tokens, lps, keep, chosen = [], [], [], []
     queues: dict[int, deque] = {}  # row -> calculator tokens still to insert
     for step in range(max_new_tokens):
-        logp = torch.log_softmax(logits if greedy else logits / temperature, dim=-1)
+        z = logits if greedy else logits / temperature
+        logp = torch.log_softmax(truncate_logits(z, top_k=top_k, top_p=top_p) if truncate else z, dim=-1)
         if greedy:
             tok_a = logp.argmax(-1)
         else:  # one uniform per batch row and step, live or not: a row's draws never depend on the others
@@ -182,6 +196,8 @@ def sample(
         )
         logits = out.logits[:, -1, :].float()
         next_pos = next_pos + 1
+        if on_step is not None:
+            on_step()
     completion = torch.stack(tokens, 1)
     completion_mask = torch.stack(keep, 1)
     return Samples(
@@ -224,40 +240,6 @@ def _cache_kwargs(model) -> dict:
     return {name: cache}
 
 
-def completion_log_probs(
-    model, input_ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, *, temperature: float = 1.0
-) -> Tensor:
-    """Per-token log-probs of the completion tokens under ``model`` (the learner's π_θ; carries gradient).
-
-    Args:
-        model: a transformers causal LM.
-        input_ids: [B, S] int64, left-padded prompt then completion (the last L positions).
-        attention_mask: [B, S] 0/1 (as :class:`Samples` gives it).
-        completion_mask: [B, L] bool, which of the last L positions are completion tokens.
-        temperature: > 0, logits are divided by it: pass the sampler's temperature so that zero lag
-            means equal log-probs.
-
-    Returns:
-        [B, L] float32 log π(token_t | tokens_<t) (nats), 0 where completion_mask is False.
-
-    Raises:
-        ValueError: shapes that do not fit (L >= S, batch sizes differ) or temperature <= 0.
-    """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    b, s = input_ids.shape
-    bl, length = completion_mask.shape
-    if attention_mask.shape != input_ids.shape or bl != b or not 0 < length < s:
-        raise ValueError(
-            f"need input_ids/attention_mask [B, S] and completion_mask [B, L] with 0 < L < S, got "
-            f"{tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, {tuple(completion_mask.shape)}"
-        )
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).logits
-    logits = logits[:, s - length - 1 : s - 1, :].float() / temperature  # position j predicts token j + 1
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, s - length :, None]).squeeze(-1)
-    return torch.where(completion_mask, logp, torch.zeros_like(logp))
-
-
 def encode_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
     """Left-padded prompt ids and mask, both [B, S_p] int64 (S_p: the longest prompt).
 
@@ -294,6 +276,9 @@ def generate_group(
     max_new_tokens: int,
     generator: torch.Generator | None,
     calculator: bool = True,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    on_step: Callable[[], None] | None = None,
     stop_ids: Sequence[int] | None = None,
 ) -> Samples:
     """G sampled completions of each prompt (GRPO's group), rows prompt-major: row p * G + g.
@@ -302,7 +287,7 @@ def generate_group(
         model, tokenizer: from :func:`asyncrl.tasks.llm.model.load`.
         prompts: P prompts, texts or token ids (as :func:`encode_prompts`).
         G: >= 1 completions per prompt.
-        temperature, max_new_tokens: as :func:`sample`.
+        temperature, max_new_tokens, top_k, top_p, on_step: as :func:`sample`.
         generator: seeded CPU torch.Generator (same seed, same model, same thread count: same tokens).
         calculator: write the value of each ``<<expr=`` annotation for the model (default; those
             tokens get policy_mask False). False: the model writes every token itself.
@@ -328,6 +313,9 @@ def generate_group(
         temperature=temperature,
         generator=generator,
         calculator=calculator_for(tokenizer) if calculator else None,
+        top_k=top_k,
+        top_p=top_p,
+        on_step=on_step,
     )
 
 
@@ -350,6 +338,8 @@ def eval_completions(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     calculator: bool = True,
+    top_k: int = 0,
+    top_p: float = 1.0,
     prompt_format: PromptFormat | None = None,
     stop_ids: Sequence[int] | None = None,
 ) -> list[str]:
@@ -381,6 +371,8 @@ def eval_completions(
             greedy=greedy,
             generator=generator,
             calculator=calc,
+            top_k=top_k,
+            top_p=top_p,
         )
         texts += decode_completions(tokenizer, out)
     return texts
@@ -397,6 +389,8 @@ def evaluate(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     calculator: bool = True,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> float:
     """Exact-match accuracy: the mean :func:`asyncrl.tasks.llm.gsm_answers.reward` of one completion per problem.
 
@@ -406,7 +400,8 @@ def evaluate(
     Args:
         model, tokenizer: a causal LM and its tokenizer.
         problems: the problems (e.g. the held-out split).
-        greedy: argmax decoding; False samples at ``temperature`` with ``generator``.
+        greedy: argmax decoding; False samples at ``temperature`` (and ``top_k``, ``top_p``: as
+            :func:`sample`) with ``generator``.
         max_new_tokens: completion budget per problem.
         batch_size: >= 1 prompts per generation batch.
         calculator: as :func:`generate_group` (default on, as in GSM8k's evaluation with a calculator).
@@ -431,5 +426,7 @@ def evaluate(
         temperature=temperature,
         generator=generator,
         calculator=calculator,
+        top_k=top_k,
+        top_p=top_p,
     )
     return sum(gsm_answers.reward(text, p.target) for text, p in zip(texts, problems)) / len(problems)

@@ -70,19 +70,26 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
 
     @property
     def spaces(self) -> dict[str, str]:
-        s = self.spec
-        return {
-            "observation": f"prompt tokens [{s.prompt_tokens}] of a vocabulary of {s.vocab_size}",
-            "action": f"completion tokens [{s.completion_tokens}] at temperature {self.cfg.llm.temperature}",
-        }
+        s, llm = self.spec, self.cfg.llm
+        action = f"completion tokens [{s.completion_tokens}] at temperature {llm.temperature}"
+        # the sampling transform the learner's log-probs replay: an actor that samples otherwise is refused
+        action += f", top_k {llm.top_k}" if llm.top_k else ""
+        action += f", top_p {llm.top_p}" if llm.top_p < 1 else ""
+        return {"observation": f"prompt tokens [{s.prompt_tokens}] of a vocabulary of {s.vocab_size}", "action": action}
 
     def producer(self) -> LLMProducer:
         return LLMProducer(self)
 
     def build_policy(self):
+        """The learner's model: the start model, with activation checkpointing when
+        llm.gradient_checkpointing (raises ValueError, one line, for a model it does not suit)."""
         from asyncrl.tasks.llm import model as m
+        from asyncrl.tasks.llm.token_log_probs import enable_checkpointing
 
-        return m.load(self.start_dir()).model
+        model = m.load(self.start_dir()).model
+        if self.cfg.llm.gradient_checkpointing:
+            enable_checkpointing(model)
+        return model
 
     def reference(self):
         """The KL penalty's reference π_ref (llm.kl_coef > 0): the start model, frozen (no gradient, eval
