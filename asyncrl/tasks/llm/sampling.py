@@ -79,6 +79,7 @@ def sample(
     generator: torch.Generator | None = None,
     calculator: Calculator | None = None,
     compact: bool = True,
+    uniforms: Tensor | None = None,
 ) -> Samples:
     """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` or greedily.
 
@@ -106,6 +107,9 @@ def sample(
             the cost of a step follows the rows still decoding, not the batch (default). False keeps
             every row to the end (for stand-in models that cannot tell rows apart). The tokens drawn
             are the same either way, up to the float rounding of a different batch shape.
+        uniforms: [B, >= max_new_tokens] uniforms in [0, 1) used instead of ``generator`` (row r, step
+            t: ``uniforms[r, t]``; moved to the model's device): drawn on the CPU per problem
+            (:func:`asyncrl.tasks.llm.eval_draws.problem_uniforms`), the same draws on any device.
 
     Returns:
         :class:`Samples` on the model's device, with L = the number of decoding steps taken (<=
@@ -124,9 +128,14 @@ def sample(
             f"prompt_ids and prompt_mask must be [B, S_p] alike, got {tuple(prompt_ids.shape)} "
             f"and {tuple(prompt_mask.shape)}"
         )
+    if uniforms is not None and (
+        uniforms.dim() != 2 or len(uniforms) != len(prompt_ids) or uniforms.shape[1] < max_new_tokens
+    ):
+        raise ValueError(f"uniforms must be [B, >= max_new_tokens], got {tuple(uniforms.shape)}")
     model.eval()
     device = getattr(model, "device", prompt_ids.device)  # transformers models name theirs
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # CPU: the same tensors
+    uniforms = None if uniforms is None else uniforms.to(device)
     b, s_p = prompt_ids.shape
     stops = torch.as_tensor(eos_id, dtype=torch.long, device=device).reshape(-1)
     mask = prompt_mask.long()
@@ -143,7 +152,7 @@ def sample(
         if greedy:
             tok_a = logp.argmax(-1)
         else:  # one uniform per batch row and step, live or not: a row's draws never depend on the others
-            u = torch.rand(b, generator=generator, device=device)
+            u = torch.rand(b, generator=generator, device=device) if uniforms is None else uniforms[:, step]
             tok_a = inverse_cdf(logp.exp(), u[rows])
         tok = torch.full((b,), pad_id, dtype=torch.long, device=device)
         lp = torch.zeros(b, device=device)
@@ -352,6 +361,7 @@ def eval_completions(
     calculator: bool = True,
     prompt_format: PromptFormat | None = None,
     stop_ids: Sequence[int] | None = None,
+    uniforms: Tensor | None = None,
 ) -> list[str]:
     """One completion per problem (the texts :func:`evaluate` scores), in problem order.
 
@@ -359,6 +369,8 @@ def eval_completions(
         prompt_format: how a question becomes prompt tokens (:mod:`asyncrl.tasks.llm.prompts`); None:
             the plain :func:`asyncrl.tasks.llm.gsm_problems.format_prompt` text.
         stop_ids: as :func:`generate_group`.
+        uniforms: [N, >= max_new_tokens], row i problem i's draws (as :func:`sample`), instead of
+            ``generator``: a problem's draws do not depend on its batch.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -381,6 +393,7 @@ def eval_completions(
             greedy=greedy,
             generator=generator,
             calculator=calc,
+            uniforms=None if uniforms is None else uniforms[i : i + batch_size],
         )
         texts += decode_completions(tokenizer, out)
     return texts
