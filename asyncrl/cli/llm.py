@@ -1,5 +1,5 @@
 """``llm`` click group: prepare (tokenizer + tiny model), example-model (a real pretrained model from a
-GGUF file), warmup (supervised start), eval (exact match).
+GGUF file), warmup (supervised start), eval (exact match), export (a run's policy as a HF directory).
 
 Wire it into the main CLI with ``main.add_command(asyncrl.cli.llm.llm)``. Every command works
 offline: HF_HUB_OFFLINE=1 is set before transformers is imported, and models load by path only.
@@ -289,6 +289,28 @@ def eval_cmd(
     click.echo(f"accuracy {acc:.3f} on {count_of(len(problems), 'problem')}")
     if breakdown:
         click.echo(json.dumps(gsm_answers.error_breakdown(problems, texts)))
+
+
+@llm.command("export", short_help="Write a run's trained policy as a Hugging Face model directory.")
+@click.argument("run_dir", metavar="RUN", type=click.Path())
+@click.argument("out_dir", metavar="DIR", type=click.Path())
+def export_cmd(run_dir, out_dir) -> None:
+    """Write the trained policy of the llm run RUN (its newest checkpoint) into DIR (new or empty) as a
+    Hugging Face directory: weights in the dtype the learner trained, the start model's config,
+    tokenizer and chat template, a generation_config.json with the run's stop ids, and
+    asyncrl-export.json (which run, version and checkpoint). transformers' AutoModelForCausalLM and
+    AutoTokenizer load it with from_pretrained(DIR)."""
+    from asyncrl.tasks.llm.export import ExportError, export_run
+
+    try:
+        stamp = export_run(run_dir, out_dir, echo=lambda line: click.echo(line, err=True))
+    except ExportError as e:
+        raise LLMUserError(str(e)) from None
+    ck = stamp["checkpoint"]
+    click.echo(
+        f"exported {out_dir}: policy version {ck['version']} of {run_dir} ({ck['file']}, "
+        f"{ck['env_steps']:,} completions), {stamp['dtype']}, stop ids {stamp['stop_ids']}"
+    )
 
 
 if __name__ == "__main__":  # python -m asyncrl.cli.llm ... until the main CLI wires the group in

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from asyncrl.core.config import Config
+from asyncrl.core.consume_eval import ConsumerEvaluation
 from asyncrl.core.lag import LagTracker
 from asyncrl.core.lag_parts import SlotTiming, forward_lag
 from asyncrl.core.lag_trace import TRACE_FILE
@@ -26,10 +27,8 @@ from asyncrl.core.metrics import (
     is_event,
     progress_line,
     rewrite_jsonl,
-    tensorboard_kept,
     tensorboard_writer,
     write_json_atomic,
-    write_scalars,
 )
 from asyncrl.core.provenance import provenance
 from asyncrl.core.spec import SlotSpec
@@ -97,7 +96,7 @@ def own_rows(arrays: dict[str, np.ndarray], grant_id: int) -> bool:
     return bool((arrays["grant_id"] == grant_id).all())
 
 
-class Consumer:
+class Consumer(ConsumerEvaluation):
     def __init__(
         self, cfg: Config, spec: SlotSpec, run_dir: str | Path, *, task, resume: bool = False, lag_ramp: int = 0
     ):
@@ -139,8 +138,10 @@ class Consumer:
         # the row-tag audit of slot integrity (Learner.collect_full), kept apart from rejected_slots
         self.slot_audit: Counter[str] = Counter()
         self.provenance = provenance()  # at the start: the load the run began under
-        self.evaluate = self.state.task.periodic_eval()  # run.eval_every: evaluation returns in metrics.jsonl
+        # the evaluation during training (run.eval_every / llm.eval_every), its results in metrics.jsonl
+        self.evaluate = self.state.task.periodic_eval(self.run_dir)
         self.last_eval: dict = {}
+        self.eval_s = float(own.get("eval_s", 0.0)) if own else 0.0  # seconds the learner spent evaluating
         # the epoch of the learner role that writes the checkpoints (0: none, serial mode); a resumed
         # learner starts at a higher one (roles/learner.learner_epoch) whatever the clock says
         self.learner_epoch = int(own.get("learner_epoch", 0)) if own else 0
@@ -266,9 +267,6 @@ class Consumer:
         self.lag_warnings.check(iteration, batch_lag["lag_versions_p50"], self.lag.run_versions_p95())
         self.lag.published(st.version, time.time())
         self.last_stats = stats
-        if self.evaluate.due(st.env_steps):  # the policy of version st.version, after this iteration
-            self.last_eval = {**self.evaluate(st.policy, st.env_steps), "eval_version": st.version}
-            stats = {**stats, **self.last_eval}
         record = {
             "iteration": st.iteration,
             "env_steps": st.env_steps,
@@ -280,10 +278,7 @@ class Consumer:
             **stats,
             **(extra or {}),
         }
-        self.metrics.write(record)
-        tb = self.tb
-        if tb is not None and not tensorboard_kept(lambda: write_scalars(tb, record)):
-            self.tb = self.lag.tb = None
+        self._row(record)  # held while its evaluation is due (asyncrl.core.consume_eval)
         return stats
 
     # ---- checkpoints ----
@@ -298,6 +293,7 @@ class Consumer:
             "rejected_slots": dict(self.rejected_slots),
             "slot_audit": dict(self.slot_audit),
             "eval_next_at": self.evaluate.next_at,
+            "eval_s": self.eval_s,
             "learner_epoch": self.learner_epoch,
             "last_eval": dict(self.last_eval),
             "lag_warnings": self.lag_warnings.state_dict(),
@@ -309,7 +305,9 @@ class Consumer:
     def end_iteration(self, extra: dict | None = None) -> None:
         """Call between iterations (the learner role calls it before it publishes the new weights):
         keeps a snapshot, the state an interrupted run is checkpointed with, and writes it every
-        learner.checkpoint_every iterations. Raises NonFiniteError (nothing written) for non-finite values."""
+        learner.checkpoint_every iterations; first, the evaluation of :meth:`evaluate_pending` if it is
+        due and has not run. Raises NonFiniteError (nothing written) for non-finite values."""
+        self.evaluate_pending()
         self.boundary = self.snapshot(extra)
         every = self.cfg.learner.checkpoint_every
         due = every and (self.state.iteration % every == 0 or self._checkpoint_put_off)
@@ -348,6 +346,9 @@ class Consumer:
         return self.state.env_steps >= self.cfg.run.total_env_steps
 
     def progress(self, echo) -> None:
+        line = self.take_eval_line()  # an evaluation since the last call: said at once
+        if line:
+            echo(line)
         if self.clock.due():
             echo(
                 progress_line(
@@ -382,6 +383,7 @@ class Consumer:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         st = self.state
+        self.drop_pending_evaluation()  # an iteration whose evaluation never ran: its row, without one
         snap = self.boundary  # a run stopped mid-iteration keeps the state between its last two iterations
         if snap is None or (
             outcome == "finished" and (snap["iteration"], snap["env_steps"]) != (st.iteration, st.env_steps)
@@ -414,6 +416,7 @@ class Consumer:
             "slot_audit": dict(self.slot_audit),
             "skipped_optimizer_steps": st.optimizer.skipped,
             "last_eval": self.last_eval or None,
+            "periodic_eval_s": self.eval_s,  # the learner paused for these evaluations
             **self.lag.summary(),
             "warnings": [dict(w) for w in self.lag_warnings.said],  # asyncrl.core.lag_warnings
             **extra,

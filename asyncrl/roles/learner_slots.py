@@ -195,6 +195,11 @@ class LearnerSlots:
         # long enough for the new weights (one hop longer, through the broadcaster) to reach the actors
         # first. That made the main job more synchronous than designed: lag-2 samples fell from 7-9 % to
         # 0.3-1 % (lag p95 2 -> 1 version), measured 2026-12-03 (docs/results/throughput.md).
+        if self.consumer.eval_pending:  # its evaluation is due: publish first, so the actors generate with
+            self.publish()  # the version under evaluation while the learner evaluates and serves them
+            self.consumer.evaluate_pending(tick=lambda: self.serve(0))
+            self.consumer.end_iteration()
+            return True
         self.consumer.end_iteration()
         if trained:
             self.publish()

@@ -95,14 +95,22 @@ class Producer(Protocol):
 
 
 class PeriodicEvaluation(Protocol):
-    """``run.eval_every``'s evaluation during training, owned by the learner's consumer."""
+    """The evaluation during training (control: ``run.eval_every``; llm: ``llm.eval_every``), owned by
+    the learner's consumer: checked after each learner iteration, run once the caller has published
+    the new version (asyncrl.core.consume.Consumer.evaluate_pending)."""
 
-    next_at: int  # env steps at which the next evaluation is due (checkpointed)
+    next_at: int  # when the next evaluation is due (control: env steps; llm: learner iterations; checkpointed)
 
-    def due(self, env_steps: int) -> bool: ...
+    def due(self, env_steps: int, iteration: int) -> bool: ...
 
-    def __call__(self, policy, env_steps: int) -> dict[str, float]:
-        """Evaluate ``policy`` now: the ``eval_*`` scalars written to metrics.jsonl."""
+    def __call__(
+        self, policy, *, env_steps: int, iteration: int, tick: Callable[[], None] | None = None
+    ) -> dict[str, float]:
+        """Evaluate ``policy`` now: the ``eval_*`` scalars written to metrics.jsonl. ``tick`` is called
+        between pieces of a long evaluation (the learner answers its peers there)."""
+
+    def describe(self, result: dict[str, Any]) -> str:
+        """One line for the console of what ``result`` (of ``__call__``) says."""
 
     def close(self) -> None: ...
 
@@ -112,11 +120,14 @@ class NoPeriodicEvaluation:
 
     next_at = 0
 
-    def due(self, env_steps: int) -> bool:
+    def due(self, env_steps: int, iteration: int) -> bool:
         return False
 
-    def __call__(self, policy, env_steps: int) -> dict[str, float]:
+    def __call__(self, policy, *, env_steps: int, iteration: int, tick=None) -> dict[str, float]:
         raise RuntimeError("this task has no evaluation during training")
+
+    def describe(self, result: dict[str, Any]) -> str:
+        return ""
 
     def close(self) -> None:
         pass
@@ -155,9 +166,10 @@ class Task(Protocol):
     def after_iteration(self, state: LearnerState, batch: dict) -> None:
         """What the learner updates besides the weights (control: observation statistics)."""
 
-    def periodic_eval(self) -> PeriodicEvaluation:
-        """The evaluation of ``run.eval_every`` (control: episodes with the mean action on an env of
-        its own; a task without one returns :class:`NoPeriodicEvaluation`)."""
+    def periodic_eval(self, run_dir: Path) -> PeriodicEvaluation:
+        """The evaluation during training of the run in ``run_dir`` (control: ``run.eval_every``,
+        episodes with the mean action on an env of its own; llm: ``llm.eval_every``, the held-out
+        evaluation; :class:`NoPeriodicEvaluation` when there is none)."""
 
     def prepare_run(self, run_dir: Path, echo: Callable[[str], None]) -> None:
         """Before the roles start (``asyncrl run``, serial or not): e.g. make and warm up a model."""

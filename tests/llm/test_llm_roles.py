@@ -548,17 +548,19 @@ def test_sampled_evaluation_repeats_its_draws_and_greedy_is_argmax(micro_dir, mo
     out = sampled.final_summary(model, tmp_path)
     assert out["eval_mode"] == "sampled T=1.5" and out["final_accuracy"] == acc
     assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
-    # a sampled start record made with another evaluation batch drew other numbers: not paired either
+    # a sampled start record made with another evaluation batch drew the same numbers (one stream per
+    # problem): paired; one made by an older asyncrl (draws of a batch-wide stream, no eval_draws) is not
     (tmp_path / "b").mkdir()
     make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).prepare_run(
         tmp_path / "b", echo=lambda *_: None
     )
     out = sampled.final_summary(model, tmp_path / "b")
-    assert out["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in out
-    same = make_task(_tiny_cfg(micro_dir, "llm.temperature=1.5", "llm.eval_batch_size=3")).final_summary(
-        model, tmp_path / "b"
-    )
-    assert same["initial_accuracy"] is not None and "accuracy_difference_ci95_paired" in same
+    assert out["initial_accuracy"] is not None and "accuracy_difference_ci95_paired" in out
+    record = json.loads((tmp_path / "b" / heldout_eval.START_FILE).read_text())
+    del record["eval_draws"]
+    (tmp_path / "b" / heldout_eval.START_FILE).write_text(json.dumps(record))
+    old = sampled.final_summary(model, tmp_path / "b")
+    assert old["initial_accuracy"] is None and "accuracy_difference_ci95_paired" not in old
 
 
 def test_the_start_evaluation_is_reused_across_runs_of_one_start_model(micro_dir, tmp_path, monkeypatch):

@@ -143,7 +143,19 @@ class LLMConfig:
         kinds=LLM,
         when=("llm.answer_format is not last_number", lambda c: c.llm.answer_format != "last_number"),
     )
-    eval_size: int = _f(500, "held-out problems of the evaluation before and after RL; 0: none", kinds=LLM)
+    eval_size: int = _f(
+        500,
+        "held-out problems of the evaluation before and after RL (and during it: llm.eval_every); 0: none",
+        kinds=LLM,
+    )
+    eval_every: int = _f(
+        0,
+        "learner iterations between held-out evaluations during RL (the learner's policy, the draws of "
+        "the evaluations before and after RL; metrics.jsonl eval_accuracy; the learner pauses for each); "
+        "0: none, before and after RL only",
+        kinds=LLM,
+        when=("llm.eval_size > 0", lambda c: c.llm.eval_size > 0),
+    )
     eval_batch_size: int = _f(
         64,
         "prompts per generation batch of the held-out evaluation (a larger batch "
@@ -153,7 +165,8 @@ class LLMConfig:
     eval_mode: str = _f(
         "sampled",
         "the held-out evaluation: sampled (one completion per problem at llm.temperature, "
-        "the same draws before and after RL: seeded by llm.model_seed) or greedy (argmax)",
+        "the same draws before, during and after RL on any device: problem i's from a CPU stream seeded "
+        "by llm.model_seed and i) or greedy (argmax)",
         kinds=LLM,
     )
     averaging: str = _f(

@@ -219,7 +219,15 @@ def _validate_task(cfg: Config) -> None:
     ):
         if getattr(llm, key) < 1:
             raise ConfigError(f"llm.{key} must be >= 1, got {getattr(llm, key)}")
-    for key in ("warmup_steps", "eval_size", "model_seed", "warmup_threads", "max_prompt_tokens", "few_shot"):
+    for key in (
+        "warmup_steps",
+        "eval_size",
+        "eval_every",
+        "model_seed",
+        "warmup_threads",
+        "max_prompt_tokens",
+        "few_shot",
+    ):
         if getattr(llm, key) < 0:
             raise ConfigError(f"llm.{key} must be >= 0, got {getattr(llm, key)}")
     if not 1 <= llm.problem_steps_min <= llm.problem_steps_max <= 8:

@@ -166,11 +166,12 @@ class PeriodicEval:
         self.env = None
         self.cfg = cfg
 
-    def due(self, env_steps: int) -> bool:
+    def due(self, env_steps: int, iteration: int = 0) -> bool:
         return self.every > 0 and env_steps >= self.next_at
 
-    def __call__(self, policy: ActorCritic, env_steps: int) -> dict:
-        """Evaluate now; returns {eval_return_mean, eval_return_std, eval_length_mean, eval_episodes}."""
+    def __call__(self, policy: ActorCritic, *, env_steps: int, iteration: int = 0, tick=None) -> dict:
+        """Evaluate now (a few short episodes: ``tick`` is not called); returns {eval_return_mean,
+        eval_return_std, eval_length_mean, eval_episodes}."""
         if self.env is None:
             e = self.cfg.env
             self.env = make_env(e.id, module=e.module, max_episode_steps=e.max_episode_steps)
@@ -190,6 +191,12 @@ class PeriodicEval:
             "eval_length_mean": s["length_mean"],
             "eval_episodes": s["episodes"],
         }
+
+    def describe(self, result: dict) -> str:
+        return (
+            f"evaluation: return {result['eval_return_mean']:.1f} +- {result['eval_return_std']:.1f} over "
+            f"{result['eval_episodes']} episodes (mean action)"
+        )
 
     def close(self) -> None:
         if self.env is not None:

@@ -164,7 +164,7 @@ class ControlTask:
             state.obs_rms.update(batch["obs"][:-1].reshape(-1, self.spec.obs_dim).numpy())
             state.policy.set_obs_stats(state.obs_rms)
 
-    def periodic_eval(self) -> PeriodicEval:
+    def periodic_eval(self, run_dir: Path | None = None) -> PeriodicEval:
         return PeriodicEval(self.cfg)
 
     def prepare_run(self, run_dir: Path, echo) -> None:

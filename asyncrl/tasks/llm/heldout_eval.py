@@ -1,7 +1,8 @@
 """The llm task's held-out evaluation: exact-match accuracy of one completion per held-out problem
 (sampled or greedy), of the start model before RL (once per run directory, cached per start model in
-``llm.cache_dir``) and of the final policy after RL, and the accuracy difference with its independent
-and paired 95 % intervals (summary.json ``initial_accuracy``, ``final_accuracy``). A mixin of
+``llm.cache_dir``), of the learner's policy during RL (``llm.eval_every``: asyncrl.tasks.llm.periodic_eval)
+and of the final policy after RL, and the accuracy difference with its independent and paired 95 %
+intervals (summary.json ``initial_accuracy``, ``final_accuracy``, ``evaluations``). A mixin of
 :class:`asyncrl.tasks.llm.task.LLMTask` (reads ``self.cfg``, ``self.start_dir``, ``self.prepare_model``)."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 
 from asyncrl.core.metrics import strict_json
 from asyncrl.tasks.llm import gsm_problems
+from asyncrl.tasks.llm.eval_draws import DRAWS, problem_uniforms
+from asyncrl.tasks.llm.periodic_eval import evaluation_curve
 
 START_FILE = "llm-start.json"  # in the run directory: the start model and its accuracy before RL
 START_EVAL_FIELDS = ("initial_accuracy", "eval_problems", "initial_eval_s", "initial_correct")
@@ -27,46 +30,54 @@ START_EVAL_FIELDS = ("initial_accuracy", "eval_problems", "initial_eval_s", "ini
 class LLMHeldoutEvaluation:
     """Accuracy on held-out problems before and after RL, and the start record of a run directory."""
 
-    def evaluate(self, model) -> tuple[float, int, list[int]]:
+    def evaluate(self, model, tick: Callable[[], None] | None = None) -> tuple[float, int, list[int]]:
         """(exact-match accuracy, problems, per-problem 0/1 rewards in problem order) on the held-out
         problems (the first llm.eval_size of llm.test_file or generated ones), one completion each in
         the run's prompt format, stopped by any stop token and scored by llm.answer_format (calculator
-        on, as :func:`sampling.evaluate`).
+        on, as :func:`sampling.evaluate`), in batches of llm.eval_batch_size on the model's device.
 
         llm.eval_mode "sampled": at llm.temperature, llm.top_k and llm.top_p (the policy RL trains, and
-        DeepSeek-R1's pass@1 with one sample, arXiv:2501.12948) from a generator seeded with
-        llm.model_seed, so the evaluations before and after RL use the same random draws (common random
-        numbers: the paired interval then measures the policy's change, not the draws'); "greedy":
-        argmax decoding.
-        Runs with learner.torch_threads torch threads: torch's default of one per core took 280-310 s
-        instead of about 11 s for 500 problems when other processes held the cores (lab/llm-gsm-tiny/README.md)."""
+        DeepSeek-R1's pass@1 with one sample, arXiv:2501.12948) with problem i's own uniforms, drawn on the CPU from a
+        stream seeded by (llm.model_seed, i) (:mod:`asyncrl.tasks.llm.eval_draws`), so every
+        evaluation of a run (before, during and after RL, on any device, in any batch) makes the same
+        draws for a problem (common random numbers: the paired interval then measures the policy's
+        change, not the draws'); "greedy": argmax decoding. ``tick`` is called after each batch (the
+        learner serves its peers there). Runs with learner.torch_threads torch threads: torch's
+        default of one per core took 280-310 s instead of about 11 s for 500 problems when other
+        processes held the cores (lab/llm-gsm-tiny/README.md). The model's train / eval mode is
+        restored afterwards."""
         from asyncrl.tasks.llm.sampling import eval_completions
 
         llm = self.cfg.llm
         heldout = self.heldout_problems()
         tokenizer = self.tokenizer()
         greedy = llm.eval_mode == "greedy"
-        device = next(model.parameters()).device  # the draws come from the model's device (cuda: its own stream)
-        generator = None if greedy else torch.Generator(device=device).manual_seed(llm.model_seed)
-        threads = torch.get_num_threads()
+        uniforms = None if greedy else problem_uniforms(llm.model_seed, len(heldout), llm.max_new_tokens)
+        fmt, stops, size = self.prompt_format(tokenizer), self.stop_ids(tokenizer), llm.eval_batch_size
+        threads, training = torch.get_num_threads(), model.training
         torch.set_num_threads(self.cfg.learner.torch_threads)
+        texts: list[str] = []
         try:
-            texts = eval_completions(
-                model,
-                tokenizer,
-                heldout,
-                greedy=greedy,
-                temperature=llm.temperature,
-                top_k=llm.top_k,
-                top_p=llm.top_p,
-                generator=generator,
-                max_new_tokens=llm.max_new_tokens,
-                batch_size=llm.eval_batch_size,
-                prompt_format=self.prompt_format(tokenizer),
-                stop_ids=self.stop_ids(tokenizer),
-            )
+            for i in range(0, len(heldout), size):
+                texts += eval_completions(
+                    model,
+                    tokenizer,
+                    heldout[i : i + size],
+                    greedy=greedy,
+                    temperature=llm.temperature,
+                    top_k=llm.top_k,
+                    top_p=llm.top_p,
+                    max_new_tokens=llm.max_new_tokens,
+                    batch_size=size,
+                    prompt_format=fmt,
+                    stop_ids=stops,
+                    uniforms=None if uniforms is None else uniforms[i : i + size],
+                )
+                if tick is not None:
+                    tick()
         finally:
             torch.set_num_threads(threads)
+            model.train(training)
         correct = [int(self.score(text, p.target)) for text, p in zip(texts, heldout)]
         return (sum(correct) / len(correct) if correct else 0.0), len(heldout), correct
 
@@ -109,6 +120,7 @@ class LLMHeldoutEvaluation:
             "eval_problems": 0,
             "eval_mode": self.eval_label(),
             "eval_batch_size": self.cfg.llm.eval_batch_size,
+            "eval_draws": DRAWS,
             "prompt_tokens": width,
             "prompt_format": fmt.describe(),
             "stop_ids": list(self.stop_ids()),
@@ -196,14 +208,49 @@ class LLMHeldoutEvaluation:
         )
         return h.hexdigest()[:16]
 
-    def final_summary(self, policy, run_dir: Path) -> dict[str, Any]:
-        """initial_accuracy (from prepare_run), final_accuracy (now, the same evaluation) and the
-        difference with a 95 % normal-approximation CI that treats the two accuracies as independent
-        binomial proportions on n problems (the paired evaluation would be tighter)."""
+    def start_record(self, run_dir: Path) -> dict[str, Any]:
+        """The run directory's start record (llm-start.json: model, initial_accuracy, eval_problems,
+        initial_correct, ...), with initial_accuracy and initial_correct None when it was made by
+        another evaluation than this config's (a run directory resumed under other settings, or an
+        older asyncrl whose draws were not per problem), so nothing is paired with it."""
         try:
             start = json.loads((Path(run_dir) / START_FILE).read_text())
         except (OSError, ValueError):
             start = {"model": str(self.start_dir()), "initial_accuracy": None, "eval_problems": 0}
+        sampled = self.cfg.llm.eval_mode == "sampled"
+        prompted = {"prompt_format": self.prompt_format().describe(), "stop_ids": list(self.stop_ids())}
+        if (
+            start.get("eval_mode", "greedy") != self.eval_label()
+            or (sampled and start.get("eval_draws") != DRAWS)  # other random draws
+            or any(k in start and start[k] != v for k, v in prompted.items())  # other prompts (absent: older records)
+        ):
+            start["initial_accuracy"] = start["initial_correct"] = None
+        return start
+
+    def compare_with_start(self, start: dict, acc: float, n: int, correct: list[int]) -> dict[str, Any]:
+        """The difference of accuracy ``acc`` (per-problem ``correct`` on ``n`` problems) from the start
+        record's (:meth:`start_record`): accuracy_difference with its independent 95 % interval
+        (two binomial proportions) and, when the start's per-problem results are there, the paired
+        one (:func:`paired_difference`); {} without a comparable start."""
+        p0 = start.get("initial_accuracy")
+        if p0 is None or not n:
+            return {}
+        half = 1.96 * math.sqrt((p0 * (1 - p0) + acc * (1 - acc)) / n)
+        out: dict[str, Any] = {
+            "accuracy_difference": acc - p0,
+            "accuracy_difference_ci95": [acc - p0 - half, acc - p0 + half],
+        }
+        before = start.get("initial_correct")
+        if isinstance(before, str) and len(before) == n:
+            out.update(paired_difference(list(map(int, before)), correct))
+        return out
+
+    def final_summary(self, policy, run_dir: Path) -> dict[str, Any]:
+        """initial_accuracy (from prepare_run), final_accuracy (now, the same evaluation with the same
+        draws), final_eval_s, their difference with independent and paired 95 % intervals
+        (:meth:`compare_with_start`), and ``evaluations``: every held-out evaluation of the run in
+        order, before, during (llm.eval_every) and after RL (:func:`evaluation_curve`)."""
+        start = self.start_record(run_dir)
         out = {
             "task": "llm",
             "model": start["model"],
@@ -212,28 +259,13 @@ class LLMHeldoutEvaluation:
             "eval_problems": start["eval_problems"],
             "eval_mode": self.eval_label(),
         }
-        sampled = self.cfg.llm.eval_mode == "sampled"  # its draws follow the batch: row r of a batch, step t
-        prompted = {"prompt_format": self.prompt_format().describe(), "stop_ids": list(self.stop_ids())}
-        if (
-            start.get("eval_mode", "greedy") != self.eval_label()
-            or (sampled and start.get("eval_batch_size", 64) != self.cfg.llm.eval_batch_size)  # 64: older records
-            or any(k in start and start[k] != v for k, v in prompted.items())  # other prompts (absent: older records)
-        ):
-            # a start record of another evaluation (a run directory resumed under other settings): not comparable
-            out["initial_accuracy"] = start["initial_accuracy"] = start["initial_correct"] = None
         if not self.cfg.llm.eval_size:
             return out
         t0 = time.perf_counter()
         acc, n, correct = self.evaluate(policy)
         out.update(final_accuracy=acc, eval_problems=n, final_eval_s=round(time.perf_counter() - t0, 2))
-        p0 = start["initial_accuracy"]
-        if p0 is not None:
-            half = 1.96 * math.sqrt((p0 * (1 - p0) + acc * (1 - acc)) / n)
-            out["accuracy_difference"] = acc - p0
-            out["accuracy_difference_ci95"] = [acc - p0 - half, acc - p0 + half]
-        before = start.get("initial_correct")
-        if isinstance(before, str) and len(before) == n:
-            out.update(paired_difference(list(map(int, before)), correct))
+        out.update(self.compare_with_start(start, acc, n, correct))
+        out["evaluations"] = evaluation_curve(run_dir, start, final=out)
         return out
 
 

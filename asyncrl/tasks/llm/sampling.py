@@ -82,6 +82,7 @@ def sample(
     top_k: int = 0,
     top_p: float = 1.0,
     on_step: Callable[[], None] | None = None,
+    uniforms: Tensor | None = None,
 ) -> Samples:
     """Decode up to ``max_new_tokens`` per row, sampling at ``temperature`` (with top-k / top-p) or greedily.
 
@@ -116,6 +117,9 @@ def sample(
             are the same either way, up to the float rounding of a different batch shape.
         on_step: called after every decoding step (None: nothing); an exception it raises ends the
             generation (the generator actor's worker thread stops there when its actor gives up).
+        uniforms: [B, >= max_new_tokens] uniforms in [0, 1) used instead of ``generator`` (row r, step
+            t: ``uniforms[r, t]``; moved to the model's device): drawn on the CPU per problem
+            (:func:`asyncrl.tasks.llm.eval_draws.problem_uniforms`), the same draws on any device.
 
     Returns:
         :class:`Samples` on the model's device, with L = the number of decoding steps taken (<=
@@ -137,9 +141,14 @@ def sample(
             f"prompt_ids and prompt_mask must be [B, S_p] alike, got {tuple(prompt_ids.shape)} "
             f"and {tuple(prompt_mask.shape)}"
         )
+    if uniforms is not None and (
+        uniforms.dim() != 2 or len(uniforms) != len(prompt_ids) or uniforms.shape[1] < max_new_tokens
+    ):
+        raise ValueError(f"uniforms must be [B, >= max_new_tokens], got {tuple(uniforms.shape)}")
     model.eval()
     device = getattr(model, "device", prompt_ids.device)  # transformers models name theirs
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)  # CPU: the same tensors
+    uniforms = None if uniforms is None else uniforms.to(device)
     b, s_p = prompt_ids.shape
     stops = torch.as_tensor(eos_id, dtype=torch.long, device=device).reshape(-1)
     mask = prompt_mask.long()
@@ -157,7 +166,7 @@ def sample(
         if greedy:
             tok_a = logp.argmax(-1)
         else:  # one uniform per batch row and step, live or not: a row's draws never depend on the others
-            u = torch.rand(b, generator=generator, device=device)
+            u = torch.rand(b, generator=generator, device=device) if uniforms is None else uniforms[:, step]
             tok_a = inverse_cdf(logp.exp(), u[rows])
         tok = torch.full((b,), pad_id, dtype=torch.long, device=device)
         lp = torch.zeros(b, device=device)
@@ -342,6 +351,7 @@ def eval_completions(
     top_p: float = 1.0,
     prompt_format: PromptFormat | None = None,
     stop_ids: Sequence[int] | None = None,
+    uniforms: Tensor | None = None,
 ) -> list[str]:
     """One completion per problem (the texts :func:`evaluate` scores), in problem order.
 
@@ -349,6 +359,8 @@ def eval_completions(
         prompt_format: how a question becomes prompt tokens (:mod:`asyncrl.tasks.llm.prompts`); None:
             the plain :func:`asyncrl.tasks.llm.gsm_problems.format_prompt` text.
         stop_ids: as :func:`generate_group`.
+        uniforms: [N, >= max_new_tokens], row i problem i's draws (as :func:`sample`), instead of
+            ``generator``: a problem's draws do not depend on its batch.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -373,6 +385,7 @@ def eval_completions(
             calculator=calc,
             top_k=top_k,
             top_p=top_p,
+            uniforms=None if uniforms is None else uniforms[i : i + batch_size],
         )
         texts += decode_completions(tokenizer, out)
     return texts

@@ -8,8 +8,9 @@ The model every role starts from (:meth:`LLMTask.start_dir`): ``llm.model_dir`` 
 ``asyncrl llm prepare`` (cached in ``llm.cache_dir``), after ``llm.warmup_steps`` supervised
 warm-up steps (cached beside it). :meth:`LLMTask.prepare_run` makes it before the roles start and
 records the held-out accuracy before RL (``llm.eval_mode``: sampled at ``llm.temperature`` by
-default, or greedy); a finished run adds the accuracy after RL (summary.json ``initial_accuracy``,
-``final_accuracy``, the same evaluation with the same random draws).
+default, or greedy); ``llm.eval_every`` adds evaluations during RL (metrics.jsonl ``eval_accuracy``) and
+a finished run the accuracy after RL (summary.json ``initial_accuracy``, ``final_accuracy``,
+``evaluations``: the same evaluation with the same random draws each time).
 
 The pieces: :mod:`asyncrl.tasks.llm.producer` (the generator actor), :mod:`asyncrl.tasks.llm.start_model`
 (the start model and its warm-up), :mod:`asyncrl.tasks.llm.heldout_eval` (accuracy before and after RL),
@@ -26,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncrl.tasks.base import NoPeriodicEvaluation
 from asyncrl.tasks.llm.datasets import LLMData
 from asyncrl.tasks.llm.heldout_eval import LLMHeldoutEvaluation
+from asyncrl.tasks.llm.periodic_eval import LLMPeriodicEval
 from asyncrl.tasks.llm.producer import LLMProducer
 from asyncrl.tasks.llm.spec import TokenSpec
 from asyncrl.tasks.llm.start_model import LLMStartModel
@@ -134,7 +135,7 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
     def after_iteration(self, state, batch) -> None:
         return None
 
-    def periodic_eval(self) -> NoPeriodicEvaluation:
-        """None during training (``run.eval_every`` is a control-task key): the llm task evaluates
-        its start and final models on held-out problems instead (:meth:`final_summary`)."""
-        return NoPeriodicEvaluation()
+    def periodic_eval(self, run_dir: Path) -> LLMPeriodicEval:
+        """``llm.eval_every``: the held-out evaluation of the learner's policy every that many learner
+        iterations (never when 0), paired with the start's (asyncrl.tasks.llm.periodic_eval)."""
+        return LLMPeriodicEval(self, run_dir)
