@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
+from micro_config import micro_cfg  # noqa: E402
 
 from asyncrl.core import config  # noqa: E402
 from asyncrl.core.config import ConfigError  # noqa: E402
@@ -21,28 +22,19 @@ QUIET = {"echo": lambda *_: None}
 
 
 def _cfg(micro_dir, *extra):
-    return config.load(
-        None,
-        [
-            "task.kind=llm",
-            f"llm.model_dir={micro_dir}",
-            "llm.warmup_steps=0",
-            "llm.group_size=2",
-            "llm.prompts_per_slot=2",
-            "llm.max_prompt_tokens=160",
-            "llm.max_new_tokens=12",
-            "llm.eval_size=8",
-            "llm.temperature=1.5",
-            "algo.num_epochs=1",
-            "algo.num_minibatches=1",
-            "algo.lr=1e-3",
-            "learner.slots_per_batch=2",
-            "learner.num_slots=2",
-            "run.num_actors=2",
-            "run.total_env_steps=32",  # 4 learner iterations of 8 completions
-            "run.log_every_s=1000",
-            *extra,
-        ],
+    return micro_cfg(
+        micro_dir,
+        "llm.eval_size=8",
+        "llm.temperature=1.5",
+        "algo.num_epochs=1",
+        "algo.num_minibatches=1",
+        "algo.lr=1e-3",
+        "learner.slots_per_batch=2",
+        "learner.num_slots=2",
+        "run.num_actors=2",
+        "run.total_env_steps=32",  # 4 learner iterations of 8 completions
+        "run.log_every_s=1000",
+        *extra,
     )
 
 

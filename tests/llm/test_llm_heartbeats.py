@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 import numpy as np  # noqa: E402
+from micro_config import micro_cfg  # noqa: E402
 
 from asyncrl.core import config  # noqa: E402
 from asyncrl.core.background import Cancelled, run_with_heartbeats  # noqa: E402
@@ -69,18 +70,10 @@ def test_a_heartbeat_that_raises_ends_the_generation_at_its_next_step():
 
 
 def _cfg(micro_dir, *extra):
-    return config.load(
-        None,
-        [
-            "task.kind=llm",
-            f"llm.model_dir={micro_dir}",
-            "llm.warmup_steps=0",
-            "llm.group_size=2",
-            "llm.prompts_per_slot=2",
-            "llm.max_prompt_tokens=160",
-            "llm.max_new_tokens=10",
-            *extra,
-        ],
+    return micro_cfg(
+        micro_dir,
+        "llm.max_new_tokens=10",
+        *extra,
     )
 
 

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
+from micro_config import micro_cfg  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from asyncrl.core import config  # noqa: E402
 from asyncrl.core.seeding import actor_seeds  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
 from asyncrl.tasks.llm import token_log_probs  # noqa: E402
@@ -183,22 +183,14 @@ def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradients():
 
 
 def _tiny_cfg(micro_dir, *extra):
-    return config.load(
-        None,
-        [
-            "task.kind=llm",
-            f"llm.model_dir={micro_dir}",
-            "llm.warmup_steps=0",
-            "llm.group_size=2",
-            "llm.prompts_per_slot=3",
-            "llm.max_prompt_tokens=160",
-            "llm.max_new_tokens=12",
-            "llm.silent_groups=step",
-            "algo.num_epochs=2",
-            "algo.num_minibatches=1",
-            "algo.lr=1e-3",
-            *extra,
-        ],
+    return micro_cfg(
+        micro_dir,
+        "llm.prompts_per_slot=3",
+        "llm.silent_groups=step",
+        "algo.num_epochs=2",
+        "algo.num_minibatches=1",
+        "algo.lr=1e-3",
+        *extra,
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
+from micro_config import micro_cfg  # noqa: E402
 
 from asyncrl.algo import grpo
 from asyncrl.core import config
@@ -40,27 +41,18 @@ EPS = grpo.DEFAULT_EPS
 
 
 def _tiny_cfg(micro_dir, *extra):
-    return config.load(
-        None,
-        [
-            "task.kind=llm",
-            f"llm.model_dir={micro_dir}",
-            "llm.warmup_steps=0",
-            "llm.group_size=2",
-            "llm.prompts_per_slot=2",
-            "llm.max_prompt_tokens=160",
-            "llm.max_new_tokens=12",
-            "llm.eval_size=8",
-            "algo.num_epochs=2",
-            "algo.num_minibatches=2",
-            "algo.lr=1e-3",
-            "learner.slots_per_batch=2",
-            "learner.num_slots=2",
-            "run.num_actors=2",
-            "run.total_env_steps=24",
-            "run.log_every_s=1000",
-            *extra,
-        ],
+    return micro_cfg(
+        micro_dir,
+        "llm.eval_size=8",
+        "algo.num_epochs=2",
+        "algo.num_minibatches=2",
+        "algo.lr=1e-3",
+        "learner.slots_per_batch=2",
+        "learner.num_slots=2",
+        "run.num_actors=2",
+        "run.total_env_steps=24",
+        "run.log_every_s=1000",
+        *extra,
     )
 
 
