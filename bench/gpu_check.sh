@@ -5,7 +5,8 @@
 #
 # GPU mode (default): on cuda, fp32 then bf16: the control learner iteration on the default config's
 # batch (env steps/s) and the llm learner iteration on configs/gsm-tiny.toml's batch with the tiny
-# model (tokens/s); then a table of those rows and the CPU figures file's. Sized to end well inside 5
+# model (tokens/s); then a table of those rows and the CPU figures file's; then the llm learner's chunked
+# log-probs at a 0.5B model's output shape and the held-out evaluation's draws on cuda against the CPU. Sized to end well inside 5
 # minutes, but it has never run on a GPU (docs/gpu-check.md); needs only python3 with torch, numpy,
 # transformers and tokenizers (no pyzmq, gymnasium or mujoco).
 # --cpu: the same code path on the CPU, fp32, fewer repeats: what made bench/gpu_check_cpu.jsonl.
@@ -57,6 +58,22 @@ if [ "$mode" = gpu ]; then
         run --task control --device cuda --precision "$precision" --warmup 3 --repeats 10
         run --task llm --device cuda --precision "$precision" --warmup 3 --repeats 10
     done
+    # llm: the learner's chunked log-probs at Qwen2.5-0.5B's output shape (peak memory per chunk size), and
+    # the held-out evaluation's draws: the same tokens on cuda as on the CPU from the same per-problem uniforms
+    "$py" bench/llm_logprob_chunks.py --hidden 896 --vocab 151936 --rows 64 --device cuda --repeats 2 | tee "$out/llm_logprob_chunks.jsonl"
+    "$py" - "$model_dir" <<'PY' | tee "$out/llm_eval_draws.txt"
+import sys, torch
+from asyncrl.tasks.llm import gsm_problems, model as m, sampling
+from asyncrl.tasks.llm.eval_draws import problem_uniforms
+problems = gsm_problems.make_splits(seed=0, n_train=0, n_heldout=32).heldout
+texts = {}
+for device in ("cpu", "cuda"):
+    loaded = m.load(sys.argv[1])
+    u = problem_uniforms(0, len(problems), 48)
+    texts[device] = sampling.eval_completions(loaded.model.to(device), loaded.tokenizer, problems, greedy=False, max_new_tokens=48, batch_size=16, temperature=0.6, uniforms=u)
+same = sum(a == b for a, b in zip(texts["cpu"], texts["cuda"]))
+print(f"llm eval draws: {same} of {len(problems)} completions identical on cpu and cuda (float rounding may change a few)")
+PY
     figures=()
     if [ -f "$cpu_figures" ]; then figures=(--cpu-figures "$cpu_figures"); else echo "no CPU figures file $cpu_figures"; fi
     "$py" bench/learner_speed.py --report "$results" "${figures[@]}" | tee "$out/gpu_check.md"
