@@ -79,6 +79,12 @@ def test_each_wire_dtype_round_trips_and_its_checksum_and_signature_cover_the_by
 def test_hostile_weights_headers_are_refused_by_reason():
     good = _weights(BF16)
     nan16 = np.array([0x7FC0], np.uint16)  # a bfloat16 NaN
+
+    def late(dtype):  # a NaN (bfloat16: -inf) in the last element, past the finiteness check's first chunks
+        payload = np.zeros(2 * codec._CHUNK + 3, dtype)
+        payload[-1] = 0xFF80 if dtype == np.uint16 else np.nan
+        return payload
+
     inf16 = np.array([np.float16(np.inf)], np.float16)
     cases = {
         "dtype": [_with_header(good, dtype=d) for d in ("int8", "float64", "", "x" * 300)],
@@ -88,7 +94,11 @@ def test_hostile_weights_headers_are_refused_by_reason():
             _with_header(good, nbytes=7),  # not whole elements
             [good[0], good[1], bytes(good[2])[:6]],
         ],
-        "nonfinite": [_weights(nan16), _weights(inf16)],
+        "nonfinite": [
+            _weights(nan16),
+            _weights(inf16),
+            *(_weights(late(d)) for d in (np.float32, np.float16, np.uint16)),
+        ],
     }
     for reason, messages in cases.items():
         for frames in messages:
