@@ -347,7 +347,7 @@ class Supervisor:
         try:  # the broadcaster's own counts (its summary file; absent if it never started)
             counts = json.loads((self.run_dir / BROADCASTER_SUMMARY).read_text())
             summary["broadcaster"] = {
-                k: counts.get(k) for k in ("published", "rejected_messages", "refused_connections")
+                k: counts.get(k) for k in ("published", "version_pings", "rejected_messages", "refused_connections")
             }
         except (OSError, ValueError, AttributeError):
             summary["broadcaster"] = None
