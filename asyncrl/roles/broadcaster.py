@@ -5,7 +5,7 @@ that takes weights from the learner and answers ``snapshot`` requests from joini
 PUB/SUB drops whatever was published before a subscriber connected.
 
 Unchanged weights are never sent again. While the learner has no new version it sends a signed version
-ping (``weights_version``, a header of about 80 bytes) every 2 s instead of its weights; the broadcaster
+ping (``weights_version``: 117 bytes with its HMAC) every 2 s instead of its weights; the broadcaster
 answers ``weights_status``: whether it wants them (it holds an older version, or none: restarted) and
 the largest payload it takes. Every second it pings its PUB subscribers with the version it holds, so an
 actor whose queue dropped the newest weights asks for them; a snapshot request that names the version
@@ -74,7 +74,7 @@ class Broadcaster:
     ):
         """``summary``: a JSON file for this role's counts (rejects by reason, refused connections,
         weights published). ``max_weights_bytes``: the run's weights payload (parameters x bytes per
-        element of the wire dtype, ``Task.weights_nbytes``; default DEFAULT_MAX_WEIGHTS_BYTES): every
+        element of the wire dtype, ``Task.weights_info().nbytes``; default DEFAULT_MAX_WEIGHTS_BYTES): every
         socket that takes weights refuses a larger frame (ZMQ_MAXMSGSIZE, ``weights_frame_limit``; its
         peer is disconnected before the frame is buffered), the learner is told it (``weights_status``),
         the queues of weights messages are sized by it (``sockets.weights_hwm``), and the PUB socket

@@ -236,9 +236,10 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
 
     def read_broadcaster(self) -> None:
         """Take the broadcaster's answers to version pings: its largest payload (LearnerError if
-        this run's weights are larger: it would drop every version), and the weights if it wants
-        them (at most once per REPUBLISH_S / 2: an answer to a ping sent before the last weights
-        arrived may still say wanted). A malformed answer is counted and logged."""
+        this run's weights are larger: it would drop every version; the broadcaster is the address
+        this learner was given, which could starve it as well), and the weights if it wants them (at
+        most once per REPUBLISH_S / 2: an answer to a ping sent before the last weights arrived may
+        still say wanted). A malformed answer is counted and logged."""
         for frames in sockets.drain_all(self.weights_out, max_messages=16):
             try:
                 status, _ = codec.decode(frames, run_id=self.run_id)
@@ -253,7 +254,7 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
                     f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} takes weights of at most "
                     f"{self.broadcaster_limit / (1 << 20):.2f} MiB, and this run's are "
                     f"{self.weights.nbytes / (1 << 20):.2f} MiB ({self.weights.describe()}); "
-                    f"start it with --max-weights-mb {self.weights.nbytes / (1 << 20):.2f} or more"
+                    f"start it with --max-weights-mb {self.weights.mib:.2f} or more"
                 )
             if status["wanted"] and time.monotonic() - self.last_full >= REPUBLISH_S / 2:
                 self.send_weights()
@@ -348,7 +349,7 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             self.ring.name,
             self.weights.nbytes,
             self.weights.describe(),
-            self.weights.nbytes / (1 << 20),
+            self.weights.mib,
         )
         while not self.consumer.done:
             t0 = time.perf_counter()
