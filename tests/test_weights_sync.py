@@ -111,13 +111,14 @@ def test_hostile_weights_headers_are_refused_by_reason():
 
 
 def test_version_pings_decode_and_no_signature_holds_across_message_kinds():
-    ping = codec.encode_version(run_id="r", epoch=5, version=9)
+    ping = codec.encode_version(run_id="r", epoch=5, version=9, nbytes=8)
     assert codec.decode_version(ping, run_id="r") == {
         "type": "weights_version",
         "proto": protocol.PROTOCOL_VERSION,
         "run_id": "r",
         "epoch": 5,
         "version": 9,
+        "nbytes": 8,
     }
     signed = codec.sign_version(ping, SECRET)
     assert [bytes(f) for f in codec.verify_version(signed, SECRET)] == [bytes(f) for f in ping]
@@ -196,7 +197,9 @@ def test_the_broadcaster_answers_signed_version_pings_only(tmp_path):
         learner, spy = peers["learner"], peers["spy"]
 
         def ping(version, sock=learner, key=secret, epoch=7):
-            sockets.send(sock, codec.sign_version(codec.encode_version(run_id="r", epoch=epoch, version=version), key))
+            sockets.send(
+                sock, codec.sign_version(codec.encode_version(run_id="r", epoch=epoch, version=version, nbytes=8), key)
+            )
             reply = _answer(b, sock)
             return None if reply is None else codec.decode(reply, run_id="r")[0]
 
@@ -207,10 +210,10 @@ def test_the_broadcaster_answers_signed_version_pings_only(tmp_path):
         assert ping(0)["wanted"] is False  # holds it: nothing re-sent
         assert ping(1)["wanted"] is True  # a newer version
         # forged pings: unsigned, a guessed secret, the learner's HMAC of another header; no answer, each counted
-        sockets.send(spy, codec.encode_version(run_id="r", epoch=7, version=5))
-        sockets.send(spy, codec.sign_version(codec.encode_version(run_id="r", epoch=8, version=0), b"guess"))
-        good = codec.sign_version(codec.encode_version(run_id="r", epoch=7, version=2), secret)
-        sockets.send(spy, [good[0], codec.encode_version(run_id="r", epoch=9, version=0)[1], good[2]])
+        sockets.send(spy, codec.encode_version(run_id="r", epoch=7, version=5, nbytes=8))
+        sockets.send(spy, codec.sign_version(codec.encode_version(run_id="r", epoch=8, version=0, nbytes=8), b"guess"))
+        good = codec.sign_version(codec.encode_version(run_id="r", epoch=7, version=2, nbytes=8), secret)
+        sockets.send(spy, [good[0], codec.encode_version(run_id="r", epoch=9, version=0, nbytes=8)[1], good[2]])
         _serve_until(b, lambda: b.rejects.by_reason().get("not_learner") == 3)
         assert sockets.recv_multipart_timeout(spy, 100) is None
         assert b.newest == (7, 0) and b.pings["learner"] == 3
@@ -238,6 +241,7 @@ def test_hostile_values_in_snapshot_requests_and_pings_never_stall_the_broadcast
             "run_id": "r",
             "epoch": 7,
             "version": 4,
+            "nbytes": 256,
         }
         for have in ({"epoch": 7, "version": 3}, {"epoch": 6, "version": 4}, {"epoch": 7, "version": 2**63 - 1}, {}):
             reply = snapshot(**have)  # anything but the held version: the weights
@@ -258,7 +262,8 @@ def test_hostile_values_in_snapshot_requests_and_pings_never_stall_the_broadcast
         sockets.send(spy, [protocol.VERSION_TOPIC, b"\xc1", b""])
         sockets.send(spy, [protocol.VERSION_TOPIC])
         sockets.send(spy, codec.encode({"type": "weights_status", "run_id": "r", "wanted": True, "max_bytes": 1}))
-        sockets.send(spy, codec.encode({"type": "weights_version", "run_id": "r", "epoch": 2**62, "version": 0}))
+        ping = {"type": "weights_version", "run_id": "r", "epoch": 2**62, "version": 0, "nbytes": 1}
+        sockets.send(spy, codec.encode(ping))
         _serve_until(b, lambda: b.rejects.total == rejected + len(hostile) + 4)
         reasons = b.rejects.by_reason()
         assert reasons.get("schema", 0) >= 5 and reasons.get("not_learner", 0) >= 1, reasons
@@ -349,7 +354,9 @@ def test_the_held_epochs_pings_keep_a_lower_epoch_out(tmp_path, monkeypatch):
         sockets.send(learner, codec.sign_weights(_weights(BF16, epoch=1000, version=5), secret))
         _serve_until(b, lambda: b.newest == (1000, 5))
         for _ in range(8):  # 4 s of pings, twice STALE_EPOCH_S
-            sockets.send(learner, codec.sign_version(codec.encode_version(run_id="r", epoch=1000, version=5), secret))
+            sockets.send(
+                learner, codec.sign_version(codec.encode_version(run_id="r", epoch=1000, version=5, nbytes=8), secret)
+            )
             assert _answer(b, learner) is not None
             time.sleep(0.5)
         sockets.send(learner, codec.sign_weights(_weights(BF16, epoch=10, version=0), secret))
@@ -373,3 +380,27 @@ def test_the_broadcasters_memory_bound_follows_the_models_size_and_dtype():
     lora = WeightsInfo(8_798_208, "float32", "the LoRA adapter (rank 16)")  # Qwen2.5-0.5B, all-linear
     small = memory_bound_bytes("broadcaster", weights_bytes=lora.nbytes, connections=4)
     assert small.terms["subscribers"] == 4 * 8 * lora.nbytes and small.total < bound.total / 20
+
+
+def test_a_relay_smaller_than_its_upstreams_weights_stops_with_one_line(tmp_path):
+    """The upstream's version pings carry the payload's size: a relay whose frame limit would drop every
+    version says so and ends (its actors would otherwise wait for weights for ever)."""
+    from asyncrl.roles.broadcaster import BroadcasterError
+
+    with _broadcaster(tmp_path) as (b, peers, secret):
+        sockets.send(peers["learner"], codec.sign_weights(_weights(np.ones(1 << 16, np.float32), epoch=7), secret))
+        _serve_until(b, lambda: b.newest == (7, 3))
+        relay = Broadcaster(
+            f"tcp://127.0.0.1:{free_port_pair()}", upstream=b.endpoint, echo=lambda *_: None, max_weights_bytes=1 << 16
+        )
+        try:
+            deadline = time.monotonic() + 30
+            with pytest.raises(
+                BroadcasterError, match=r"are 0\.25 MiB, over this relay's 0\.06 MiB.*--max-weights-mb 0\.25"
+            ) as info:
+                while time.monotonic() < deadline:
+                    b.serve(20)
+                    relay.serve(20)
+            assert "\n" not in str(info.value) and relay.published == 0
+        finally:
+            relay.close()

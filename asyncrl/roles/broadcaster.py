@@ -264,8 +264,7 @@ class Broadcaster:
         self.last_snapshot[key] = now
         if self.latest is not None and (header.get("epoch"), header.get("version")) == self.newest:
             self.pings["snapshot_current"] += 1
-            ping = codec.encode_version(run_id=self.run_id, epoch=self.newest[0], version=self.newest[1])
-            sockets.send(self.router, [identity, ping[1]], block=False)
+            sockets.send(self.router, [identity, self.version_ping()[1]], block=False)
         elif self.latest is not None:
             sockets.send(self.router, [identity, *self.latest], block=False, copy=False)
         else:
@@ -289,6 +288,11 @@ class Broadcaster:
         self.check_connections()
         self.write_summary()
 
+    def version_ping(self) -> list[bytes]:
+        """The version ping of the held weights (their epoch, version and payload bytes)."""
+        nbytes = len(self.latest[2])
+        return codec.encode_version(run_id=self.run_id, epoch=self.newest[0], version=self.newest[1], nbytes=nbytes)
+
     def ping_subscribers(self) -> None:
         """Every VERSION_PING_S while weights are held, the held (epoch, version) on PUB: a
         subscriber whose queue dropped the newest weights learns that it lacks them."""
@@ -296,8 +300,7 @@ class Broadcaster:
         if self.latest is None or now < self.next_ping:
             return
         self.next_ping = now + VERSION_PING_S
-        ping = codec.encode_version(run_id=self.run_id, epoch=self.newest[0], version=self.newest[1])
-        sockets.send(self.pub, ping, block=False)
+        sockets.send(self.pub, self.version_ping(), block=False)
         self.pings["pub"] += 1
 
     def counts(self) -> dict:
@@ -338,7 +341,7 @@ class Broadcaster:
         """Take every version pending from upstream, in order (the actors' lag controls may want
         older ones); ask upstream for a snapshot every second until there is a first version, and
         when upstream's version ping names a newer one than this relay holds (its queue dropped it)."""
-        replies, announced = [], (-1, -1)  # the newest (epoch, version) upstream's pings named
+        replies, announced, largest = [], (-1, -1), 0  # the newest (epoch, version) and payload pings named
         for frames in sockets.drain_all(self.up_req, max_messages=MAX_MESSAGES_PER_SERVE):
             if len(frames) == 3:
                 replies.append(frames)
@@ -352,6 +355,7 @@ class Broadcaster:
                 if len(frames) == 2:  # upstream's version ping: ask for what it holds and this relay lacks
                     header = codec.decode_version(frames)
                     announced = max(announced, (header["epoch"], header["version"]))
+                    largest = max(largest, header["nbytes"])
                     continue
                 self.take(frames)
             except protocol.ProtocolError as exc:
@@ -360,12 +364,23 @@ class Broadcaster:
                 self.rejects.reject(
                     protocol.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), self.upstream
                 )
+        self.check_size(largest)
         now = time.monotonic()
         if (self.latest is None or announced > self.newest) and now >= self.next_ask:
             self.next_ask = now + 1.0
             have = {"epoch": self.newest[0], "version": self.newest[1]} if self.latest is not None else {}
             request = {"type": "snapshot", "run_id": "", "actor_id": "relay", **have}
             sockets.send(self.up_req, codec.encode(request), block=False)
+
+    def check_size(self, nbytes: int) -> None:
+        """Raise BroadcasterError if upstream's weights (``nbytes``, from its version ping) are larger
+        than this relay takes: its sockets would drop every version, and its actors would wait for ever."""
+        if nbytes > self.max_weights_bytes:
+            raise BroadcasterError(
+                f"relay: the weights of {self.upstream} are {nbytes / (1 << 20):.2f} MiB, over this relay's "
+                f"{self.max_weights_bytes / (1 << 20):.2f} MiB; start it with --max-weights-mb "
+                f"{math.ceil(nbytes * 100 / (1 << 20)) / 100:.2f} or more"
+            )
 
     def check_connections(self) -> None:
         """Log refused connections; raise BroadcasterError if upstream refuses this relay. At most

@@ -230,7 +230,8 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         self.last_publish = time.monotonic()
         ok, secret = self._secret()
         if ok:
-            frames = codec.encode_version(run_id=self.run_id, epoch=self.epoch, version=self.state.version)
+            version = {"epoch": self.epoch, "version": self.state.version, "nbytes": self.weights.nbytes}
+            frames = codec.encode_version(run_id=self.run_id, **version)
             if sockets.send(self.weights_out, codec.sign_version(frames, secret), block=False):
                 self.weights_traffic["pings_sent"] += 1
 

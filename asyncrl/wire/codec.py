@@ -278,10 +278,12 @@ def _count_nonfinite(weights: np.ndarray, *, bits: bool) -> int:
     return bad
 
 
-def encode_version(*, run_id: str, epoch: int, version: int) -> list[bytes]:
-    """A version ping ``[b"version", header]``: the (learner epoch, version) of the newest weights,
-    without them (the broadcaster's PUB ping; ``sign_version`` makes the learner's)."""
+def encode_version(*, run_id: str, epoch: int, version: int, nbytes: int) -> list[bytes]:
+    """A version ping ``[b"version", header]``: the (learner epoch, version) of the newest weights and
+    the bytes of their payload, without them (the broadcaster's PUB ping; ``sign_version`` makes the
+    learner's)."""
     header = {"type": "weights_version", "run_id": run_id, "epoch": int(epoch), "version": int(version)}
+    header["nbytes"] = int(nbytes)
     return [VERSION_TOPIC, _pack_header(header)]
 
 

@@ -85,7 +85,7 @@ SCHEMAS: dict[str, dict[str, object]] = {
     # the (learner epoch, policy version) of the newest weights, without them: the learner's signed ping
     # while it has no new version; the broadcaster's ping on PUB (every second while it holds weights); and
     # its answer to a snapshot request from a peer that holds them already ("you have the newest")
-    "weights_version": {"epoch": int, "version": int},
+    "weights_version": {"epoch": int, "version": int, "nbytes": int},  # nbytes: that version's payload
     # broadcaster -> learner, the answer to its ping: whether it wants the full weights (it holds an older
     # version, or none) and the largest payload it takes (bytes, ZMQ_MAXMSGSIZE of its sockets)
     "weights_status": {"wanted": bool, "max_bytes": int},

@@ -148,7 +148,9 @@ class HostilePeers(RuleBasedStateMachine):
             )
         elif action == "ping":
             self.version_ping(
-                data.draw(st.sampled_from(["epoch", "version", "run_id", "type", "unexpected"]), label="pkey"),
+                data.draw(
+                    st.sampled_from(["epoch", "version", "nbytes", "run_id", "type", "unexpected"]), label="pkey"
+                ),
                 data.draw(extreme, label="pvalue"),
                 data.draw(st.booleans(), label="psigned"),
             )
@@ -282,7 +284,7 @@ class HostilePeers(RuleBasedStateMachine):
 
         b = self.broadcaster
         header = {"proto": protocol.PROTOCOL_VERSION, "type": "weights_version", "run_id": "r", "epoch": 1}
-        header["version"] = 0
+        header.update(version=0, nbytes=4)
         header[key] = value
         frames = [protocol.VERSION_TOPIC, msgpack.packb(header, use_bin_type=True)]
         before = b.rejects.total
