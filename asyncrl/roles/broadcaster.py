@@ -5,7 +5,7 @@ that takes weights from the learner and answers ``snapshot`` requests from joini
 PUB/SUB drops whatever was published before a subscriber connected.
 
 Unchanged weights are never sent again. While the learner has no new version it sends a signed version
-ping (``weights_version``: 117 bytes with its HMAC) every 2 s instead of its weights; the broadcaster
+ping (``weights_version``: 129 bytes with its HMAC) every 2 s instead of its weights; the broadcaster
 answers ``weights_status``: whether it wants them (it holds an older version, or none: restarted) and
 the largest payload it takes. Every second it pings its PUB subscribers with the version it holds, so an
 actor whose queue dropped the newest weights asks for them; a snapshot request that names the version

@@ -91,7 +91,9 @@ def wire(tmp: Path) -> dict:
     secret = b"s" * 64
     frames = codec.encode_weights(run_id="r", version=1, publish_time=0.0, layout_hash="h", payload=payload)
     signed = codec.sign_weights(frames, secret)
-    ping = codec.sign_version(codec.encode_version(run_id="0101010101-abcdef", epoch=time.time_ns(), version=1), secret)
+    ping = codec.sign_version(
+        codec.encode_version(run_id="0101010101-abcdef", epoch=time.time_ns(), version=1, nbytes=payload.nbytes), secret
+    )
     return {
         "payload_bytes": payload.nbytes,
         "flat_weights_bfloat16": median_s(lambda: flat_weights(model, "bfloat16")),
