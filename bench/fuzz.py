@@ -76,6 +76,8 @@ class Hostile:
         r = self.rng
         if r.random() < 0.08:  # another type altogether
             return r.choice([None, [1, "a"], {"k": [1]}, b"\x00" * 8, r.choice(TEXTS), r.choice(FLOATS)])
+        if kind is bool:
+            return r.choice([True, False, 0, 1])
         if kind is int:
             return r.choice(INTS) if r.random() < 0.6 else r.randrange(0, 64)
         if kind is float:

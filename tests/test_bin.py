@@ -59,6 +59,8 @@ def test_learner_host_commands(tmp_path):
         "Hopper-v5",
         "--run-dir",
         "runs/lan",
+        "--max-weights-mb",
+        "943",
         "--dry-run",
         "--",
         "--total-steps",
@@ -68,7 +70,15 @@ def test_learner_host_commands(tmp_path):
     keygen, bc, ln = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
     asy = shlex.split(ENV["ASYNCRL"])
     assert keygen == asy + ["keys", "generate", str(tmp_path / "k"), "--clients", "3"]
-    assert bc == asy + ["broadcaster", "--bind", "10.0.0.5:5556", "--keys", str(tmp_path / "k/server")]
+    assert bc == asy + [
+        "broadcaster",
+        "--bind",
+        "10.0.0.5:5556",
+        "--keys",
+        str(tmp_path / "k/server"),
+        "--max-weights-mb",
+        "943",
+    ]
     assert ln == asy + [
         "learner",
         "--bind",
@@ -99,6 +109,8 @@ def test_actor_host_commands():
         "7",
         "--host-label",
         "boxB",
+        "--max-weights-mb",
+        "35",
         "--dry-run",
         "--",
         "--slowdown",
@@ -107,7 +119,16 @@ def test_actor_host_commands():
     assert p.returncode == 0, p.stderr
     relay, a0, a1 = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
     asy = shlex.split(ENV["ASYNCRL"])
-    assert relay == asy + ["broadcaster", "--upstream", "10.0.0.5:6001", "--bind", "127.0.0.1:5556", "--insecure"]
+    assert relay == asy + [
+        "broadcaster",
+        "--upstream",
+        "10.0.0.5:6001",
+        "--bind",
+        "127.0.0.1:5556",
+        "--insecure",
+        "--max-weights-mb",
+        "35",
+    ]
     assert a0 == asy + [
         "actor",
         "--learner",

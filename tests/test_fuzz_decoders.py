@@ -54,6 +54,8 @@ short_text = st.one_of(st.text(max_size=32), st.sampled_from(["", "\x1b[2J", "a\
 
 def typed(kind):
     """Values of the schema type ``kind``, hostile within it (negative ints, NaN, control characters)."""
+    if kind is bool:
+        return st.one_of(st.booleans(), st.sampled_from([0, 1, None, "true"]))
     if kind is int:
         return hostile_ints
     if kind is float:

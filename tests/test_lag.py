@@ -56,6 +56,22 @@ def test_weight_history_rules():
         WeightHistory().choose()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint16])  # uint16: bfloat16 bit patterns
+def test_weight_history_keeps_the_wire_dtype_through_a_checkpoint(tmp_path, dtype):
+    import torch
+
+    src = np.arange(5).astype(dtype) + (0x3F80 if dtype == np.uint16 else 0)
+    h = WeightHistory(policy_age_buffer=2)
+    h.add(4, src)
+    kept = h.choose()[1]
+    assert kept.dtype == dtype and not kept.flags.writeable  # kept as received: no copy a holder could change
+    torch.save(h.state_dict(), tmp_path / "h.pt")
+    back = WeightHistory(policy_age_buffer=2)
+    back.load_state_dict(torch.load(tmp_path / "h.pt", weights_only=True))
+    version, flat = back.choose()
+    assert version == 4 and flat.dtype == dtype and np.array_equal(flat, src)
+
+
 def test_weighted_percentiles():
     assert weighted_percentiles([3, 1, 2], [1, 1, 2], (50, 100)) == [2.0, 3.0]
     assert weighted_percentiles([], [], (50,)) == [None]

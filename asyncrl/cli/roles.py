@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -286,12 +287,13 @@ def actor(
         token_file=token_file,
         security=_security(f"actor {actor_id}", keys_dir, insecure),
     )
+    from asyncrl.tasks.llm.model import ModelLoadError
     from asyncrl.wire.security import SecurityError
 
     try:
         role = Actor(cfg, opts)
-    except SecurityError as exc:
-        raise UserError(str(exc)) from None
+    except (SecurityError, ModelLoadError) as exc:  # ModelLoadError: the llm model its weights queue is sized by
+        raise UserError(f"actor {actor_id}: {exc}" if isinstance(exc, ModelLoadError) else str(exc)) from None
     _, interrupted = _run_role(role, ActorError)
     bad = role.bad_numbers.by_reason()
     what = f"actor {opts.actor_id}, {count_of(role.sent, 'rollout')} sent"
@@ -324,9 +326,11 @@ def actor(
 @click.option(
     "--max-weights-mb",
     type=click.FloatRange(min=0, min_open=True),
-    help="The largest weights payload taken, in MiB (the learner logs its run's at start: 4 bytes per "
-    "parameter); a peer that sends a larger frame is disconnected before it is buffered, and the memory a "
-    "peer can make this role hold scales with it. Default: 1024 (1 GiB).",
+    help="The largest weights payload taken, in MiB (parameters x 4 bytes as float32, 2 as bfloat16 or "
+    "float16; the learner logs its run's at start, asyncrl run passes it); a peer that sends a larger frame "
+    "is disconnected before it is buffered, the learner is told it (a run whose weights are larger stops "
+    "with one line), and the weights queues and the memory a peer can make this role hold scale with it. "
+    "Default: 1024 (1 GiB).",
 )
 @_network
 @_common
@@ -349,7 +353,7 @@ def broadcaster(bind, advertise, upstream, summary_file, max_weights_mb, keys_di
             advertise=advertise,
             echo=click.echo,
             summary=summary_file,
-            max_weights_bytes=None if max_weights_mb is None else int(max_weights_mb * (1 << 20)),
+            max_weights_bytes=None if max_weights_mb is None else math.ceil(max_weights_mb * (1 << 20)),
         )
     except (SecurityError, ValueError, OSError) as exc:  # OSError: sockets.AddressError
         raise UserError(f"broadcaster: {exc}" if isinstance(exc, OSError) else str(exc)) from None

@@ -16,7 +16,8 @@ import numpy as np
 
 
 class WeightHistory:
-    """The last few (version -> flat weights [P] float32) an actor received.
+    """The last few (version -> flat weights [P]) an actor received, in their wire dtype (float32,
+    float16, or bfloat16 as uint16 bit patterns: asyncrl.wire.codec.PAYLOAD_DTYPES).
 
     Raises:
         ValueError: a negative delay, a buffer below 1, or both controls at once.
@@ -42,21 +43,22 @@ class WeightHistory:
     def add(self, version: int, flat: np.ndarray) -> None:
         if self.versions and version <= next(reversed(self.versions)):
             return  # stale or repeated
-        self.versions[version] = np.array(flat, np.float32)
+        view = flat.view()  # no copy (a received buffer is the transport's, immutable; a version is 1-3 GB for
+        view.flags.writeable = False  # a 0.5-1.5B model): read-only, so no holder can change a kept version
+        self.versions[version] = view
         while len(self.versions) > self.keep:
             self.versions.popitem(last=False)
 
     def state_dict(self) -> dict:
         """The versions kept (as tensors) and the generator's state, for a checkpoint."""
-        import torch
 
         return {
-            "versions": [[v, torch.from_numpy(w.copy())] for v, w in self.versions.items()],
+            "versions": [[v, _to_tensor(w)] for v, w in self.versions.items()],
             "rng": self.rng.bit_generator.state,
         }
 
     def load_state_dict(self, d: dict) -> None:
-        self.versions = OrderedDict((int(v), w.numpy().astype(np.float32)) for v, w in d["versions"])
+        self.versions = OrderedDict((int(v), _from_tensor(w)) for v, w in d["versions"])
         self.rng.bit_generator.state = d["rng"]
 
     @property
@@ -87,3 +89,21 @@ class WeightHistory:
         target = keys[-1] - lag
         version = next((v for v in reversed(keys) if v <= target), keys[0])
         return version, self.versions[version]
+
+
+def _to_tensor(flat: np.ndarray):
+    """A checkpointable tensor of a flat buffer: bfloat16 bit patterns (uint16) as a bfloat16 tensor."""
+    import torch
+
+    if flat.dtype == np.uint16:
+        return torch.from_numpy(flat.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(flat.copy())
+
+
+def _from_tensor(t) -> np.ndarray:
+    """Inverse of :func:`_to_tensor`."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()

@@ -107,7 +107,9 @@ class LearnerState:
         self.policy = self.task.build_policy().to(self.device)  # CPU: the same module, untouched
         # fused: one kernel for all parameters; the per-tensor loop cost ~0.6 ms of a ~3 ms optimizer step here
         # GuardedAdam: a step with a non-finite loss or gradient is skipped and counted, never taken
-        self.optimizer = GuardedAdam(self.policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
+        # the trainable parameters only (all of them, but for a LoRA adapter on a frozen language model)
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = GuardedAdam(trainable, lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.obs_rms = RunningMeanStd(self.task.obs_shape)
         self.reward_scaler = RewardScaler(gamma=cfg.algo.gamma, clip=cfg.learner.reward_clip)

@@ -60,7 +60,9 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
         self.ctx = sockets.context()
         # random identities: no other peer can take over this actor's routes
         self.learner = sockets.dealer(self.ctx, opts.learner, sockets.route_identity(opts.actor_id), security=keys[0])
-        self.weights_sub = sockets.sub(self.ctx, opts.broadcaster, security=keys[1])
+        # its queue holds a bounded number of bytes of weights (sockets.weights_hwm: 2 versions of a large model)
+        queue = sockets.weights_hwm(self.task.weights_info().nbytes)
+        self.weights_sub = sockets.sub(self.ctx, opts.broadcaster, hwm=queue, security=keys[1])
         self.snapshot = sockets.dealer(self.ctx, snapshot_ep, sockets.route_identity(opts.actor_id), security=keys[2])
         self.watches = [
             ("learner", opts.learner, sockets.handshakes(self.learner)),

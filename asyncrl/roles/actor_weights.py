@@ -1,6 +1,10 @@
 """An actor's weights: the broadcaster's snapshots and published versions of this session's learner,
 kept in the lag controls' ``WeightHistory``, and the version they pick loaded into the policy copy.
 
+The broadcaster pings its subscribers with the version it holds every second (``weights_version``); an
+actor whose queue dropped that version asks for a snapshot, naming the version it holds (the
+broadcaster answers with the weights if they are newer, with a version ping if not).
+
 ``WeightsFromBroadcaster`` holds these methods of ``asyncrl.roles.actor.Actor`` (a base class of it;
 they use the attributes ``Actor.__init__`` sets and ``LearnerSession``'s heartbeat and polling).
 """
@@ -13,28 +17,31 @@ from asyncrl.core import exit_status
 from asyncrl.roles.actor_session import ActorError
 from asyncrl.wire import codec, protocol, sockets
 
+SNAPSHOT_ASK_S = 1.0  # seconds between the snapshot requests a version ping makes (a hostile ping cannot flood)
+
 
 class WeightsFromBroadcaster:
     """The actor's side of the broadcaster (a base class of ``Actor``)."""
 
+    next_ask = 0.0  # monotonic time before which a version ping asks for no snapshot
+
     def ask_snapshot(self) -> None:
-        sockets.send(
-            self.snapshot,
-            codec.encode(
-                {
-                    "type": "snapshot",
-                    "proto": protocol.PROTOCOL_VERSION,
-                    "run_id": self.run_id,
-                    "actor_id": self.opts.actor_id,
-                }
-            ),
-            block=False,
-        )
+        """Ask the broadcaster for its newest weights, naming the version held (if any): it
+        answers with a version ping when that is the newest."""
+        header = {
+            "type": "snapshot",
+            "proto": protocol.PROTOCOL_VERSION,
+            "run_id": self.run_id,
+            "actor_id": self.opts.actor_id,
+        }
+        if self.history is not None and self.history.newest >= 0:
+            header.update(epoch=self.epoch, version=self.history.newest)
+        sockets.send(self.snapshot, codec.encode(header), block=False)
 
     def read_snapshots(self, timeout_ms: int) -> bool:
         """Take the broadcaster's snapshot replies that come within ``timeout_ms`` (and any
         pending after the first that holds weights); True once one held weights (an older "no
-        weights yet" refusal may come first)."""
+        weights yet" refusal may come first) or said that this actor has the newest."""
         got = False
         frames = sockets.recv_multipart_timeout(self.snapshot, timeout_ms)
         while frames is not None:
@@ -42,8 +49,9 @@ class WeightsFromBroadcaster:
                 self._receive(frames)
                 got = True
             else:
-                try:  # else a refusal: "no weights yet"
-                    codec.decode(frames)
+                try:  # else a refusal ("no weights yet"), or a version ping: the newest is held already
+                    reply, _ = codec.decode(frames)
+                    got = got or reply["type"] == "weights_version"
                 except protocol.ProtocolError as exc:
                     self.rejects.reject(exc, "broadcaster")
             frames = sockets.recv_multipart_timeout(self.snapshot, 0 if got else timeout_ms)
@@ -73,19 +81,46 @@ class WeightsFromBroadcaster:
         """Take every weights message pending (older versions matter to the lag controls). With
         ``catch_up``: if the queue was at least half full (a stall: what waits is a backlog of old
         versions, more wait in the kernel's buffers, and the publisher drops newer ones while the
-        queue is full; ZeroMQ hands over about HWM - 1), also ask the broadcaster for its newest."""
+        queue is full; ZeroMQ hands over about HWM - 1), or a version ping named a newer version of
+        this session's learner than the newest held (its weights were dropped), also ask the
+        broadcaster for its newest (at most every SNAPSHOT_ASK_S for a ping)."""
         pending = sockets.drain_all(self.weights_sub)
+        announced = -1  # the newest version of this session's epoch that a ping named
         for frames in pending:
-            self._receive(frames)
-        if catch_up and len(pending) >= max(2, self.weights_sub.rcvhwm // 2):
+            if len(frames) == 2:  # [b"version", header]
+                announced = max(announced, self._announced(frames))
+            else:
+                self._receive(frames)
+        if not catch_up:
+            return
+        if len(pending) >= max(2, self.weights_sub.rcvhwm // 2):
+            self.ask_snapshot()
+            self.read_snapshots(1000)
+        elif announced > self.history.newest and time.monotonic() >= self.next_ask:
+            self.next_ask = time.monotonic() + SNAPSHOT_ASK_S
             self.ask_snapshot()
             self.read_snapshots(1000)
 
+    def _announced(self, frames) -> int:
+        """The version a ping names if it is of this session's learner (its run id and epoch); -1
+        for another's. One that does not decode is counted and logged, never fatal."""
+        try:
+            header = codec.decode_version(frames, run_id=self.run_id)
+        except protocol.ProtocolError as exc:
+            self.rejects.reject(exc, "broadcaster")
+            return -1
+        return header["version"] if header["epoch"] == self.epoch else -1
+
     def _receive(self, frames) -> None:
         """Keep a weights message of this session's learner (its run id and epoch); one that does
-        not decode is counted and logged, never fatal; another epoch's is dropped."""
+        not decode, or of another element type or size than the policy copy takes, is counted and
+        logged, never fatal; another epoch's is dropped."""
         try:
             header, flat = codec.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
+            if header["dtype"] != self.producer.weights_dtype:
+                raise protocol.ProtocolError(
+                    "dtype", f"weights of dtype {header['dtype']}, the policy copy takes {self.producer.weights_dtype}"
+                )
             if self.num_params and flat.size != self.num_params:
                 raise protocol.ProtocolError(
                     "frame_size", f"weights of {flat.size} parameters, the policy has {self.num_params}"

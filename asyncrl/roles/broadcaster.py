@@ -4,6 +4,13 @@ Sockets: PUB on ``bind`` (actors SUB and keep only the newest message) and a ROU
 that takes weights from the learner and answers ``snapshot`` requests from joining actors, since
 PUB/SUB drops whatever was published before a subscriber connected.
 
+Unchanged weights are never sent again. While the learner has no new version it sends a signed version
+ping (``weights_version``: 129 bytes with its HMAC) every 2 s instead of its weights; the broadcaster
+answers ``weights_status``: whether it wants them (it holds an older version, or none: restarted) and
+the largest payload it takes. Every second it pings its PUB subscribers with the version it holds, so an
+actor whose queue dropped the newest weights asks for them; a snapshot request that names the version
+the asker holds already is answered by a version ping, not the weights.
+
 A relay (``upstream``: another broadcaster's PUB address) takes its weights from that broadcaster
 instead (SUB, plus a snapshot request until it has a first version) and republishes every newer
 version on its own sockets, so weights cross the network once per host, not once per actor.
@@ -35,7 +42,8 @@ ROUTER_HWM = 4  # messages queued per connection on the request ROUTER, each way
 SNAPSHOT_INTERVAL_S = 0.2  # one snapshot reply per connection per this many seconds
 MAX_SNAPSHOT_PEERS = 4096  # connections remembered for that rate limit
 MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
-STALE_EPOCH_S = 10.0  # a learner republishes every 2 s: silent this long, its epoch gives way to any
+STALE_EPOCH_S = 10.0  # a learner pings every 2 s while idle: silent this long, its epoch gives way to any
+VERSION_PING_S = 1.0  # seconds between the version pings on PUB while weights are held
 # The largest weights payload a broadcaster takes when not told the run's (``max_weights_bytes``):
 # 1 GiB, 268M float32 parameters (the tiny llm model and every control policy are far smaller).
 DEFAULT_MAX_WEIGHTS_BYTES = 1 << 30
@@ -65,10 +73,12 @@ class Broadcaster:
         max_weights_bytes: int | None = None,
     ):
         """``summary``: a JSON file for this role's counts (rejects by reason, refused connections,
-        weights published). ``max_weights_bytes``: the run's weights payload (4 x parameters; default
-        DEFAULT_MAX_WEIGHTS_BYTES): every socket that takes weights refuses a larger frame
-        (ZMQ_MAXMSGSIZE, ``weights_frame_limit``; its peer is disconnected before the frame is
-        buffered), the PUB socket takes subscription frames only. Raises SecurityError (keys missing
+        weights published). ``max_weights_bytes``: the run's weights payload (parameters x bytes per
+        element of the wire dtype, ``Task.weights_info().nbytes``; default DEFAULT_MAX_WEIGHTS_BYTES): every
+        socket that takes weights refuses a larger frame (ZMQ_MAXMSGSIZE, ``weights_frame_limit``; its
+        peer is disconnected before the frame is buffered), the learner is told it (``weights_status``),
+        the queues of weights messages are sized by it (``sockets.weights_hwm``), and the PUB socket
+        takes subscription frames only. Raises SecurityError (keys missing
         for a non-loopback address, an unsafe secret directory), sockets.AddressError (address in
         use, not of this host)."""
         self.security, self.upstream, self.advertise, self.echo = (
@@ -81,9 +91,10 @@ class Broadcaster:
         self.secret_file, self.secret = None, None
         self.max_weights_bytes = DEFAULT_MAX_WEIGHTS_BYTES if max_weights_bytes is None else int(max_weights_bytes)
         frame_limit = weights_frame_limit(self.max_weights_bytes)
+        self.queue = sockets.weights_hwm(self.max_weights_bytes)  # weights messages per subscriber queue
         self.ctx = sockets.context()
         try:
-            self.pub = sockets.pub(self.ctx, bind, security=self.security.server(self.ctx, bind))
+            self.pub = sockets.pub(self.ctx, bind, hwm=self.queue, security=self.security.server(self.ctx, bind))
             self.endpoint = sockets.endpoint_of(self.pub)
             if not upstream:  # before the socket that takes weights exists
                 self.secret_file, self.secret = create_weights_secret(self.endpoint)
@@ -101,7 +112,11 @@ class Broadcaster:
             if upstream:
                 up_request = snapshot_endpoint(upstream)
                 self.up_sub = sockets.sub(
-                    self.ctx, upstream, security=self.security.client(upstream), max_message_bytes=frame_limit
+                    self.ctx,
+                    upstream,
+                    hwm=self.queue,
+                    security=self.security.client(upstream),
+                    max_message_bytes=frame_limit,
                 )
                 self.up_req = sockets.dealer(
                     self.ctx,
@@ -121,7 +136,7 @@ class Broadcaster:
             self.security.close()
             self.ctx.destroy(linger=0)
             raise
-        self.latest = None  # frames [topic, header, payload] of the newest weights
+        self.latest = None  # frames [topic, header, payload] of the newest weights (held: shared, not copied)
         self.newest, self.run_id = (-1, -1), None  # (learner epoch, version) of self.latest
         self.epoch_heard = 0.0  # monotonic time of the last weights of the held epoch
         # With CURVE, weights come from the learner's key only: an actor host's key must not be
@@ -129,7 +144,10 @@ class Broadcaster:
         self.learner_key = self.security.learner_key
         self.rejects = rejects.RejectCounter("broadcaster")
         self.published = 0
-        self.next_check = self.next_ask = 0.0
+        # messages that spared a payload: version pings on PUB, learner pings answered, snapshot requests of
+        # peers that held the newest already
+        self.pings = {"pub": 0, "learner": 0, "snapshot_current": 0}
+        self.next_check = self.next_ask = self.next_ping = 0.0
         self.next_summary, self.summary_written = 0.0, None
         self.last_snapshot: dict[bytes, float] = {}  # connection -> monotonic time of its last snapshot reply
 
@@ -137,28 +155,35 @@ class Broadcaster:
     def version(self) -> int:
         return self.newest[1]
 
+    def newer(self, key: tuple[int, int], now: float) -> bool:
+        """Whether weights of ``key`` = (learner epoch, version), from the learner, replace the held
+        ones: a higher key (a restarted learner has a higher epoch and starts again at version 0,
+        whatever its run id), or another epoch while the held epoch's learner has been silent for
+        STALE_EPOCH_S (a learner started after the wall clock went back has a lower epoch). Hearing
+        of the held epoch marks its learner alive."""
+        if key[0] == self.newest[0]:
+            self.epoch_heard = now  # the learner of the held epoch is alive (it pings)
+        if key > self.newest:
+            return True
+        if key[0] == self.newest[0] or now - self.epoch_heard <= STALE_EPOCH_S:
+            return False
+        # a lower epoch, from the learner (only its messages get here), while the learner of the held
+        # epoch is silent: a new learner started after the wall clock stepped back
+        log.warning(
+            "broadcaster: learner epoch %d is silent for %.0f s; taking epoch %d (a lower one: the clock went back)",
+            self.newest[0],
+            now - self.epoch_heard,
+            key[0],
+        )
+        return True
+
     def take(self, frames) -> bool:
-        """Publish a weights message if its (learner epoch, version) is newer than the last one's
-        (a restarted learner has a higher epoch and starts again at version 0, whatever its run
-        id), or if it is of another epoch while the held epoch's learner has been silent for
-        STALE_EPOCH_S (a learner started after the wall clock went back has a lower epoch). Only
-        for weights known to come from the learner. Raises ProtocolError for an invalid message."""
+        """Publish a weights message if it is newer (:meth:`newer`) than the held one. Only for
+        weights known to come from the learner. Raises ProtocolError for an invalid message."""
         header, _ = codec.decode_weights(frames)
         key, now = (header["epoch"], header["version"]), time.monotonic()
-        if key[0] == self.newest[0]:
-            self.epoch_heard = now  # the learner of the held epoch is alive (it republishes)
-        if key <= self.newest:
-            if key[0] == self.newest[0] or now - self.epoch_heard <= STALE_EPOCH_S:
-                return False
-            # a lower epoch, from the learner (only its weights get here), while the learner of the held
-            # epoch is silent: a new learner started after the wall clock stepped back; take it
-            log.warning(
-                "broadcaster: learner epoch %d is silent for %.0f s; taking epoch %d (a lower one: the "
-                "clock went back)",
-                self.newest[0],
-                now - self.epoch_heard,
-                key[0],
-            )
+        if not self.newer(key, now):
+            return False
         if key[0] != self.newest[0] and self.run_id is not None:
             log.info(
                 "broadcaster: weights of learner epoch %d (run %s) replace those of epoch %d (run %s)",
@@ -167,31 +192,36 @@ class Broadcaster:
                 self.newest[0],
                 rejects.printable(self.run_id),
             )
-        self.latest = [bytes(f) for f in frames]
+        self.latest = sockets.held(frames)
         self.newest, self.run_id, self.epoch_heard = key, header["run_id"], now
-        sockets.send(self.pub, self.latest, block=False)
+        sockets.send(self.pub, self.latest, block=False, copy=False)
         self.published += 1
+        self.next_ping = now + VERSION_PING_S  # the weights just sent say the version
         return True
+
+    def learner_ping(self, identity, header: dict) -> None:
+        """Answer the learner's version ping (its signature checked by the caller): ``weights_status``,
+        wanted when the held weights are older than the ping's (or none), and this broadcaster's
+        largest payload."""
+        self.pings["learner"] += 1
+        wanted = self.newer((header["epoch"], header["version"]), time.monotonic())
+        status = {"type": "weights_status", "run_id": header["run_id"], "wanted": wanted}
+        status["max_bytes"] = self.max_weights_bytes
+        sockets.send(self.router, [identity, *codec.encode(status)], block=False)
 
     def handle(self, frames) -> None:
         identity, body = frames[0], frames[1:]
         sender = bytes(identity).decode(errors="replace")
         try:
-            if len(body) in (3, 4) and bytes(body[0]) == protocol.WEIGHTS_TOPIC:
-                if self.upstream:
-                    raise protocol.ProtocolError(
-                        "unexpected_type", f"weights sent to a relay (it takes them from {self.upstream} only)"
-                    )
-                if self.learner_key is not None:  # CURVE: the authenticator vouches for the key
-                    if sockets.user_id(body[0]) != self.learner_key:
-                        raise protocol.ProtocolError(
-                            "not_learner",
-                            f"weights from client key {sockets.user_id(body[0])}, "
-                            "not the learner's (allowed/learner.key)",
-                        )
-                    self.take(body[:3])
-                else:
-                    self.take(codec.verify_weights(body, self.secret))
+            topic = bytes(body[0]) if len(body) in (2, 3, 4) else b""
+            if topic == protocol.WEIGHTS_TOPIC:
+                self.check_learner(body, "weights")
+                self.take(body[:3] if self.learner_key is not None else codec.verify_weights(body, self.secret))
+                return
+            if topic == protocol.VERSION_TOPIC:
+                self.check_learner(body, "a version ping")
+                frames = body[:2] if self.learner_key is not None else codec.verify_version(body, self.secret)
+                self.learner_ping(identity, codec.decode_version(frames))
                 return
             header, _ = codec.decode(body)
             if header["type"] != "snapshot":
@@ -206,17 +236,36 @@ class Broadcaster:
                     "broadcaster: a message from %s raised in its handler", rejects.printable(sender), exc_info=True
                 )
 
+    def check_learner(self, body, what: str) -> None:
+        """Raise ProtocolError unless this broadcaster takes ``what`` from this sender: not a relay
+        (it takes weights from upstream only), and with CURVE, the learner's client key (without
+        CURVE the caller checks the HMAC)."""
+        if self.upstream:
+            raise protocol.ProtocolError(
+                "unexpected_type", f"{what} sent to a relay (it takes weights from {self.upstream} only)"
+            )
+        if self.learner_key is not None and sockets.user_id(body[0]) != self.learner_key:
+            # CURVE: the authenticator vouches for the key
+            raise protocol.ProtocolError(
+                "not_learner",
+                f"{what} from client key {sockets.user_id(body[0])}, not the learner's (allowed/learner.key)",
+            )
+
     def answer_snapshot(self, identity, header: dict) -> None:
-        """Send the newest weights (zero-copy: every reply shares the one buffer of ``self.latest``)
-        or "no weights yet" to ``identity``, at most once per SNAPSHOT_INTERVAL_S per connection
-        (an actor asks every 0.5 s while it waits); more often is refused ("snapshot_rate")."""
+        """Send the newest weights (zero-copy: every reply shares the one buffer of ``self.latest``),
+        a version ping if the request names the version held (the asker has the newest), or "no
+        weights yet" to ``identity``, at most once per SNAPSHOT_INTERVAL_S per connection (an actor
+        asks every 0.5 s while it waits); more often is refused ("snapshot_rate")."""
         key, now = bytes(identity), time.monotonic()
         if now - self.last_snapshot.get(key, -math.inf) < SNAPSHOT_INTERVAL_S:
             raise protocol.ProtocolError("snapshot_rate", f"more than one snapshot request per {SNAPSHOT_INTERVAL_S} s")
         if len(self.last_snapshot) >= MAX_SNAPSHOT_PEERS:  # forget peers not heard of for a while
             self.last_snapshot = {k: t for k, t in self.last_snapshot.items() if now - t < SNAPSHOT_INTERVAL_S}
         self.last_snapshot[key] = now
-        if self.latest is not None:
+        if self.latest is not None and (header.get("epoch"), header.get("version")) == self.newest:
+            self.pings["snapshot_current"] += 1
+            sockets.send(self.router, [identity, self.version_ping()[1]], block=False)
+        elif self.latest is not None:
             sockets.send(self.router, [identity, *self.latest], block=False, copy=False)
         else:
             sockets.send(
@@ -235,17 +284,36 @@ class Broadcaster:
             self.handle(frames)
         if self.upstream:
             self.relay()
+        self.ping_subscribers()
         self.check_connections()
         self.write_summary()
 
+    def version_ping(self) -> list[bytes]:
+        """The version ping of the held weights (their epoch, version and payload bytes)."""
+        nbytes = len(self.latest[2])
+        return codec.encode_version(run_id=self.run_id, epoch=self.newest[0], version=self.newest[1], nbytes=nbytes)
+
+    def ping_subscribers(self) -> None:
+        """Every VERSION_PING_S while weights are held, the held (epoch, version) on PUB: a
+        subscriber whose queue dropped the newest weights learns that it lacks them."""
+        now = time.monotonic()
+        if self.latest is None or now < self.next_ping:
+            return
+        self.next_ping = now + VERSION_PING_S
+        sockets.send(self.pub, self.version_ping(), block=False)
+        self.pings["pub"] += 1
+
     def counts(self) -> dict:
         """What ``--summary`` holds: role, address, weights taken, newest (epoch, version),
-        ``rejected_messages`` and ``refused_connections`` by reason."""
+        ``version_pings`` (messages that spared a payload: pings on PUB, learner pings answered,
+        snapshot requests of peers that held the newest), ``rejected_messages`` and
+        ``refused_connections`` by reason."""
         return {
             "role": "relay" if self.upstream else "broadcaster",
             "endpoint": self.endpoint,
             "upstream": self.upstream,
             "published": self.published,
+            "version_pings": dict(self.pings),
             "run_id": self.run_id,
             "epoch": self.newest[0],
             "version": self.newest[1],
@@ -271,18 +339,24 @@ class Broadcaster:
 
     def relay(self) -> None:
         """Take every version pending from upstream, in order (the actors' lag controls may want
-        older ones); ask upstream for a snapshot every second until there is a first version."""
-        replies = []
+        older ones); ask upstream for a snapshot every second until there is a first version, and
+        when upstream's version ping names a newer one than this relay holds (its queue dropped it)."""
+        replies, announced, largest = [], (-1, -1), 0  # the newest (epoch, version) and payload pings named
         for frames in sockets.drain_all(self.up_req, max_messages=MAX_MESSAGES_PER_SERVE):
             if len(frames) == 3:
                 replies.append(frames)
                 continue
-            try:  # else a "no weights yet" refusal
+            try:  # else a "no weights yet" refusal, or a version ping: this relay has the newest
                 codec.decode(frames)
             except protocol.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
         for frames in replies + sockets.drain_all(self.up_sub, max_messages=MAX_MESSAGES_PER_SERVE):
             try:
+                if len(frames) == 2:  # upstream's version ping: ask for what it holds and this relay lacks
+                    header = codec.decode_version(frames)
+                    announced = max(announced, (header["epoch"], header["version"]))
+                    largest = max(largest, header["nbytes"])
+                    continue
                 self.take(frames)
             except protocol.ProtocolError as exc:
                 self.rejects.reject(exc, self.upstream)
@@ -290,11 +364,22 @@ class Broadcaster:
                 self.rejects.reject(
                     protocol.ProtocolError(f"handler_error:{type(exc).__name__}", f"{exc!r}"[:300]), self.upstream
                 )
+        self.check_size(largest)
         now = time.monotonic()
-        if self.latest is None and now >= self.next_ask:
+        if (self.latest is None or announced > self.newest) and now >= self.next_ask:
             self.next_ask = now + 1.0
-            sockets.send(
-                self.up_req, codec.encode({"type": "snapshot", "run_id": "", "actor_id": "relay"}), block=False
+            have = {"epoch": self.newest[0], "version": self.newest[1]} if self.latest is not None else {}
+            request = {"type": "snapshot", "run_id": "", "actor_id": "relay", **have}
+            sockets.send(self.up_req, codec.encode(request), block=False)
+
+    def check_size(self, nbytes: int) -> None:
+        """Raise BroadcasterError if upstream's weights (``nbytes``, from its version ping) are larger
+        than this relay takes: its sockets would drop every version, and its actors would wait for ever."""
+        if nbytes > self.max_weights_bytes:
+            raise BroadcasterError(
+                f"relay: the weights of {self.upstream} are {nbytes / (1 << 20):.2f} MiB, over this relay's "
+                f"{self.max_weights_bytes / (1 << 20):.2f} MiB; start it with --max-weights-mb "
+                f"{math.ceil(nbytes * 100 / (1 << 20)) / 100:.2f} or more"
             )
 
     def check_connections(self) -> None:

@@ -41,9 +41,11 @@ from asyncrl.wire.weights_secret import read_weights_secret
 
 log = logging.getLogger("asyncrl.learner")
 
-# Seconds without a publish after which the learner publishes its current weights again (cheap):
-# a broadcaster that lost them (restarted) must not wait for an iteration that waits for it.
+# Seconds without a publish after which the learner pings the broadcaster with its current version (a
+# header, not the weights): a broadcaster that lost them (restarted) answers that it wants them, and must
+# not wait for an iteration that waits for it.
 REPUBLISH_S = 2.0
+WEIGHTS_OUT_HWM = 2  # weights messages queued for the broadcaster: a slow one drops versions, not memory
 
 
 class LearnerError(RuntimeError):
@@ -113,13 +115,14 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             self.weights_curve = self.security.client(weights_ep)
             # immediate: nothing queued for a broadcaster not there (signed with a secret it may not
             # hold any more); it gets the weights when it (re)connects, see check_connections
-            # it receives nothing (the broadcaster answers snapshot requests only): any frame is small
+            # it receives the answers to its version pings only (weights_status): any frame is small
             self.weights_out = sockets.dealer(
                 self.ctx,
                 weights_ep,
                 sockets.route_identity(f"learner-{run_id}"),
                 security=self.weights_curve,
                 immediate=True,
+                hwm=WEIGHTS_OUT_HWM,
                 max_message_bytes=protocol.MAX_HEADER_BYTES,
             )
         except BaseException:
@@ -131,7 +134,10 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         self.next_check = self.next_reap = 0.0
         self.by_route: dict[bytes, set[str]] = {}  # connection -> the actor ids it speaks for
         self.broadcaster_handshakes = 0  # seen so far: a new one means a (re)connected broadcaster
-        self.last_publish = 0.0
+        self.last_publish = 0.0  # monotonic time of the last weights or version ping sent
+        self.last_full = -float("inf")  # ... of the last weights sent
+        self.broadcaster_limit: int | None = None  # its largest payload (its weights_status); None: not heard yet
+        self.weights_traffic: Counter[str] = Counter()  # versions_sent, pings_sent, bytes_sent, send_dropped
         self.warned_unsigned = False
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # /dev/shm too small: one line before any file of the run exists (it can be rerun in the same directory)
@@ -168,23 +174,23 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         self.slowest_report_s = 0.0  # longest time an actor held grants before an accepted report
         self.timing: Counter[str] = Counter()  # seconds: where the time goes
         self.rollouts_by_transport: Counter[str] = Counter()  # "shm" / "tcp"
+        self.weights = self.task.weights_info(self.state.policy)  # one version's payload: parameters, dtype, bytes
         self.publish()
 
     # ---- weights ----
     def publish(self) -> None:
-        """Send the current weights to the broadcaster (publish time: the Consumer's record),
-        signed with the secret the broadcaster wrote on this host (security.read_weights_secret;
-        read at each publish, so a restarted broadcaster's new secret is used at once)."""
-        now = self.consumer.lag.publish_time[self.state.version]
-        frames = codec.encode_weights(
-            run_id=self.run_id,
-            epoch=self.epoch,
-            version=self.state.version,
-            publish_time=now,
-            layout_hash=self.state.layout_hash,
-            payload=self.state.flat_weights(),
-        )
-        self.last_publish = time.monotonic()
+        """A new version (or the start): its weights to the broadcaster once its answer to a version
+        ping said how large a payload it takes; until then (the start, a broadcaster that reconnected)
+        the version ping, whose answer brings the weights if it wants them (:meth:`read_broadcaster`)."""
+        if self.broadcaster_limit is None:
+            self.ping()
+        else:
+            self.send_weights()
+
+    def _secret(self) -> tuple[bool, bytes | None]:
+        """(whether the broadcaster would take what this learner signs, the secret): the secret the
+        broadcaster wrote on this host (security.read_weights_secret; read at each send, so a restarted
+        broadcaster's new secret is used at once), or CURVE's learner key."""
         secret = read_weights_secret(self.broadcaster)
         if secret is None and self.weights_curve is None:  # it would refuse them
             if not self.warned_unsigned:
@@ -194,8 +200,74 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
                     "run by another user); weights are held back until there is one",
                     self.broadcaster,
                 )
+            return False, None
+        return True, secret
+
+    def send_weights(self) -> None:
+        """Send the current weights (publish time: the Consumer's record), signed; a full queue
+        (a slow broadcaster) drops them, and the next version ping asks again."""
+        now = self.consumer.lag.publish_time[self.state.version]
+        self.last_publish = self.last_full = time.monotonic()
+        ok, secret = self._secret()
+        if not ok:
             return
-        sockets.send(self.weights_out, codec.sign_weights(frames, secret), block=False)
+        frames = codec.encode_weights(
+            run_id=self.run_id,
+            epoch=self.epoch,
+            version=self.state.version,
+            publish_time=now,
+            layout_hash=self.state.layout_hash,
+            payload=self.state.flat_weights(),
+        )
+        if sockets.send(self.weights_out, codec.sign_weights(frames, secret), block=False):
+            self.weights_traffic["versions_sent"] += 1
+            self.weights_traffic["bytes_sent"] += self.weights.nbytes
+        else:
+            self.weights_traffic["send_dropped"] += 1
+
+    def ping(self) -> None:
+        """Send the current (epoch, version) to the broadcaster, signed, without the weights."""
+        self.last_publish = time.monotonic()
+        ok, secret = self._secret()
+        if ok:
+            version = {"epoch": self.epoch, "version": self.state.version, "nbytes": self.weights.nbytes}
+            frames = codec.encode_version(run_id=self.run_id, **version)
+            if sockets.send(self.weights_out, codec.sign_version(frames, secret), block=False):
+                self.weights_traffic["pings_sent"] += 1
+
+    def read_broadcaster(self) -> None:
+        """Take the broadcaster's answers to version pings: its largest payload (LearnerError if
+        this run's weights are larger: it would drop every version; the broadcaster is the address
+        this learner was given, which could starve it as well), and the weights if it wants them (at
+        most once per REPUBLISH_S / 2: an answer to a ping sent before the last weights arrived may
+        still say wanted). A malformed answer is counted and logged."""
+        for frames in sockets.drain_all(self.weights_out, max_messages=16):
+            try:
+                status, _ = codec.decode(frames, run_id=self.run_id)
+                if status["type"] != "weights_status":
+                    raise protocol.ProtocolError("unexpected_type", status["type"])
+            except protocol.ProtocolError as exc:
+                self.rejects.reject(exc, "broadcaster")
+                continue
+            self.broadcaster_limit = status["max_bytes"]
+            if self.weights.nbytes > self.broadcaster_limit:
+                raise LearnerError(
+                    f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} takes weights of at most "
+                    f"{self.broadcaster_limit / (1 << 20):.2f} MiB, and this run's are "
+                    f"{self.weights.nbytes / (1 << 20):.2f} MiB ({self.weights.describe()}); "
+                    f"start it with --max-weights-mb {self.weights.mib:.2f} or more"
+                )
+            if status["wanted"] and time.monotonic() - self.last_full >= REPUBLISH_S / 2:
+                self.send_weights()
+
+    def weights_summary(self) -> dict:
+        """summary.json's ``weights``: the payload of one published version (``bytes_per_version``,
+        ``parameters``, ``dtype``, what it ``holds``) and what this learner sent (versions, their
+        bytes, version pings, versions a full queue dropped)."""
+        return {
+            **self.weights.to_dict(),
+            **{k: self.weights_traffic[k] for k in ("versions_sent", "bytes_sent", "pings_sent", "send_dropped")},
+        }
 
     # ---- messages (their handlers: learner_messages) ----
     def serve(self, timeout_ms: int) -> None:
@@ -210,6 +282,7 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             if handled >= MAX_MESSAGES_PER_SERVE:
                 break
             frames = sockets.recv_multipart_timeout(self.router, 0, copy=False)
+        self.read_broadcaster()
         now = time.monotonic()
         if now >= self.next_reap:  # each scans every actor: at most 10 times a second
             self.next_reap = now + 0.1
@@ -232,12 +305,16 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
                 f"learner: the broadcaster at {snapshot_endpoint(self.broadcaster)} refused the "
                 f"connection: {bad.detail}"
             )
-        if self.broadcaster_watch.succeeded != self.broadcaster_handshakes or now - self.last_publish > REPUBLISH_S:
-            # a broadcaster (re)connected, or no publish for a while: it may hold no weights
-            # (restarted), and actors waiting for their first weights would wait for ever, since the
-            # next publish needs their rollouts. It ignores a version it holds.
+        if self.broadcaster_watch.succeeded != self.broadcaster_handshakes:
+            # a broadcaster (re)connected: it may be a new one, with another limit and no weights
             self.broadcaster_handshakes = self.broadcaster_watch.succeeded
-            self.publish()
+            self.broadcaster_limit = None
+            self.ping()
+        elif now - self.last_publish > REPUBLISH_S:
+            # no publish for a while: the broadcaster may hold no weights (restarted), and actors waiting
+            # for their first weights would wait for ever, since the next publish needs their rollouts.
+            # A version ping costs a header; the broadcaster answers whether it wants the weights.
+            self.ping()
 
     def announce(self) -> None:
         """Where actors connect; for a non-loopback address, the exact actor command to use."""
@@ -266,13 +343,14 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
     def run(self) -> dict:
         self.announce()
         log.info(
-            "learner: run %s listening on %s, shared memory %s, weights payload %d bytes (a broadcaster "
-            "on another host takes them with --max-weights-mb %.2f or more)",
+            "learner: run %s listening on %s, shared memory %s, weights payload %d bytes, %s (a broadcaster "
+            "started by hand takes them with --max-weights-mb %.2f or more)",
             self.run_id,
             self.endpoint,
             self.ring.name,
-            self.state.flat_weights().nbytes,
-            self.state.flat_weights().nbytes / (1 << 20),
+            self.weights.nbytes,
+            self.weights.describe(),
+            self.weights.mib,
         )
         while not self.consumer.done:
             t0 = time.perf_counter()
@@ -306,6 +384,7 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             refused_connections=self.security.refused.by_reason(),
             learner_epoch=self.epoch,
             rollouts_by_transport=dict(self.rollouts_by_transport),
+            weights=self.weights_summary(),
             **self.lag_target_summary(),
         )
 

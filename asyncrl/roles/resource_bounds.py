@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from asyncrl.wire import codec, protocol
+from asyncrl.wire import codec, protocol, sockets
 
 MSG_OVERHEAD = 64  # bytes libzmq keeps per frame besides its data (one zmq_msg_t)
 PER_CONNECTION = 256 * 1024  # bytes per accepted connection: session, engine, pipes, 8 KiB I/O
@@ -77,7 +77,8 @@ def memory_bound_bytes(
     Args:
         role: "learner" (needs ``spec``, its slot layout, and ``num_slots``, config
             learner.num_slots) or "broadcaster" (needs ``weights_bytes``: the payload of one weights
-            message, 4 x the number of parameters; also the broadcaster's per-frame limit).
+            message, parameters x bytes per element of the wire dtype, ``Task.weights_info().nbytes``,
+            e.g. 0.99 GB for a 0.5B model in bfloat16; also the broadcaster's per-frame limit).
         connections: the most connections peers hold open at once. The role's RLIMIT_NOFILE caps it
             (one file descriptor each); nothing else does.
         frames_per_message: the most frames of one message a peer sends. libzmq does not cap it
@@ -102,6 +103,9 @@ def memory_bound_bytes(
         weights: 2 x weights_bytes (the held weights and the next ones while they are taken).
         replies: connections x ROUTER_HWM x weights_bytes (snapshot replies share the held buffer, but
             a reply queued before newer weights arrive keeps the older buffer alive).
+        subscribers: connections x weights_hwm(weights_bytes) x weights_bytes (versions published
+            while a subscriber does not read stay alive in its PUB queue, 2 to 8 messages:
+            ``sockets.weights_hwm``; the queues share each version's one buffer).
         receive: connections x (ROUTER_HWM + 2) x frames x (frame bytes + 64); frame bytes at most
             max(weights_bytes, 64 KiB) (``broadcaster.weights_frame_limit``).
         connections, rejects, allocator: as for the learner.
@@ -128,6 +132,7 @@ def memory_bound_bytes(
         frames = frames_per_message or 4
         terms["weights"] = 2 * weights_bytes
         terms["replies"] = connections * ROUTER_HWM * weights_bytes
+        terms["subscribers"] = connections * sockets.weights_hwm(weights_bytes) * weights_bytes
         terms["receive"] = connections * _message_term(
             ROUTER_HWM, frames, weights_frame_limit(weights_bytes), frame_bytes
         )

@@ -28,6 +28,8 @@ from asyncrl.core.config import Config
 from asyncrl.core.metrics import write_json_atomic
 from asyncrl.core.wording import count_of
 from asyncrl.run.pdeathsig import die_with_parent
+from asyncrl.tasks import make_task
+from asyncrl.tasks.base import WeightsInfo
 from asyncrl.wire.shm.dev_shm import SHM_DIR, remove_run
 
 BROADCASTER_SUMMARY = "broadcaster-summary.json"
@@ -154,6 +156,12 @@ def _accepts(path: Path) -> bool:
             return False
 
 
+def max_weights_args(weights: WeightsInfo) -> list[str]:
+    """``asyncrl broadcaster`` flags for a run whose versions carry ``weights``: its largest payload
+    (the frame limit, the queues and the memory bound follow from it), in MiB, exact."""
+    return ["--max-weights-mb", repr(weights.nbytes / (1 << 20))]
+
+
 def new_run_id() -> str:
     """A run id: the start time (MMDDhhmmss) and 6 random hex digits."""
     return f"{time.strftime('%m%d%H%M%S')}-{secrets.token_hex(3)}"
@@ -180,11 +188,13 @@ class Supervisor:
         self.endpoint_dir = private_endpoint_dir()
         self.learner_ep = f"ipc://{self.endpoint_dir}/learner"
         self.broadcaster_ep = f"ipc://{self.endpoint_dir}/weights"
+        self.weights = make_task(cfg).weights_info()  # the broadcaster's limits are sized by it
 
     def role_args(self, name: str) -> list[str]:
         cfg_file = str(self.run_dir / "config.json")
         if name == "broadcaster":
-            return ["broadcaster", "--bind", self.broadcaster_ep, "--summary", str(self.run_dir / BROADCASTER_SUMMARY)]
+            summary = str(self.run_dir / BROADCASTER_SUMMARY)
+            return ["broadcaster", "--bind", self.broadcaster_ep, "--summary", summary, *max_weights_args(self.weights)]
         if name == "learner":  # a restarted learner, or the first of a resumed run, resumes
             restart = "resume" if self.resume or self.restarts.get("learner") else "refuse"
             return [
@@ -337,7 +347,7 @@ class Supervisor:
         try:  # the broadcaster's own counts (its summary file; absent if it never started)
             counts = json.loads((self.run_dir / BROADCASTER_SUMMARY).read_text())
             summary["broadcaster"] = {
-                k: counts.get(k) for k in ("published", "rejected_messages", "refused_connections")
+                k: counts.get(k) for k in ("published", "version_pings", "rejected_messages", "refused_connections")
             }
         except (OSError, ValueError, AttributeError):
             summary["broadcaster"] = None
@@ -382,6 +392,7 @@ def launch(cfg: Config, run_dir: Path, *, echo=print, resume: bool = False) -> d
         f"run {sup.run_id}: learner {sup.learner_ep}, broadcaster {sup.broadcaster_ep}, "
         f"{count_of(cfg.run.num_actors, 'actor')}; logs in {sup.logs}"
     )
+    echo(f"weights: {sup.weights.nbytes / (1 << 20):.2f} MiB per version ({sup.weights.describe()})")
     failure = None
     try:
         sup.start_all()

@@ -38,9 +38,10 @@ from pathlib import Path
 from asyncrl.core.config import Config
 from asyncrl.core.metrics import write_json_atomic
 from asyncrl.core.wording import count_of
-from asyncrl.run.launch import BROADCASTER_SUMMARY, RoleFailed, new_run_id
+from asyncrl.run.launch import BROADCASTER_SUMMARY, RoleFailed, max_weights_args, new_run_id
 from asyncrl.run.ray_cluster import ROLE_RUNTIME_ENV, LauncherError, connect
 from asyncrl.run.ray_role_host import RoleHost, pick_ports
+from asyncrl.tasks import make_task
 
 LEARNER_RESOURCE = "learner"
 
@@ -120,6 +121,7 @@ class RayRun:
             key=lambda n: n["NodeManagerAddress"],
         )
         server_keys, client_keys = key_files(max(1, len(remote_nodes)))
+        weights = make_task(self.cfg).weights_info()  # the broadcaster's and relays' limits are sized by it
         at = self._on(learner_node, pick_ports)
         learner_ep, bcast_ep = f"tcp://{at['ip']}:{at['port']}", f"tcp://{at['ip']}:{at['pair']}"
         self.echo(
@@ -140,6 +142,7 @@ class RayRun:
                 "{dir}/keys",
                 "--summary",
                 str(self.run_dir / BROADCASTER_SUMMARY),
+                *max_weights_args(weights),
             ],
             server,
         )
@@ -184,6 +187,7 @@ class RayRun:
                     f"tcp://127.0.0.1:{ports['pair']}",
                     "--upstream",
                     bcast_ep,
+                    *max_weights_args(weights),
                     "--keys",
                     "{dir}/keys",
                 ],

@@ -73,6 +73,7 @@ def run_serial(
     for h in histories:
         h.add(state.version, state.flat_weights())
     host, next_actor = socket.gethostname(), 0
+    weights = state.task.weights_info(state.policy).to_dict()  # what one version carries (summary.json)
     if restored:
         for p, h, rng, hist in zip(producers, histories, saved["policy_rng"], saved["histories"]):
             p.load_rng_state(rng)
@@ -128,13 +129,13 @@ def run_serial(
             consumer.end_iteration(own_state())
             consumer.progress(echo)
     except KeyboardInterrupt:
-        consumer.finish(outcome="interrupted", mode="serial")  # Ctrl-C keeps what was learned
+        consumer.finish(outcome="interrupted", mode="serial", weights=weights)  # Ctrl-C keeps what was learned
         raise
     except Exception as exc:
         _record_failure(consumer, exc)
         raise
     else:
-        return consumer.finish(mode="serial")
+        return consumer.finish(mode="serial", weights=weights)
     finally:
         consumer.close()
         for p in producers:

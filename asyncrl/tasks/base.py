@@ -12,6 +12,7 @@ Implementations: :mod:`asyncrl.tasks.control` (gymnasium / MuJoCo, the MLP actor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -37,6 +38,38 @@ class RolloutStats(NamedTuple):
     revoked: bool = False  # the guard stopped it: the slot was no longer this writer's
 
 
+WEIGHTS_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}  # bytes per element of each wire dtype
+
+
+class WeightsInfo(NamedTuple):
+    """One published version's payload: the flat buffer the broadcaster carries (:meth:`Task.weights_info`)."""
+
+    parameters: int  # elements of the flat buffer [P]
+    dtype: str  # its element type on the wire: float32, float16 or bfloat16
+    holds: str  # what the elements are, e.g. "every parameter" or "the LoRA adapter of rank 16"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the payload (the weights message's largest frame)."""
+        return self.parameters * WEIGHTS_ITEMSIZE[self.dtype]
+
+    @property
+    def mib(self) -> float:
+        """The payload in MiB, rounded up to 1/100 (a value of ``--max-weights-mb`` that takes it)."""
+        return math.ceil(self.nbytes * 100 / (1 << 20)) / 100
+
+    def describe(self) -> str:
+        return f"{self.parameters:,} parameters as {self.dtype}, {self.holds}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bytes_per_version": self.nbytes,
+            "parameters": self.parameters,
+            "dtype": self.dtype,
+            "holds": self.holds,
+        }
+
+
 class RowGuard(Protocol):
     """The writer's check of a slot's ownership around each row (the slot ring's write guard):
     ``may_write()`` before a row, ``wrote()`` after it; both False once the grant is no longer the
@@ -55,14 +88,16 @@ class Producer(Protocol):
     spec: SlotSpec  # the fields of the slots it writes
     spaces: dict[str, str]  # what the learner compares at the handshake
     layout_hash: str  # of its flat weight buffer (after bind)
-    num_params: int  # floats in that buffer (after bind)
+    num_params: int  # elements in that buffer (after bind)
+    weights_dtype: str  # their wire dtype (after bind): float32, float16 or bfloat16
 
     def bind(self, cfg, seeds: ActorSeeds, template=None) -> None:
         """Make the policy copy for a session with a learner of config ``cfg`` and seed its
         streams (``template``: a learner-side policy to copy the layout from; None: build one)."""
 
     def load(self, flat: np.ndarray) -> None:
-        """Take the weights of one policy version from the broadcaster's flat float32 buffer."""
+        """Take the weights of one policy version from the broadcaster's flat buffer (float32; the llm
+        task's also float16, or bfloat16 as uint16 bit patterns: :meth:`Task.weights_info`'s dtype)."""
 
     def reset(self) -> None:
         """Start the session's streams (envs reset / prompt stream started) from the bound seeds."""
@@ -148,7 +183,13 @@ class Task(Protocol):
         """The learner's policy (the caller has seeded torch's global generator)."""
 
     def flat_weights(self, policy) -> np.ndarray:
-        """The broadcaster's payload: every weight of ``policy`` as one contiguous float32 [P]."""
+        """The broadcaster's payload: the weights of ``policy`` that travel, as one contiguous [P]
+        array of the wire dtype (control: every weight, float32)."""
+
+    def weights_info(self, policy=None) -> WeightsInfo:
+        """What one published version carries (parameters, wire dtype, bytes) for ``policy``, or,
+        without one, computed from the config alone (the llm task builds its model on torch's meta
+        device: no memory, no weights read), e.g. to size the broadcaster's limits before a run."""
 
     def layout_hash(self, policy) -> str:
         """16 hex digits naming the flat buffer's names, shapes and order."""

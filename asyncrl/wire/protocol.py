@@ -11,10 +11,17 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, get_args, get_origin
 
-PROTOCOL_VERSION = 3  # 2: welcome carries "restart"; 3: learner epoch, per-actor tokens, "rejoin", signed weights
+# 2: welcome carries "restart"; 3: learner epoch, per-actor tokens, "rejoin", signed weights; 4: weights
+# dtype, version pings ("weights_version"), the broadcaster's "weights_status", snapshot requests saying what
+# the asker holds
+PROTOCOL_VERSION = 4
 MAX_HEADER_BYTES = 64 * 1024
 GRANT_CREDITS = 2  # slot grants an actor asks for at the start (then one per report): the most it holds
 WEIGHTS_TOPIC = b"weights"
+VERSION_TOPIC = b"version"  # a version ping: [topic, header] on PUB, [topic, header, HMAC] from the learner
+# Element types of a weights payload (header "dtype"): numpy has no bfloat16, so a bfloat16 payload is
+# carried as its raw 16-bit patterns (uint16), the upper half of each float32.
+WEIGHTS_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class ProtocolError(ValueError):
@@ -75,6 +82,13 @@ SCHEMAS: dict[str, dict[str, object]] = {
     "rejoin": {"reason": str},
     # actor -> broadcaster: send me the newest weights now (PUB/SUB drops what came before)
     "snapshot": {"actor_id": str},
+    # the (learner epoch, policy version) of the newest weights, without them: the learner's signed ping
+    # while it has no new version; the broadcaster's ping on PUB (every second while it holds weights); and
+    # its answer to a snapshot request from a peer that holds them already ("you have the newest")
+    "weights_version": {"epoch": int, "version": int, "nbytes": int},  # nbytes: that version's payload
+    # broadcaster -> learner, the answer to its ping: whether it wants the full weights (it holds an older
+    # version, or none) and the largest payload it takes (bytes, ZMQ_MAXMSGSIZE of its sockets)
+    "weights_status": {"wanted": bool, "max_bytes": int},
     "refuse": {"reason": str},
     "grant": {"slot": int, "grant_id": int},
     "stop": {"reason": str},
@@ -86,11 +100,13 @@ SCHEMAS: dict[str, dict[str, object]] = {
         "nbytes": int,
         "checksum": int,
         "layout_hash": str,
+        "dtype": str,  # one of WEIGHTS_DTYPES
     },  # newer = higher (epoch, version): see roles/learner.learner_epoch
 }
 # Keys a sender may leave out (older or hand-made clients); checked like the others when present.
 OPTIONAL: dict[str, dict[str, object]] = {
     "hello": {"spaces": dict},  # {"observation": ..., "action": ...}: envs.describe_spaces
+    "snapshot": {"epoch": int, "version": int},  # the newest weights the asker holds (answered by a version ping)
 }
 
 
@@ -127,11 +143,14 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {"pid": (1, MAX_PID)}
 
 
 def _valid(value, kind, key: str = "") -> bool:
-    """Type check plus sanity: ints in INT_BOUNDS[key] (default 0..MAX_INT; no bools), floats
-    finite with |x| <= MAX_ABS_FLOAT, dicts flat with str keys and values of those kinds."""
+    """Type check plus sanity: bools only where the schema says bool; ints in INT_BOUNDS[key] (default
+    0..MAX_INT; no bools), floats finite with |x| <= MAX_ABS_FLOAT, dicts flat with str keys and values of
+    those kinds."""
     if get_origin(kind) is list:
         (item,) = get_args(kind)
         return isinstance(value, list) and all(_valid(v, item, key) for v in value)
+    if kind is bool:
+        return isinstance(value, bool)
     if isinstance(value, bool) or not isinstance(value, kind):
         return False
     if isinstance(value, int):

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import zmq
 
 from asyncrl.wire.handshake import HandshakeWatch
-from asyncrl.wire.protocol import WEIGHTS_TOPIC
+from asyncrl.wire.protocol import VERSION_TOPIC, WEIGHTS_TOPIC
 
 DEFAULT_TIMEOUT_MS = 5000
 
@@ -153,18 +153,31 @@ def sub(
     ctx: zmq.Context,
     connect: str,
     *,
-    topic: bytes = WEIGHTS_TOPIC,
+    topics: tuple[bytes, ...] = (WEIGHTS_TOPIC, VERSION_TOPIC),
     hwm: int = 8,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
     security=None,
     max_message_bytes: int = -1,
 ) -> zmq.Socket:
-    """Actor's weights subscriber; read it with ``drain_latest``. ``max_message_bytes``:
-    ZMQ_MAXMSGSIZE (bytes per received frame; -1: no limit), as ``router``."""
+    """Actor's weights subscriber (weights and version pings); read it with ``drain_all``.
+    ``max_message_bytes``: ZMQ_MAXMSGSIZE (bytes per received frame; -1: no limit), as ``router``."""
     sock = _socket(ctx, zmq.SUB, hwm, timeout_ms, security)
     sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
-    sock.subscribe(topic)
+    for topic in topics:
+        sock.subscribe(topic)
     return _bind_or_connect(sock, None, connect)
+
+
+# Bytes of weights messages a subscriber's queue may hold (ZeroMQ's high-water marks count messages): a
+# reader that stalls keeps at most this many bytes of old versions alive on each side of the connection.
+WEIGHTS_QUEUE_BYTES = 1 << 30
+
+
+def weights_hwm(weights_bytes: int) -> int:
+    """The high-water mark (messages) of the sockets that queue weights messages of ``weights_bytes``
+    (the broadcaster's PUB, an actor's or a relay's SUB): WEIGHTS_QUEUE_BYTES of them, between 2 (a
+    version ping and one weights message) and 8 (small policies: the lag controls keep every version)."""
+    return max(2, min(8, WEIGHTS_QUEUE_BYTES // max(int(weights_bytes), 1)))
 
 
 def push(
@@ -220,6 +233,12 @@ def recv_multipart_timeout(sock: zmq.Socket, timeout_ms: int, *, copy: bool = Tr
         return sock.recv_multipart(zmq.NOBLOCK, copy=copy)
     except zmq.Again:  # another reader took it
         return None
+
+
+def held(frames: Sequence) -> list:
+    """Frames safe to keep and send again: a received zmq.Frame as it is (immutable; sending it shares
+    its buffer, no copy), anything else (a caller's buffer) copied to bytes."""
+    return [f if isinstance(f, zmq.Frame) else bytes(f) for f in frames]
 
 
 def user_id(frame) -> str | None:

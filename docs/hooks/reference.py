@@ -185,11 +185,13 @@ DIRECTION = {
     "bye": "actor → learner",
     "welcome": "learner → actor",
     "rejoin": "learner → actor",
-    "snapshot": "actor → broadcaster (answered with the newest weights)",
+    "snapshot": "actor → broadcaster (answered with the newest weights, or a version ping if it holds them)",
     "refuse": "learner or broadcaster → peer",
     "grant": "learner → actor",
     "stop": "learner → actor",
     "weights": "learner → broadcaster → actors (PUB/SUB)",
+    "weights_version": "learner → broadcaster (signed); broadcaster → actors (PUB/SUB, and snapshot answers)",
+    "weights_status": "broadcaster → learner (the answer to its version ping)",
 }
 
 
@@ -227,8 +229,9 @@ def wire_page() -> str:
         f"Protocol version **{protocol.PROTOCOL_VERSION}**. A message is multipart: frame 0 a msgpack "
         f"header (a map with str keys, at most {protocol.MAX_HEADER_BYTES // 1024} KiB; an actor's reports "
         f"may grow by {protocol._BYTES_PER_EPISODE} bytes per episode a slot can end), then raw array frames "
-        '(rollouts only). Weights travel as `[b"weights", header, payload]` on PUB/SUB; without CURVE the '
-        "learner adds a fourth frame, an HMAC-SHA256 the broadcaster checks. Every header carries "
+        '(rollouts only). Weights travel as `[b"weights", header, payload]` on PUB/SUB, version pings as '
+        '`[b"version", header]`; without CURVE the learner adds a last frame to both, an HMAC-SHA256 the '
+        "broadcaster checks. Every header carries "
         f"{common}. Any string in a header is at most {codec.MAX_STR_BYTES} bytes. Nothing received is "
         "ever unpickled; a message that fails these checks is refused, counted by reason and sender, and "
         "never ends the role that received it.\n",

@@ -55,6 +55,8 @@ def surely_bad(kind: str, key: str, value) -> bool:
     if key not in schema:
         return True  # an unexpected key
     expected = schema[key]
+    if expected is bool:
+        return type(value) is not bool
     if expected is int:
         return not (type(value) is int and _int_ok(key, value))
     if expected is str:
@@ -104,7 +106,7 @@ class HostilePeers(RuleBasedStateMachine):
     # One rule draws the action, weighted toward hostile messages (hypothesis picks among rules
     # evenly, and a derandomised run then spends most steps on the cheapest one).
     @rule(
-        action=st.sampled_from(["hostile"] * 6 + ["connect", "disconnect", "honest", "snapshot", "weights"]),
+        action=st.sampled_from(["hostile"] * 6 + ["connect", "disconnect", "honest", "snapshot", "weights", "ping"]),
         data=st.data(),
     )
     def step(self, action, data):
@@ -127,6 +129,7 @@ class HostilePeers(RuleBasedStateMachine):
                             "nbytes",
                             "checksum",
                             "layout_hash",
+                            "dtype",
                             "run_id",
                             "unexpected",
                         ]
@@ -138,8 +141,18 @@ class HostilePeers(RuleBasedStateMachine):
             )
         elif action == "snapshot":
             self.snapshot_request(
-                data.draw(st.sampled_from(["run_id", "actor_id", "type", "unexpected"]), label="key"),
+                data.draw(
+                    st.sampled_from(["run_id", "actor_id", "type", "epoch", "version", "unexpected"]), label="key"
+                ),
                 data.draw(extreme, label="value"),
+            )
+        elif action == "ping":
+            self.version_ping(
+                data.draw(
+                    st.sampled_from(["epoch", "version", "nbytes", "run_id", "type", "unexpected"]), label="pkey"
+                ),
+                data.draw(extreme, label="pvalue"),
+                data.draw(st.booleans(), label="psigned"),
             )
 
     # ---- connection churn
@@ -244,6 +257,7 @@ class HostilePeers(RuleBasedStateMachine):
             "nbytes": payload.nbytes,
             "checksum": zlib.crc32(payload.tobytes()),
             "layout_hash": "h",
+            "dtype": "float32",
             key: value,
         }
         frames = [protocol.WEIGHTS_TOPIC, msgpack.packb(header, use_bin_type=True), payload.tobytes()]
@@ -262,6 +276,27 @@ class HostilePeers(RuleBasedStateMachine):
         assert (b.rejects.total - rejected) + (b.published - published) <= 1, (key, value, signed)
         if not signed or surely_bad("weights", key, value):  # (a good older version is ignored, not counted)
             assert (b.rejects.total - rejected, b.published - published) == (1, 0), (key, value, signed)
+
+    def version_ping(self, key: str, value, signed: bool) -> None:
+        """A learner's version ping with one extreme value, signed with the broadcaster's secret or not:
+        answered (weights_status) or rejected and counted, exactly once; never answered unsigned or bad."""
+        from asyncrl.wire.weights_secret import read_weights_secret
+
+        b = self.broadcaster
+        header = {"proto": protocol.PROTOCOL_VERSION, "type": "weights_version", "run_id": "r", "epoch": 1}
+        header.update(version=0, nbytes=4)
+        header[key] = value
+        frames = [protocol.VERSION_TOPIC, msgpack.packb(header, use_bin_type=True)]
+        before = b.rejects.total
+        sockets.send(self.snap, codec.sign_version(frames, read_weights_secret(b.endpoint) if signed else None))
+        deadline, answered = time.monotonic() + 20, 0
+        while time.monotonic() < deadline and not answered and b.rejects.total == before:
+            b.serve(10)
+            while sockets.recv_multipart_timeout(self.snap, 0) is not None:
+                answered += 1
+        assert answered + b.rejects.total - before == 1, (key, value, signed)
+        if not signed or surely_bad("weights_version", key, value):
+            assert answered == 0, (key, value, signed)
 
     @invariant()
     def alive(self):

@@ -85,10 +85,12 @@ def _llm_args(tmp_path) -> list[str]:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("kind", ["control", "llm"])
+@pytest.mark.parametrize("kind", ["control", "llm", "llm-lora-bf16"])
 def test_same_roles_run_control_and_llm(procs, tmp_path, kind):
     run_dir = tmp_path / "run"
     args = CONTROL if kind == "control" else _llm_args(tmp_path)
+    if kind == "llm-lora-bf16":  # a LoRA adapter in bfloat16: only the adapter travels, as 2 bytes per parameter
+        args = [*args, "--set", "llm.lora_rank=4", "--set", "learner.weights_dtype=bfloat16"]
     procs.start(
         "run",
         [
@@ -130,7 +132,17 @@ def test_same_roles_run_control_and_llm(procs, tmp_path, kind):
             assert "attached to shared memory" in log, log
         else:
             assert "attached to shared memory" in log or "0 rollouts sent; step budget reached" in log, log
-    if kind == "llm":
+    weights = summary["weights"]  # every version the learner made went to the broadcaster once
+    assert (
+        weights["versions_sent"] >= 1
+        and weights["bytes_sent"] == weights["versions_sent"] * weights["bytes_per_version"]
+    )
+    broadcaster = summary["broadcaster"]
+    assert broadcaster["published"] >= 1 and not set(broadcaster["rejected_messages"]) - {"snapshot_rate"}, broadcaster
+    if kind == "llm-lora-bf16":
+        assert weights["dtype"] == "bfloat16" and weights["holds"].startswith("the LoRA adapter (rank 4"), weights
+        assert weights["bytes_per_version"] == 2 * weights["parameters"]
+    if kind.startswith("llm"):
         assert summary["env_id"].startswith("llm:") and summary["task"] == "llm"
         assert 0 <= summary["initial_accuracy"] <= 1 and 0 <= summary["final_accuracy"] <= 1
         assert summary["eval_problems"] == 8

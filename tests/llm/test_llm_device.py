@@ -62,7 +62,11 @@ def test_bf16_llm_iteration_keeps_float32_log_probs_and_weights(micro_dir):
     assert all(math.isfinite(stats[k]) for k in ("policy_loss", "grad_norm", "rho_mean"))
     assert stats["grad_norm"] > 0
     assert all(p.dtype == torch.float32 for p in bf16.policy.parameters())
-    assert bf16.flat_weights().dtype == np.float32
+    # learner.weights_dtype auto: the weights travel as bfloat16 (bit patterns) when the learner trains in bf16
+    flat = bf16.flat_weights()
+    rounded = torch.cat([p.detach().reshape(-1) for p in bf16.policy.parameters()]).to(torch.bfloat16)
+    assert flat.dtype == np.uint16 and np.array_equal(flat, rounded.view(torch.int16).numpy().view(np.uint16))
+    assert fp32.flat_weights().dtype == np.float32
     # the same batch, weights and shuffles: only the bf16 matrix products make the two differ
     assert any(not torch.equal(a, b) for a, b in zip(bf16.policy.parameters(), fp32.policy.parameters()))
 

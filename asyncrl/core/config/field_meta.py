@@ -65,6 +65,7 @@ TRACES = ("vtrace", "uncorrected")
 VALUE_TARGETS = ("auto", "vtrace", "lambda_returns")
 ROLLOUT_TRANSPORTS = ("auto", "shm", "tcp")
 PRECISIONS = ("fp32", "bf16")
+WEIGHTS_DTYPES = ("auto", "float32", "bfloat16", "float16")  # learner.weights_dtype (docs/decisions/llm-weights.md)
 DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")  # learner.device, actor.device
 LAUNCHERS = ("local", "ray")
 

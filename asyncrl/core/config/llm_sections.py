@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from asyncrl.core.config.field_meta import LLM, _f
 
+_LORA = ("lora_rank > 0", lambda c: c.llm.lora_rank > 0)
+
 
 @dataclass(frozen=True)
 class TaskConfig:
@@ -228,11 +230,42 @@ class LLMConfig:
         "(transformers' activation checkpointing): less memory, about one more forward of time",
         kinds=LLM,
     )
+    lora_rank: int = _f(
+        0,
+        "LoRA through peft: rank r of the adapter the learner trains on the frozen start model (only the "
+        "adapter's tensors travel per version); 0: off, every parameter trains and travels",
+        kinds=LLM,
+    )
+    lora_alpha: float = _f(
+        32.0, "LoRA: scale of the adapter's update, alpha / rank (peft lora_alpha)", kinds=LLM, when=_LORA
+    )
+    lora_dropout: float = _f(
+        0.0,
+        "LoRA: dropout on the adapter's input in the learner's gradient forwards (log pi_T and the "
+        "generators run without it)",
+        kinds=LLM,
+        when=_LORA,
+    )
+    lora_target_modules: tuple[str, ...] = _f(
+        ("all-linear",),
+        "LoRA: the modules that get an adapter, by name (e.g. q_proj, v_proj), or all-linear (every "
+        "linear layer but the output head)",
+        kinds=LLM,
+        when=_LORA,
+    )
 
 
 # Keys that left [task] for [llm] (old name -> new name). A config file, flag or --set naming the old
 # one is refused with a line naming the new one; a run's config.json written before the move is read
 # with them translated (asyncrl.core.config.io.translate_moved_keys), and says so.
+# The keys [llm] had when it was split from [task] (keys added since never were in [task]).
+_MOVED = (
+    "model_dir cache_dir model_seed warmup_steps warmup_batch_size warmup_threads warmup_target group_size "
+    "prompts_per_slot max_prompt_tokens max_new_tokens temperature train_problems eval_size eval_batch_size "
+    "eval_mode averaging scale_by_std truncated_reward realign silent_groups kl_coef negative_weight"
+).split()
 MOVED_KEYS: dict[str, str] = {
-    f"task.{f.name if f.name != 'model_dir' else 'model'}": f"llm.{f.name}" for f in dataclasses.fields(LLMConfig)
+    f"task.{f.name if f.name != 'model_dir' else 'model'}": f"llm.{f.name}"
+    for f in dataclasses.fields(LLMConfig)
+    if f.name in _MOVED
 }

@@ -66,6 +66,13 @@ class LearnerConfig:
         "learner forward passes: fp32, or bf16 (autocast of the network forwards; "
         "log-probs, losses, gradients and weights stay float32; see asyncrl/core/device.py)",
     )
+    weights_dtype: str = _f(
+        "auto",
+        "element type of the weights each version sends to the generators: float32, bfloat16, float16, or "
+        "auto (bfloat16 when learner.precision = bf16, else float32); the learner keeps float32 weights, "
+        "generators load them into their model's dtype (docs/decisions/llm-weights.md)",
+        kinds=LLM,
+    )
 
 
 @dataclass(frozen=True)

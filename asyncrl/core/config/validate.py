@@ -26,6 +26,7 @@ from asyncrl.core.config.field_meta import (
     TV_FILTERED,
     TV_RULES,
     VALUE_TARGETS,
+    WEIGHTS_DTYPES,
     ConfigError,
 )
 from asyncrl.core.config.root import Config
@@ -114,6 +115,7 @@ def validate(cfg: Config) -> None:
             f"got {cfg.actor.rollout_transport!r}"
         )
     _validate_device(cfg)
+    _validate_weights(cfg)
     if cfg.actor.policy_delay > 0 and cfg.actor.policy_age_buffer > 1:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
     if cfg.actor.lag_trace and (cfg.actor.policy_delay > 0 or cfg.actor.policy_age_buffer > 1):
@@ -156,6 +158,29 @@ def _validate_device(cfg: Config) -> None:
             f"actor.device = {cfg.actor.device}: control actors act with numpy on the CPU; "
             f"actor.device is for task.kind = llm"
         )
+
+
+def _validate_weights(cfg: Config) -> None:
+    """learner.weights_dtype and the LoRA keys of [llm]."""
+    dtype, llm = cfg.learner.weights_dtype, cfg.llm
+    if dtype not in WEIGHTS_DTYPES:
+        raise ConfigError(f"learner.weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, got {dtype!r}")
+    if cfg.task.kind == "control" and dtype not in ("auto", "float32"):
+        raise ConfigError(
+            f"learner.weights_dtype = {dtype}: control policies travel as float32 (their actors act with "
+            f"numpy); the key is for task.kind = llm"
+        )
+    if llm.lora_rank < 0:
+        raise ConfigError(f"llm.lora_rank must be >= 0 (0: no LoRA), got {llm.lora_rank}")
+    if not 0 < llm.lora_alpha < float("inf"):
+        raise ConfigError(f"llm.lora_alpha must be a finite number > 0, got {llm.lora_alpha}")
+    if not 0 <= llm.lora_dropout < 1:
+        raise ConfigError(f"llm.lora_dropout must lie in [0, 1), got {llm.lora_dropout}")
+    targets = llm.lora_target_modules
+    if not targets or any(not t or t != t.strip() for t in targets):
+        raise ConfigError(f"llm.lora_target_modules must be a list of module names, got {list(targets)}")
+    if "all-linear" in targets and len(targets) > 1:
+        raise ConfigError("llm.lora_target_modules: all-linear names every linear layer; give it alone")
 
 
 def _validate_task(cfg: Config) -> None:

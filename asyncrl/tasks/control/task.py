@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from asyncrl.core.spec import RolloutSpec
+from asyncrl.tasks.base import WeightsInfo
 from asyncrl.tasks.control.envs import VecEnv, env_spaces, rollout_spec
 from asyncrl.tasks.control.evaluate import PeriodicEval
 from asyncrl.tasks.control.policy import InferencePolicy, build_policy, flatten_weights, layout_hash
@@ -38,6 +39,7 @@ class ControlProducer:
         self.policy: InferencePolicy | None = None
         self.seeds = None
         self.layout_hash, self.num_params = "", 0
+        self.weights_dtype = "float32"  # control policies travel as float32 (numpy inference)
 
     def bind(self, cfg, seeds, template=None) -> None:
         if template is None:
@@ -131,6 +133,12 @@ class ControlTask:
 
     def layout_hash(self, policy) -> str:
         return layout_hash(policy)
+
+    def weights_info(self, policy=None) -> WeightsInfo:
+        """Every parameter and buffer (observation statistics included), float32."""
+        module = self.build_policy() if policy is None else policy
+        count = sum(v.numel() for v in module.state_dict().values())
+        return WeightsInfo(count, "float32", "every parameter and buffer")
 
     def make_batch(
         self, state, slots: Sequence[tuple[str, dict[str, np.ndarray]]], gaps: Sequence[bool] | None = None

@@ -154,6 +154,7 @@ def llm_iteration(
     version: int | None = None,
     reference=None,
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext,
+    target_from_first_step: bool = True,
 ) -> dict[str, Any]:
     """Run one learner iteration in place on ``model`` and ``optimizer``.
 
@@ -172,6 +173,9 @@ def llm_iteration(
             autocast or none); the token log-probs come out float32 (completion_log_probs casts the
             logits before the log-softmax), so ratios and losses are float32. ``batch`` and
             ``model`` share a device; ``generator`` is a CPU one.
+        target_from_first_step: the first minibatch takes log π_T from its own forward (step 1 of the
+            module docstring); False when a forward with gradient is not π_T's (LoRA dropout on), so
+            every row gets log π_T from a forward without gradient.
 
     Returns:
         Scalars (policy_loss, approx_kl, tv_estimate, no_grad_fraction (the share of tokens whose
@@ -219,8 +223,8 @@ def llm_iteration(
     exact = llm.silent_groups != "drop"
     first_perm = pool[torch.randperm(len(pool), generator=generator).to(device)]  # epoch 1's shuffle
     first = (_minibatches(first_perm, algo.num_minibatches, exact=exact) or [first_perm[:0]])[0]
-    if llm.silent_groups == "skip" and not bool((adv[first] != 0).any()):
-        first = first[:0]  # it may be skipped: its rows get π_T from a forward of their own
+    if not target_from_first_step or llm.silent_groups == "skip" and not bool((adv[first] != 0).any()):
+        first = first[:0]  # skipped, or its forward is not π_T's: its rows get π_T from a forward of their own
     fill_target(pool[~known[pool] & ~torch.isin(pool, first)])  # the first minibatch fills its own at its forward
     ref = None  # log π_ref [R', L] on the pool's rows
     if llm.kl_coef > 0:

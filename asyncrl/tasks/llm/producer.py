@@ -22,9 +22,9 @@ import torch
 
 from asyncrl.core.background import run_with_heartbeats
 from asyncrl.tasks.base import RolloutStats
-from asyncrl.tasks.llm import gsm_problems
+from asyncrl.tasks.llm import gsm_problems, lora
 from asyncrl.tasks.llm.spec import TokenSpec
-from asyncrl.tasks.llm.weights import layout_hash, load_flat, param_layout
+from asyncrl.tasks.llm.weights import layout_hash, load_flat, param_layout, wire_dtype
 
 if TYPE_CHECKING:
     from asyncrl.tasks.llm.task import LLMTask
@@ -34,8 +34,9 @@ class LLMProducer:
     """A generator actor's side: the train problems, a seeded prompt stream, the sampler's torch
     generator, and a copy of the model (loaded from the start directory at :meth:`bind`, then
     overwritten by every version it is sent), float32 on ``actor.device`` (the actor's own config;
-    cuda samples other tokens than cpu for the same seed). Raises ConfigError at :meth:`bind` when
-    this machine lacks that device."""
+    cuda samples other tokens than cpu for the same seed). With the learner's llm.lora_rank > 0 the copy
+    is the frozen start model with a LoRA adapter, and the versions it is sent are the adapter's. Raises
+    ConfigError at :meth:`bind` when this machine lacks that device."""
 
     def __init__(self, task: LLMTask):
         self.task, self.cfg = task, task.cfg
@@ -46,6 +47,7 @@ class LLMProducer:
         self.prompt_format = None
         self.stop_ids: tuple[int, ...] = ()
         self.layout_hash, self.num_params = "", 0
+        self.weights_dtype = wire_dtype(self.cfg)  # of the versions it takes (the learner's, after bind)
         self.rng = random.Random(0)
         self.device = torch.device("cpu")
         self.gen = torch.Generator()
@@ -56,9 +58,13 @@ class LLMProducer:
 
         self.device = check_device(self.cfg.actor.device, key="actor.device")
         loaded = m.load(self.task.start_dir())
-        self.model, self.tokenizer = loaded.model.to(self.device), loaded.tokenizer
+        # the learner's layout: its adapter (if any) and wire dtype; the adapter's initial values come from
+        # a forked generator (the first version sent overwrites them)
+        model = lora.with_adapter(loaded.model, cfg.llm, own_rng=True)
+        self.model, self.tokenizer = model.to(self.device), loaded.tokenizer
         self.gen = torch.Generator(device=self.device)
-        self.layout_hash = layout_hash(self.model)
+        self.weights_dtype = wire_dtype(cfg)
+        self.layout_hash = layout_hash(self.model, self.weights_dtype)
         self.num_params = sum(p.numel() for _, p in param_layout(self.model))
         if not self.problems:
             self.problems = self.task.rl_problems()

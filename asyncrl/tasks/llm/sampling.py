@@ -238,14 +238,15 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
 
 def _cache_kwargs(model) -> dict:
     """A fresh DynamicCache under the keyword this transformers version takes (``cache`` from 5.x,
-    ``past_key_values`` before; the old name is deprecated in 5.x)."""
+    ``past_key_values`` before; the old name is deprecated in 5.x); a peft model's base model says which."""
     from transformers import DynamicCache
 
     try:
         cache = DynamicCache(config=model.config)
     except TypeError:  # transformers 4.x: no config argument
         cache = DynamicCache()
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes it on
+    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
     return {name: cache}
 
 

@@ -1,8 +1,10 @@
 """The llm task behind the roles' interface (asyncrl.tasks.base): generator actors hold a (stale) copy
 of a causal LM, sample G completions per prompt, score them with the verifiable reward and write
 whole prompt groups into a slot (asyncrl.tasks.llm.spec); the learner runs GRPO advantages and the
-preset's loss on tokens (asyncrl.tasks.llm.learn). Weights travel as the flat float32 buffer of the
-model's parameters (tied embeddings once), as the control policy's do.
+preset's loss on tokens (asyncrl.tasks.llm.learn). Weights travel as one flat buffer of the model's
+parameters (tied embeddings once), as the control policy's do, in the wire dtype of
+``learner.weights_dtype`` (bfloat16 when the learner trains in bf16); with ``llm.lora_rank`` > 0 the
+learner trains a LoRA adapter and only the adapter's tensors travel (asyncrl.tasks.llm.weights, .lora).
 
 The model every role starts from (:meth:`LLMTask.start_dir`): ``llm.model_dir`` or the tiny model of
 ``asyncrl llm prepare`` (cached in ``llm.cache_dir``), after ``llm.warmup_steps`` supervised
@@ -27,13 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncrl.tasks.base import WeightsInfo
+from asyncrl.tasks.llm import lora
 from asyncrl.tasks.llm.datasets import LLMData
 from asyncrl.tasks.llm.heldout_eval import LLMHeldoutEvaluation
 from asyncrl.tasks.llm.periodic_eval import LLMPeriodicEval
 from asyncrl.tasks.llm.producer import LLMProducer
 from asyncrl.tasks.llm.spec import TokenSpec
 from asyncrl.tasks.llm.start_model import LLMStartModel
-from asyncrl.tasks.llm.weights import flat_weights, layout_hash
+from asyncrl.tasks.llm.weights import flat_weights, layout_hash, weights_info, wire_dtype
 
 # nothing is fetched from a hub at run time (the roles are child processes: they inherit these)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,6 +54,7 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
         self._spec: TokenSpec | None = None
         self._start: Path | None = None
         self._reference = None
+        self._weights: WeightsInfo | None = None  # weights_info() from the config, computed once
 
     # ---- the interface ----
     @property
@@ -83,14 +88,15 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
 
     def build_policy(self):
         """The learner's model: the start model, with activation checkpointing when
-        llm.gradient_checkpointing (raises ValueError, one line, for a model it does not suit)."""
+        llm.gradient_checkpointing (raises ValueError, one line, for a model it does not suit), wrapped in a
+        fresh LoRA adapter (the base frozen) when llm.lora_rank > 0."""
         from asyncrl.tasks.llm import model as m
         from asyncrl.tasks.llm.token_log_probs import enable_checkpointing
 
         model = m.load(self.start_dir()).model
         if self.cfg.llm.gradient_checkpointing:
             enable_checkpointing(model)
-        return model
+        return lora.with_adapter(model, self.cfg.llm)
 
     def reference(self):
         """The KL penalty's reference π_ref (llm.kl_coef > 0): the start model, frozen (no gradient, eval
@@ -104,10 +110,18 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
         return self._reference
 
     def flat_weights(self, policy) -> np.ndarray:
-        return flat_weights(policy)
+        return flat_weights(policy, wire_dtype(self.cfg))
 
     def layout_hash(self, policy) -> str:
-        return layout_hash(policy)
+        return layout_hash(policy, wire_dtype(self.cfg))
+
+    def weights_info(self, policy=None) -> WeightsInfo:
+        """Without ``policy``: from the start model's config.json on the meta device (no weights read)."""
+        if policy is not None:
+            return weights_info(policy, self.cfg)
+        if self._weights is None:
+            self._weights = weights_info(lora.meta_model(self.start_dir(), self.cfg.llm), self.cfg)
+        return self._weights
 
     def make_batch(self, state, slots, gaps=None) -> dict[str, torch.Tensor]:
         """Rows of B slots stacked: [B * rows, ...] tensors (groups stay whole: a slot holds whole groups)."""
@@ -120,17 +134,24 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
         reference = self.reference()
         if reference is not None:
             reference.to(state.device)  # in place; a no-op after the first iteration and on the CPU
-        return llm_iteration(
+        llm, context = self.cfg.llm, state.forward_context
+        dropout = lora.enabled(llm) and llm.lora_dropout > 0
+        if dropout:  # the adapter's dropout in the gradient forwards only (log π_T stays the policy's own)
+            context = lora.dropout_forwards(state.policy, context)
+        stats = llm_iteration(
             state.policy,
             state.optimizer,
             batch,
             algo=self.cfg.algo,
-            llm=self.cfg.llm,
+            llm=llm,
             generator=state.generator,
             version=state.version,
             reference=reference,
-            forward_context=state.forward_context,
+            forward_context=context,
+            target_from_first_step=not dropout,
         )
+        stats["weights_bytes"] = self.weights_info(state.policy).nbytes  # what the version it makes carries
+        return stats
 
     def after_iteration(self, state, batch) -> None:
         return None
