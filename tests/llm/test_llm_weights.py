@@ -29,7 +29,7 @@ from asyncrl.roles.learner import Learner  # noqa: E402
 from asyncrl.run.launch import free_port_pair  # noqa: E402
 from asyncrl.run.serial import run_serial  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
-from asyncrl.tasks.llm import gsm_answers, lora  # noqa: E402
+from asyncrl.tasks.llm import answer_formats, lora  # noqa: E402
 from asyncrl.tasks.llm import model as m  # noqa: E402
 from asyncrl.tasks.llm import weights as llm_weights  # noqa: E402
 from asyncrl.wire import codec  # noqa: E402
@@ -257,7 +257,7 @@ def test_weights_config_keys_take_sane_values_only(micro_dir):
 
 
 def test_a_serial_lora_run_learns_the_adapter_and_reports_its_bytes(micro_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(gsm_answers, "reward", lambda text, target: float(len(text) % 2))
+    monkeypatch.setattr(answer_formats, "reward", lambda text, target, **_: float(len(text) % 2))
     cfg = _cfg(micro_dir, *LORA, "run.seed=3")
     make_task(cfg).prepare_run(tmp_path, echo=lambda *_: None)
     summary = run_serial(cfg, tmp_path, echo=lambda *_: None)
