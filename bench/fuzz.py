@@ -33,11 +33,13 @@ which libzmq buffers without limit (docs/multi-host.md, trust model).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import math
 import random
 import resource
+import shutil
 import sys
 import tempfile
 import threading
@@ -558,6 +560,7 @@ def main() -> int:
     from asyncrl.roles.learner import Learner
 
     tmp = Path(tempfile.mkdtemp(prefix="asyncrl-fuzz-"))
+    atexit.register(shutil.rmtree, tmp, True)  # its keys (secret ones too) and run directories
     generate(tmp / "keys", 1)
     from asyncrl.wire.security import _load
 

@@ -377,10 +377,19 @@ class Supervisor:
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """Stop every role (as :meth:`stop`), then remove the run's shared memory and its private
-        endpoint directory."""
-        self.stop(grace_s=grace_s)
-        remove_run(self.run_id)  # a segment of a learner that had to be killed
-        shutil.rmtree(self.endpoint_dir, ignore_errors=True)
+        endpoint directory. A SIGINT / SIGTERM that arrives meanwhile (e.g. a study stopping just as the
+        run ends) kills the roles still running, and the segment and directory are removed all the same."""
+        try:
+            self.stop(grace_s=grace_s)
+        except KeyboardInterrupt:
+            for p in self.procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            raise
+        finally:
+            remove_run(self.run_id)  # a segment of a learner that had to be killed
+            shutil.rmtree(self.endpoint_dir, ignore_errors=True)
 
 
 def launch(cfg: Config, run_dir: Path, *, echo=print, resume: bool = False) -> dict:
@@ -405,6 +414,8 @@ def launch(cfg: Config, run_dir: Path, *, echo=print, resume: bool = False) -> d
         failure = exc
         raise
     finally:
-        sup.stop_all()
-        sup.record_summary(failure)
+        try:
+            sup.stop_all()
+        finally:
+            sup.record_summary(failure)
     return json.loads((run_dir / "summary.json").read_text())
