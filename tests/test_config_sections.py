@@ -229,8 +229,24 @@ def test_the_llm_warmup_cli_defaults_are_the_config_defaults():
     from asyncrl.tasks.llm import defaults
 
     llm = Config().llm
-    assert (defaults.DEFAULT_STEPS, defaults.DEFAULT_BATCH_SIZE, defaults.DEFAULT_THREADS) == (
-        llm.warmup_steps,
-        llm.warmup_batch_size,
-        llm.warmup_threads,
-    )
+    assert (defaults.DEFAULT_BATCH_SIZE, defaults.DEFAULT_THREADS) == (llm.warmup_batch_size, llm.warmup_threads)
+    # a run warms up only when asked (a pretrained model takes none); the warm-up command has steps to take
+    assert llm.warmup_steps == 0 and defaults.DEFAULT_STEPS > 0
+
+
+def test_the_llm_task_kind_layer_suits_a_pretrained_model_and_the_tiny_config_keeps_its_own():
+    llm = config.load_resolved(None, ["task.kind=llm"])
+    a = llm.config.algo
+    assert (a.lr, a.num_epochs, a.num_minibatches, a.anneal_lr, a.max_grad_norm) == (1e-6, 1, 1, False, 1.0)
+    assert llm.config.llm.warmup_steps == 0 and llm.source["algo.lr"] == "task kind llm"
+    control = config.load(None, []).algo
+    assert (control.lr, control.num_epochs, control.num_minibatches) == (3e-4, 10, 8)
+    tiny = config.load_resolved(ROOT / "configs" / "gsm-tiny.toml")
+    assert (tiny.config.algo.lr, tiny.config.llm.warmup_steps) == (3e-5, 1600)
+    assert tiny.overridden == ["algo.lr = 3e-05 overrides task kind llm's 1e-06"]
+
+
+def test_warmup_keys_without_a_warmup_have_no_effect():
+    res = config.load_resolved(None, ["task.kind=llm", "llm.warmup_batch_size=8"])
+    assert res.unused == ["llm.warmup_batch_size = 8 has no effect: used only when llm.warmup_steps > 0"]
+    assert config.load_resolved(None, ["task.kind=llm", "llm.warmup_steps=10", "llm.warmup_batch_size=8"]).unused == []

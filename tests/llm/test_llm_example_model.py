@@ -67,3 +67,14 @@ def test_the_example_model_loads_as_an_ordinary_directory_with_its_chat_template
     ids, mask = enc["input_ids"], enc["attention_mask"]
     lp = completion_log_probs(model, ids, mask, torch.ones(1, 1, dtype=torch.bool))
     assert lp.shape == (1, 1) and lp.item() > -3.0
+
+
+def test_a_missing_example_model_directory_names_the_command_that_makes_it(tmp_path):
+    from asyncrl.tasks.llm import model as m
+
+    with pytest.raises(
+        m.ModelLoadError, match=r"not found: .*smollm2-135m-instruct \(make it with: asyncrl llm example-model\)"
+    ):
+        m.load_tokenizer(tmp_path / "smollm2-135m-instruct")
+    with pytest.raises(m.ModelLoadError, match=r"not found: \S+/other$"):
+        m.load(tmp_path / "other")

@@ -202,3 +202,18 @@ def test_generation_eos_is_read_from_the_model_directory(micro_dir, tmp_path):
     assert generation_eos(d) == m.load_tokenizer(micro_dir).eos_token_id
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 5]}))
     assert generation_eos(d) == [0, 5]
+
+
+def test_a_warmup_for_a_chat_templated_model_is_refused_in_one_line(micro_dir, tmp_path):
+    """The supervised warm-up trains the tiny model's plain prompt: for a model whose prompts are
+    chat-templated (a pretrained instruct model) it is refused before any step."""
+    from asyncrl.tasks import make_task
+    from tests.llm.micro_config import micro_cfg
+
+    chat_dir = tmp_path / "chat"
+    shutil.copytree(micro_dir, chat_dir)
+    chatml_tokenizer(micro_dir).save_pretrained(chat_dir)
+    task = make_task(micro_cfg(chat_dir, f"llm.cache_dir={tmp_path / 'cache'}", "llm.warmup_steps=5"))
+    with pytest.raises(m.ModelLoadError, match=r"llm.warmup_steps = 5 for \S+chat, whose prompts are chat-templated"):
+        task.prepare_model(echo=lambda *_: None)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())

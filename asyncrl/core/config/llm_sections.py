@@ -22,6 +22,7 @@ class TaskConfig:
 
 
 # the generated problems are used: for RL prompts or for the held-out evaluation
+_WARMUP = ("llm.warmup_steps > 0", lambda c: c.llm.warmup_steps > 0)
 _GENERATED = ("llm.train_file or llm.test_file empty", lambda c: not (c.llm.train_file and c.llm.test_file))
 
 
@@ -41,14 +42,20 @@ class LLMConfig:
     model_seed: int = _f(
         0, "seed of the tiny model, its warm-up and the train / held-out problems (run.seed seeds RL only)", kinds=LLM
     )
-    warmup_steps: int = _f(1000, "supervised warm-up steps before RL (asyncrl llm warmup; cached); 0: none", kinds=LLM)
-    warmup_batch_size: int = _f(32, "problems per supervised warm-up step", kinds=LLM)
+    warmup_steps: int = _f(
+        0,
+        "supervised warm-up steps of the tiny model on generated worked solutions before RL (asyncrl llm "
+        "warmup; cached); 0: none, RL starts from the model as it is (a pretrained llm.model_dir takes none)",
+        kinds=LLM,
+    )
+    warmup_batch_size: int = _f(32, "problems per supervised warm-up step", kinds=LLM, when=_WARMUP)
     warmup_threads: int = _f(
         2,
         "torch threads of the supervised warm-up, fixed so that the start model does not "
         "depend on the machine's cores or OMP_NUM_THREADS (float sums change order with the "
         "thread count); 0: torch's default",
         kinds=LLM,
+        when=_WARMUP,
     )
     warmup_target: float = _f(
         0.0,
@@ -57,6 +64,7 @@ class LLMConfig:
         "neither train nor held-out) reaches this; llm.warmup_steps stays the budget; "
         "0: off",
         kinds=LLM,
+        when=_WARMUP,
     )
     group_size: int = _f(8, "G: completions sampled per prompt (a group)", kinds=LLM)
     prompts_per_slot: int = _f(4, "prompts per slot: a slot holds whole groups, prompts_per_slot * G rows", kinds=LLM)

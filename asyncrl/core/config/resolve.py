@@ -61,9 +61,21 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
 # (Resolved.overridden); a user value that the preset or task kind does not use is reported too
 # (Resolved.unused). A resolved config (a run's config.json) is taken as it is: no layer re-applied.
 TASK_KIND_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
-    # advantages are group-normalised already, and a per-minibatch normalisation of token advantages breaks
-    # the group's zero mean and averaging weights
-    "llm": {"algo": {"normalize_advantages": False}},
+    # Settings for a pretrained language model (docs/decisions/llm-defaults.md): advantages are
+    # group-normalised already (a per-minibatch normalisation of token advantages breaks the group's zero
+    # mean and averaging weights); one optimizer step per batch at GRPO's usual learning rate (TRL's
+    # GRPOConfig and prime-rl default to 1e-6; larger updates lost the tiny model's accuracy), constant, with
+    # the gradient clipped at 1.0. The tiny demo's config (configs/gsm-tiny.toml) sets its own values.
+    "llm": {
+        "algo": {
+            "normalize_advantages": False,
+            "lr": 1e-6,
+            "num_epochs": 1,
+            "num_minibatches": 1,
+            "anneal_lr": False,
+            "max_grad_norm": 1.0,
+        }
+    },
 }
 
 

@@ -10,6 +10,7 @@ layer but the output head) are peft's ``LoraConfig`` fields. Defaults and why: d
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
@@ -48,7 +49,10 @@ def with_adapter(model, llm, *, own_rng: bool = False):
         return model
     from peft import get_peft_model
 
-    with torch.random.fork_rng(devices=[]) if own_rng else contextlib.nullcontext():
+    with torch.random.fork_rng(devices=[]) if own_rng else contextlib.nullcontext(), warnings.catch_warnings():
+        # peft 0.21 reads transformers 5's deprecated alias is_gradient_checkpointing (a FutureWarning in
+        # every role's log, about their code, not this run)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return get_peft_model(model, lora_config(llm))
 
 

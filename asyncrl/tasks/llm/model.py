@@ -244,8 +244,7 @@ def load(path: str | Path) -> Loaded:
     from transformers import AutoModelForCausalLM
 
     p = Path(path)
-    if not p.is_dir():
-        raise ModelLoadError(f"model directory not found: {p}")
+    _require_dir(p)
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"{p} has no config.json: not a Hugging Face model directory")
     tokenizer = load_tokenizer(p)
@@ -256,14 +255,24 @@ def load(path: str | Path) -> Loaded:
     return Loaded(model.eval(), tokenizer)
 
 
+def _require_dir(p: Path) -> None:
+    """Raise ModelLoadError (one line) unless ``p`` is a directory; for the example model's directory
+    name, with the command that makes it."""
+    if p.is_dir():
+        return
+    from asyncrl.tasks.llm.example_model import DEFAULT_NAME
+
+    hint = " (make it with: asyncrl llm example-model)" if p.name == DEFAULT_NAME else ""
+    raise ModelLoadError(f"model directory not found: {p}{hint}")
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer of a model directory as :func:`load` gives it (left padding; EOS as the pad token
     when it has none), without loading the weights. Raises ModelLoadError (one line)."""
     from transformers import AutoTokenizer
 
     p = Path(path)
-    if not p.is_dir():
-        raise ModelLoadError(f"model directory not found: {p}")
+    _require_dir(p)
     try:
         tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
