@@ -6,6 +6,16 @@ import numpy as np
 
 from asyncrl.core.spec import RolloutSpec
 
+CORRIDOR = "asyncrl/Corridor-v0"
+SMALL = [  # a small control run of the Corridor env: what the hand-played actors' slots fit
+    "env.num_envs=2",
+    "env.rollout_length=16",
+    "learner.slots_per_batch=2",
+    "learner.num_slots=6",
+    "algo.num_minibatches=4",
+    "algo.num_epochs=2",
+    f"env.id={CORRIDOR}",
+]
 SPEC = RolloutSpec(obs_dim=2, action_dim=1, discrete=False, rollout_length=16, num_envs=2)  # Corridor at SMALL
 
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from slot_examples import SPEC, example_slot
+from slot_examples import CORRIDOR, SMALL, SPEC, example_slot
 
 from asyncrl.core import config
 from asyncrl.roles.learner import Learner
@@ -18,17 +18,6 @@ from asyncrl.run.launch import free_port
 from asyncrl.tasks.control.envs import env_spaces
 from asyncrl.wire import codec, sockets
 from asyncrl.wire.shm.ring import SlotRing
-
-CORRIDOR = "asyncrl/Corridor-v0"
-SMALL = [
-    "env.num_envs=2",
-    "env.rollout_length=16",
-    "learner.slots_per_batch=2",
-    "learner.num_slots=6",
-    "algo.num_minibatches=4",
-    "algo.num_epochs=2",
-    f"env.id={CORRIDOR}",
-]
 
 
 class Client:

@@ -12,6 +12,7 @@ import time
 import msgpack
 import numpy as np
 import pytest
+from slot_examples import SMALL
 
 from asyncrl.core import config
 from asyncrl.roles.broadcaster import Broadcaster
@@ -23,14 +24,6 @@ from asyncrl.wire.weights_secret import read_weights_secret
 pytestmark = pytest.mark.timeout(90)
 
 SECRET = b"s" * 64
-SMALL = [
-    "env.num_envs=2",
-    "env.rollout_length=16",
-    "learner.slots_per_batch=2",
-    "learner.num_slots=6",
-    "algo.num_minibatches=4",
-    "env.id=asyncrl/Corridor-v0",
-]
 BF16 = np.array([0x3F80, 0xBF80, 0x0000, 0x4049], np.uint16)  # 1.0, -1.0, 0.0, 3.140625
 
 

@@ -233,14 +233,7 @@ def decode_weights(
     protocol.WEIGHTS_DTYPES), "layout" (layout_hash differs when given), "frame_size" (payload
     bytes != nbytes, or not whole elements), "checksum" (crc32), "nonfinite".
     """
-    if len(frames) != 3:
-        raise ProtocolError("frame_count", f"weights message of {len(frames)} frames, expected 3")
-    topic = _bytes(frames[0])
-    if topic.nbytes != len(WEIGHTS_TOPIC) or topic.tobytes() != WEIGHTS_TOPIC:
-        raise ProtocolError("topic", "first frame is not b'weights'")
-    header = _unpack_header(frames[1], run_id)
-    if header["type"] != "weights":
-        raise ProtocolError("unknown_type", f"{header['type']} on the weights topic")
+    header = _topic_header(frames, 3, WEIGHTS_TOPIC, "weights", "weights message", run_id)
     if header["dtype"] not in PAYLOAD_DTYPES:
         raise ProtocolError("dtype", f"weights of dtype {header['dtype']!r:.40}, not one of {WEIGHTS_DTYPES}")
     if layout_hash is not None and header["layout_hash"] != layout_hash:
@@ -290,14 +283,20 @@ def encode_version(*, run_id: str, epoch: int, version: int, nbytes: int) -> lis
 def decode_version(frames: Sequence, *, run_id: str | None = None) -> dict:
     """The header of a version ping ``[b"version", header]``. Raises ProtocolError ("frame_count",
     "topic", "unknown_type", header errors as in ``decode``)."""
-    if len(frames) != 2:
-        raise ProtocolError("frame_count", f"version ping of {len(frames)} frames, expected 2")
-    topic = _bytes(frames[0])
-    if topic.nbytes != len(VERSION_TOPIC) or topic.tobytes() != VERSION_TOPIC:
-        raise ProtocolError("topic", "first frame is not b'version'")
+    return _topic_header(frames, 2, VERSION_TOPIC, "weights_version", "version ping", run_id)
+
+
+def _topic_header(frames: Sequence, count: int, topic: bytes, kind: str, what: str, run_id: str | None) -> dict:
+    """The header of a broadcaster message ``[topic, header, ...]`` of ``count`` frames whose header type
+    is ``kind``. Raises ProtocolError ("frame_count", "topic", "unknown_type", header errors)."""
+    if len(frames) != count:
+        raise ProtocolError("frame_count", f"{what} of {len(frames)} frames, expected {count}")
+    first = _bytes(frames[0])
+    if first.nbytes != len(topic) or first.tobytes() != topic:
+        raise ProtocolError("topic", f"first frame is not {topic!r}")
     header = _unpack_header(frames[1], run_id)
-    if header["type"] != "weights_version":
-        raise ProtocolError("unknown_type", f"{header['type']} on the version topic")
+    if header["type"] != kind:
+        raise ProtocolError("unknown_type", f"{header['type']} on the {topic.decode()} topic")
     return header
 
 

@@ -207,8 +207,9 @@ def test_generation_eos_is_read_from_the_model_directory(micro_dir, tmp_path):
 def test_a_warmup_for_a_chat_templated_model_is_refused_in_one_line(micro_dir, tmp_path):
     """The supervised warm-up trains the tiny model's plain prompt: for a model whose prompts are
     chat-templated (a pretrained instruct model) it is refused before any step."""
+    from micro_config import micro_cfg
+
     from asyncrl.tasks import make_task
-    from tests.llm.micro_config import micro_cfg
 
     chat_dir = tmp_path / "chat"
     shutil.copytree(micro_dir, chat_dir)

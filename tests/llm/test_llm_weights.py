@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 import torch  # noqa: E402
+from micro_config import micro_cfg  # noqa: E402
 
 from asyncrl.core import config  # noqa: E402
 from asyncrl.core.config import ConfigError  # noqa: E402
@@ -39,27 +40,18 @@ LORA = ["llm.lora_rank=4", "llm.lora_alpha=8"]
 
 
 def _cfg(micro_dir, *extra):
-    return config.load(
-        None,
-        [
-            "task.kind=llm",
-            f"llm.model_dir={micro_dir}",
-            "llm.warmup_steps=0",
-            "llm.group_size=2",
-            "llm.prompts_per_slot=2",
-            "llm.max_prompt_tokens=160",
-            "llm.max_new_tokens=12",
-            "llm.eval_size=8",
-            "algo.num_epochs=2",
-            "algo.num_minibatches=2",
-            "algo.lr=1e-2",
-            "learner.slots_per_batch=2",
-            "learner.num_slots=2",
-            "run.num_actors=1",
-            "run.total_env_steps=24",
-            "run.log_every_s=1000",
-            *extra,
-        ],
+    return micro_cfg(
+        micro_dir,
+        "llm.eval_size=8",
+        "algo.num_epochs=2",
+        "algo.num_minibatches=2",
+        "algo.lr=1e-2",
+        "learner.slots_per_batch=2",
+        "learner.num_slots=2",
+        "run.num_actors=1",
+        "run.total_env_steps=24",
+        "run.log_every_s=1000",
+        *extra,
     )
 
 
