@@ -156,3 +156,15 @@ def test_uncorrected_lag_is_said_for_presets_that_do_not_realign(tmp_path):
         summary = run_serial(cfg, tmp_path / f"{preset}{len(extra)}", max_iterations=6, echo=lambda *_: None)
         kinds = [w["kind"] for w in summary["warnings"]]
         assert kinds == (["uncorrected_lag"] if warned else []), (preset, extra, summary["warnings"])
+        assert all("(a preset that corrects it: vaco)" in w["message"] for w in summary["warnings"])
+
+
+def test_the_uncorrected_lag_warning_of_the_llm_task_names_its_own_remedy():
+    from asyncrl.core.lag_warnings import LagWarnings
+
+    for realign, said in (("none", True), ("is_baseline", False)):
+        w = LagWarnings(config.load(None, ["task.kind=llm", f"llm.realign={realign}"]))
+        w.check(3, 2.0, 2.0)
+        assert [x["kind"] for x in w.said] == (["uncorrected_lag"] if said else [])
+        assert all("llm.realign = none (preset vaco)" in x["message"] for x in w.said)
+        assert all(x["message"].endswith("(llm.realign = is_baseline corrects it)") for x in w.said)

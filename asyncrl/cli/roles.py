@@ -297,6 +297,10 @@ def actor(
     _, interrupted = _run_role(role, ActorError)
     bad = role.bad_numbers.by_reason()
     what = f"actor {opts.actor_id}, {count_of(role.sent, 'rollout')} sent"
+    click.echo(
+        f"actor {opts.actor_id}: weights: {count_of(role.versions_received, 'version')} received, "
+        f"{role.versions_acted} acted with (the last: {role.version})"
+    )
     bad = f"; non-finite numbers from its envs: {bad}" if bad else ""
     if interrupted:
         _interrupted(f"interrupted: {what}{bad}")

@@ -47,6 +47,10 @@ class LagWarnings:
         """``ramp``: iterations the run's lag controls take to reach their set lag (K of a policy-age
         buffer or delay; the largest lag of a replayed trace); checks of growth start at 4 x ramp."""
         self.uncorrected = lag_correction(cfg)
+        # what corrects it: the llm task realigns with a baseline of pi_T; a control task takes a realigning preset
+        self.remedy = (
+            "llm.realign = is_baseline corrects it" if cfg.task.kind == "llm" else "a preset that corrects it: vaco"
+        )
         self.first_check = max(FIRST_CHECK, 4 * ramp, 4 * cfg.actor.policy_delay, 4 * cfg.actor.policy_age_buffer)
         self.threshold = cfg.run.lag_warning_p95
         self.batch_p50: list[float] = []  # per consumed batch, the whole run (one float each)
@@ -68,7 +72,7 @@ class LagWarnings:
                 "uncorrected_lag",
                 iteration,
                 f"lag p95 {run_p95:g} versions, and {self.uncorrected}: the advantages of stale samples are "
-                f"those of older policies (a preset that corrects backward lag: vaco)",
+                f"those of older policies ({self.remedy})",
             )
         n = len(self.batch_p50)
         if "growing_lag" not in kinds and n >= self.first_check and n & (n - 1) == 0:

@@ -80,6 +80,8 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
         self.grants: list[tuple[int, int]] = []
         self.policy = None  # the producer, once a welcome bound its policy copy
         self.version = -1  # the version the policy copy holds now
+        self.versions_received = 0  # weight versions received, all sessions (a newer one each)
+        self.versions_acted = 0  # versions its rollouts were collected with, all sessions
         self.history: WeightHistory | None = None  # made at the welcome (its seed is one of the streams)
         self.seeds: ActorSeeds | None = None
         self.last_heartbeat = 0.0

@@ -129,6 +129,8 @@ class WeightsFromBroadcaster:
             self.rejects.reject(exc, "broadcaster")
             return
         if header["epoch"] == self.epoch:  # another epoch: an old learner's, or a newer one's
+            if header["version"] > self.history.newest:
+                self.versions_received += 1
             self.history.add(header["version"], flat)
 
     def select_weights(self) -> None:
@@ -137,3 +139,4 @@ class WeightsFromBroadcaster:
         if version != self.version:
             self.policy.load(flat)
             self.version = version
+            self.versions_acted += 1

@@ -6,6 +6,7 @@ ring, grants and lag accounting; every process is stopped by pid and no segment 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from mp_helpers import read_jsonl, shm_segments, wait_for
@@ -130,6 +131,9 @@ def test_same_roles_run_control_and_llm(procs, tmp_path, kind):
         # then it must say so and have sent nothing; an actor that delivered went through the ring
         if name in delivered:
             assert "attached to shared memory" in log, log
+            # an actor that delivered acted with weights it received: its last line before the outcome says so
+            got = re.search(rf"actor {name}: weights: (\d+) versions? received, (\d+) acted with", log)
+            assert got and int(got.group(1)) >= int(got.group(2)) >= 1, log
         else:
             assert "attached to shared memory" in log or "0 rollouts sent; step budget reached" in log, log
     weights = summary["weights"]  # every version the learner made went to the broadcaster once
