@@ -285,3 +285,17 @@ def test_lora_with_gradient_checkpointing_makes_the_same_update(micro_dir):
     assert after[0].keys() == after[1].keys() and after[0]
     for k in after[0]:
         torch.testing.assert_close(after[1][k], after[0][k], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, big", [("bfloat16", 3.4e38), ("float16", 65520.0)])
+def test_a_weight_the_wire_dtype_rounds_to_inf_is_refused_at_the_learner(dtype, big):
+    """A finite float32 weight above the wire dtype's largest value (bfloat16: 3.3895e38, rounded up
+    to inf; float16: 65504) is refused where the payload is made: the broadcaster would count the
+    payload as non-finite and ask for it again every second, and no actor would get a new version."""
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight[0, 0] = big
+    assert torch.isfinite(model.weight).all()
+    with pytest.raises(ValueError, match=f"overflows {dtype}.*learner.weights_dtype"):
+        llm_weights.flat_weights(model, dtype)
+    assert np.isfinite(llm_weights.flat_weights(model, "float32")).all()

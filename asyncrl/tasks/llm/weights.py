@@ -44,12 +44,17 @@ def flat_weights(model, dtype: str = "float32") -> np.ndarray:
     """The parameters of :func:`param_layout` as one contiguous [P] array of the wire ``dtype``:
     float32, float16, or bfloat16 as uint16 bit patterns (the broadcaster's payload).
 
-    Raises ValueError if a weight overflows float16 (|w| > 65504)."""
+    Raises ValueError if a weight overflows the wire dtype (float16: |w| > 65504; bfloat16: |w| rounds
+    above 3.3895e38), which the broadcaster would refuse as non-finite, version after version."""
     flat = torch.cat([p.detach().reshape(-1).to(TORCH_DTYPES[dtype]) for _, p in param_layout(model)]).cpu()
+    if dtype != "float32" and not bool(torch.isfinite(flat).all()):
+        other = "bfloat16 or float32" if dtype == "float16" else "float32"
+        raise ValueError(
+            f"a weight overflows {dtype} (|w| > {torch.finfo(TORCH_DTYPES[dtype]).max:.5g}): "
+            f"use learner.weights_dtype = {other}"
+        )
     if dtype == "bfloat16":
         return flat.view(torch.int16).numpy().view(np.uint16)
-    if dtype == "float16" and not bool(torch.isfinite(flat).all()):
-        raise ValueError("a weight overflows float16 (|w| > 65504): use learner.weights_dtype = bfloat16 or float32")
     return flat.numpy()
 
 
