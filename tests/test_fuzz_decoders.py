@@ -201,16 +201,18 @@ def test_decode_weights(data):
         "type": "weights",
         "proto": protocol.PROTOCOL_VERSION,
         "run_id": RUN,
-        "version": data.draw(hostile_ints),
+        "epoch": data.draw(st.one_of(st.integers(0, 2**63 - 1), hostile_ints)),
+        "version": data.draw(st.one_of(st.integers(0, 2**63 - 1), hostile_ints)),
         "publish_time": data.draw(hostile_floats),
         "nbytes": len(body),
         "checksum": zlib.crc32(body),
         "layout_hash": "abc",
+        "dtype": data.draw(st.one_of(st.sampled_from(protocol.WEIGHTS_DTYPES), st.sampled_from(["int8", "uint16"]))),
     }
     for key in data.draw(st.lists(st.sampled_from(sorted(header)), max_size=3)):
         header[key] = data.draw(msgpack_values)
     raw = packed(header)
-    topic = data.draw(st.sampled_from([protocol.WEIGHTS_TOPIC, b"", b"weight", b"weightsX"]))
+    topic = data.draw(st.one_of(st.just(protocol.WEIGHTS_TOPIC), st.sampled_from([b"", b"weight", b"weightsX"])))
     frames = data.draw(st.one_of(st.just([topic, raw or b"", body]), frames_of_bytes))
     out = decode_or_reject(
         codec.decode_weights,
@@ -218,9 +220,33 @@ def test_decode_weights(data):
         run_id=data.draw(st.sampled_from([None, RUN])),
         layout_hash=data.draw(st.sampled_from([None, "abc"])),
     )
-    if out is not None:
+    if out is not None:  # a payload of the header's dtype and size, every value finite
         h, weights = out
-        assert weights.dtype == np.float32 and np.isfinite(weights).all() and h["nbytes"] == weights.nbytes
+        assert weights.dtype == codec.PAYLOAD_DTYPES[h["dtype"]] and h["nbytes"] == weights.nbytes == len(body)
+        values = weights.astype(np.uint32) << 16 if h["dtype"] == "bfloat16" else weights
+        assert np.isfinite(values.view(np.float32) if h["dtype"] == "bfloat16" else values).all()
+
+
+@FUZZ
+@given(st.data())
+def test_decode_version(data):
+    header = {
+        "type": data.draw(st.sampled_from(["weights_version", "weights", "weights_status"])),
+        "proto": protocol.PROTOCOL_VERSION,
+        "run_id": data.draw(st.sampled_from([RUN, "other"])),
+        "epoch": data.draw(st.one_of(st.integers(0, 2**63 - 1), hostile_ints)),
+        "version": data.draw(st.one_of(st.integers(0, 2**63 - 1), hostile_ints)),
+        "nbytes": data.draw(st.one_of(st.integers(0, 2**63 - 1), hostile_ints)),
+    }
+    for key in data.draw(st.lists(st.sampled_from(sorted(header)), max_size=2)):
+        header[key] = data.draw(msgpack_values)
+    topic = data.draw(st.sampled_from([protocol.VERSION_TOPIC, protocol.WEIGHTS_TOPIC, b"versionX"]))
+    frames = data.draw(st.one_of(st.just([topic, packed(header) or b""]), frames_of_bytes))
+    out = decode_or_reject(codec.decode_version, frames, run_id=data.draw(st.sampled_from([None, RUN])))
+    numbers = ("epoch", "version", "nbytes")
+    if out is not None:  # the numbers a role acts on are ints in 0..2**63 - 1
+        assert out["type"] == "weights_version" and set(out) == {"type", "proto", "run_id", *numbers}
+        assert all(type(out[k]) is int and 0 <= out[k] < 2**63 for k in numbers)
 
 
 @FUZZ
