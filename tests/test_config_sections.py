@@ -239,6 +239,7 @@ def test_the_llm_task_kind_layer_suits_a_pretrained_model_and_the_tiny_config_ke
     a = llm.config.algo
     assert (a.lr, a.num_epochs, a.num_minibatches, a.anneal_lr, a.max_grad_norm) == (1e-6, 1, 1, False, 1.0)
     assert llm.config.llm.warmup_steps == 0 and llm.source["algo.lr"] == "task kind llm"
+    assert llm.config.transport.actor_timeout_s == 120.0 and config.load(None, []).transport.actor_timeout_s == 10.0
     control = config.load(None, []).algo
     assert (control.lr, control.num_epochs, control.num_minibatches) == (3e-4, 10, 8)
     tiny = config.load_resolved(ROOT / "configs" / "gsm-tiny.toml")

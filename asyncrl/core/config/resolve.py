@@ -74,7 +74,10 @@ TASK_KIND_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
             "num_minibatches": 1,
             "anneal_lr": False,
             "max_grad_norm": 1.0,
-        }
+        },
+        # the learner answers heartbeats between iterations, and a language model's iteration takes seconds
+        # to minutes on a CPU: at 10 s both gsm-tiny actors rejoined 14 times in a loaded run
+        "transport": {"actor_timeout_s": 120.0},
     },
 }
 
