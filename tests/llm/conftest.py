@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may be fetched from a hub (the machine has no network)
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -83,5 +84,25 @@ def sentencepiece_dir(tmp_path_factory):
         json.dumps(
             {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": False}
         )
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def chat_model(micro_dir, tmp_path_factory):
+    """The micro model with ChatML tokens and template, generation_config.json naming two stop ids."""
+    from test_llm_prompts import CHATML
+
+    from asyncrl.tasks.llm import model as m
+
+    out = tmp_path_factory.mktemp("chat") / "model"
+    shutil.copytree(micro_dir, out)
+    lm, tok = m.load(out)
+    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tok.chat_template = CHATML
+    lm.resize_token_embeddings(len(tok))
+    m.save(lm, tok, out)
+    (out / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]})
     )
     return out

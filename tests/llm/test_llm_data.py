@@ -7,7 +7,6 @@ tests (not taken from GSM8k; their calculator annotations are checked below)."""
 
 import json
 import re
-import shutil
 from fractions import Fraction
 from pathlib import Path
 
@@ -178,27 +177,9 @@ def test_serial_rl_run_on_jsonl_prompts(micro_dir, tmp_path, monkeypatch):
     assert any((r["grad_norm"] or 0) > 0 for r in rows) and start["prompt_tokens"] == make_task(cfg).spec.prompt_tokens
 
 
-@pytest.fixture(scope="module")
-def chat_dir(micro_dir, tmp_path_factory):
-    """The micro model with ChatML tokens and template, generation_config.json naming two stop ids."""
-    from tests.llm.test_llm_prompts import CHATML
-
-    out = tmp_path_factory.mktemp("chat") / "model"
-    shutil.copytree(micro_dir, out)
-    lm, tok = m.load(out)
-    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
-    tok.chat_template = CHATML
-    lm.resize_token_embeddings(len(tok))
-    m.save(lm, tok, out)
-    (out / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]})
-    )
-    return out
-
-
-def test_serial_rl_run_with_a_chat_template_few_shot_and_stop_ids(chat_dir, tmp_path, monkeypatch):
+def test_serial_rl_run_with_a_chat_template_few_shot_and_stop_ids(chat_model, tmp_path, monkeypatch):
     cfg = _cfg(
-        chat_dir,
+        chat_model,
         "llm.few_shot=2",
         "llm.system_prompt=Solve the problem.",
         "llm.answer_format=boxed",
@@ -206,7 +187,7 @@ def test_serial_rl_run_with_a_chat_template_few_shot_and_stop_ids(chat_dir, tmp_
         "llm.max_prompt_tokens=0",
     )
     task = make_task(cfg)
-    tok = m.load_tokenizer(chat_dir)
+    tok = m.load_tokenizer(chat_model)
     end = tok.convert_tokens_to_ids("<|im_end|>")
     assert task.prompt_format().chat and task.stop_ids() == (tok.eos_token_id, end)
     scored = []

@@ -3,7 +3,6 @@ loads and that computes the learner's log-probs; the start model's tokenizer, ch
 run's stop ids with it; one line for what cannot be exported."""
 
 import json
-import shutil
 
 import pytest
 
@@ -39,24 +38,6 @@ SETS = [
     "run.total_env_steps=16",
     "run.log_every_s=1000",
 ]
-
-
-@pytest.fixture(scope="module")
-def chat_model(micro_dir, tmp_path_factory):
-    """The micro model with ChatML tokens and template, generation_config.json naming two stop ids."""
-    from tests.llm.test_llm_prompts import CHATML
-
-    out = tmp_path_factory.mktemp("chat") / "model"
-    shutil.copytree(micro_dir, out)
-    lm, tok = m.load(out)
-    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
-    tok.chat_template = CHATML
-    lm.resize_token_embeddings(len(tok))
-    m.save(lm, tok, out)
-    (out / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]})
-    )
-    return out
 
 
 @pytest.fixture(scope="module")
