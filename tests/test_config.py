@@ -84,18 +84,30 @@ def test_a_removed_key_is_refused_with_why(tmp_path):
         config.load(path)
 
 
-def test_the_default_is_the_papers_filter_and_vaco_no_filter_keeps_the_fixed_band():
+def test_the_default_is_decoupled_ppo_and_the_filter_is_vacos():
+    """docs/decisions/default-preset.md: the default is decoupled PPO (the band of 0.2 on pi_theta/pi_T,
+    learning anchor, weight min(1, pi_T/beta)); vaco keeps the TV filter without a band, vaco_no_filter
+    is the default's band with realigned advantages."""
     a = config.load(None).algo
-    assert (a.tv_rule, a.tv_threshold, a.behavior_band, a.tv_filter_ratio_cap) == ("filter", 0.1, float("inf"), 1.0)
+    assert (a.preset, a.behavior_band, a.behavior_band_ratio, a.ratio_anchor, a.surrogate_rho_bar) == (
+        "decoupled_ppo",
+        0.2,
+        "forward",
+        "learning",
+        1.0,
+    )
+    v = config.load(None, ["algo.preset=vaco"]).algo
+    assert (v.tv_rule, v.tv_threshold, v.behavior_band, v.tv_filter_ratio_cap) == ("filter", 0.1, float("inf"), 1.0)
     assert config.load(None, ["algo.preset=vaco_paper"]).algo.tv_rule == "filter"
-    # the default without the TV budget falls back to decoupled PPO's band, not an unconstrained surrogate
+    # vaco without the TV budget falls back to decoupled PPO's band, not an unconstrained surrogate
     assert config.load(None, ["algo.preset=vaco_no_filter"]).algo.behavior_band == 0.2
     assert config.load(None, ["algo.preset=vaco_no_filter", "algo.behavior_band=0.3"]).algo.behavior_band == 0.3
+    assert config.load(None, ["algo.behavior_band=0.3"]).algo.behavior_band == 0.3
     with pytest.raises(ConfigError, match="tv_rule = shrink narrows the band"):
-        config.load(None, ["algo.tv_rule=shrink"])
-    assert config.load(None, ["algo.behavior_band=0.2", "algo.tv_rule=shrink"]).algo.behavior_band == 0.2
+        config.load(None, ["algo.preset=vaco", "algo.tv_rule=shrink"])
+    assert config.load(None, ["algo.preset=vaco", "algo.behavior_band=0.2", "algo.tv_rule=shrink"]).algo.behavior_band
     with pytest.raises(ConfigError, match="algo.tv_rule must be one of"):
-        config.load(None, ["algo.tv_rule=sometimes"])
+        config.load(None, ["algo.preset=vaco", "algo.tv_rule=sometimes"])
 
 
 def test_unknown_traces_name_the_key():

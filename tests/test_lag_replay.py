@@ -145,18 +145,21 @@ def test_growing_lag_is_said_once_and_bounded_lag_never():
 def test_uncorrected_lag_is_said_for_presets_that_do_not_realign(tmp_path):
     assert lag_correction(config.load(None, ["algo.preset=vaco"])) == ""
     assert lag_correction(config.load(None, ["algo.preset=impala"])) == ""
+    assert lag_correction(config.load(None, ["algo.preset=vaco_no_filter"])) == ""
     assert "ppo" in lag_correction(config.load(None, ["algo.preset=ppo"]))
+    assert "decoupled_ppo" in lag_correction(config.load(None))  # the default does not realign
     for preset, extra, warned in (
         ("ppo", ["actor.policy_delay=2"], True),
         ("ppo", ["actor.policy_delay=2", "run.lag_warning_p95=-1"], False),
         ("ppo", [], False),  # no lag, nothing to correct
         ("vaco", ["actor.policy_delay=2"], False),
+        ("decoupled_ppo", ["actor.policy_delay=2"], True),
     ):
         cfg = config.load(None, SMALL + [f"algo.preset={preset}", *extra])
         summary = run_serial(cfg, tmp_path / f"{preset}{len(extra)}", max_iterations=6, echo=lambda *_: None)
         kinds = [w["kind"] for w in summary["warnings"]]
         assert kinds == (["uncorrected_lag"] if warned else []), (preset, extra, summary["warnings"])
-        assert all("(a preset that corrects it: vaco)" in w["message"] for w in summary["warnings"])
+        assert all("(presets that realign them: vaco_no_filter" in w["message"] for w in summary["warnings"])
 
 
 def test_the_uncorrected_lag_warning_of_the_llm_task_names_its_own_remedy():
@@ -166,5 +169,5 @@ def test_the_uncorrected_lag_warning_of_the_llm_task_names_its_own_remedy():
         w = LagWarnings(config.load(None, ["task.kind=llm", f"llm.realign={realign}"]))
         w.check(3, 2.0, 2.0)
         assert [x["kind"] for x in w.said] == (["uncorrected_lag"] if said else [])
-        assert all("llm.realign = none (preset vaco)" in x["message"] for x in w.said)
+        assert all("llm.realign = none (preset decoupled_ppo)" in x["message"] for x in w.said)
         assert all(x["message"].endswith("(llm.realign = is_baseline corrects it)") for x in w.said)

@@ -108,8 +108,8 @@ def test_plot_curves_refuses_empty_input(tmp_path):
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     dirs = []
-    for seed in (1, 2):
-        res = config.load_resolved(None, SMALL + [f"run.seed={seed}", "run.eval_every=128"])
+    for seed in (1, 2):  # vaco: its TV budget adds the δ line the default (decoupled_ppo, no budget) lacks
+        res = config.load_resolved(None, SMALL + ["algo.preset=vaco", f"run.seed={seed}", "run.eval_every=128"])
         cfg = res.config
         d = root / f"s{seed}"
         d.mkdir()

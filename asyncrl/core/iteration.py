@@ -39,7 +39,7 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
             band_ratio=cfg.behavior_band_ratio,
             tv_rule=cfg.tv_rule,
         )
-    if p == "vaco_no_filter":  # vaco's surrogate (same anchor, weight bound and band) without the TV filter
+    if p in ("vaco_no_filter", "decoupled_ppo"):  # vaco's surrogate (anchor, weight bound, band) without the TV filter
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
         return vaco_policy_loss(
             log_prob=log_prob,

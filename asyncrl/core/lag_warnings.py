@@ -2,8 +2,8 @@
 ``warnings``; the study report flags the cells that have one).
 
 - ``uncorrected_lag``: the preset does not correct backward lag (its advantages are not realigned to
-  the learning policy: ``ppo``, ``ppo_kl``, ``spo``, ``vaco_no_realign``; llm ``grpo`` without
-  ``llm.realign``), yet the samples trained on so far have a lag p95 of at least
+  the learning policy: the default ``decoupled_ppo``, ``ppo``, ``ppo_kl``, ``spo``, ``vaco_no_realign``;
+  llm runs without ``llm.realign``), yet the samples trained on so far have a lag p95 of at least
   ``run.lag_warning_p95`` versions.
 - ``growing_lag``: the lag grows without bound. At iterations n = 2^j >= 32 the median batch lag p50
   of the latest half of the run is compared with that of the quarter before it: a lag that grows in
@@ -49,7 +49,9 @@ class LagWarnings:
         self.uncorrected = lag_correction(cfg)
         # what corrects it: the llm task realigns with a baseline of pi_T; a control task takes a realigning preset
         self.remedy = (
-            "llm.realign = is_baseline corrects it" if cfg.task.kind == "llm" else "a preset that corrects it: vaco"
+            "llm.realign = is_baseline corrects it"
+            if cfg.task.kind == "llm"
+            else "presets that realign them: vaco_no_filter (the default's band with realigned advantages), vaco"
         )
         self.first_check = max(FIRST_CHECK, 4 * ramp, 4 * cfg.actor.policy_delay, 4 * cfg.actor.policy_age_buffer)
         self.threshold = cfg.run.lag_warning_p95

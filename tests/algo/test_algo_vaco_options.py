@@ -92,6 +92,7 @@ def _fire_sequence(trigger):
     cfg = config.load(
         None,
         [
+            "algo.preset=vaco",
             "algo.num_epochs=4",
             "algo.num_minibatches=4",
             "algo.tv_threshold=0.05",

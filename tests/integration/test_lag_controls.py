@@ -61,7 +61,9 @@ def test_straggler_lags_more_than_the_others(procs, tmp_path):
     medians and a sleep several times what a 16-step rollout of theirs takes on a loaded 2-core
     machine (about 0.5 s in CI on 2026-12-06, when a sleep of 0.5 s and means were not enough)."""
     slow_s = 3.0
-    run_dir = _run(procs, tmp_path, {"fast0": [], "fast1": [], "straggler": ["--slowdown", str(slow_s)]}, total=64 * 400)
+    run_dir = _run(
+        procs, tmp_path, {"fast0": [], "fast1": [], "straggler": ["--slowdown", str(slow_s)]}, total=64 * 400
+    )
     per_actor = _report(run_dir)["per_actor"]
     slow, fast = per_actor["straggler"], [per_actor["fast0"], per_actor["fast1"]]
     assert slow["lag_seconds"]["count"] > 0, per_actor

@@ -104,11 +104,13 @@ def test_grpo_preset_is_ppo_clip_on_tokens_hand_computed():
     assert bool((g[~MASK] == 0).all())
 
 
-def test_vaco_preset_on_tokens_weights_by_truncated_pi_T_over_beta():
-    """vaco as the control default configures it: learning anchor π_T, weight min(1, π_T/β), band on
-    π_θ/π_T. At π_θ = π_T the loss is -mean(min(1, π_T/β) A) over tokens."""
-    cfg = AlgoConfig()  # the default preset, vaco
-    assert cfg.preset == "vaco" and cfg.ratio_anchor == "learning" and cfg.surrogate_rho_bar == 1.0
+@pytest.mark.parametrize("preset", ["decoupled_ppo", "vaco"])
+def test_vaco_surrogate_on_tokens_weights_by_truncated_pi_T_over_beta(preset):
+    """The default (decoupled_ppo) and vaco as the control task configures them: learning anchor π_T,
+    weight min(1, π_T/β), the band (default) or the TV filter (vaco) on π_θ/π_T. At π_θ = π_T neither
+    acts and the loss is -mean(min(1, π_T/β) A) over tokens."""
+    cfg = config.load(None, [f"algo.preset={preset}"]).algo
+    assert cfg.ratio_anchor == "learning" and cfg.surrogate_rho_bar == 1.0
     target = torch.zeros(4, 3)
     behavior = torch.zeros(4, 3)
     behavior[0, 0] = math.log(2.0)  # π_T/β = 0.5: weight 0.5

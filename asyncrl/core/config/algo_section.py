@@ -39,7 +39,8 @@ def _uses_rho_bar(c: Config) -> bool:
 class AlgoConfig:
     # Preset: which advantage estimator and policy loss (VACO.md table). arXiv:2603.01365.
     preset: str = _f(
-        "vaco", "advantage estimator and policy loss: " + ", ".join(PRESETS) + "; llm tasks: " + ", ".join(LLM_PRESETS)
+        "decoupled_ppo",
+        "advantage estimator and policy loss: " + ", ".join(PRESETS) + "; llm tasks: " + ", ".join(LLM_PRESETS),
     )
     gamma: float = _f(0.99, "discount factor", kinds=CONTROL)
     gae_lambda: float = _f(0.95, "lambda of GAE / V-trace traces", kinds=CONTROL)
@@ -126,8 +127,9 @@ class AlgoConfig:
     )
     behavior_band: float = _f(
         float("inf"),
-        "vaco: also detach samples whose pi_theta/beta left [1-band, 1+band] in the direction of their advantage "
-        "(PPO-clip's mask, per sample); inf: off (the default; vaco_no_filter pins 0.2): "
+        "vaco's surrogate: detach samples whose ratio (behavior_band_ratio) left [1-band, 1+band] in the direction of "
+        "their advantage "
+        "(PPO-clip's mask, per sample); inf: off; decoupled_ppo (the default) and vaco_no_filter pin 0.2: "
         "docs/decisions/behavior-band.md",
         presets=VACO_FAMILY,
     )

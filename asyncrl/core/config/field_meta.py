@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from asyncrl.core.config.root import Config
 
-PRESETS = ("vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
+PRESETS = ("decoupled_ppo", "vaco", "ppo", "ppo_kl", "spo", "impala", "vaco_no_realign", "vaco_no_filter", "vaco_paper")
 TASK_KINDS = ("control", "llm")
-# grpo: PPO-clip on token ratios with group-normalised advantages (no critic); vaco / vaco_no_filter: the same
-# policy losses as the control task, on tokens. The rest need a critic or time steps.
-LLM_PRESETS = ("grpo", "vaco", "vaco_no_filter")
+# grpo: PPO-clip on token ratios with group-normalised advantages (no critic); decoupled_ppo / vaco /
+# vaco_no_filter: the same policy losses as the control task, on tokens. The rest need a critic or time steps.
+LLM_PRESETS = ("grpo", "decoupled_ppo", "vaco", "vaco_no_filter")
 LLM_AVERAGING = ("token", "sequence", "constant")
 LLM_TRUNCATED_REWARD = ("score", "zero")
 LLM_REALIGN = ("none", "is_baseline")  # docs/llm-realignment.md
@@ -33,6 +33,10 @@ LLM_ANSWER_FORMATS = ("gsm8k", "boxed", "last_number")  # asyncrl.tasks.llm.answ
 # Settings a preset pins unless the config names them itself: vaco_paper is the first reading of
 # arXiv:2603.01365 (β anchor, δ = 0.2, unbounded ratio), kept runnable beside the tuned default.
 PRESET_SETTINGS: dict[str, dict[str, Any]] = {
+    # The default: decoupled PPO (Hilton et al. 2021, arXiv:2110.00641), VACO's surrogate with the band of
+    # ε 0.2 on π_θ/π_T as its trust region, neither TV filter nor realignment: both lost the reporting run's
+    # rule (docs/decisions/default-preset.md).
+    "decoupled_ppo": {"behavior_band": 0.2},
     "vaco_paper": {
         "ratio_anchor": "behavior",
         "tv_threshold": 0.2,
@@ -46,8 +50,8 @@ PRESET_SETTINGS: dict[str, dict[str, Any]] = {
         "traces": "vtrace",
         "tv_rule": "filter",
     },
-    # The default without the TV budget: its fallback is the fixed band of decoupled PPO (ε 0.2), not an
-    # unconstrained surrogate (docs/decisions/tv-budget.md).
+    # vaco without the TV budget: its fallback is the fixed band of decoupled PPO (ε 0.2), not an
+    # unconstrained surrogate (docs/decisions/tv-budget.md); = decoupled_ppo with realigned advantages.
     "vaco_no_filter": {"behavior_band": 0.2},
     "impala": {"traces": "vtrace"},
 }
@@ -96,7 +100,7 @@ def _f(
 
 
 CONTROL, LLM = ("control",), ("llm",)
-VACO_FAMILY = ("vaco", "vaco_paper", "vaco_no_realign", "vaco_no_filter")  # vaco's surrogate
+VACO_FAMILY = ("decoupled_ppo", "vaco", "vaco_paper", "vaco_no_realign", "vaco_no_filter")  # vaco's surrogate
 TV_FILTERED = ("vaco", "vaco_paper", "vaco_no_realign")  # ... with the TV filter
 REALIGNING = ("vaco", "vaco_paper", "vaco_no_filter")  # realigned advantages (not impala)
 VTRACE_PRESETS = REALIGNING + ("impala",)  # compute V-trace every iteration
