@@ -243,7 +243,7 @@ def test_the_llm_task_kind_layer_suits_a_pretrained_model_and_the_tiny_config_ke
     control = config.load(None, []).algo
     assert (control.lr, control.num_epochs, control.num_minibatches) == (3e-4, 10, 8)
     tiny = config.load_resolved(ROOT / "configs" / "gsm-tiny.toml")
-    assert (tiny.config.algo.lr, tiny.config.llm.warmup_steps) == (3e-5, 1600)
+    assert (tiny.config.algo.lr, tiny.config.llm.warmup_steps, tiny.config.llm.warmup_target) == (3e-5, 6000, 0.25)
     assert tiny.overridden == ["algo.lr = 3e-05 overrides task kind llm's 1e-06"]
 
 

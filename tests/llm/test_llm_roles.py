@@ -449,16 +449,14 @@ def test_paired_accuracy_difference_hand_computed():
 
 
 def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(micro_dir, tmp_path, monkeypatch):
-    from asyncrl.tasks.llm import sampling
-
     scores = iter([0.1, 0.35, 0.9])
     seen = []
 
-    def fake_evaluate(model, tokenizer, problems, **kw):  # the validation check, scripted
-        seen.append((len(problems), kw.get("greedy"), model.training))
-        return next(scores)
+    def fake_accuracy_on(self, model, tokenizer, problems, tick=None):  # the validation check, scripted
+        seen.append((len(problems), model.training))
+        return next(scores), len(problems), []
 
-    monkeypatch.setattr(sampling, "evaluate", fake_evaluate)
+    monkeypatch.setattr(heldout_eval.LLMHeldoutEvaluation, "accuracy_on", fake_accuracy_on)
     monkeypatch.setattr(start_model, "WARMUP_CHECK_EVERY", 2)
     cfg = _tiny_cfg(
         micro_dir,
@@ -472,16 +470,25 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
     start = task.prepare_model(echo=lambda *_: None)
     assert start == task.start_dir() and start.name.endswith("-n9-b4-t0.3")
     stamp = json.loads((start / start_model.WARMUP_STAMP).read_text())
-    # checked from half the budget on (steps 4, 6, 8): stopped at the first check at or above 0.3
-    assert stamp["steps_taken"] == 6 and stamp["validation_checks"] == [[4, 0.1], [6, 0.35]]
-    assert (
-        stamp["settings"]["target"] == 0.3
-        and stamp["settings"]["batch_size"] == 4
-        and seen == [(start_model.WARMUP_VALIDATION, True, False)] * 2
-    )
+    # checked from the first check on (steps 2, 4, ...): stopped at the first check at or above 0.3
+    assert stamp["steps_taken"] == 4 and stamp["validation_checks"] == [[2, 0.1], [4, 0.35]]
+    assert stamp["settings"]["target"] == 0.3 and stamp["settings"]["batch_size"] == 4
+    assert stamp["settings"]["metric"] == task.eval_label() and stamp["settings"]["first_check"] == 2
+    assert seen == [(start_model.WARMUP_VALIDATION, False)] * 2  # in eval mode, on the validation problems
     assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2  # cached
     with pytest.raises(ConfigError, match=r"^llm.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
         config.load(None, ["task.kind=llm", "llm.warmup_target=1.5"])
+
+
+def test_the_warmup_check_is_the_heldout_metric(micro_dir, tmp_path):
+    """The warm-up's check measures what the start band is judged on: on the held-out problems it
+    gives the held-out evaluation's accuracy and per-problem rewards exactly (same draws, format, scoring)."""
+    from asyncrl.tasks.llm import model as m
+
+    for mode in ("sampled", "greedy"):
+        task = make_task(_tiny_cfg(micro_dir, f"llm.cache_dir={tmp_path}", "llm.eval_size=16", f"llm.eval_mode={mode}"))
+        loaded = m.load(micro_dir)
+        assert task.accuracy_on(loaded.model, task.tokenizer(), task.heldout_problems()) == task.evaluate(loaded.model)
 
 
 def test_the_warmup_runs_at_task_warmup_threads_whatever_torch_had(micro_dir, tmp_path):

@@ -59,10 +59,9 @@ class LLMConfig:
     )
     warmup_target: float = _f(
         0.0,
-        "end the supervised warm-up early at the first check (every 100 steps from half "
-        "of llm.warmup_steps on) whose greedy accuracy on 200 validation problems (in "
-        "neither train nor held-out) reaches this; llm.warmup_steps stays the budget; "
-        "0: off",
+        "end the supervised warm-up at the first check (every 100 steps) whose accuracy on 200 "
+        "validation problems (in neither train nor held-out; the held-out metric: llm.eval_mode at "
+        "llm.temperature) reaches this; llm.warmup_steps stays the budget; 0: off",
         kinds=LLM,
         when=_WARMUP,
     )

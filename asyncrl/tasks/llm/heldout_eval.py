@@ -46,11 +46,15 @@ class LLMHeldoutEvaluation:
         default of one per core took 280-310 s instead of about 11 s for 500 problems when other
         processes held the cores (lab/llm-gsm-tiny/README.md). The model's train / eval mode is
         restored afterwards."""
+        return self.accuracy_on(model, self.tokenizer(), self.heldout_problems(), tick)
+
+    def accuracy_on(self, model, tokenizer, problems, tick: Callable[[], None] | None = None):
+        """:meth:`evaluate` on other ``problems`` (the warm-up's validation problems): the same
+        metric, draws (problem i's own, seeded by llm.model_seed), prompt format and scoring."""
         from asyncrl.tasks.llm.sampling import eval_completions
 
         llm = self.cfg.llm
-        heldout = self.heldout_problems()
-        tokenizer = self.tokenizer()
+        heldout = problems
         greedy = llm.eval_mode == "greedy"
         uniforms = None if greedy else problem_uniforms(llm.model_seed, len(heldout), llm.max_new_tokens)
         fmt, stops, size = self.prompt_format(tokenizer), self.stop_ids(tokenizer), llm.eval_batch_size

@@ -21,8 +21,8 @@ from asyncrl.tasks.llm.defaults import DEFAULT_BATCH_SIZE
 from asyncrl.tasks.llm.defaults import DEFAULT_THREADS as WARMUP_THREADS
 
 WARMUP_STAMP = "asyncrl-rl-warmup.json"
-WARMUP_VALIDATION = 200  # llm.warmup_target: problems after the train split, greedy accuracy checked
-WARMUP_CHECK_EVERY = 100  # steps between those checks
+WARMUP_VALIDATION = 200  # llm.warmup_target: problems after the train split, their accuracy checked
+WARMUP_CHECK_EVERY = 100  # steps between those checks, from the first 100 on
 
 
 class LLMStartModel:
@@ -78,9 +78,13 @@ class LLMStartModel:
             settings["batch_size"] = llm.warmup_batch_size
         if llm.warmup_threads != WARMUP_THREADS:
             settings["threads"] = llm.warmup_threads
-        if llm.warmup_target:
+        if llm.warmup_target:  # the held-out metric (eval_mode, temperature), checked from the first check on
             settings.update(
-                target=llm.warmup_target, validation_problems=WARMUP_VALIDATION, check_every=WARMUP_CHECK_EVERY
+                target=llm.warmup_target,
+                validation_problems=WARMUP_VALIDATION,
+                check_every=WARMUP_CHECK_EVERY,
+                metric=self.eval_label(),
+                first_check=WARMUP_CHECK_EVERY,
             )
         try:
             stamp = json.loads((start / WARMUP_STAMP).read_text())
@@ -100,23 +104,19 @@ class LLMStartModel:
         train, validation = problems[: llm.train_problems], problems[llm.train_problems :]
         checks: list[tuple[int, float]] = []
 
-        def reached(steps: int) -> bool:  # the warm-up's early stop: greedy accuracy on the validation problems
-            from asyncrl.tasks.llm.sampling import evaluate
-
-            if steps < llm.warmup_steps // 2:  # checked from half the budget on (each check costs seconds)
-                return False
+        def reached(steps: int) -> bool:
+            """The warm-up's early stop: the start metric (the held-out evaluation's: llm.eval_mode at
+            llm.temperature, the same draws) on the validation problems, at every check: the model
+            starts RL near llm.warmup_target whatever the seed or the CPU's kernels make of the steps."""
             loaded.model.eval()
-            checks.append(
-                (
-                    steps,
-                    evaluate(
-                        loaded.model, loaded.tokenizer, validation, greedy=True, max_new_tokens=llm.max_new_tokens
-                    ),
-                )
-            )
+            accuracy = self.accuracy_on(loaded.model, loaded.tokenizer, validation)[0]
             loaded.model.train()
-            echo(f"llm: warm-up step {steps}: validation accuracy {checks[-1][1]:.3f} (target {llm.warmup_target:g})")
-            return checks[-1][1] >= llm.warmup_target
+            checks.append((steps, accuracy))
+            echo(
+                f"llm: warm-up step {steps}: validation accuracy {accuracy:.3f} ({self.eval_label()}; "
+                f"target {llm.warmup_target:g})"
+            )
+            return accuracy >= llm.warmup_target
 
         echo(
             f"llm: warming up {self.base_dir()} for {count_of(llm.warmup_steps, 'step')}"
