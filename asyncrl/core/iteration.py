@@ -15,6 +15,7 @@ import torch
 from asyncrl.algo.policy_loss import PolicyLoss
 from asyncrl.algo.ppo_losses import ppo_clip_loss, ppo_kl_loss, spo_loss
 from asyncrl.algo.vaco_loss import vaco_policy_loss
+from asyncrl.core.config.field_meta import TV_FILTERED, VACO_FAMILY
 from asyncrl.core.optim import GuardedAdam
 
 
@@ -22,7 +23,7 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
     """The policy loss of preset ``cfg.preset`` (an AlgoConfig) on flat [N] samples: env steps of the
     control task, completion tokens of the llm task (asyncrl.tasks.llm.learn); one dispatch for both."""
     p = cfg.preset
-    if p in ("vaco", "vaco_paper", "vaco_no_realign"):
+    if p in TV_FILTERED:
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
         filter_rule = cfg.tv_rule == "filter"  # the filter's own options (no meaning for "shrink")
         return vaco_policy_loss(
@@ -39,7 +40,7 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
             band_ratio=cfg.behavior_band_ratio,
             tv_rule=cfg.tv_rule,
         )
-    if p in ("vaco_no_filter", "decoupled_ppo"):  # vaco's surrogate (anchor, weight bound, band) without the TV filter
+    if p in VACO_FAMILY:  # vaco's surrogate (anchor, weight bound, band) without the TV filter
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
         return vaco_policy_loss(
             log_prob=log_prob,
