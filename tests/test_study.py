@@ -425,3 +425,28 @@ def test_report_puts_one_no_grad_definition_side_by_side(tmp_path):
     assert rows["ppo"]["clip_fraction_two_sided"] == pytest.approx(0.085)
     text = markdown(st, recs, list(rows.values()), [], [], {})
     assert "| no grad | fires | budget | clip 2-sided |" in text and "one definition for every preset" in text
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs/studies").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_study_files_resolve(path):
+    """Every study file in configs/studies loads and every one of its cells resolves to a valid config
+    (a preset, key or value a cell would be refused with fails here, not hours into a study)."""
+    st = load_study(path)
+    assert st.cells
+    for c in st.cells:
+        assert c.resolved_config()["algo"]["preset"] == c.preset
+
+
+def test_forward_lag_grid_pairs_the_default_with_the_filter():
+    """The forward-lag grid: the two learning rates in two files (the second cut first), the same cells
+    otherwise; the default and the filter-primary candidate differ only in the trust region."""
+    lo, hi = load_study("configs/studies/forward-lag.toml"), load_study("configs/studies/forward-lag-lr1e-3.toml")
+    assert len(lo.cells) == len(hi.cells) == 3 * 2 * 2 * 2 * 2 * 3
+    assert {c.resolved_config()["algo"]["lr"] for c in lo.cells} == {3e-4}
+    assert {c.resolved_config()["algo"]["lr"] for c in hi.cells} == {1e-3}
+    by = {(c.preset, c.env, c.condition, c.seed, c.overrides): c.resolved_config()["algo"] for c in lo.cells}
+    for (preset, *rest), algo in by.items():
+        if preset == "vaco_no_realign":
+            default = by[("decoupled_ppo", *rest)]
+            assert {k for k in algo if algo[k] != default[k]} == {"preset", "behavior_band"}
+            assert algo["behavior_band"] == float("inf") and default["behavior_band"] == 0.2
