@@ -10,6 +10,7 @@ definition of ``no_grad_fraction``): :mod:`asyncrl.algo.policy_loss`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -85,6 +86,7 @@ def tv_filter(
     force: bool | Tensor = False,
     ratio_cap: float = math.inf,
     log_weight: Tensor | None = None,
+    tv_reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> TVFilter:
     """VACO's TV filter: which samples keep their gradient in this minibatch.
 
@@ -108,6 +110,9 @@ def tv_filter(
         ratio_cap: > min_deviation (unitless, on |r - 1|), inf allowed.
         log_weight: [N] log anchor - log β (nats) for the importance-weighted estimate
             (:func:`tv_estimate`), or None (the anchor is β).
+        tv_reduce: maps this minibatch's 0-dim estimate to the one the rule compares with δ, or None
+            (itself). A learner group passes the mean over its members' equal minibatches
+            (:meth:`asyncrl.core.learner_group.LearnerGroup.mean`): the estimate of their union.
 
     Returns:
         :class:`TVFilter` (keep_mask [N] bool, tv_estimate 0-dim, filtered_fraction 0-dim, fired
@@ -126,6 +131,8 @@ def tv_filter(
     ratio_cap = checks.scalar("ratio_cap", ratio_cap, low=0.0, low_open=True, allow_inf=True)
     with torch.no_grad():
         deviation, tv = _deviation_tv(log_ratio, None if log_weight is None else log_weight.detach())
+        if tv_reduce is not None:
+            tv = tv_reduce(tv)
         fired = (tv > tv_threshold) | torch.as_tensor(force, device=tv.device)
         # "or" with the 0-dim comparison instead of a Python `if`: stays on device, no host sync.
         inward = advantages * deviation <= 0  # a step on the sample would not grow |r - 1|
@@ -152,6 +159,7 @@ def vaco_policy_loss(
     behavior_band: float = math.inf,
     band_ratio: str = "full",
     tv_rule: str = "filter",
+    tv_reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> PolicyLoss:
     """VACO's filtered ratio surrogate.
 
@@ -195,6 +203,7 @@ def vaco_policy_loss(
             half-width is behavior_band (1 - tv/δ)_+, so samples may move less the more of the budget
             the minibatch has used, and at tv >= δ the band is closed: the sign rule on every
             sample (needs a finite behavior_band; min_deviation, force and ratio_cap are the filter's).
+        tv_reduce: passed to :func:`tv_filter` (a learner group's estimate over its union minibatch).
 
     The TV estimate is :func:`tv_estimate` against the anchor, importance-weighted by anchor/β when
     the anchor is π_T (unbiased under backward lag).
@@ -247,6 +256,7 @@ def vaco_policy_loss(
         force=force,
         ratio_cap=ratio_cap,
         log_weight=None if anchor_log_prob is None else anchor.detach() - behavior_log_prob.detach(),
+        tv_reduce=tv_reduce,
     )
     band = checks.scalar("behavior_band", behavior_band, low=0.0, low_open=True, allow_inf=True)
     delta = checks.scalar("tv_threshold", tv_threshold, low=0.0, allow_inf=True)

@@ -19,9 +19,11 @@ from asyncrl.core.config.field_meta import TV_FILTERED, VACO_FAMILY
 from asyncrl.core.optim import GuardedAdam
 
 
-def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False) -> PolicyLoss:
+def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False, group=None) -> PolicyLoss:
     """The policy loss of preset ``cfg.preset`` (an AlgoConfig) on flat [N] samples: env steps of the
-    control task, completion tokens of the llm task (asyncrl.tasks.llm.learn); one dispatch for both."""
+    control task, completion tokens of the llm task (asyncrl.tasks.llm.learn); one dispatch for both.
+    ``group``: a :class:`asyncrl.core.learner_group.LearnerGroup` whose members hold equal minibatches;
+    the TV filter then compares the estimate over their union with δ."""
     p = cfg.preset
     if p in TV_FILTERED:
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
@@ -39,6 +41,7 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
             behavior_band=cfg.behavior_band,
             band_ratio=cfg.behavior_band_ratio,
             tv_rule=cfg.tv_rule,
+            tv_reduce=None if group is None else group.mean,
         )
     if p in VACO_FAMILY:  # vaco's surrogate (anchor, weight bound, band) without the TV filter
         anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
@@ -63,11 +66,15 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
     raise ValueError(f"unknown preset {p!r}")
 
 
-def optimizer_step(optimizer, loss, max_grad_norm, *, backward: Callable[[], None] | None = None) -> torch.Tensor:
+def optimizer_step(
+    optimizer, loss, max_grad_norm, *, backward: Callable[[], None] | None = None, group=None
+) -> torch.Tensor:
     """Backward, clip the global norm of the optimizer's parameters' gradient at ``max_grad_norm``,
     step: returns the norm before clipping (0-dim tensor). A :class:`asyncrl.core.optim.GuardedAdam` is
     given that norm and skips the step when it is not finite. ``backward``: called instead of
-    ``loss.backward()`` to fill the gradients (gradient accumulation over micro-batches)."""
+    ``loss.backward()`` to fill the gradients (gradient accumulation over micro-batches). ``group``: a
+    :class:`asyncrl.core.learner_group.LearnerGroup`; the gradients are averaged over its members
+    before the clip, so every member clips and steps on the same gradient."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for p in params:  # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
         p.grad = None
@@ -75,6 +82,8 @@ def optimizer_step(optimizer, loss, max_grad_norm, *, backward: Callable[[], Non
         loss.backward()
     else:
         backward()
+    if group is not None:
+        group.average_gradients(params)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     if isinstance(optimizer, GuardedAdam):
         optimizer.step(grad_norm=grad_norm)
@@ -115,6 +124,18 @@ def scalar_steps(steps: list[dict]) -> list[dict]:
     return [{k: columns[k][i] for k in columns} for i in range(len(steps))]
 
 
+def group_steps(steps: list[dict], group) -> list[dict]:
+    """The step records (:func:`scalar_steps`' floats, each a mean over a member's minibatch) averaged
+    over a learner group's members in one all-reduce: over equal minibatches, the means over their
+    union. ``steps`` unchanged without a group."""
+    if group is None or not steps:
+        return steps
+    keys = [k for k in steps[0] if k != "step"]
+    table = torch.tensor([[s[k] for k in keys] for s in steps], dtype=torch.float64)
+    rows = group.mean(table).tolist()
+    return [{"step": s["step"], **dict(zip(keys, row))} for s, row in zip(steps, rows)]
+
+
 def step_means(steps: list[dict]) -> dict[str, float]:
     """Mean over an iteration's optimizer steps of each scalar they report (NaN steps ignored; NaN
     when every step is NaN), ``step`` left out."""
@@ -131,13 +152,23 @@ def minibatch_rows(steps: list[dict]) -> list[list[float]]:
     return [[s["step"], s["tv_estimate"], s["no_grad_fraction"]] for s in steps]
 
 
-def normalize_advantages(a: torch.Tensor, on: bool) -> torch.Tensor:
+def normalize_advantages(a: torch.Tensor, on: bool, group=None) -> torch.Tensor:
     """Minibatch advantage normalisation (PPO's): (a - mean) / (std + 1e-8) when ``on`` and a has
-    more than one element; otherwise ``a`` unchanged."""
-    return (a - a.mean()) / (a.std() + 1e-8) if on and a.numel() > 1 else a
+    more than one element; otherwise ``a`` unchanged. ``group``: a learner group whose members hold
+    equal minibatches; the mean and the (unbiased) standard deviation are then their union's."""
+    if group is None:
+        return (a - a.mean()) / (a.std() + 1e-8) if on and a.numel() > 1 else a
+    n = a.numel() * group.world
+    if not on or n < 2:
+        return a
+    mean = group.sum(a.sum()) / n
+    std = torch.sqrt(group.sum(((a - mean) ** 2).sum()) / (n - 1))
+    return (a - mean) / (std + 1e-8)
 
 
-def filter_split(fired: torch.Tensor | None, keep: torch.Tensor, stale: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def filter_split(
+    fired: torch.Tensor | None, keep: torch.Tensor, stale: torch.Tensor | None, group=None
+) -> dict[str, torch.Tensor]:
     """How often VACO's TV filter fired (0 or 1), and the share of stale and of fresh samples left
     without gradient (no_grad_fraction split by lag; NaN where a minibatch has none), per minibatch.
 
@@ -146,16 +177,22 @@ def filter_split(fired: torch.Tensor | None, keep: torch.Tensor, stale: torch.Te
             PPO's clip).
         keep: [..., M] bool, the samples that kept their gradient (PolicyLoss.keep_mask).
         stale: [..., M] bool (behaviour version older than the learner's), or None.
+        group: a learner group: the shares are then over the union of its members' minibatches,
+            and the filter fired where it fired on any member's share.
 
     Returns:
         float32 tensors of shape [...]: filter_fire_rate (with ``fired``), and with ``stale``
         no_grad_fraction_stale and no_grad_fraction_fresh.
     """
-    out = {} if fired is None else {"filter_fire_rate": fired.to(torch.float32)}
+    out = {}
+    if fired is not None:
+        out["filter_fire_rate"] = fired.to(torch.float32) if group is None else group.max(fired.to(torch.float32))
     if stale is None:
         return out
     removed = ~keep
-    n_stale = stale.sum(-1).to(torch.float32)
-    out["no_grad_fraction_stale"] = (removed & stale).sum(-1).to(torch.float32) / n_stale
-    out["no_grad_fraction_fresh"] = (removed & ~stale).sum(-1).to(torch.float32) / (stale.shape[-1] - n_stale)
+    counts = [(removed & stale).sum(-1), (removed & ~stale).sum(-1), stale.sum(-1)]
+    counts = [c.to(torch.float32) for c in (counts if group is None else group.sum(torch.stack(counts)).unbind(0))]
+    m = stale.shape[-1] * (1 if group is None else group.world)
+    out["no_grad_fraction_stale"] = counts[0] / counts[2]
+    out["no_grad_fraction_fresh"] = counts[1] / (m - counts[2])
     return out

@@ -14,6 +14,7 @@ Sources: VACO arXiv:2603.01365; V-trace arXiv:1802.01561; PPO arXiv:1707.06347.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
@@ -26,6 +27,7 @@ from asyncrl.algo.value_loss import explained_variance, value_loss
 from asyncrl.core.config import VTRACE_PRESETS
 from asyncrl.core.iteration import (
     filter_split,
+    group_steps,
     minibatch_rows,
     normalize_advantages,
     optimizer_step,
@@ -34,6 +36,7 @@ from asyncrl.core.iteration import (
     step_means,
     step_record,
 )
+from asyncrl.core.learner_group import column_groups, epoch_permutation, shard_columns
 from asyncrl.tasks.control.policy import ActorCritic
 
 
@@ -157,6 +160,8 @@ def learner_iteration(
     generator: torch.Generator,
     version: int | None = None,
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext,
+    group=None,
+    shards: int = 1,
 ) -> dict[str, Any]:
     """Run one learner iteration in place on ``policy`` and ``optimizer``.
 
@@ -173,6 +178,13 @@ def learner_iteration(
             autocast or none); log-probs and values are cast to float32 before any ratio or loss.
             The batch and ``policy`` share a device; ``generator`` is a CPU one (the shuffles are
             the same on every device).
+        group: a :class:`asyncrl.core.learner_group.LearnerGroup` when this process is one member of
+            a data-parallel learner group and ``batch`` its equal share (whole columns) of the
+            group's batch: gradients, advantage normalisation, the TV estimate and the diagnostics
+            are reduced over the group, which takes the steps of one learner on the union.
+        shards: W > 1 makes one learner take exactly the steps a group of W members takes on the
+            W equal column blocks of ``batch`` (the minibatches of
+            :func:`asyncrl.core.learner_group.epoch_permutation`): the group's reference.
 
     Returns:
         Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, no_grad_fraction
@@ -184,6 +196,9 @@ def learner_iteration(
         [step, tv_estimate, no_grad_fraction] (forward lag).
     """
     fwd = forward_context
+    if shards > 1 and group is not None:
+        raise ValueError("shards > 1 is the single learner's reference of a group: not with group")
+    shard_columns(batch["rewards"].shape[1], shards)  # ValueError unless the columns split evenly
     target_log_prob, values, final_values, x = _evaluate(policy, batch, fwd)
     log_rho = target_log_prob - batch["behavior_log_prob"]
     rho = log_rho.clamp(-20, 20).exp()
@@ -198,7 +213,7 @@ def learner_iteration(
         traces=cfg.traces,
     )
     if cfg.preset == "impala":
-        steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd)
+        steps = _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd, group, shards)
         adv, targets = advantages(preset="impala", target_log_prob=target_log_prob, **kw)
     else:
         lag = None
@@ -213,16 +228,46 @@ def learner_iteration(
             **kw,
         )
         stale = None if lag is None else (lag > 0).reshape(-1)
-        steps = _surrogate_steps(policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd)
+        steps = _surrogate_steps(
+            policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd, group, shards
+        )
     stats = step_means(steps)
-    stats["explained_variance"] = explained_variance(values=values[:-1], targets=targets)
-    stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
+    stats["explained_variance"] = _explained_variance(values[:-1], targets, group)
+    if group is None:
+        stats["rho_mean"], stats["rho_max"] = float(rho.mean()), float(rho.max())
+    else:
+        stats["rho_mean"], stats["rho_max"] = float(group.mean(rho.mean())), float(group.max(rho.max()))
     stats["minibatches"] = minibatch_rows(steps)
     return stats
 
 
+def _explained_variance(values: torch.Tensor, targets: torch.Tensor, group) -> float:
+    """:func:`asyncrl.algo.value_loss.explained_variance`, over the union of a learner group's shares."""
+    if group is None:
+        return explained_variance(values=values, targets=targets)
+    with torch.no_grad():
+        t, d = targets.double().reshape(-1), (targets - values).double().reshape(-1)
+        n, st, st2, sd, sd2 = group.sum(
+            torch.stack([t.new_tensor(t.numel()), t.sum(), (t * t).sum(), d.sum(), (d * d).sum()])
+        )
+        var_t = float(st2 / n - (st / n) ** 2)
+        return math.nan if var_t <= 0.0 else 1.0 - float(sd2 / n - (sd / n) ** 2) / var_t
+
+
 def _surrogate_steps(
-    policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale=None, fwd=contextlib.nullcontext
+    policy,
+    optimizer,
+    batch,
+    x,
+    cfg,
+    generator,
+    adv,
+    targets,
+    target_log_prob,
+    stale=None,
+    fwd=contextlib.nullcontext,
+    group=None,
+    shards=1,
 ):
     """The iteration's num_epochs x num_minibatches optimizer steps; their records as floats."""
     T, N = batch["rewards"].shape
@@ -236,18 +281,18 @@ def _surrogate_steps(
     }
     if stale is not None:
         flat["stale"] = stale
-    size = T * N
-    mb = size // cfg.num_minibatches
     steps, filter_rows = [], []
     device = flat["adv"].device
     # hysteresis: has a minibatch of this iteration been over δ
     fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(cfg.num_epochs):
-        perm = torch.randperm(size, generator=generator).to(device)  # CPU generator: the same shuffles everywhere
+        # CPU generator: the same shuffles everywhere (on every device and every member of a group)
+        perm = epoch_permutation(T, N, cfg.num_minibatches, generator, shards).to(device)
+        mb = perm.numel() // cfg.num_minibatches
         shuffled = {k: v[perm] for k, v in flat.items()}  # one gather per epoch; minibatches are slices of it
         for k in range(cfg.num_minibatches):
             m = {key: v[k * mb : (k + 1) * mb] for key, v in shuffled.items()}
-            a = normalize_advantages(m["adv"], cfg.normalize_advantages)
+            a = normalize_advantages(m["adv"], cfg.normalize_advantages, group)
             out, log_prob, values = _forward(policy, m["x"], m["actions"], fwd)
             pl = policy_loss(
                 cfg,
@@ -256,19 +301,27 @@ def _surrogate_steps(
                 target_log_prob=m["target_log_prob"],
                 adv=a,
                 force=fired if cfg.tv_filter_trigger == "iteration" else False,
+                group=group,
             )
-            steps.append(_finish_step(optimizer, cfg, pl, out, values, m["targets"], len(steps)))
+            steps.append(_finish_step(optimizer, cfg, pl, out, values, m["targets"], len(steps), group))
             if pl.filter_fired is not None:
-                fired = fired | pl.filter_fired
+                # a group's hysteresis: the filter fired on any member's share of the minibatch
+                now = (
+                    pl.filter_fired
+                    if group is None or cfg.tv_filter_trigger != "iteration"
+                    else group.max(pl.filter_fired.to(torch.uint8)).bool()
+                )
+                fired = fired | now
             if pl.keep_mask is not None:
                 filter_rows.append((pl.filter_fired, pl.keep_mask, m.get("stale")))
-    steps = scalar_steps(steps)
+    steps = group_steps(scalar_steps(steps), group)
     if filter_rows:  # what the rule removed, for all steps at once
         fired_s, keep_s, stale_s = zip(*filter_rows)
         split = filter_split(
             None if fired_s[0] is None else torch.stack(fired_s),
             torch.stack(keep_s),
             None if stale is None else torch.stack(stale_s),
+            group,
         )
         for key, v in split.items():
             for step, value in zip(steps, v.cpu().tolist()):
@@ -276,7 +329,7 @@ def _surrogate_steps(
     return steps
 
 
-def _finish_step(optimizer, cfg, pl, out, values, targets, step):
+def _finish_step(optimizer, cfg, pl, out, values, targets, step, group=None):
     vl = value_loss(values=values, targets=targets)
     loss = pl.loss + cfg.value_coef * vl
     if cfg.entropy_coef:  # with 0 the entropy is only reported: no term (and no backward) for it
@@ -285,18 +338,19 @@ def _finish_step(optimizer, cfg, pl, out, values, targets, step):
     else:
         with torch.no_grad():
             entropy = out.dist.entropy().mean()
-    grad_norm = optimizer_step(optimizer, loss, cfg.max_grad_norm)
+    grad_norm = optimizer_step(optimizer, loss, cfg.max_grad_norm, group=group)
     return step_record(step, pl, grad_norm, value_loss=vl.detach(), entropy=entropy.detach())
 
 
-def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
+def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd, group=None, shards=1):
     """One epoch; minibatches are groups of whole rollouts (columns), and V-trace is recomputed
     with the current weights before every optimizer step (IMPALA, arXiv:1802.01561)."""
     T, N = batch["rewards"].shape
-    groups = max(1, min(cfg.num_minibatches, N))
+    groups = max(1, min(cfg.num_minibatches, N // shards))
     steps = []
     device = batch["rewards"].device
-    for cols in torch.randperm(N, generator=generator).to(device).chunk(groups):
+    for cols in column_groups(N, groups, generator, shards):
+        cols = cols.to(device)
         sub = {k: v[:, cols] for k, v in batch.items()}
         target_log_prob, values, final_values, x = _evaluate(policy, sub, fwd)
         sub_kw = dict(kw, batch=sub, values=values, final_values=final_values)
@@ -308,5 +362,5 @@ def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd):
             pg_advantages=pg_adv.reshape(-1),
             rho_bar=cfg.rho_bar,
         )
-        steps.append(_finish_step(optimizer, cfg, pl, out, new_values, vs.reshape(-1), len(steps)))
-    return scalar_steps(steps)
+        steps.append(_finish_step(optimizer, cfg, pl, out, new_values, vs.reshape(-1), len(steps), group))
+    return group_steps(scalar_steps(steps), group)

@@ -1,0 +1,144 @@
+"""A data-parallel learner group takes the optimizer steps one learner takes on the union of the
+members' shares (asyncrl.core.learner_group): two member processes over gloo against the single
+learner's reference (``shards = 2``), for a preset of each kind; and the check can fail: members
+that train on the same share, or skip a reduction, land measurably far from the reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import learner_group_case as case
+import pytest
+import torch
+
+from asyncrl.core.learner_group import LearnerGroup, column_groups, epoch_permutation, shard_columns
+
+TESTS = Path(__file__).resolve().parent
+TOL = 2e-5  # float32 reduction order: the group sums in another order than the reference's means
+
+MEMBER = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+import learner_group_case as case
+from asyncrl.core.learner_group import LearnerGroup
+rank, world = int(sys.argv[1]), 2
+g = LearnerGroup.join(rank, world, init_method={init!r}, timeout_s=60)
+algo, policy, opt, batch = case.make_case({preset!r}, {sets!r})
+mine = case.share(batch, 0 if {same!r} else rank, world)
+params, stats = case.train(algo, policy, opt, mine, group=g)
+torch.save({{"params": params, "stats": stats}}, {out!r} + str(rank))
+g.close()
+"""
+
+
+def run_group(tmp_path: Path, preset: str, sets=(), same=False) -> list[dict]:
+    """Both members' (params, stats), each a process of its own; a hard timeout, killed by pid."""
+    init = f"file://{tmp_path / 'store'}"
+    script = tmp_path / "member.py"
+    out = str(tmp_path / "member")
+    script.write_text(MEMBER.format(tests=str(TESTS), init=init, preset=preset, sets=tuple(sets), same=same, out=out))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env) for r in range(2)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=240) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [torch.load(out + str(r), weights_only=False) for r in range(2)]
+
+
+def distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+CASES = [
+    ("decoupled_ppo", ()),  # the default: band, GAE, advantage normalisation
+    (
+        "vaco",
+        ("algo.tv_threshold=0.01", "algo.tv_filter_trigger=iteration"),
+    ),  # the filter fires on the union's estimate
+    ("ppo", ()),
+    ("impala", ()),  # minibatches of whole columns, V-trace per minibatch
+]
+
+
+@pytest.mark.parametrize("preset,sets", CASES, ids=[c[0] for c in CASES])
+def test_group_takes_the_steps_of_one_learner_on_the_union(tmp_path, preset, sets):
+    members = run_group(tmp_path, preset, sets)
+    algo, policy, opt, batch = case.make_case(preset, sets)
+    ref, ref_stats = case.train(algo, policy, opt, batch, shards=2)
+    # every member holds the same weights, and they are the reference's
+    assert distance(members[0]["params"], members[1]["params"]) == 0.0
+    assert distance(members[0]["params"], ref) < TOL
+    for got, want in zip(members[0]["stats"], ref_stats):  # the diagnostics are the union's
+        for key in ("policy_loss", "value_loss", "approx_kl", "tv_estimate", "no_grad_fraction", "explained_variance"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-5), key
+        if "filter_fire_rate" in want:
+            assert got["filter_fire_rate"] == want["filter_fire_rate"]
+    if preset == "vaco":
+        assert max(s["filter_fire_rate"] for s in ref_stats) > 0  # the filter's decision was put to the test
+    # the check discriminates: members on the same share, or a member that skips the reductions,
+    # land far outside the tolerance
+    algo, policy, opt, batch = case.make_case(preset, sets)
+    first = case.share(batch, 0, 2)
+    doubled = {k: torch.cat([v, v], dim=1) for k, v in first.items()}
+    same_data, _ = case.train(algo, policy, opt, doubled, shards=2)
+    assert distance(same_data, ref) > 50 * TOL
+    algo, policy, opt, batch = case.make_case(preset, sets)
+    alone, _ = case.train(algo, policy, opt, case.share(batch, 0, 2), group=SilentGroup())
+    assert distance(alone, ref) > 50 * TOL
+
+
+def test_members_on_the_same_share_are_caught(tmp_path):
+    """Two real members fed the same share end on the weights of the doubled share, not the union's."""
+    members = run_group(tmp_path, "decoupled_ppo", same=True)
+    algo, policy, opt, batch = case.make_case("decoupled_ppo")
+    ref, _ = case.train(algo, policy, opt, batch, shards=2)
+    assert distance(members[0]["params"], ref) > 50 * TOL
+
+
+class SilentGroup(LearnerGroup):
+    """A member of two that never hears from the other: every collective as if the other held the
+    same data (what a member that skipped the reductions computes)."""
+
+    def __init__(self):
+        super().__init__(0, 2)
+
+    def sum(self, t):
+        return t.detach() * 2
+
+    def max(self, t):
+        return t.detach().clone()
+
+    def average_gradients(self, params):
+        pass
+
+
+def test_epoch_permutation_is_randperm_for_one_learner_and_the_union_of_shares_for_a_group():
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(epoch_permutation(16, 8, 4, g1), torch.randperm(128, generator=g2))
+    T, N, W, M = 16, 8, 2, 4
+    union = epoch_permutation(T, N, M, torch.Generator().manual_seed(3), shards=W).view(M, -1)
+    local = epoch_permutation(T, N // W, M, torch.Generator().manual_seed(3)).view(M, -1)  # what each member draws
+    for k in range(M):
+        t, n = union[k] // N, union[k] % N
+        for member in range(W):
+            mine = (n // (N // W)) == member
+            assert torch.equal(t[mine] * (N // W) + n[mine] % (N // W), local[k])  # its own slice k, in order
+    assert sorted(union.reshape(-1).tolist()) == list(range(T * N))
+    cols = column_groups(8, 2, torch.Generator().manual_seed(1), shards=2)
+    assert sorted(torch.cat(cols).tolist()) == list(range(8)) and all(len(c) == 4 for c in cols)
+
+
+def test_unequal_shares_are_refused():
+    with pytest.raises(ValueError, match="equal shares"):
+        shard_columns(10, 3)
+    algo, policy, opt, batch = case.make_case("ppo")
+    with pytest.raises(ValueError, match="equal shares"):
+        case.train(algo, policy, opt, batch, shards=3)
