@@ -142,3 +142,74 @@ def test_unequal_shares_are_refused():
     algo, policy, opt, batch = case.make_case("ppo")
     with pytest.raises(ValueError, match="equal shares"):
         case.train(algo, policy, opt, batch, shards=3)
+
+
+SYNC = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+import learner_group_case as case
+from asyncrl.core import group_sync
+from asyncrl.core.learner_group import GroupError, LearnerGroup
+rank = int(sys.argv[1])
+g = LearnerGroup.join(rank, 2, init_method={init!r}, timeout_s=30)
+algo, policy, opt, batch = case.make_case("ppo")
+class State: pass
+s = State(); s.policy, s.optimizer, s.generator, s.version = policy, opt, torch.Generator().manual_seed(rank), 0
+if rank == 0:
+    case.train(algo, policy, opt, batch, iterations=1)  # the leader is ahead: Adam state, new weights
+    s.generator.manual_seed(11); s.version = 9
+    group_sync.send_state(g, s)
+    group_sync.send_idle(g)
+    own = group_sync.send_iteration(g, batch, lr=1e-4, version=9)
+    result = {{k: v for k, v in own.items()}}
+else:
+    group_sync.receive_state(g, s)
+    got = group_sync.receive_iteration(g)
+    result = {{k: v for k, v in got[0].items()}}
+    result["lr_version"] = torch.tensor([got[1], got[2]], dtype=torch.float64)
+    result["generator"] = s.generator.get_state()
+result["params"] = torch.cat([p.detach().reshape(-1) for p in policy.parameters()])
+result["adam"] = len(opt.state)
+if {diverge!r} and rank == 1:
+    with torch.no_grad():
+        next(policy.parameters()).add_(1e-6)
+try:
+    group_sync.after_iteration(g, policy)
+    result["agree"] = True
+except GroupError:
+    result["agree"] = False
+if rank == 0:
+    group_sync.send_stop(g)
+else:
+    result["stopped"] = group_sync.receive_iteration(g) is None
+torch.save(result, {out!r} + str(rank))
+g.close()
+"""
+
+
+@pytest.mark.parametrize("diverge", [False, True])
+def test_group_sync_gives_members_the_leaders_state_and_their_shares(tmp_path, diverge):
+    """The leader's state (weights, Adam's moments, the generator, the version) reaches a member; an
+    idle header is skipped; each member gets its own block of columns with dtypes (bool included);
+    stop ends the member's loop; weights that differ by one ulp-sized nudge fail both members."""
+    script, out = tmp_path / "sync.py", str(tmp_path / "out")
+    script.write_text(SYNC.format(tests=str(TESTS), init=f"file://{tmp_path / 'store'}", diverge=diverge, out=out))
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)]) for r in range(2)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    lead, member = (torch.load(out + str(r), weights_only=False) for r in range(2))
+    assert torch.equal(lead["params"], member["params"])  # before the nudge
+    assert member["adam"] == lead["adam"] > 0 and member["stopped"]
+    assert member["lr_version"].tolist() == [1e-4, 9.0]
+    assert torch.equal(member["generator"], torch.Generator().manual_seed(11).get_state())
+    _, _, _, batch = case.make_case("ppo")
+    for k, v in batch.items():
+        assert torch.equal(lead[k], case.share(batch, 0, 2)[k]) and torch.equal(member[k], case.share(batch, 1, 2)[k])
+        assert member[k].dtype == v.dtype
+    assert lead["agree"] == member["agree"] == (not diverge)

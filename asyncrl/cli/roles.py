@@ -1,5 +1,6 @@
 """``asyncrl learner | actor | broadcaster``: one role each, started by hand or by a launcher; and
-``asyncrl keys generate`` (the CURVE keys the roles use across hosts)."""
+``asyncrl keys generate`` (the CURVE keys the roles use across hosts). A learner group's other
+members: :mod:`.learner_member`."""
 
 from __future__ import annotations
 
@@ -107,6 +108,12 @@ def _role_flags(env_id, num_envs, seed, total_steps=None, env_module=None):
 @_device_option("learner.device", "Where the learner computes")
 @_restart_option
 @click.option(
+    "--group",
+    "group_init",
+    help="With learner.num_learners > 1: where the learner group meets (file://PATH on one host, "
+    "tcp://HOST:PORT across hosts; docs/learner-group.md); this learner is its rank 0.",
+)
+@click.option(
     "--supervised",
     is_flag=True,
     hidden=True,
@@ -128,6 +135,7 @@ def learner(
     seed,
     device,
     restart,
+    group_init,
     supervised,
 ):
     """The learner: owns the nets and shared memory, consumes rollouts, publishes weights.
@@ -166,16 +174,18 @@ def learner(
             security=_security("learner", keys_dir, insecure),
             advertise=advertise,
             resume=resume,
+            group_init=group_init,
         )
     except (SecurityError, ValueError, OSError, ShmError) as exc:  # OSError: sockets.AddressError
         raise UserError(f"learner: {exc}" if isinstance(exc, (OSError, ShmError)) else str(exc)) from None
+    from asyncrl.core.learner_group import GroupError
     from asyncrl.core.metrics import RunDirError
     from asyncrl.core.state import NonFiniteError
 
     interrupted = False
     try:
         summary = role.run()
-    except (LearnerError, NonFiniteError) as exc:
+    except (LearnerError, NonFiniteError, GroupError) as exc:
         role.record_failure(exc)
         raise RunFailed(str(exc)) from None
     except RunDirError as exc:  # disk full or read-only: the last good checkpoint stays

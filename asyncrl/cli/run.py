@@ -42,6 +42,13 @@ from asyncrl.core import exit_status
     f"task.kind = llm: {', '.join(config_mod.LLM_PRESETS)}.",
 )
 @click.option("--num-actors", type=int, help="Actor processes (serial mode: actor env groups).")
+@click.option(
+    "--learners",
+    "num_learners",
+    type=int,
+    help="Learner processes training the one policy, data-parallel "
+    "(config learner.num_learners; docs/learner-group.md).",
+)
 @click.option("--total-steps", type=int, help="Env-step budget.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Directory for this run's outputs.")
 @click.option("--seed", type=int, help="Run seed.")
@@ -72,6 +79,7 @@ def run(
     env_module,
     preset,
     num_actors,
+    num_learners,
     total_steps,
     run_dir,
     seed,
@@ -95,6 +103,7 @@ def run(
             ("env", "module"): env_module,
             ("algo", "preset"): preset,
             ("run", "num_actors"): num_actors,
+            ("learner", "num_learners"): num_learners,
             ("run", "total_env_steps"): total_steps,
             ("run", "seed"): seed,
             ("run", "launcher"): launcher,
@@ -113,6 +122,12 @@ def run(
             raise UserError(str(exc)) from None
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
+    if cfg.run.launcher == "ray" and not serial and cfg.learner.num_learners > 1:
+        raise UserError(
+            f"learner.num_learners = {cfg.learner.num_learners}: a learner group runs with the local launcher "
+            f"(one host) for now; across hosts start `asyncrl learner --group tcp://HOST:PORT` and "
+            f"`asyncrl learner-member` by hand (docs/learner-group.md)"
+        )
     if cfg.run.launcher == "ray" and not serial:
         from asyncrl.run.ray_cluster import LauncherError, import_ray
 

@@ -19,10 +19,16 @@ interface (docs/learner-group.md has the trust model across hosts).
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+class GroupError(RuntimeError):
+    """The learner group cannot go on: a member did not join or answer within the group's timeout
+    (dead, frozen or unreachable), its weights differ from the leader's, or a message is malformed."""
 
 
 class LearnerGroup:
@@ -35,6 +41,7 @@ class LearnerGroup:
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"a learner group needs 0 <= rank < world and world >= 1, got rank {rank}, world {world}")
         self.rank, self.world, self.pg = rank, world, process_group
+        self.last_collective = time.monotonic()  # when this member last took part in one
 
     @classmethod
     def join(cls, rank: int, world: int, *, init_method: str, timeout_s: float, backend: str = "gloo") -> LearnerGroup:
@@ -45,8 +52,22 @@ class LearnerGroup:
         if init_method.startswith("file://"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         timeout = timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
+        try:
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
+        except (RuntimeError, ValueError) as exc:
+            raise GroupError(
+                f"learner group: member {rank} of {world} could not join at {init_method} within {timeout_s:g} s: "
+                f"{_first_line(exc)}"
+            ) from None
         return cls(rank, world, dist.group.WORLD)
+
+    def _call(self, fn, *args, **kw):
+        """A collective; GroupError when a member does not take part within the timeout or is gone."""
+        try:
+            fn(*args, group=self.pg, **kw)
+        except RuntimeError as exc:
+            raise GroupError(f"learner group: member {self.rank} of {self.world}: {_first_line(exc)}") from None
+        self.last_collective = time.monotonic()
 
     def close(self) -> None:
         if self.pg is not None and dist.is_initialized():
@@ -57,7 +78,7 @@ class LearnerGroup:
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of ``t`` over the members (a new tensor; ``t`` untouched)."""
         out = t.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.pg)
+        self._call(dist.all_reduce, out, op=dist.ReduceOp.SUM)
         return out
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:
@@ -67,7 +88,7 @@ class LearnerGroup:
 
     def max(self, t: torch.Tensor) -> torch.Tensor:
         out = t.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.pg)
+        self._call(dist.all_reduce, out, op=dist.ReduceOp.MAX)
         return out
 
     def average_gradients(self, params: list[torch.Tensor]) -> None:
@@ -75,7 +96,7 @@ class LearnerGroup:
         (a parameter without a gradient counts as zero and gets one)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.pg)
+        self._call(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
         flat /= self.world
         offset = 0
         for p in params:
@@ -86,7 +107,15 @@ class LearnerGroup:
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Overwrite ``tensors`` in place with member ``src``'s (same shapes and dtypes on every member)."""
         for t in tensors:
-            dist.broadcast(t, src=src, group=self.pg)
+            self._call(dist.broadcast, t, src=src)
+
+    def scatter(self, out: torch.Tensor, shares: list[torch.Tensor] | None) -> None:
+        """``out`` in place: rank 0's ``shares[rank]`` (``shares`` None on the other members)."""
+        self._call(dist.scatter, out, scatter_list=shares, src=0)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def shard_columns(n: int, world: int) -> int:

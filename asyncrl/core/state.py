@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from asyncrl.algo.running_stats import RunningMeanStd
+from asyncrl.core import group_sync
 from asyncrl.core.config import Config
 from asyncrl.core.device import check_device, forward_context, to_device
 from asyncrl.core.metrics import RunDirError, write_atomic
@@ -119,6 +120,9 @@ class LearnerState:
         self.actor_joins: dict[str, int] = {}  # actor id -> times it joined (its next restart count)
         self.resumes = 0  # times this run was resumed from a checkpoint
         self.layout_hash = self.task.layout_hash(self.policy)
+        # a learner group's leader (rank 0): each iteration's shares go to the other members
+        # (asyncrl.core.group_sync); None: one learner
+        self.group = None
 
     def flat_weights(self) -> np.ndarray:
         return self.task.flat_weights(self.policy)
@@ -141,7 +145,12 @@ class LearnerState:
             for g in self.optimizer.param_groups:
                 g["lr"] = a.lr * frac
         skipped_before = self.optimizer.skipped
-        stats = self.task.learner_iteration(self, to_device(batch, self.device))
+        own = batch
+        if self.group is not None:  # every member gets its share; this one trains on the first
+            own = group_sync.send_iteration(
+                self.group, batch, lr=self.optimizer.param_groups[0]["lr"], version=self.version
+            )
+        stats = self.task.learner_iteration(self, to_device(own, self.device))
         stats["skipped_steps"] = self.optimizer.skipped - skipped_before
         limit = self.cfg.learner.max_consecutive_skips
         if self.optimizer.consecutive > limit:
@@ -151,6 +160,8 @@ class LearnerState:
                 f"iteration {self.iteration + 1}"
             )
         self.task.after_iteration(self, batch)  # control: observation statistics
+        if self.group is not None:  # the statistics of the whole batch to every member; weights agree
+            group_sync.after_iteration(self.group, self.policy)
         bad = nonfinite_entries({"policy": self.policy.state_dict()})
         if bad:  # never published nor checkpointed
             raise NonFiniteError(

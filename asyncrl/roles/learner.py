@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asyncrl.core import group_sync
 from asyncrl.core.config import Config, EnvConfig
 from asyncrl.core.consume import Consumer, SlotData
 from asyncrl.core.lag_target import LagTarget
@@ -77,16 +78,24 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         advertise: str | None = None,
         resume: bool = False,
         epoch: int | None = None,
+        group_init: str | None = None,
     ):
         """``security``: the keys and CURVE rule for its sockets (default: loopback only, no keys);
         ``advertise``: the address actors on other hosts use, when not the bound one; ``resume``:
         go on from the run directory's newest checkpoint (asyncrl.core.consume.Consumer); ``epoch``:
         this learner's epoch (default: ``learner_epoch(epoch of the checkpoint resumed)``, newer at
-        every start, resumed or not; saved in every checkpoint).
+        every start, resumed or not; saved in every checkpoint); ``group_init``: where its learner
+        group meets when learner.num_learners > 1 (``file://PATH`` or ``tcp://HOST:PORT``; this
+        learner is rank 0; :meth:`run` joins it).
 
         Raises SecurityError (keys missing for a non-loopback address), transport.AddressError
         (address in use, not of this host), ShmError, EnvError."""
         self.cfg, self.run_dir, self.run_id, self.echo = cfg, Path(run_dir), run_id, echo
+        if cfg.learner.num_learners > 1 and not group_init:
+            raise ValueError(
+                f"learner.num_learners = {cfg.learner.num_learners}: give the group's meeting point (--group)"
+            )
+        self.group_init = group_init if cfg.learner.num_learners > 1 else None
         self.security, self.advertise, self.broadcaster = security or Security("learner"), advertise, broadcaster
         # The task first (no file, no segment): the router's frame limit comes from its slot layout.
         torch.set_num_threads(cfg.learner.torch_threads)
@@ -352,12 +361,15 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             self.weights.describe(),
             self.weights.mib,
         )
+        if self.group_init is not None:  # rank 0 of a learner group: the members start from this state
+            self.state.group = group_sync.lead(self.cfg, self.state, self.group_init, self.echo)
         while not self.consumer.done:
             t0 = time.perf_counter()
             self.serve(5)
             t1 = time.perf_counter()
             if not self.consume():
                 self.timing["learner_wait_s"] += t1 - t0
+                group_sync.keep_alive(self.state.group, self.cfg.learner.group_timeout_s)
             self.consumer.progress(self.echo)
         return self.finish()
 
@@ -407,7 +419,10 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             )
 
     def close(self) -> None:
-        """Idempotent; always removes the shared-memory segment."""
+        """Idempotent; always removes the shared-memory segment. A learner group's members are told
+        the run is over (one that cannot hear it fails on its timeout)."""
+        group, self.state.group = self.state.group, None
+        group_sync.stop(group)
         try:
             try:
                 self.consumer.close()

@@ -174,6 +174,8 @@ class Supervisor:
     broadcaster is restarted alone; a dead learner is restarted with ``--restart resume`` (it
     goes on from its newest checkpoint), and the broadcaster and actors are restarted with it
     (their weights and grants belong to the learner that died; these restarts are not counted).
+    With learner.num_learners > 1 the learner and its group's members are one unit: the death of
+    any of them restarts them all, the learner from its checkpoint.
     Every role gets SIGTERM if the supervisor dies (PR_SET_PDEATHSIG)."""
 
     def __init__(self, cfg: Config, run_dir: Path, echo, *, resume: bool = False):
@@ -189,14 +191,31 @@ class Supervisor:
         self.learner_ep = f"ipc://{self.endpoint_dir}/learner"
         self.broadcaster_ep = f"ipc://{self.endpoint_dir}/weights"
         self.weights = make_task(cfg).weights_info()  # the broadcaster's limits are sized by it
+        # a learner group (learner.num_learners > 1) meets in a fresh file store at each (re)start
+        self.members = [f"learner-member{r}" for r in range(1, cfg.learner.num_learners)]
+        self.group_starts = 0
+
+    def group_init(self) -> str:
+        return f"file://{self.endpoint_dir}/group-{self.group_starts}"
 
     def role_args(self, name: str) -> list[str]:
         cfg_file = str(self.run_dir / "config.json")
         if name == "broadcaster":
             summary = str(self.run_dir / BROADCASTER_SUMMARY)
             return ["broadcaster", "--bind", self.broadcaster_ep, "--summary", summary, *max_weights_args(self.weights)]
+        if name in self.members:
+            return [
+                "learner-member",
+                "--config",
+                cfg_file,
+                "--rank",
+                name[len("learner-member") :],
+                "--group",
+                self.group_init(),
+            ]
         if name == "learner":  # a restarted learner, or the first of a resumed run, resumes
-            restart = "resume" if self.resume or self.restarts.get("learner") else "refuse"
+            restart = "resume" if self.resume or self.restarts.get("learner") or self.group_starts else "refuse"
+            group = ["--group", self.group_init()] if self.members else []
             return [
                 "learner",
                 "--config",
@@ -211,6 +230,7 @@ class Supervisor:
                 self.broadcaster_ep,
                 "--restart",
                 restart,
+                *group,
                 "--supervised",
             ]  # its outcome line to its log: `asyncrl run` prints the run's
         i = int(name[len("actor") :])
@@ -244,7 +264,7 @@ class Supervisor:
         log.close()
 
     def names(self) -> list[str]:
-        return ["broadcaster", "learner", *(f"actor{i}" for i in range(self.cfg.run.num_actors))]
+        return ["broadcaster", "learner", *self.members, *(f"actor{i}" for i in range(self.cfg.run.num_actors))]
 
     def start_all(self) -> None:
         tokens = self.run_dir / "tokens"  # per-actor tokens: a replacement proves its id at once
@@ -258,10 +278,10 @@ class Supervisor:
         return ["--slowdown", str(self.cfg.actor.slowdown_s + s)] if i == 0 and s > 0 else []
 
     def failed(self) -> tuple[str, int] | None:
-        """A role that died: (name, exit status). An actor that exits 0 was told to stop."""
+        """A role that died: (name, exit status). An actor or learner-group member that exits 0 was told to stop."""
         for name, p in self.procs.items():
             rc = p.poll()
-            if name in self.due or rc is None or (rc == 0 and name.startswith("actor")):
+            if name in self.due or rc is None or (rc == 0 and name.startswith(("actor", "learner-member"))):
                 continue
             if name == "learner" and rc == 0:
                 continue
@@ -311,10 +331,13 @@ class Supervisor:
             f"asyncrl run: {name} exited with status {rc} ({self.last_line(name)}); restart {n + 1} of "
             f"{self.cfg.run.max_restarts}{within} in {delay:.1f} s"
         )
-        if name == "learner":  # the others worked for the learner that died: they start again with it
-            others = [other for other in self.procs if other != "learner"]
+        if name == "learner" or name in self.members:
+            # the others worked for the learner (group) that died: they start again with it, the group in a
+            # fresh store, the learner from its checkpoint
+            others = [other for other in self.procs if other != name]
             self.stop(others)
             self.due.update({other: time.monotonic() + delay for other in others})
+            self.group_starts += 1
         self.due[name] = time.monotonic() + delay
 
     def start_due(self) -> None:

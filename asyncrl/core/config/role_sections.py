@@ -60,6 +60,20 @@ class LearnerConfig:
         20, "optimizer steps skipped in a row (non-finite loss or gradient) before the run fails"
     )
     torch_threads: int = _f(1, "torch threads of the learner")
+    num_learners: int = _f(
+        1,
+        "learner processes that train one policy (data-parallel: each an equal share of every batch, "
+        "gradients and minibatch statistics reduced over the group; docs/learner-group.md); asyncrl run's "
+        "processes, not --serial",
+        kinds=CONTROL,
+    )
+    group_timeout_s: float = _f(
+        60.0,
+        "seconds a learner-group member waits for the others before the group fails (a dead or frozen "
+        "member: asyncrl run restarts the group from its checkpoint)",
+        kinds=CONTROL,
+        when=("learner.num_learners > 1", lambda c: c.learner.num_learners > 1),
+    )
     device: str = _f("cpu", "where the learner's policy, optimizer and batches live: cpu, cuda or cuda:N")
     precision: str = _f(
         "fp32",

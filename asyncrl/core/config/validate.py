@@ -132,6 +132,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"learner.num_slots ({lrn.num_slots}) must be >= learner.slots_per_batch ({lrn.slots_per_batch})"
         )
+    _validate_group(cfg)
     if cfg.batch_size % a.num_minibatches:
         what = "prompts_per_slot*G*B" if cfg.task.kind == "llm" else "T*B*E"
         raise ConfigError(
@@ -273,10 +274,39 @@ def _validate_task(cfg: Config) -> None:
         raise ConfigError(f"llm.logprob_chunk_tokens must be >= 1, got {llm.logprob_chunk_tokens}")
 
 
+def _validate_group(cfg: Config) -> None:
+    """A learner group (learner.num_learners > 1) splits each batch's B*E env streams into equal
+    shares, and each share into the same algo.num_minibatches minibatches."""
+    lrn, e = cfg.learner, cfg.env
+    w = lrn.num_learners
+    if w < 1:
+        raise ConfigError(f"learner.num_learners must be >= 1, got {w}")
+    if not 0 < lrn.group_timeout_s < float("inf"):
+        raise ConfigError(f"learner.group_timeout_s must be a finite number > 0, got {lrn.group_timeout_s}")
+    if w == 1:
+        return
+    streams = lrn.slots_per_batch * e.num_envs
+    if streams % w:
+        raise ConfigError(
+            f"learner.num_learners = {w} must divide the batch's env streams, learner.slots_per_batch x "
+            f"env.num_envs = {streams}: each member trains on an equal share"
+        )
+    if (cfg.batch_size // w) % cfg.algo.num_minibatches:
+        raise ConfigError(
+            f"each of the {w} learners' share of the batch, {cfg.batch_size // w} samples, is not divisible by "
+            f"algo.num_minibatches = {cfg.algo.num_minibatches}"
+        )
+
+
 def validate_serial(cfg: Config) -> None:
     """What serial mode (``asyncrl run --serial``) cannot honour; raises ConfigError with one line.
     learner.target_lag_p95: serial mode has no ring and no queue, its lag is what the actor lag
     controls make it (0 without them), so there is nothing to hold."""
+    if cfg.learner.num_learners > 1:
+        raise ConfigError(
+            f"learner.num_learners = {cfg.learner.num_learners}: serial mode is the single-process reference; "
+            f"a learner group runs with asyncrl run's processes (without --serial)"
+        )
     if cfg.learner.target_lag_p95 >= 0:
         raise ConfigError(
             f"learner.target_lag_p95 = {cfg.learner.target_lag_p95}: serial mode has no slot ring and no "

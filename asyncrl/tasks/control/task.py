@@ -165,6 +165,7 @@ class ControlTask:
             generator=state.generator,
             version=state.version,
             forward_context=state.forward_context,
+            group=state.group,
         )
 
     def after_iteration(self, state, batch) -> None:

@@ -1,0 +1,72 @@
+"""`asyncrl run --learners 2`: a learner group (the learner and one learner-member process) trains
+the run to its budget; a member SIGKILLed mid-run takes the group down and the supervisor restarts
+it, the learner from its checkpoint; configs a group cannot honour are refused before any process
+starts. Processes through the ``procs`` fixture (killed by pid, no /dev/shm segment left); nothing
+here asserts on timing or on log-line counts."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from mp_helpers import SMALL, alive, wait_for
+from test_resume_supervision import check_resumed_outputs, iterations, start_run
+
+pytestmark = pytest.mark.integration
+
+GROUP = ["--learners", "2", "--set", "learner.group_timeout_s=20"]
+
+
+def member_pid(procs) -> int | None:
+    for pid in procs.adopt_descendants():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if b"learner-member" in argv[:5] and alive(pid):
+            return pid
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_learner_group_trains_to_its_budget(procs, tmp_path):
+    run_dir, total = tmp_path / "run", 2000
+    start_run(procs, "run", run_dir, total, GROUP)
+    assert procs.wait("run", 240) == 0, procs.dump()
+    summary = check_resumed_outputs(run_dir, total)
+    assert summary["resumes"] == 0 and summary["restarts"]["learner-member1"] == 0, summary
+    member_log = (run_dir / "logs" / "learner-member1.log").read_text()
+    assert f"finished, {summary['learner_iterations']} iterations" in member_log, member_log[-2000:]
+
+
+@pytest.mark.timeout(400)
+def test_killed_member_restarts_the_group_from_its_checkpoint(procs, tmp_path):
+    run_dir, total = tmp_path / "run", 6000
+    start_run(procs, "run", run_dir, total, GROUP)
+    wait_for(lambda: len(iterations(run_dir)) >= 4, 120, "4 learner iterations", procs=procs)
+    wait_for(lambda: (run_dir / "checkpoint.pt").exists(), 60, "a checkpoint", procs=procs)
+    member = wait_for(lambda: member_pid(procs), 30, "the member's pid", procs=procs)
+    os.kill(member, signal.SIGKILL)
+    assert procs.wait("run", 320) == 0, procs.dump()
+    summary = check_resumed_outputs(run_dir, total)
+    assert summary["restarts"]["learner-member1"] == 1 and summary["resumes"] == 1, summary
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--learners", "3"], "must divide the batch's env streams"),  # 2 slots x 2 envs: 4 streams
+        (["--learners", "2", "--serial"], "serial mode is the single-process reference"),
+        (["--learners", "0"], "learner.num_learners must be >= 1"),
+    ],
+)
+def test_a_group_it_cannot_run_is_refused(procs, tmp_path, args, words):
+    procs.start(
+        "run",
+        ["run", "--env", "asyncrl/Corridor-v0", "--run-dir", str(tmp_path / "r"), *SMALL, *args],
+        expect_failure=True,
+    )
+    assert procs.wait("run", 60) == 2
+    assert words in procs.err("run"), procs.dump()
