@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from mp_helpers import SMALL, alive, wait_for
+from mp_helpers import REPO, SMALL, alive, wait_for
 from test_resume_supervision import check_resumed_outputs, iterations, start_run
 
 pytestmark = pytest.mark.integration
@@ -60,6 +60,7 @@ def test_killed_member_restarts_the_group_from_its_checkpoint(procs, tmp_path):
         (["--learners", "3"], "must divide the batch's env streams"),  # 2 slots x 2 envs: 4 streams
         (["--learners", "2", "--serial"], "serial mode is the single-process reference"),
         (["--learners", "0"], "learner.num_learners must be >= 1"),
+        (["--config", str(REPO / "configs/gsm-tiny.toml"), "--learners", "2"], "trains the control task only"),
     ],
 )
 def test_a_group_it_cannot_run_is_refused(procs, tmp_path, args, words):

@@ -285,6 +285,11 @@ def _validate_group(cfg: Config) -> None:
         raise ConfigError(f"learner.group_timeout_s must be a finite number > 0, got {lrn.group_timeout_s}")
     if w == 1:
         return
+    if cfg.task.kind != "control":
+        raise ConfigError(
+            f"learner.num_learners = {w}: a learner group trains the control task only (a language-model "
+            f"batch's completions differ in length, so equal shares are not equal work); set 1"
+        )
     streams = lrn.slots_per_batch * e.num_envs
     if streams % w:
         raise ConfigError(
