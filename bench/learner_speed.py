@@ -54,14 +54,14 @@ def read_config(path: str | Path | None) -> Config:
 
 def control_case(cfg: Config, device, fwd, seed: int = 0):
     """(one-iteration callable, samples per iteration) for the control learner on ``cfg``'s batch."""
-    from asyncrl.core.optim import GuardedAdam
+    from asyncrl.core.optim import make_optimizer
     from asyncrl.core.spec import RolloutSpec
     from asyncrl.tasks.control.policy import build_policy
     from asyncrl.tasks.control.update import learner_iteration
 
     torch.manual_seed(seed)
     policy = build_policy(cfg.policy, HALFCHEETAH_OBS_DIM, HALFCHEETAH_ACTION_DIM, discrete=False).to(device)
-    opt = GuardedAdam(policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
+    opt = make_optimizer(policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps)
     spec = RolloutSpec(
         obs_dim=HALFCHEETAH_OBS_DIM,
         action_dim=HALFCHEETAH_ACTION_DIM,
@@ -86,7 +86,14 @@ def control_case(cfg: Config, device, fwd, seed: int = 0):
 
     def step():
         return learner_iteration(
-            policy, opt, to_device(batch, device), cfg=cfg.algo, generator=gen, version=0, forward_context=fwd
+            policy,
+            opt,
+            to_device(batch, device),
+            cfg=cfg.algo,
+            generator=gen,
+            version=0,
+            forward_context=fwd,
+            compile_loss=cfg.learner.compile,
         )
 
     return step, {"samples": T * N}
@@ -94,14 +101,14 @@ def control_case(cfg: Config, device, fwd, seed: int = 0):
 
 def llm_case(cfg: Config, device, fwd, model_dir: Path, seed: int = 0):
     """(one-iteration callable, counts per iteration) for the llm learner on ``cfg``'s batch."""
-    from asyncrl.core.optim import GuardedAdam
+    from asyncrl.core.optim import make_optimizer
     from asyncrl.tasks.llm import model as m
     from asyncrl.tasks.llm.learn import _token_log_probs, llm_iteration
 
     llm = cfg.llm
     model = m.load(model_dir).model.to(device)
     model.train()
-    opt = GuardedAdam(model.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
+    opt = make_optimizer(model.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps)
     rows, S, L = (
         llm.prompts_per_slot * llm.group_size * cfg.learner.slots_per_batch,
         llm.max_prompt_tokens,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.core import config
-from asyncrl.core.optim import GuardedAdam
+from asyncrl.core.optim import make_optimizer
 from asyncrl.tasks.control.policy import build_policy
 from asyncrl.tasks.control.update import learner_iteration
 
@@ -22,7 +22,7 @@ def make_case(preset: str, sets: tuple[str, ...] = (), seed: int = 0):
     torch.manual_seed(seed)
     policy = build_policy(cfg.policy, OBS, ACT, discrete=False)
     policy.obs_mean.copy_(torch.linspace(-0.5, 0.5, OBS))
-    opt = GuardedAdam(policy.parameters(), lr=1e-3, eps=cfg.algo.adam_eps, fused=True)
+    opt = make_optimizer(policy.parameters(), lr=1e-3, eps=cfg.algo.adam_eps)  # the learner's (FlatAdam)
     g = torch.Generator().manual_seed(seed + 1)
     col = torch.arange(N, dtype=torch.float32)
     batch = {

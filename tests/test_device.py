@@ -13,6 +13,7 @@ from asyncrl.cli import main
 from asyncrl.core import config
 from asyncrl.core.config import ConfigError
 from asyncrl.core.device import check_device, forward_context, to_device
+from asyncrl.core.optim import make_optimizer
 from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
 from asyncrl.tasks.control import update
@@ -155,9 +156,11 @@ def test_cpu_learner_bit_identical_to_the_plain_iteration(preset):
     called as before the device keys existed, from the same weights, optimizer and generator."""
     state, batch = _state_and_batch(f"algo.preset={preset}", "learner.device=cpu", "algo.anneal_lr=false")
     policy, opt = copy.deepcopy(state.policy), None
-    opt = type(state.optimizer)(policy.parameters(), lr=state.cfg.algo.lr, eps=state.cfg.algo.adam_eps, fused=True)
+    opt = make_optimizer(policy.parameters(), lr=state.cfg.algo.lr, eps=state.cfg.algo.adam_eps)
     gen = torch.Generator().manual_seed(state.cfg.run.seed)
-    plain = update.learner_iteration(policy, opt, batch, cfg=state.cfg.algo, generator=gen, version=0)
+    plain = update.learner_iteration(
+        policy, opt, batch, cfg=state.cfg.algo, generator=gen, version=0, compile_loss=state.cfg.learner.compile
+    )
     stats = state.iterate(batch)
     for (name, a), b in zip(state.policy.named_parameters(), policy.parameters()):
         assert torch.equal(a, b), name

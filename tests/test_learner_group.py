@@ -116,7 +116,7 @@ class SilentGroup(LearnerGroup):
     def max(self, t):
         return t.detach().clone()
 
-    def average_gradients(self, params):
+    def average_gradients(self, params, flat=None):
         pass
 
 

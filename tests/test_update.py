@@ -7,6 +7,7 @@ import torch
 
 from asyncrl.core import config
 from asyncrl.core.config import PRESETS
+from asyncrl.core.optim import make_optimizer
 from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
 from asyncrl.tasks.control.envs import VecEnv
@@ -164,7 +165,7 @@ def test_iteration_trains_exactly_as_the_plain_loop(preset):
     batch = _batch(state, env)
     batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.3 * torch.randn_like(batch["behavior_log_prob"])  # lag
     ref_policy = copy.deepcopy(state.policy)
-    ref_opt = type(state.optimizer)(ref_policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
+    ref_opt = make_optimizer(ref_policy.parameters(), lr=cfg.algo.lr, eps=cfg.algo.adam_eps)
     gen = torch.Generator().manual_seed(3)
     stats = learner_iteration(state.policy, state.optimizer, batch, cfg=cfg.algo, generator=gen, version=1)
     seen = _reference_iteration(ref_policy, ref_opt, batch, cfg.algo, torch.Generator().manual_seed(3))
@@ -356,7 +357,7 @@ def test_no_count_of_versions_iterations_or_steps_selects_a_method():
     for version, budget in ((1, 100_000), (125, 100_000), (10_000, 30_000_000), (1_000_000, 30_000_000)):
         algo = config.load(None, [*base, f"run.total_env_steps={budget}"]).algo
         policy, opt = copy.deepcopy(state.policy), None
-        opt = type(state.optimizer)(policy.parameters(), lr=algo.lr, eps=algo.adam_eps, fused=True)
+        opt = make_optimizer(policy.parameters(), lr=algo.lr, eps=algo.adam_eps)
         b = dict(batch, behavior_version=version - lag)
         learner_iteration(policy, opt, b, cfg=algo, generator=torch.Generator().manual_seed(3), version=version)
         trained.append([p.detach().clone() for p in policy.parameters()])

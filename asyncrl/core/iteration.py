@@ -16,7 +16,7 @@ from asyncrl.algo.policy_loss import PolicyLoss
 from asyncrl.algo.ppo_losses import ppo_clip_loss, ppo_kl_loss, spo_loss
 from asyncrl.algo.vaco_loss import vaco_policy_loss
 from asyncrl.core.config.field_meta import TV_FILTERED, VACO_FAMILY
-from asyncrl.core.optim import GuardedAdam
+from asyncrl.core.optim import FlatAdam, GuardedAdam
 
 
 def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force=False, group=None) -> PolicyLoss:
@@ -76,16 +76,25 @@ def optimizer_step(
     :class:`asyncrl.core.learner_group.LearnerGroup`; the gradients are averaged over its members
     before the clip, so every member clips and steps on the same gradient."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    for p in params:  # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
-        p.grad = None
+    flat = isinstance(optimizer, FlatAdam)
+    if flat:  # the gradients are views of one buffer: zeroed, averaged and clipped whole
+        optimizer.zero_grad()
+    else:
+        for p in params:  # optimizer.zero_grad(set_to_none=True), without its per-call profiling hooks
+            p.grad = None
     if backward is None:
         loss.backward()
     else:
         backward()
     if group is not None:
-        group.average_gradients(params)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    if isinstance(optimizer, GuardedAdam):
+        group.average_gradients(params, flat=optimizer.flat_grad if flat else None)
+    if flat:
+        grad_norm = optimizer.clip_grad_norm_(max_grad_norm)
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if flat:
+        optimizer.update(grad_norm)
+    elif isinstance(optimizer, GuardedAdam):
         optimizer.step(grad_norm=grad_norm)
     else:
         optimizer.step()

@@ -91,18 +91,25 @@ class LearnerGroup:
         self._call(dist.all_reduce, out, op=dist.ReduceOp.MAX)
         return out
 
-    def average_gradients(self, params: list[torch.Tensor]) -> None:
-        """Replace every parameter's gradient by its mean over the members, in one flat all-reduce
-        (a parameter without a gradient counts as zero and gets one)."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self._call(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
-        flat /= self.world
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p)
-            offset += n
+    def average_gradients(self, params: list[torch.Tensor], flat: torch.Tensor | None = None) -> None:
+        """Replace every parameter's gradient by its mean over the members, in one all-reduce, in
+        place: ``flat`` when the gradients are views of that one buffer (asyncrl.core.optim.FlatAdam),
+        else their concatenation, copied back (a parameter without a gradient gets a zero one)."""
+        if flat is None:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            buf = torch.cat([p.grad.reshape(-1) for p in params])
+        else:
+            buf = flat
+        self._call(dist.all_reduce, buf, op=dist.ReduceOp.SUM)
+        buf /= self.world
+        if flat is None:
+            offset = 0
+            for p in params:
+                n = p.numel()
+                p.grad.copy_(buf[offset : offset + n].view_as(p))
+                offset += n
 
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Overwrite ``tensors`` in place with member ``src``'s (same shapes and dtypes on every member)."""

@@ -19,7 +19,7 @@ from asyncrl.core import group_sync
 from asyncrl.core.config import Config
 from asyncrl.core.device import check_device, forward_context, to_device
 from asyncrl.core.metrics import RunDirError, write_atomic
-from asyncrl.core.optim import GuardedAdam
+from asyncrl.core.optim import make_optimizer
 from asyncrl.core.spec import SlotSpec
 
 
@@ -110,7 +110,7 @@ class LearnerState:
         # GuardedAdam: a step with a non-finite loss or gradient is skipped and counted, never taken
         # the trainable parameters only (all of them, but for a LoRA adapter on a frozen language model)
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = GuardedAdam(trainable, lr=cfg.algo.lr, eps=cfg.algo.adam_eps, fused=True)
+        self.optimizer = make_optimizer(trainable, lr=cfg.algo.lr, eps=cfg.algo.adam_eps)
         self.generator = torch.Generator().manual_seed(cfg.run.seed)
         self.obs_rms = RunningMeanStd(self.task.obs_shape)
         self.reward_scaler = RewardScaler(gamma=cfg.algo.gamma, clip=cfg.learner.reward_clip)

@@ -60,6 +60,12 @@ class LearnerConfig:
         20, "optimizer steps skipped in a row (non-finite loss or gradient) before the run fails"
     )
     torch_threads: int = _f(1, "torch threads of the learner")
+    compile: bool = _f(
+        True,
+        "run each minibatch's loss through torch.compile (forward and backward fused; the same arithmetic to "
+        "float rounding; falls back to eager with a warning where it cannot; docs/decisions/learner-compile.md)",
+        kinds=CONTROL,
+    )
     num_learners: int = _f(
         1,
         "learner processes that train one policy (data-parallel: each an equal share of every batch, "

@@ -81,9 +81,10 @@ class ActorCritic(nn.Module):
         out = self.pi(x).float()  # float32 even under bf16 autocast (asyncrl.core.device): the head's maths is float32
         return Categorical(out) if self.discrete else DiagGaussian(out, self.log_std)
 
-    def forward(self, obs: torch.Tensor) -> PolicyOutput:
-        """obs [N, D] raw -> (action distribution over [N], values [N])."""
-        return self.heads(self.normalize(obs))
+    def forward(self, obs: torch.Tensor, normalized: bool = False) -> PolicyOutput:
+        """obs [N, D] raw (or already normalised, ``normalized``) -> (action distribution over [N],
+        values [N])."""
+        return self.heads(obs if normalized else self.normalize(obs))
 
     def heads(self, x: torch.Tensor) -> PolicyOutput:
         """x [N, D] already normalised (:meth:`normalize`) -> (action distribution over [N], values [N]).

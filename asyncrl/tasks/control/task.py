@@ -166,6 +166,7 @@ class ControlTask:
             version=state.version,
             forward_context=state.forward_context,
             group=state.group,
+            compile_loss=self.cfg.learner.compile,
         )
 
     def after_iteration(self, state, batch) -> None:

@@ -37,6 +37,7 @@ from asyncrl.core.iteration import (
     step_record,
 )
 from asyncrl.core.learner_group import column_groups, epoch_permutation, shard_columns
+from asyncrl.tasks.control.fused_step import FusedStep
 from asyncrl.tasks.control.policy import ActorCritic
 
 
@@ -162,6 +163,7 @@ def learner_iteration(
     forward_context: Callable[[], ContextManager] = contextlib.nullcontext,
     group=None,
     shards: int = 1,
+    compile_loss: bool = False,
 ) -> dict[str, Any]:
     """Run one learner iteration in place on ``policy`` and ``optimizer``.
 
@@ -185,6 +187,9 @@ def learner_iteration(
         shards: W > 1 makes one learner take exactly the steps a group of W members takes on the
             W equal column blocks of ``batch`` (the minibatches of
             :func:`asyncrl.core.learner_group.epoch_permutation`): the group's reference.
+        compile_loss: take each optimizer step as one compiled graph
+            (:class:`asyncrl.tasks.control.fused_step.FusedStep`; learner.compile), where the optimizer
+            has flat buffers and there is no group: the same arithmetic to float rounding.
 
     Returns:
         Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, no_grad_fraction
@@ -229,8 +234,9 @@ def learner_iteration(
         )
         stale = None if lag is None else (lag > 0).reshape(-1)
         steps = _surrogate_steps(
-            policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd, group, shards
-        )
+            policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd, group, shards,
+            compile_loss,
+        )  # fmt: skip
     stats = step_means(steps)
     stats["explained_variance"] = _explained_variance(values[:-1], targets, group)
     if group is None:
@@ -268,6 +274,7 @@ def _surrogate_steps(
     fwd=contextlib.nullcontext,
     group=None,
     shards=1,
+    compile_loss=False,
 ):
     """The iteration's num_epochs x num_minibatches optimizer steps; their records as floats."""
     T, N = batch["rewards"].shape
@@ -283,6 +290,7 @@ def _surrogate_steps(
         flat["stale"] = stale
     steps, filter_rows = [], []
     device = flat["adv"].device
+    fused = FusedStep.get(policy, optimizer, cfg, fwd, _with_critic) if compile_loss and group is None else None
     # hysteresis: has a minibatch of this iteration been over δ
     fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(cfg.num_epochs):
@@ -292,18 +300,23 @@ def _surrogate_steps(
         shuffled = {k: v[perm] for k, v in flat.items()}  # one gather per epoch; minibatches are slices of it
         for k in range(cfg.num_minibatches):
             m = {key: v[k * mb : (k + 1) * mb] for key, v in shuffled.items()}
-            a = normalize_advantages(m["adv"], cfg.normalize_advantages, group)
-            out, log_prob, values = _forward(policy, m["x"], m["actions"], fwd)
-            pl = policy_loss(
-                cfg,
-                log_prob=log_prob,
-                behavior_log_prob=m["behavior_log_prob"],
-                target_log_prob=m["target_log_prob"],
-                adv=a,
-                force=fired if cfg.tv_filter_trigger == "iteration" else False,
-                group=group,
+            force = fired if cfg.tv_filter_trigger == "iteration" else False
+            mb_args = (
+                m["x"],
+                m["actions"],
+                m["behavior_log_prob"],
+                m["target_log_prob"],
+                m["adv"],
+                m["targets"],
+                force,
             )
-            steps.append(_finish_step(optimizer, cfg, pl, out, values, m["targets"], len(steps), group))
+            done = None if fused is None else fused(*mb_args)  # one compiled graph: loss, gradient, clip, Adam
+            if done is None:
+                loss, pl, vl, entropy = _minibatch_loss(policy, cfg, *mb_args, group, fwd)
+                grad_norm = optimizer_step(optimizer, loss, cfg.max_grad_norm, group=group)
+            else:
+                pl, vl, entropy, grad_norm = done
+            steps.append(step_record(len(steps), pl, grad_norm, value_loss=vl, entropy=entropy))
             if pl.filter_fired is not None:
                 # a group's hysteresis: the filter fired on any member's share of the minibatch
                 now = (
@@ -329,17 +342,43 @@ def _surrogate_steps(
     return steps
 
 
-def _finish_step(optimizer, cfg, pl, out, values, targets, step, group=None):
+def _minibatch_loss(policy, cfg, x, actions, behavior_log_prob, target_log_prob, adv, targets, force, group, fwd):
+    """(loss to minimise, PolicyLoss, value loss, entropy) of one minibatch of flat samples [M]: the
+    advantages normalised (over the group's union with ``group``), the preset's policy loss, plus
+    value_coef x the critic's loss, minus entropy_coef x the entropy (only reported at 0)."""
+    a = normalize_advantages(adv, cfg.normalize_advantages, group)
+    out, log_prob, values = _forward(policy, x, actions, fwd)
+    pl = policy_loss(
+        cfg,
+        log_prob=log_prob,
+        behavior_log_prob=behavior_log_prob,
+        target_log_prob=target_log_prob,
+        adv=a,
+        force=force,
+        group=group,
+    )
+    loss, vl, entropy = _with_critic(cfg, pl, out, values, targets)
+    return loss, pl, vl, entropy
+
+
+def _with_critic(cfg, pl, out, values, targets):
+    """(policy loss + value_coef x the critic's loss - entropy_coef x the entropy, the critic's loss,
+    the entropy), the last two detached; at entropy_coef 0 the entropy is only reported (no backward)."""
     vl = value_loss(values=values, targets=targets)
     loss = pl.loss + cfg.value_coef * vl
-    if cfg.entropy_coef:  # with 0 the entropy is only reported: no term (and no backward) for it
+    if cfg.entropy_coef:
         entropy = out.dist.entropy().mean()
         loss = loss - cfg.entropy_coef * entropy
     else:
         with torch.no_grad():
             entropy = out.dist.entropy().mean()
+    return loss, vl.detach(), entropy.detach()
+
+
+def _finish_step(optimizer, cfg, pl, out, values, targets, step, group=None):
+    loss, vl, entropy = _with_critic(cfg, pl, out, values, targets)
     grad_norm = optimizer_step(optimizer, loss, cfg.max_grad_norm, group=group)
-    return step_record(step, pl, grad_norm, value_loss=vl.detach(), entropy=entropy.detach())
+    return step_record(step, pl, grad_norm, value_loss=vl, entropy=entropy)
 
 
 def _impala_steps(policy, optimizer, batch, cfg, generator, kw, fwd, group=None, shards=1):
