@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
-from mp_helpers import REPO, SMALL, alive, wait_for
-from test_resume_supervision import check_resumed_outputs, iterations, start_run
+from mp_helpers import REPO, SMALL, wait_for
+from test_resume_supervision import check_resumed_outputs, iterations, role_command_pid, start_run
 
 pytestmark = pytest.mark.integration
 
@@ -20,14 +19,7 @@ GROUP = ["--learners", "2", "--set", "learner.group_timeout_s=20"]
 
 
 def member_pid(procs) -> int | None:
-    for pid in procs.adopt_descendants():
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if b"learner-member" in argv[:5] and alive(pid):
-            return pid
-    return None
+    return role_command_pid(procs, b"learner-member")
 
 
 @pytest.mark.timeout(300)

@@ -173,12 +173,17 @@ def test_killed_actor_and_learner_are_restarted(procs, tmp_path):
 
 
 def learner_pid(procs) -> int | None:
+    return role_command_pid(procs, b"learner")
+
+
+def role_command_pid(procs, command: bytes) -> int | None:
+    """pid of a live process we started whose command (``asyncrl COMMAND``) is ``command``."""
     for pid in procs.adopt_descendants():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
             continue
-        if b"learner" in argv[:5] and alive(pid):
+        if command in argv[:5] and alive(pid):
             return pid
     return None
 
