@@ -11,6 +11,13 @@ asyncrl's from metrics.jsonl (mean of the last 20 episodes).
 
     .venv/bin/python bench/vs_sample_factory.py --peer-sf /tmp/sf/bin/python --seeds 101,102,103,104,105 \\
         --out bench/results/vs-sample-factory
+
+The moonshot (issue 44): each asyncrl run stopped at a wall-clock budget instead of a step count,
+both sides compared at that time, with HalfCheetah's mode counts (returns at or above --mode are the
+upright gait, below it the cheetah on its back):
+
+    .venv/bin/python bench/vs_sample_factory.py --peer-sf /tmp/sf/bin/python --seeds 501,502,503,504,505 \\
+        --wall-budget 600 --target 6000 [--config configs/halfcheetah-fast.toml] --out bench/results/moonshot
 """
 
 from __future__ import annotations
@@ -35,7 +42,10 @@ FRAMES = re.compile(r"Total num frames: (\d+)")
 
 
 def asyncrl_run(args, seed: int, out: Path) -> dict:
+    """The main job to --total-steps, or stopped by SIGINT at --wall-budget seconds (its summary says
+    interrupted; its curve is what it logged until then)."""
     run_dir = out / f"asyncrl-s{seed}"
+    budget = args.wall_budget
     cmd = [
         sys.executable,
         "-m",
@@ -46,15 +56,24 @@ def asyncrl_run(args, seed: int, out: Path) -> dict:
         "--seed",
         str(seed),
         "--total-steps",
-        str(args.total_steps),
+        str(args.total_steps if not budget else 10**9),
         "--run-dir",
         str(run_dir),
         "--set",
         "run.log_every_s=60",
+        *(["--config", args.config] if args.config else []),
+        *[x for kv in args.set for x in ("--set", kv)],
     ]
     t0 = time.time()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.time() - t0
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=budget or None)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the budget: the learner writes its summary and checkpoint
+        proc.wait(timeout=120)
+    if proc.returncode not in (0, 130) or (proc.returncode == 130 and not budget):
+        raise RuntimeError(f"asyncrl run exited with status {proc.returncode}; see {run_dir}/logs")
+    wall = min(time.time() - t0, budget) if budget else time.time() - t0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve = [
         [r["wall_time_s"], r["env_steps"], r["average_return"]] for r in rows if r.get("average_return") is not None
@@ -64,7 +83,7 @@ def asyncrl_run(args, seed: int, out: Path) -> dict:
         "seed": seed,
         "wall_s": wall,
         "curve": curve,
-        "final_return": s["final_average_return"],
+        "final_return": value_at(curve, wall) if budget else s["final_average_return"],
         "env_steps_per_s": s["env_steps_per_s"],
         "lag_p50": s["lag_p50"],
         "lag_p95": s["lag_p95"],
@@ -147,6 +166,14 @@ def main() -> None:
     p.add_argument("--seeds", default="101,102,103,104,105")
     p.add_argument("--total-steps", type=int, default=1_000_000)
     p.add_argument("--target", type=float, default=3000.0)
+    p.add_argument(
+        "--wall-budget", type=float, default=0.0, help="seconds: stop each asyncrl run then (0: at --total-steps)"
+    )
+    p.add_argument(
+        "--mode", type=float, default=3000.0, help="HalfCheetah: returns at or above this are the upright mode"
+    )
+    p.add_argument("--config", help="an asyncrl config file for its runs (e.g. configs/halfcheetah-fast.toml)")
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE for asyncrl's runs (repeatable)")
     p.add_argument("--out", default="bench/results/vs-sample-factory")
     p.add_argument(
         "--overwrite", action="store_true", help="delete this benchmark's earlier runs of these seeds in --out first"
@@ -180,18 +207,20 @@ def main() -> None:
         rows.append(row)
         fmt = lambda x: "not reached" if x is None else f"{x:.0f} s"  # noqa: E731
         print(
-            f"seed {seed}: asyncrl {a['final_return']:,.0f} at {args.total_steps:,} steps in {a['wall_s']:.0f} s "
+            f"seed {seed}: asyncrl {a['final_return'] or float('nan'):,.0f} after {a['wall_s']:.0f} s "
             f"(reached {args.target:,.0f}: {fmt(row['asyncrl_time_to_target_s'])}); Sample Factory "
             f"{row['sf_return_at_asyncrl_end'] or float('nan'):,.0f} at the same wall time "
             f"(reached {args.target:,.0f}: {fmt(row['sf_time_to_target_s'])})",
             flush=True,
         )
         (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
-    finals = [r["asyncrl"]["final_return"] for r in rows]
+    finals = [r["asyncrl"]["final_return"] for r in rows if r["asyncrl"]["final_return"] is not None]
     sf_same = [r["sf_return_at_asyncrl_end"] for r in rows if r["sf_return_at_asyncrl_end"] is not None]
+    high = lambda xs: sum(x >= args.mode for x in xs)  # noqa: E731
     print(
-        f"median: asyncrl {statistics.median(finals):,.0f}; Sample Factory at the same wall time "
-        f"{statistics.median(sf_same) if sf_same else float('nan'):,.0f}"
+        f"median: asyncrl {statistics.median(finals) if finals else float('nan'):,.0f} "
+        f"({high(finals)} of {len(finals)} at or above {args.mode:,.0f}); Sample Factory at the same wall time "
+        f"{statistics.median(sf_same) if sf_same else float('nan'):,.0f} ({high(sf_same)} of {len(sf_same)})"
     )
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
     try:
