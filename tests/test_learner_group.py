@@ -28,18 +28,22 @@ rank, world = int(sys.argv[1]), 2
 g = LearnerGroup.join(rank, world, init_method={init!r}, timeout_s=60)
 algo, policy, opt, batch = case.make_case({preset!r}, {sets!r})
 mine = case.share(batch, 0 if {same!r} else rank, world)
-params, stats = case.train(algo, policy, opt, mine, group=g)
-torch.save({{"params": params, "stats": stats}}, {out!r} + str(rank))
+params, stats = case.train(algo, policy, opt, mine, group=g, compile_loss={compiled!r})
+from asyncrl.tasks.control import fused_step
+fused = [not s.broken for d in fused_step._CACHE.values() for s in d.values()]
+torch.save({{"params": params, "stats": stats, "fused": fused}}, {out!r} + str(rank))
 g.close()
 """
 
 
-def run_group(tmp_path: Path, preset: str, sets=(), same=False) -> list[dict]:
+def run_group(tmp_path: Path, preset: str, sets=(), same=False, compiled=False) -> list[dict]:
     """Both members' (params, stats), each a process of its own; a hard timeout, killed by pid."""
     init = f"file://{tmp_path / 'store'}"
     script = tmp_path / "member.py"
     out = str(tmp_path / "member")
-    script.write_text(MEMBER.format(tests=str(TESTS), init=init, preset=preset, sets=tuple(sets), same=same, out=out))
+    script.write_text(
+        MEMBER.format(tests=str(TESTS), init=init, preset=preset, sets=tuple(sets), same=same, out=out, compiled=compiled)
+    )
     return run_members(script, out, timeout=240)
 
 
@@ -99,6 +103,21 @@ def test_group_takes_the_steps_of_one_learner_on_the_union(tmp_path, preset, set
     algo, policy, opt, batch = case.make_case(preset, sets)
     alone, _ = case.train(algo, policy, opt, case.share(batch, 0, 2), group=SilentGroup())
     assert distance(alone, ref) > 50 * TOL
+
+
+@pytest.mark.parametrize("preset", ["decoupled_ppo", "ppo"])
+def test_compiled_group_members_take_the_steps_of_one_learner_on_the_union(tmp_path, preset):
+    """Members taking compiled steps (the gradient graph, the group's average, the update graph) land
+    where the eager single learner on the union does, to float rounding."""
+    members = run_group(tmp_path, preset, compiled=True)
+    assert all(m["fused"] == [True] for m in members)  # the compiled steps ran, no eager fallback
+    algo, policy, opt, batch = case.make_case(preset)
+    ref, ref_stats = case.train(algo, policy, opt, batch, shards=2)
+    assert distance(members[0]["params"], members[1]["params"]) == 0.0
+    assert distance(members[0]["params"], ref) < 1e-4
+    for got, want in zip(members[0]["stats"], ref_stats):
+        for key in ("policy_loss", "value_loss", "approx_kl", "no_grad_fraction"):
+            assert got[key] == pytest.approx(want[key], rel=1e-3, abs=1e-5), key
 
 
 def test_members_on_the_same_share_are_caught(tmp_path):

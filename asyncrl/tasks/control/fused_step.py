@@ -8,7 +8,10 @@ The arithmetic is the eager step's (:func:`asyncrl.tasks.control.update._minibat
 :func:`asyncrl.core.iteration.optimizer_step` with :class:`asyncrl.core.optim.FlatAdam`) up to float
 rounding: the same loss, the same clip, Adam's update (:func:`asyncrl.core.optim.adam_update`), a
 step with a non-finite gradient norm skipped and counted. It needs the optimizer's flat buffers
-(FlatAdam) and no learner group (whose gradient average happens between backward and clip, eagerly).
+(FlatAdam). A learner group's member takes two graphs with its collectives between them, eager: the
+advantages normalised over the group's union, the gradient, its average over the group, then the
+clip and the update; a preset whose TV filter decides on the group's estimate mid-loss (vaco,
+vaco_paper, vaco_no_realign) takes the eager step in a group.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import torch
 from torch.func import functional_call, grad_and_value
 
 from asyncrl.algo.policy_loss import PolicyLoss
+from asyncrl.core.config.field_meta import TV_FILTERED
 from asyncrl.core.iteration import normalize_advantages, policy_loss
+from asyncrl.core.learner_group import GroupError
 from asyncrl.core.optim import FlatAdam, adam_update, clip_global_norm
 
 log = logging.getLogger("asyncrl.learner")
@@ -37,8 +42,9 @@ class FusedStep:
     (asyncrl.tasks.control.update._with_critic). If the compile fails, a warning, and ``None`` from
     then on: the caller takes the eager step."""
 
-    def __init__(self, policy, optimizer: FlatAdam, cfg, fwd: Callable, critic: Callable):
+    def __init__(self, policy, optimizer: FlatAdam, cfg, fwd: Callable, critic: Callable, group=None):
         self.policy, self.optimizer, self.cfg, self.fwd, self.critic = policy, optimizer, cfg, fwd, critic
+        self.group = group
         by_id = {id(p): name for name, p in policy.named_parameters()}
         params = optimizer.param_groups[0]["params"]
         if any(id(p) not in by_id for p in params):
@@ -50,25 +56,32 @@ class FusedStep:
         # learning rate as a tensor (annealed between iterations: a new value, not a new graph)
         self.buffers = dict(policy.named_buffers())
         self.lr = torch.zeros((), dtype=optimizer.flat_params.dtype)
-        group = optimizer.param_groups[0]  # read here: a value read inside the graph becomes a guard
-        self.betas, self.eps = tuple(group["betas"]), float(group["eps"])
-        self.compiled = torch.compile(self._step, dynamic=False)
+        group_ = optimizer.param_groups[0]  # read here: a value read inside the graph becomes a guard
+        self.betas, self.eps = tuple(group_["betas"]), float(group_["eps"])
+        if group is None:  # one graph
+            self.compiled = torch.compile(self._step, dynamic=False)
+        else:  # a group member: the gradient, then (eagerly) its average over the group, then the update
+            self.grad_compiled = torch.compile(self._grad, dynamic=False)
+            self.update_compiled = torch.compile(self._update, dynamic=False)
         self.broken = False
 
     @classmethod
-    def get(cls, policy, optimizer, cfg, fwd, critic) -> FusedStep | None:
-        """The fused step of (policy, optimizer, cfg, fwd), made once; None where it does not apply
-        (an optimizer without flat buffers) or its compile failed."""
-        if not isinstance(optimizer, FlatAdam):
+    def get(cls, policy, optimizer, cfg, fwd, critic, group=None) -> FusedStep | None:
+        """The fused step of (policy, optimizer, cfg, fwd, group), made once; None where it does not
+        apply (an optimizer without flat buffers; in a group, a preset whose TV filter decides on the
+        group's estimate mid-loss) or its compile failed."""
+        if not isinstance(optimizer, FlatAdam) or (group is not None and cfg.preset in TV_FILTERED):
             return None
         steps = _CACHE.setdefault(optimizer, {})
-        key = (cfg, fwd)
+        key = (cfg, fwd, id(group))
         if key not in steps:
-            steps[key] = cls(policy, optimizer, cfg, fwd, critic)
+            steps[key] = cls(policy, optimizer, cfg, fwd, critic, group)
         step = steps[key]
         return None if step.broken else step
 
-    def _step(self, flat, exp_avg, exp_avg_sq, count, lr, buffers, x, actions, blp, tlp, adv, targets, force):
+    def _grad(self, flat, buffers, x, actions, blp, tlp, adv, targets, force, normalize: bool):
+        """(gradient of the minibatch's loss w.r.t. the flat parameters, the PolicyLoss's tensors,
+        value loss, entropy); ``normalize``: the advantages are normalised here (else they come so)."""
         cfg = self.cfg
 
         def loss_of(flat):
@@ -81,7 +94,7 @@ class FusedStep:
                 log_prob=log_prob.float(),
                 behavior_log_prob=blp,
                 target_log_prob=tlp,
-                adv=normalize_advantages(adv, cfg.normalize_advantages),
+                adv=normalize_advantages(adv, cfg.normalize_advantages) if normalize else adv,
                 force=force,
             )
             loss, vl, entropy = self.critic(cfg, pl, out, out.values.float(), targets)
@@ -89,7 +102,11 @@ class FusedStep:
             return loss, (fields, vl, entropy)
 
         grad, (_, (fields, vl, entropy)) = grad_and_value(loss_of, has_aux=True)(flat)
-        grad, norm = clip_global_norm(grad, cfg.max_grad_norm, self.sizes)
+        return grad, fields, vl, entropy
+
+    def _update(self, flat, grad, exp_avg, exp_avg_sq, count, lr):
+        """The clip, the skip of a non-finite step and Adam's update: (flat, m, v, count, norm, ok)."""
+        grad, norm = clip_global_norm(grad, self.cfg.max_grad_norm, self.sizes)
         ok = torch.isfinite(norm)
         new_count = count + 1
         new_flat, m, v = adam_update(flat, grad, exp_avg, exp_avg_sq, new_count, lr, self.betas, self.eps)
@@ -98,20 +115,32 @@ class FusedStep:
             torch.where(ok, m, exp_avg),
             torch.where(ok, v, exp_avg_sq),
             torch.where(ok, new_count, count),
-            fields,
-            vl,
-            entropy,
             norm,
             ok,
         )
 
+    def _step(self, flat, exp_avg, exp_avg_sq, count, lr, buffers, x, actions, blp, tlp, adv, targets, force):
+        grad, fields, vl, entropy = self._grad(flat, buffers, x, actions, blp, tlp, adv, targets, force, True)
+        return (*self._update(flat, grad, exp_avg, exp_avg_sq, count, lr), fields, vl, entropy)
+
+    def _run(self, opt, x, actions, blp, tlp, adv, targets, force):
+        state = (opt.flat_params, opt.exp_avg, opt.exp_avg_sq, opt.steps, self.lr)
+        if self.group is None:
+            return self.compiled(*state, self.buffers, x, actions, blp, tlp, adv, targets, force)
+        adv = normalize_advantages(adv, self.cfg.normalize_advantages, self.group)  # over the group's union
+        grad, fields, vl, entropy = self.grad_compiled(
+            opt.flat_params, self.buffers, x, actions, blp, tlp, adv, targets, force, False
+        )
+        self.group.average_gradients([], flat=grad)
+        return (*self.update_compiled(*state[:1], grad, *state[1:]), fields, vl, entropy)
+
     def __call__(self, x, actions, blp, tlp, adv, targets, force):
         opt = self.optimizer
         self.lr.fill_(opt.param_groups[0]["lr"])
-        args = (opt.flat_params, opt.exp_avg, opt.exp_avg_sq, opt.steps, self.lr, self.buffers)
-        args += (x, actions, blp, tlp, adv, targets)
         try:
-            flat, m, v, count, fields, vl, entropy, norm, ok = self.compiled(*args, force)
+            flat, m, v, count, norm, ok, fields, vl, entropy = self._run(opt, x, actions, blp, tlp, adv, targets, force)
+        except GroupError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any compiler failure: the eager step is always correct
             self.broken = True
             log.warning(

@@ -187,9 +187,9 @@ def learner_iteration(
         shards: W > 1 makes one learner take exactly the steps a group of W members takes on the
             W equal column blocks of ``batch`` (the minibatches of
             :func:`asyncrl.core.learner_group.epoch_permutation`): the group's reference.
-        compile_loss: take each optimizer step as one compiled graph
-            (:class:`asyncrl.tasks.control.fused_step.FusedStep`; learner.compile), where the optimizer
-            has flat buffers and there is no group: the same arithmetic to float rounding.
+        compile_loss: take each optimizer step as one compiled graph (a group member: two, its
+            collectives between them; :class:`asyncrl.tasks.control.fused_step.FusedStep`;
+            learner.compile), where the optimizer has flat buffers: the same arithmetic to float rounding.
 
     Returns:
         Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, no_grad_fraction
@@ -290,7 +290,7 @@ def _surrogate_steps(
         flat["stale"] = stale
     steps, filter_rows = [], []
     device = flat["adv"].device
-    fused = FusedStep.get(policy, optimizer, cfg, fwd, _with_critic) if compile_loss and group is None else None
+    fused = FusedStep.get(policy, optimizer, cfg, fwd, _with_critic, group) if compile_loss else None
     # hysteresis: has a minibatch of this iteration been over δ
     fired = torch.zeros((), dtype=torch.bool, device=device)
     for _ in range(cfg.num_epochs):
