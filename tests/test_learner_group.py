@@ -41,9 +41,8 @@ def run_group(tmp_path: Path, preset: str, sets=(), same=False, compiled=False) 
     init = f"file://{tmp_path / 'store'}"
     script = tmp_path / "member.py"
     out = str(tmp_path / "member")
-    script.write_text(
-        MEMBER.format(tests=str(TESTS), init=init, preset=preset, sets=tuple(sets), same=same, out=out, compiled=compiled)
-    )
+    fields = dict(tests=str(TESTS), init=init, preset=preset, sets=tuple(sets), same=same, compiled=compiled)
+    script.write_text(MEMBER.format(out=out, **fields))
     return run_members(script, out, timeout=240)
 
 
