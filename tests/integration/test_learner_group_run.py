@@ -46,6 +46,22 @@ def test_killed_member_restarts_the_group_from_its_checkpoint(procs, tmp_path):
     assert summary["restarts"]["learner-member1"] == 1 and summary["resumes"] == 1, summary
 
 
+@pytest.mark.timeout(400)
+def test_frozen_member_fails_the_group_within_its_timeout_and_the_group_restarts(procs, tmp_path):
+    """A member SIGSTOPped mid-run: the learner's next collective fails within learner.group_timeout_s,
+    the supervisor restarts the group (the frozen process is killed), and the run finishes."""
+    run_dir, total = tmp_path / "run", 6000
+    start_run(procs, "run", run_dir, total, GROUP)
+    wait_for(lambda: len(iterations(run_dir)) >= 4, 120, "4 learner iterations", procs=procs)
+    wait_for(lambda: (run_dir / "checkpoint.pt").exists(), 60, "a checkpoint", procs=procs)
+    member = wait_for(lambda: member_pid(procs), 30, "the member's pid", procs=procs)
+    os.kill(member, signal.SIGSTOP)
+    assert procs.wait("run", 320) == 0, procs.dump()
+    summary = check_resumed_outputs(run_dir, total)
+    assert summary["restarts"]["learner"] + summary["restarts"]["learner-member1"] >= 1, summary
+    assert summary["resumes"] >= 1, summary
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
