@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from asyncrl.cli import main
 from asyncrl.core import config
-from asyncrl.run.launch_ray import choose_nodes, key_files
+from asyncrl.run.launch_ray import choose_member_nodes, choose_nodes, key_files
 from asyncrl.run.ray_cluster import RAY_MISSING, LauncherError, import_ray
 
 
@@ -39,6 +39,23 @@ def test_learner_resource_wins_over_the_head_and_a_lone_node_takes_everything():
     assert learner["NodeID"] == "n0" and {a["NodeID"] for a in actors} == {"n0"}
     with pytest.raises(LauncherError, match="no alive node"):
         choose_nodes([_node(0, "10.0.0.1", alive=False)], 1)
+
+
+def test_group_members_go_to_the_other_learner_nodes_else_beside_the_learner():
+    nodes = [_node(0, "10.0.0.1", head=True), _node(1, "10.0.0.3", learner=True), _node(2, "10.0.0.2", learner=True)]
+    learner, _ = choose_nodes(nodes, 1)  # the first node with a learner resource
+    members = choose_member_nodes(nodes, learner, 3)
+    assert learner["NodeID"] == "n1" and [m["NodeID"] for m in members] == ["n2", "n2", "n2"]
+    lone = [_node(0, "10.0.0.1", head=True)]
+    assert [m["NodeID"] for m in choose_member_nodes(lone, lone[0], 2)] == ["n0", "n0"]
+    assert choose_member_nodes(nodes, learner, 0) == []
+
+
+def test_a_group_over_tcp_binds_gloo_to_the_interface_towards_the_store():
+    from asyncrl.core.learner_group import interface_towards
+
+    assert interface_towards("127.0.0.1") == "lo"
+    assert interface_towards("no-such-host.invalid") is None
 
 
 def test_key_files_are_read_into_memory_and_leave_nothing_on_disk():

@@ -122,12 +122,6 @@ def run(
             raise UserError(str(exc)) from None
     # the roles run on this host unless Ray places them: the devices are checked before any starts
     _check_devices(cfg, learner=serial or cfg.run.launcher == "local", actor=serial or cfg.run.launcher == "local")
-    if cfg.run.launcher == "ray" and not serial and cfg.learner.num_learners > 1:
-        raise UserError(
-            f"learner.num_learners = {cfg.learner.num_learners}: a learner group runs with the local launcher "
-            f"(one host) for now; across hosts start `asyncrl learner --group tcp://HOST:PORT` and "
-            f"`asyncrl learner-member` by hand (docs/learner-group.md)"
-        )
     if cfg.run.launcher == "ray" and not serial:
         from asyncrl.run.ray_cluster import LauncherError, import_ray
 

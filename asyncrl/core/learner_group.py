@@ -51,6 +51,10 @@ class LearnerGroup:
         GLOO_SOCKET_IFNAME names another."""
         if init_method.startswith("file://"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        elif init_method.startswith("tcp://") and "GLOO_SOCKET_IFNAME" not in os.environ:
+            iface = interface_towards(init_method[len("tcp://") :].rsplit(":", 1)[0].strip("[]"))
+            if iface:  # the interface this host reaches the store's host on: the one its peers reach it on
+                os.environ["GLOO_SOCKET_IFNAME"] = iface
         timeout = timedelta(seconds=timeout_s)
         try:
             dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
@@ -119,6 +123,30 @@ class LearnerGroup:
     def scatter(self, out: torch.Tensor, shares: list[torch.Tensor] | None) -> None:
         """``out`` in place: rank 0's ``shares[rank]`` (``shares`` None on the other members)."""
         self._call(dist.scatter, out, scatter_list=shares, src=0)
+
+
+def interface_towards(host: str) -> str | None:
+    """The name of this host's network interface whose IPv4 address is the source of its route to
+    ``host`` (``lo`` for this host itself), or None when that cannot be told (no route, no such
+    interface, not Linux): gloo then picks by the host name."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(host), 9))  # UDP: no packet is sent
+            local = s.getsockname()[0]
+            for _, name in socket.if_nameindex():
+                try:
+                    packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                except OSError:
+                    continue
+                if socket.inet_ntoa(packed[20:24]) == local:
+                    return name
+    except OSError:
+        return None
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -27,6 +27,7 @@ from asyncrl.core import group_sync
 from asyncrl.core.config import Config, EnvConfig
 from asyncrl.core.consume import Consumer, SlotData
 from asyncrl.core.lag_target import LagTarget
+from asyncrl.core.learner_group import GroupError
 from asyncrl.roles.learner_messages import LearnerMessages
 from asyncrl.roles.learner_peers import MAX_MESSAGES_PER_SERVE, ROUTER_HWM, ActorInfo, LearnerPeers
 from asyncrl.roles.learner_slots import LearnerSlots
@@ -373,15 +374,16 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
             self.consumer.progress(self.echo)
         return self.finish()
 
-    def finish(self, *, outcome: str = "finished", reason: str | None = None) -> dict:
-        """Stop the actors, write the final checkpoint and summary.json (``outcome`` as in
-        ``Consumer.finish``; a failure is the learner's, for ``reason``); returns the summary."""
+    def finish(self, *, outcome: str = "finished", reason: str | None = None, stop_actors: bool = True) -> dict:
+        """Stop the actors (unless ``stop_actors`` is false: a failure a restart mends, whose actors
+        wait for the restarted learner), write the final checkpoint and summary.json (``outcome`` as
+        in ``Consumer.finish``; a failure is the learner's, for ``reason``); returns the summary."""
         why = {
             "finished": "step budget reached",
             "interrupted": "the learner was interrupted",
             "failed": "the learner failed",
         }.get(outcome, outcome)
-        for info in list(self.actors.values()):
+        for info in list(self.actors.values()) if stop_actors else []:
             self.reply(info.route, {"type": "stop", "reason": why})
         self.timing["learner_update_s"] = self.consumer.update_s
         return self.consumer.finish(
@@ -407,8 +409,8 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         reason = str(exc) if isinstance(exc, LearnerError) else f"{type(exc).__name__}: {exc}"
         if isinstance(exc, OSError):
             self.write_error = exc
-        try:
-            self.finish(outcome="failed", reason=reason)
+        try:  # a learner group that lost a member is restarted: its actors wait for it, not stop
+            self.finish(outcome="failed", reason=reason, stop_actors=not isinstance(exc, GroupError))
         except Exception as inner:  # noqa: BLE001 - logged; the original error goes on
             same = isinstance(exc, OSError) and isinstance(inner, OSError) and inner.errno == exc.errno
             # the run directory's own failure (disk full): the caller's one line says it all

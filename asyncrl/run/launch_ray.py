@@ -10,7 +10,10 @@ node when there are none), with a relay broadcaster on each of those nodes, so w
 network once per node. Ray is the one restart authority: a role process that dies makes its Ray actor exit, Ray
 restarts the actor (``max_restarts`` = run.max_restarts, no window or backoff: Ray has none) and
 the new actor starts the role again; a restarted learner resumes from its checkpoint on its node's
-disk (the run directory). Killing a role's Ray actor ends its process too (PR_SET_PDEATHSIG).
+disk (the run directory). A learner group's other members go round-robin over the other nodes with
+a ``learner`` resource (else beside the learner) and meet at a store on the learner's node; when one
+of the group dies the others fail within learner.group_timeout_s, Ray restarts each, and the group
+forms again from the learner's checkpoint. Killing a role's Ray actor ends its process too (PR_SET_PDEATHSIG).
 
 Keys: a CURVE key set per run, made on the driver in a private temporary directory, read into
 memory and deleted; each role gets only its node's part as actor arguments and writes it to a
@@ -60,6 +63,18 @@ def choose_nodes(nodes: list[dict], num_actors: int) -> tuple[dict, list[dict]]:
     others = sorted((n for n in alive if n["NodeID"] != learner["NodeID"]), key=lambda n: n["NodeManagerAddress"])
     pool = others or [learner]
     return learner, [pool[i % len(pool)] for i in range(num_actors)]
+
+
+def choose_member_nodes(nodes: list[dict], learner: dict, count: int) -> list[dict]:
+    """The node of each of a learner group's ``count`` other members (learner.num_learners - 1):
+    round-robin over the alive nodes other than the learner's with a ``learner`` resource, else all
+    on the learner's node."""
+    res = lambda n, k: (n.get("Resources") or {}).get(k, 0)  # noqa: E731
+    others = sorted(
+        (n for n in nodes if n.get("Alive") and n["NodeID"] != learner["NodeID"] and res(n, LEARNER_RESOURCE) > 0),
+        key=lambda n: n["NodeManagerAddress"],
+    )
+    return [others[i % len(others)] if others else learner for i in range(count)]
 
 
 def key_files(run_nodes: int) -> tuple[dict[str, bytes], list[dict[str, bytes]]]:
@@ -147,6 +162,10 @@ class RayRun:
             server,
         )
         restart = "resume" if self.resume else "refuse"
+        members = choose_member_nodes(self.ray.nodes(), learner_node, self.cfg.learner.num_learners - 1)
+        group = []  # a learner group meets at a store on the learner's node (docs/learner-group.md)
+        if members:
+            group = ["--group", f"tcp://{at['ip']}:{self._on(learner_node, pick_ports)['port']}"]
         self._remote(
             learner_node,
             "learner",
@@ -168,12 +187,16 @@ class RayRun:
                 "{dir}/keys",
                 "--restart",
                 restart,
+                *group,
                 "--supervised",
             ],
             server,
             {str(self.run_dir / "config.json"): cfg_bytes},
         )
         self.wait_listening()
+        for rank, node in enumerate(members, start=1):
+            argv = ["learner-member", "--config", "{dir}/config.json", "--rank", str(rank), *group]
+            self._remote(node, f"learner-member{rank}", argv, {"config.json": cfg_bytes})
         relays = {}
         for k, node in enumerate(remote_nodes):  # one relay broadcaster per actor node, on its loopback
             ports = self._on(node, pick_ports)

@@ -334,3 +334,54 @@ def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_pa
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
         out.close()
+
+
+def test_ray_runs_a_learner_group_and_reforms_it_after_a_member_dies(tmp_path):
+    """One-node cluster (started by the run), `--learners 2`: the member beside the learner meets it at
+    a tcp store on the node; the member's process SIGKILLed after the first checkpoint: the group
+    fails within learner.group_timeout_s, Ray restarts the roles, the group forms again from the
+    checkpoint, and the run ends with exit 0 and every step of its budget. Ray only."""
+    reason = ray_unavailable()
+    if reason:
+        pytest.skip(reason)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "asyncrl", "run", "--launcher", "ray", "--env", CORRIDOR, "--num-actors", "2"]
+    cmd += ["--learners", "2", "--total-steps", "30000", "--run-dir", str(run_dir), *SMALL]
+    cmd += [
+        "--set",
+        "learner.checkpoint_every=10",
+        "--set",
+        "actor.slowdown_s=0.1",
+        "--set",
+        "learner.group_timeout_s=15",
+    ]
+    out = open(tmp_path / "driver.log", "w")
+    driver = subprocess.Popen(
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
+    )
+    text = lambda: (tmp_path / "driver.log").read_text(errors="replace")  # noqa: E731
+    try:
+        member = lambda: _node_procs(["-m asyncrl ", " learner-member ", "--rank 1"])  # noqa: E731
+        wait_for(
+            lambda: (member() and (run_dir / "checkpoint.pt").exists()) or driver.poll() is not None,
+            240,
+            "the member and the learner's first checkpoint",
+        )
+        assert driver.poll() is None, text()
+        os.kill(member()[0], signal.SIGKILL)
+        rc = driver.wait(400)
+        assert rc == 0, text()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["outcome"] == "finished" and summary["env_steps"] >= 30000, summary
+        assert summary["resumes"] >= 1 and summary["restarts"]["learner-member1"] >= 1, summary
+        assert summary["nodes"]["learner-member1"] == summary["nodes"]["learner"]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        out.close()
