@@ -17,6 +17,7 @@ vaco_paper, vaco_no_realign) takes the eager step in a group.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Callable
 
@@ -58,6 +59,12 @@ class FusedStep:
         self.lr = torch.zeros((), dtype=optimizer.flat_params.dtype)
         group_ = optimizer.param_groups[0]  # read here: a value read inside the graph becomes a guard
         self.betas, self.eps = tuple(group_["betas"]), float(group_["eps"])
+        if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+            # kernels compiled in this process: no pool of compile-worker processes beside each learner
+            # (the graphs are small; a pool costs a process per core and outlives nothing it helps)
+            import torch._inductor.config as inductor_config
+
+            inductor_config.compile_threads = 1
         if group is None:  # one graph
             self.compiled = torch.compile(self._step, dynamic=False)
         else:  # a group member: the gradient, then (eagerly) its average over the group, then the update
