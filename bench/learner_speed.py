@@ -22,6 +22,7 @@ shapes are HalfCheetah-v5's, written below (tests/test_device.py checks them aga
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -175,6 +176,8 @@ def run_case(args) -> dict:
     fwd = forward_context(device, args.precision)
     if args.task == "control":
         cfg = read_config(None)
+        if args.compile:  # learner.compile = true: one compiled graph per optimizer step
+            cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, compile=True))
         step, counts = control_case(cfg, device, fwd)
     else:
         cfg = read_config(ROOT / "configs" / "gsm-tiny.toml")
@@ -189,6 +192,7 @@ def run_case(args) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "compile": bool(getattr(cfg.learner, "compile", False)),
         "warmup": args.warmup,
         "repeats": args.repeats,
         "seconds_median": med,
@@ -244,6 +248,7 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=0, help="torch threads (default: the config's learner.torch_threads)"
     )
+    ap.add_argument("--compile", action="store_true", help="control: learner.compile = true (default: the config's)")
     ap.add_argument("--out", help="append the result as one JSON line to this file")
     ap.add_argument("--report", nargs="*", help="print a table of these result files instead of measuring")
     ap.add_argument("--cpu-figures", help="with --report: a result file of CPU figures measured elsewhere")

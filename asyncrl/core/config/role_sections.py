@@ -61,9 +61,10 @@ class LearnerConfig:
     )
     torch_threads: int = _f(1, "torch threads of the learner")
     compile: bool = _f(
-        True,
-        "run each minibatch's loss through torch.compile (forward and backward fused; the same arithmetic to "
-        "float rounding; falls back to eager with a warning where it cannot; docs/decisions/learner-compile.md)",
+        False,
+        "take each control optimizer step as one torch.compile graph (forward, loss, gradient, clip, Adam; the "
+        "same arithmetic to float rounding; 0.46x the CPU per iteration; the first iteration compiles for "
+        "seconds without serving peers, so off by default for now: docs/decisions/learner-compile.md)",
         kinds=CONTROL,
     )
     num_learners: int = _f(
