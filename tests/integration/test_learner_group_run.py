@@ -33,16 +33,22 @@ def test_learner_group_trains_to_its_budget(procs, tmp_path):
     assert f"finished, {summary['learner_iterations']} iterations" in member_log, member_log[-2000:]
 
 
-@pytest.mark.timeout(400)
-def test_killed_member_restarts_the_group_from_its_checkpoint(procs, tmp_path):
+def signal_member_mid_run(procs, tmp_path, sig: int) -> dict:
+    """A group run to 6,000 env steps whose member gets ``sig`` after 4 iterations and a checkpoint;
+    the run must end with exit 0: its summary."""
     run_dir, total = tmp_path / "run", 6000
     start_run(procs, "run", run_dir, total, GROUP)
     wait_for(lambda: len(iterations(run_dir)) >= 4, 120, "4 learner iterations", procs=procs)
     wait_for(lambda: (run_dir / "checkpoint.pt").exists(), 60, "a checkpoint", procs=procs)
     member = wait_for(lambda: member_pid(procs), 30, "the member's pid", procs=procs)
-    os.kill(member, signal.SIGKILL)
+    os.kill(member, sig)
     assert procs.wait("run", 320) == 0, procs.dump()
-    summary = check_resumed_outputs(run_dir, total)
+    return check_resumed_outputs(run_dir, total)
+
+
+@pytest.mark.timeout(400)
+def test_killed_member_restarts_the_group_from_its_checkpoint(procs, tmp_path):
+    summary = signal_member_mid_run(procs, tmp_path, signal.SIGKILL)
     assert summary["restarts"]["learner-member1"] == 1 and summary["resumes"] == 1, summary
 
 
@@ -50,14 +56,7 @@ def test_killed_member_restarts_the_group_from_its_checkpoint(procs, tmp_path):
 def test_frozen_member_fails_the_group_within_its_timeout_and_the_group_restarts(procs, tmp_path):
     """A member SIGSTOPped mid-run: the learner's next collective fails within learner.group_timeout_s,
     the supervisor restarts the group (the frozen process is killed), and the run finishes."""
-    run_dir, total = tmp_path / "run", 6000
-    start_run(procs, "run", run_dir, total, GROUP)
-    wait_for(lambda: len(iterations(run_dir)) >= 4, 120, "4 learner iterations", procs=procs)
-    wait_for(lambda: (run_dir / "checkpoint.pt").exists(), 60, "a checkpoint", procs=procs)
-    member = wait_for(lambda: member_pid(procs), 30, "the member's pid", procs=procs)
-    os.kill(member, signal.SIGSTOP)
-    assert procs.wait("run", 320) == 0, procs.dump()
-    summary = check_resumed_outputs(run_dir, total)
+    summary = signal_member_mid_run(procs, tmp_path, signal.SIGSTOP)
     assert summary["restarts"]["learner"] + summary["restarts"]["learner-member1"] >= 1, summary
     assert summary["resumes"] >= 1, summary
 
