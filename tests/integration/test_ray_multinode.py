@@ -275,6 +275,21 @@ def test_ray_launcher_on_three_nodes(tmp_path):
 
 
 @pytest.mark.timeout(400)
+def _local_ray_driver(cmd: list[str], log: Path):
+    """``asyncrl run --launcher ray`` (``cmd``) in a session of its own, its output to ``log``:
+    (the driver process, the open log file, a function reading the log so far)."""
+    out = open(log, "w")
+    driver = subprocess.Popen(
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
+    )
+    return driver, out, lambda: log.read_text(errors="replace")
+
+
 def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_path):
     """One-node cluster (started by the run): the learner's process is SIGKILLed after its first
     checkpoint; Ray restarts its actor, the learner resumes (--restart resume) and the run ends
@@ -304,16 +319,7 @@ def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_pa
         "--set",
         "actor.slowdown_s=0.1",
     ]
-    out = open(tmp_path / "driver.log", "w")
-    driver = subprocess.Popen(
-        cmd,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
-    )
-    text = lambda: (tmp_path / "driver.log").read_text(errors="replace")  # noqa: E731
+    driver, out, text = _local_ray_driver(cmd, tmp_path / "driver.log")
     try:
         learner = lambda: _node_procs(["-m asyncrl ", " learner ", str(run_dir)])  # noqa: E731
         wait_for(
@@ -355,16 +361,7 @@ def test_ray_runs_a_learner_group_and_reforms_it_after_a_member_dies(tmp_path):
         "--set",
         "learner.group_timeout_s=15",
     ]
-    out = open(tmp_path / "driver.log", "w")
-    driver = subprocess.Popen(
-        cmd,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"),
-    )
-    text = lambda: (tmp_path / "driver.log").read_text(errors="replace")  # noqa: E731
+    driver, out, text = _local_ray_driver(cmd, tmp_path / "driver.log")
     try:
         member = lambda: _node_procs(["-m asyncrl ", " learner-member ", "--rank 1"])  # noqa: E731
         wait_for(
