@@ -85,3 +85,37 @@ def test_a_compiler_failure_falls_back_to_the_eager_step(monkeypatch, caplog):
         fallback, _, _ = trained("ppo", (), True)
     assert all(torch.equal(a, b) for a, b in zip(eager, fallback))
     assert "torch.compile of the fused minibatch step failed" in caplog.text
+
+
+@pytest.mark.parametrize("preset,sets", CASES[:2], ids=[c[0] for c in CASES[:2]])
+def test_a_warm_up_in_a_thread_compiles_the_first_iteration_and_changes_nothing(preset, sets):
+    """The learner compiles in a thread while it serves (asyncrl.core.background.Warmup): the warm-up
+    leaves the policy and optimizer bit-identical, and the first iteration, in another thread, then
+    takes no compile and trains what an iteration without warm-up trains."""
+    from torch._dynamo.utils import counters
+
+    from asyncrl.core.background import Warmup
+    from asyncrl.core.spec import RolloutSpec
+    from asyncrl.tasks.control.update import warm_up_compiled_step
+
+    want, _, _ = trained(preset, sets, True)
+    torch._dynamo.reset()
+    algo, policy, opt, batch = case.make_case(preset, sets)
+    before = [t.clone() for t in (opt.flat_params, opt.exp_avg, opt.exp_avg_sq, opt.steps)]
+    buffers = [b.clone() for b in policy.buffers()]
+    T, N = batch["rewards"].shape
+    spec = RolloutSpec(obs_dim=case.OBS, action_dim=case.ACT, discrete=False, rollout_length=T, num_envs=N)
+    ok = {}
+    rows = T * N // algo.num_minibatches
+    Warmup(lambda: ok.setdefault("ok", warm_up_compiled_step(policy, opt, algo, rows=rows, spec=spec))).wait()
+    assert ok["ok"] is True
+    assert all(torch.equal(a, b) for a, b in zip(before, (opt.flat_params, opt.exp_avg, opt.exp_avg_sq, opt.steps)))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, policy.buffers()))
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    gen = torch.Generator().manual_seed(7)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(2):
+            learner_iteration(policy, opt, batch, cfg=algo, generator=gen, version=case.VERSION, compile_loss=True)
+    assert counters["stats"]["unique_graphs"] == graphs  # no compile in the iterations
+    assert all(torch.equal(a, b) for a, b in zip(want, policy.parameters()))

@@ -28,6 +28,15 @@ rank, world = int(sys.argv[1]), 2
 g = LearnerGroup.join(rank, world, init_method={init!r}, timeout_s=60)
 algo, policy, opt, batch = case.make_case({preset!r}, {sets!r})
 mine = case.share(batch, 0 if {same!r} else rank, world)
+if {warm!r}:  # as a member does: compile in a thread first; then the iterations take no compile
+    from asyncrl.core.background import Warmup
+    from asyncrl.core.spec import RolloutSpec
+    from asyncrl.tasks.control.update import warm_up_compiled_step
+    T, n = mine["rewards"].shape
+    spec = RolloutSpec(obs_dim=case.OBS, action_dim=case.ACT, discrete=False, rollout_length=T, num_envs=n)
+    rows = T * n // algo.num_minibatches
+    Warmup(lambda: warm_up_compiled_step(policy, opt, algo, rows=rows, spec=spec, group=g)).wait()
+    torch._dynamo.config.error_on_recompile = True
 params, stats = case.train(algo, policy, opt, mine, group=g, compile_loss={compiled!r})
 from asyncrl.tasks.control import fused_step
 fused = [not s.broken for d in fused_step._CACHE.values() for s in d.values()]
@@ -36,12 +45,13 @@ g.close()
 """
 
 
-def run_group(tmp_path: Path, preset: str, sets=(), same=False, compiled=False) -> list[dict]:
-    """Both members' (params, stats), each a process of its own; a hard timeout, killed by pid."""
+def run_group(tmp_path: Path, preset: str, sets=(), same=False, compiled=False, warm=False) -> list[dict]:
+    """Both members' (params, stats), each a process of its own; a hard timeout, killed by pid.
+    ``warm``: each compiles its steps in a thread first, and its iterations refuse to compile."""
     init = f"file://{tmp_path / 'store'}"
     script = tmp_path / "member.py"
     out = str(tmp_path / "member")
-    fields = dict(tests=str(TESTS), init=init, preset=preset, sets=tuple(sets), same=same, compiled=compiled)
+    fields = dict(tests=str(TESTS), init=init, preset=preset, sets=tuple(sets), same=same, compiled=compiled, warm=warm)
     script.write_text(MEMBER.format(out=out, **fields))
     return run_members(script, out, timeout=240)
 
@@ -104,11 +114,13 @@ def test_group_takes_the_steps_of_one_learner_on_the_union(tmp_path, preset, set
     assert distance(alone, ref) > 50 * TOL
 
 
-@pytest.mark.parametrize("preset", ["decoupled_ppo", "ppo"])
-def test_compiled_group_members_take_the_steps_of_one_learner_on_the_union(tmp_path, preset):
+@pytest.mark.parametrize("preset,warm", [("decoupled_ppo", True), ("ppo", False)], ids=["decoupled_ppo", "ppo"])
+def test_compiled_group_members_take_the_steps_of_one_learner_on_the_union(tmp_path, preset, warm):
     """Members taking compiled steps (the gradient graph, the group's average, the update graph) land
-    where the eager single learner on the union does, to float rounding."""
-    members = run_group(tmp_path, preset, compiled=True)
+    where the eager single learner on the union does, to float rounding; with ``warm``, the members
+    compiled both graphs in a thread first (as asyncrl learner-member does) and no step compiled again
+    (dynamo's error_on_recompile: a recompile would fall back to eager, and ``fused`` says so)."""
+    members = run_group(tmp_path, preset, compiled=True, warm=warm)
     assert all(m["fused"] == [True] for m in members)  # the compiled steps ran, no eager fallback
     algo, policy, opt, batch = case.make_case(preset)
     ref, ref_stats = case.train(algo, policy, opt, batch, shards=2)

@@ -11,6 +11,7 @@ exactly what it would compute in the calling thread (the same operators on the s
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -71,3 +72,34 @@ def run_with_heartbeats(
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+class Warmup:
+    """``work()`` started in a daemon thread now (the learner's compile before its first iteration,
+    :meth:`asyncrl.tasks.base.Task.warm_up`), while the caller goes on serving its peers and asks
+    :attr:`ready` before the work's result is needed, or :meth:`wait` s for it. An exception in the
+    work is logged (one warning) and counts as ready: what it prepares is an optimisation, whose
+    absence costs time, never a result."""
+
+    def __init__(self, work: Callable[[], Any], *, name: str = "asyncrl-warm-up", log=None):
+        self.seconds: float | None = None  # how long the work took, once it ended
+        self.result: Any = None  # what it returned (None after an exception)
+        self._log = log
+        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.result = work()
+        except Exception as exc:  # noqa: BLE001 - logged; the caller's own path is always correct
+            if self._log is not None:
+                self._log.warning("warm-up failed (%s: %s); going on without it", type(exc).__name__, exc)
+        self.seconds = time.perf_counter() - t0
+
+    @property
+    def ready(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()

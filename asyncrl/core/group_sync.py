@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.core.background import Warmup
 from asyncrl.core.learner_group import GroupError, LearnerGroup, shard_columns
 
 log = logging.getLogger("asyncrl.learner")
@@ -142,13 +143,19 @@ def after_iteration(group: LearnerGroup, policy: torch.nn.Module) -> None:
         )
 
 
-def follow(group: LearnerGroup, state, iterate: Any) -> int:
+def follow(group: LearnerGroup, state, iterate: Any, warm_up: Any = None) -> int:
     """A member's loop: take the leader's state, then for each iteration its share, the learning rate
     and version, run ``iterate(state, share)`` (the task's learner iteration with the group), and
-    :func:`after_iteration`; returns the number of iterations when the leader says stop."""
+    :func:`after_iteration`; returns the number of iterations when the leader says stop. ``warm_up()``:
+    started in a thread once the state is in, while this member waits for the first share (the leader
+    does the same while it serves), and waited for before the first iteration."""
     receive_state(group, state)
+    warming = None if warm_up is None else Warmup(warm_up, name="member-warm-up", log=log)
     done = 0
     while (msg := receive_iteration(group)) is not None:
+        if warming is not None:
+            warming.wait()
+            warming = None
         share, lr, version = msg
         for g in state.optimizer.param_groups:
             g["lr"] = lr

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from asyncrl.core import group_sync
+from asyncrl.core.background import Warmup
 from asyncrl.core.config import Config, EnvConfig
 from asyncrl.core.consume import Consumer, SlotData
 from asyncrl.core.lag_target import LagTarget
@@ -364,6 +365,8 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         )
         if self.group_init is not None:  # rank 0 of a learner group: the members start from this state
             self.state.group = group_sync.lead(self.cfg, self.state, self.group_init, self.echo)
+        # what the first iteration would pay inside it (learner.compile's compile), in a thread while it serves
+        self.warmup = Warmup(lambda: self.task.warm_up(self.state), name="learner-warm-up", log=log)
         while not self.consumer.done:
             t0 = time.perf_counter()
             self.serve(5)

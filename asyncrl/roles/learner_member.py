@@ -9,6 +9,7 @@ exits 0 when the learner says the run is over; a dead or frozen peer fails it af
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -46,8 +47,11 @@ class LearnerMember:
     def run(self) -> int:
         """Follow the leader until it says stop; returns the iterations trained."""
         self.state.group = self.group  # the task's iteration reduces over it
-        log.info("learner member %d of %d: joined", self.rank, self.group.world)
-        self.iterations = group_sync.follow(self.group, self.state, self._iterate)
+        iface = os.environ.get("GLOO_SOCKET_IFNAME") or "chosen by gloo"
+        log.info("learner member %d of %d: joined (gloo sockets on %s)", self.rank, self.group.world, iface)
+        self.iterations = group_sync.follow(
+            self.group, self.state, self._iterate, warm_up=lambda: self.state.task.warm_up(self.state)
+        )
         return self.iterations
 
     def close(self) -> None:

@@ -23,6 +23,8 @@ log = logging.getLogger("asyncrl.learner")
 class LearnerSlots:
     """The learner's slot intake and batches (a mixin of Learner)."""
 
+    warmup = None  # the task's warm-up in its thread (Learner.run); no batch is trained before it ends
+
     def on_report(self, actor_id: str, h: dict, arrays) -> None:
         """A slot is full: checked, then queued for the next batch. A rejected report frees
         its slot again, so nothing of it is ever consumed."""
@@ -163,6 +165,16 @@ class LearnerSlots:
         key = ("passed_generation" if intact else "revoked_writer") + ("_own_rows" if own else "_foreign_rows")
         self.consumer.slot_audit[key] += 1
 
+    def warmed_up(self) -> bool:
+        """The task's warm-up (learner.compile's compile) has ended; the seconds of one that did its
+        work go to the summary's time_breakdown_s as learner_warm_up_s."""
+        w = self.warmup
+        if w is None or not w.ready:
+            return w is None
+        if w.result:
+            self.timing["learner_warm_up_s"] = w.seconds or 0.0
+        return True
+
     def consume(self) -> bool:
         """Copy full slots out (no more than the next batch needs) and free them; once B good
         copies are there, run one learner iteration on them and publish.
@@ -177,7 +189,7 @@ class LearnerSlots:
         if self.ledger.num_full and len(self.copied) < B:
             self.collect_full(B - len(self.copied))
             self.grant_pending()  # actors go on while the learner learns
-        if len(self.copied) < B:
+        if len(self.copied) < B or not self.warmed_up():
             return False
         batch, self.copied = self.copied[:B], self.copied[B:]
         version, target = self.state.version, self.lag_target

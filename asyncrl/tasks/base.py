@@ -204,6 +204,12 @@ class Task(Protocol):
         """Epochs x minibatches of the configured preset on ``batch``, in place on state.policy
         and state.optimizer; returns the iteration's scalars (and ``minibatches`` rows)."""
 
+    def warm_up(self, state: LearnerState) -> bool:
+        """Before the first iteration, what it would otherwise pay inside it (control, with
+        learner.compile: the compile of its optimizer step, on placeholder minibatches of the run's
+        shapes), touching no state; safe in a thread while the learner serves. True when done, False
+        when there is nothing to do or it failed (logged; the iteration then takes its eager path)."""
+
     def after_iteration(self, state: LearnerState, batch: dict) -> None:
         """What the learner updates besides the weights (control: observation statistics)."""
 

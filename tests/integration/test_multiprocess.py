@@ -150,8 +150,10 @@ def wait_all_dead(pids: dict[int, int], timeout: float) -> list[int]:
 
 
 @pytest.mark.timeout(150)
-def test_run_command_halfcheetah(procs, tmp_path):
-    """`asyncrl run`: 2 actors, ~8k HalfCheetah steps, exit 0, complete outputs, nothing left."""
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_run_command_halfcheetah(procs, tmp_path, compiled):
+    """`asyncrl run`: 2 actors, ~8k HalfCheetah steps, exit 0, complete outputs, nothing left; with
+    learner.compile the learner compiles in a thread before its first iteration (learner_warm_up_s)."""
     run_dir, total = tmp_path / "run", 8000
     procs.start(
         "run",
@@ -167,6 +169,8 @@ def test_run_command_halfcheetah(procs, tmp_path):
             str(run_dir),
             "--set",
             "run.log_every_s=2",
+            "--set",
+            f"learner.compile={str(compiled).lower()}",
             *SMALL,
         ],
     )
@@ -192,6 +196,9 @@ def test_run_command_halfcheetah(procs, tmp_path):
     assert set(logs) >= {"learner.log", "broadcaster.log", "actor0.log", "actor1.log"}
     for name, text in logs.items():
         assert "Traceback" not in text and "Aborted!" not in text, f"{name}:\n{text}"
+    assert "compile of the fused minibatch step failed" not in logs["learner.log"]
+    breakdown = json.loads((run_dir / "summary.json").read_text())["time_breakdown_s"]
+    assert (breakdown.get("learner_warm_up_s", 0.0) > 0.0) == compiled, breakdown
     procs.shutdown()
 
 

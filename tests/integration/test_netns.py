@@ -245,3 +245,60 @@ def test_actors_on_two_other_hosts_over_curve(procs, lan, tmp_path):
     deadline = time.monotonic() + 10
     for name in ("broadcaster", "relayA", "relayB"):  # stopped by SIGINT: 130 (asyncrl.core.exit_status)
         assert procs.popen[name].wait(max(0.1, deadline - time.monotonic())) == 130, procs.dump()
+
+
+@pytest.mark.timeout(240)
+def test_learner_group_member_on_another_host(procs, lan, tmp_path):
+    """A learner group across hosts, by hand: the learner (rank 0) with the broadcaster and the actors
+    on host L, meeting at a store on L's LAN address; its member on host B, which reaches L only over
+    the LAN. The member's gloo sockets bind the interface towards the store (eth0 here, not the
+    loopback); the run trains to its budget with every iteration taken by both."""
+    run_id, run_dir, total = new_run_id(), tmp_path / "run", 4000
+    procs.run_ids.add(run_id)
+    # the member takes no role flags (--env, --seed): the same settings as --set pairs
+    group = ["--set", "learner.num_learners=2", "--set", "learner.group_timeout_s=60", "--set", "run.seed=5", *SMALL]
+    store = f"tcp://{LEARNER_IP}:29517"
+    procs.start(
+        "member",
+        ["learner-member", "--rank", "1", "--group", store, "--set", f"env.id={CORRIDOR}", *group],
+        prefix=lan.prefix("B"),
+    )
+    learner_ep, broadcaster_ep = "tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"
+    where = dict(run_id=run_id, run_dir=run_dir, total=total)
+    procs.start("broadcaster", ["broadcaster", "--bind", broadcaster_ep], prefix=lan.prefix("L"))
+    procs.start(
+        "learner",
+        learner_cmd(learner_ep, broadcaster_ep, "--group", store, *group, **where),
+        prefix=lan.prefix("L"),
+    )
+    for i in range(2):
+        procs.start(
+            f"a{i}",
+            [
+                "actor",
+                "--learner",
+                learner_ep,
+                "--broadcaster",
+                broadcaster_ep,
+                "--actor-id",
+                f"a{i}",
+                "--run-id",
+                run_id,
+                "--seed",
+                str(i + 1),
+                "--env",
+                CORRIDOR,
+                *SMALL,
+            ],
+            prefix=lan.prefix("L"),
+        )
+    assert procs.wait("learner", 200) == 0, procs.dump()
+    assert procs.wait("member", 30) == 0, procs.dump()
+    summary = check_run_outputs(run_dir, total, actors={"a0", "a1"})
+    err = procs.err("member")
+    assert "learner member 1 of 2: joined (gloo sockets on eth0)" in err, err
+    assert f"finished, {summary['learner_iterations']} iterations" in err, err
+    for name in ("a0", "a1"):
+        assert procs.wait(name, 30) == 0, procs.dump()
+    procs.popen["broadcaster"].send_signal(2)
+    assert procs.popen["broadcaster"].wait(10) == 130, procs.dump()

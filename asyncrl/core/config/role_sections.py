@@ -63,8 +63,9 @@ class LearnerConfig:
     compile: bool = _f(
         False,
         "take each control optimizer step as one torch.compile graph (forward, loss, gradient, clip, Adam; the "
-        "same arithmetic to float rounding; 0.46x the CPU per iteration; the first iteration compiles for "
-        "seconds without serving peers, so off by default for now: docs/decisions/learner-compile.md)",
+        "same arithmetic to float rounding; 0.46x the CPU per iteration); the learner compiles in a thread "
+        "while it serves, before its first iteration; off by default until the learning study has run "
+        "(docs/decisions/learner-compile.md)",
         kinds=CONTROL,
     )
     num_learners: int = _f(

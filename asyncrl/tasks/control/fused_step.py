@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -33,6 +34,19 @@ from asyncrl.core.optim import FlatAdam, adam_update, clip_global_norm
 log = logging.getLogger("asyncrl.learner")
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> {(cfg, fwd): FusedStep}
+_THREAD = threading.local()  # inductor's config is per thread (torch 2.13): set once in each that compiles
+
+
+def _compile_in_process() -> None:
+    """Kernels compiled in this process: no pool of compile-worker processes beside each learner (the
+    graphs are small; a pool costs a process per core and outlives nothing it helps). Inductor's config
+    is thread-local, so this runs in every thread that may compile (the warm-up's, the learner's)."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" in os.environ or getattr(_THREAD, "done", False):
+        return
+    import torch._inductor.config as inductor_config
+
+    inductor_config.compile_threads = 1
+    _THREAD.done = True
 
 
 class FusedStep:
@@ -59,12 +73,6 @@ class FusedStep:
         self.lr = torch.zeros((), dtype=optimizer.flat_params.dtype)
         group_ = optimizer.param_groups[0]  # read here: a value read inside the graph becomes a guard
         self.betas, self.eps = tuple(group_["betas"]), float(group_["eps"])
-        if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-            # kernels compiled in this process: no pool of compile-worker processes beside each learner
-            # (the graphs are small; a pool costs a process per core and outlives nothing it helps)
-            import torch._inductor.config as inductor_config
-
-            inductor_config.compile_threads = 1
         if group is None:  # one graph
             self.compiled = torch.compile(self._step, dynamic=False)
         else:  # a group member: the gradient, then (eagerly) its average over the group, then the update
@@ -141,21 +149,49 @@ class FusedStep:
         self.group.average_gradients([], flat=grad)
         return (*self.update_compiled(*state[:1], grad, *state[1:]), fields, vl, entropy)
 
+    def _failed(self, exc: Exception) -> None:
+        self.broken = True
+        log.warning(
+            "learner: torch.compile of the fused minibatch step failed (%s: %s); taking eager steps "
+            "(set learner.compile = false to skip the attempt)",
+            type(exc).__name__,
+            (str(exc).splitlines() or [""])[0][:200],
+        )
+
+    def warm_up(self, rows: int, obs_dim: int, action_tail: tuple[int, ...], action_dtype, force) -> bool:
+        """Compile the graph(s) of a minibatch of ``rows`` samples (observations [rows, obs_dim],
+        actions [rows, *action_tail] of ``action_dtype``; ``force`` as the iteration passes it) on
+        placeholder data, before the first iteration, so that it takes no compile. The graphs are pure:
+        the optimizer's buffers, the policy and the learning rate are read, never written, and the
+        results are dropped (a group member's collectives do not run). True when the graphs are ready;
+        False (a warning, eager steps from then on) when the compile failed."""
+        _compile_in_process()
+        opt, dev = self.optimizer, self.optimizer.flat_params.device
+        x = torch.zeros(rows, obs_dim, device=dev)
+        actions = torch.zeros(rows, *action_tail, dtype=action_dtype, device=dev)
+        blp, tlp, adv, targets = (torch.zeros(rows, device=dev) for _ in range(4))  # four tensors: no aliasing
+        state = (opt.flat_params, opt.exp_avg, opt.exp_avg_sq, opt.steps, self.lr)
+        try:
+            if self.group is None:
+                self.compiled(*state, self.buffers, x, actions, blp, tlp, adv, targets, force)
+            else:
+                grad = self.grad_compiled(state[0], self.buffers, x, actions, blp, tlp, adv, targets, force, False)[0]
+                self.update_compiled(state[0], grad, *state[1:])
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: the eager step is always correct
+            self._failed(exc)
+            return False
+        return True
+
     def __call__(self, x, actions, blp, tlp, adv, targets, force):
         opt = self.optimizer
+        _compile_in_process()
         self.lr.fill_(opt.param_groups[0]["lr"])
         try:
             flat, m, v, count, norm, ok, fields, vl, entropy = self._run(opt, x, actions, blp, tlp, adv, targets, force)
         except GroupError:
             raise
         except Exception as exc:  # noqa: BLE001 - any compiler failure: the eager step is always correct
-            self.broken = True
-            log.warning(
-                "learner: torch.compile of the fused minibatch step failed (%s: %s); taking eager steps "
-                "(set learner.compile = false to skip the attempt)",
-                type(exc).__name__,
-                (str(exc).splitlines() or [""])[0][:200],
-            )
+            self._failed(exc)
             return None
         with torch.no_grad():
             opt.flat_params.copy_(flat)

@@ -21,7 +21,7 @@ from asyncrl.tasks.control.envs import VecEnv, env_spaces, rollout_spec
 from asyncrl.tasks.control.evaluate import PeriodicEval
 from asyncrl.tasks.control.policy import InferencePolicy, build_policy, flatten_weights, layout_hash
 from asyncrl.tasks.control.rollout import RolloutStats, collect
-from asyncrl.tasks.control.update import learner_iteration
+from asyncrl.tasks.control.update import learner_iteration, warm_up_compiled_step
 
 
 class ControlProducer:
@@ -167,6 +167,21 @@ class ControlTask:
             forward_context=state.forward_context,
             group=state.group,
             compile_loss=self.cfg.learner.compile,
+        )
+
+    def warm_up(self, state) -> bool:
+        if not self.cfg.learner.compile:
+            return False
+        lrn, spec = self.cfg.learner, self.spec
+        columns = spec.num_envs * lrn.slots_per_batch // lrn.num_learners  # this member's share
+        return warm_up_compiled_step(
+            state.policy,
+            state.optimizer,
+            self.cfg.algo,
+            rows=spec.rollout_length * columns // self.cfg.algo.num_minibatches,
+            spec=spec,
+            forward_context=state.forward_context,
+            group=state.group,
         )
 
     def after_iteration(self, state, batch) -> None:

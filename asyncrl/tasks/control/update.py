@@ -247,6 +247,26 @@ def learner_iteration(
     return stats
 
 
+def warm_up_compiled_step(
+    policy, optimizer, cfg, *, rows: int, spec, forward_context=contextlib.nullcontext, group=None
+) -> bool:
+    """Compile the optimizer step :func:`learner_iteration` takes with ``compile_loss`` (the same
+    :class:`asyncrl.tasks.control.fused_step.FusedStep`) for minibatches of ``rows`` samples of
+    ``spec``'s observations and actions, before the first iteration, touching no state: a learner
+    serving peers compiles here, in a thread, instead of inside its first iteration. Returns True when
+    the first iteration will take no compile; False where no compiled step applies (impala, an
+    optimizer without flat buffers, a TV-filtered preset in a group) or the compile failed."""
+    if cfg.preset == "impala":
+        return False
+    fused = FusedStep.get(policy, optimizer, cfg, forward_context, _with_critic, group)
+    if fused is None:
+        return False
+    tail, dtype = ((), torch.int64) if spec.discrete else ((spec.action_dim,), torch.float32)
+    device = optimizer.flat_params.device
+    force = torch.zeros((), dtype=torch.bool, device=device) if cfg.tv_filter_trigger == "iteration" else False
+    return fused.warm_up(rows, spec.obs_dim, tail, dtype, force)
+
+
 def _explained_variance(values: torch.Tensor, targets: torch.Tensor, group) -> float:
     """:func:`asyncrl.algo.value_loss.explained_variance`, over the union of a learner group's shares."""
     if group is None:

@@ -153,6 +153,9 @@ class LLMTask(LLMStartModel, LLMHeldoutEvaluation, LLMData):
         stats["weights_bytes"] = self.weights_info(state.policy).nbytes  # what the version it makes carries
         return stats
 
+    def warm_up(self, state) -> bool:
+        return False  # nothing compiled
+
     def after_iteration(self, state, batch) -> None:
         return None
 
