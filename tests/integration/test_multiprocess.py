@@ -70,7 +70,8 @@ def start_learner(procs, learner_ep, broadcaster_ep, *, run_id, run_dir, env_id,
     )
 
 
-def start_actor(procs, name, learner_ep, broadcaster_ep, *, env_id, extra=(), expect_failure=False):
+def start_actor(procs, name, learner_ep, broadcaster_ep, *, env_id, extra=(), expect_failure=False, prefix=()):
+    """``asyncrl actor`` ``name`` of the run at ``learner_ep`` (``prefix``: e.g. ``ip netns exec NS``)."""
     return procs.start(
         name,
         [
@@ -87,6 +88,7 @@ def start_actor(procs, name, learner_ep, broadcaster_ep, *, env_id, extra=(), ex
             *extra,
         ],
         expect_failure=expect_failure,
+        prefix=prefix,
     )
 
 

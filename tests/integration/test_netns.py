@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from mp_helpers import SMALL, learner_cmd, new_run_id, read_jsonl, wait_for
-from test_multiprocess import CORRIDOR, check_run_outputs
+from test_multiprocess import CORRIDOR, check_run_outputs, start_actor
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
@@ -272,26 +272,8 @@ def test_learner_group_member_on_another_host(procs, lan, tmp_path):
         prefix=lan.prefix("L"),
     )
     for i in range(2):
-        procs.start(
-            f"a{i}",
-            [
-                "actor",
-                "--learner",
-                learner_ep,
-                "--broadcaster",
-                broadcaster_ep,
-                "--actor-id",
-                f"a{i}",
-                "--run-id",
-                run_id,
-                "--seed",
-                str(i + 1),
-                "--env",
-                CORRIDOR,
-                *SMALL,
-            ],
-            prefix=lan.prefix("L"),
-        )
+        extra = ("--run-id", run_id, "--seed", str(i + 1))
+        start_actor(procs, f"a{i}", learner_ep, broadcaster_ep, env_id=CORRIDOR, extra=extra, prefix=lan.prefix("L"))
     assert procs.wait("learner", 200) == 0, procs.dump()
     assert procs.wait("member", 30) == 0, procs.dump()
     summary = check_run_outputs(run_dir, total, actors={"a0", "a1"})

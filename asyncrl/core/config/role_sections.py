@@ -63,8 +63,8 @@ class LearnerConfig:
     compile: bool = _f(
         False,
         "take each control optimizer step as one torch.compile graph (forward, loss, gradient, clip, Adam; the "
-        "same arithmetic to float rounding; 0.46x the CPU per iteration); the learner compiles in a thread "
-        "while it serves, before its first iteration; off by default until the learning study has run "
+        "same arithmetic to float rounding; 0.47x the learner's CPU per iteration); the learner compiles in a "
+        "thread while it serves, before its first iteration; off by default until the learning study has run "
         "(docs/decisions/learner-compile.md)",
         kinds=CONTROL,
     )
