@@ -274,7 +274,6 @@ def test_ray_launcher_on_three_nodes(tmp_path):
         shutil.rmtree(private, ignore_errors=True)
 
 
-@pytest.mark.timeout(400)
 def _local_ray_driver(cmd: list[str], log: Path):
     """``asyncrl run --launcher ray`` (``cmd``) in a session of its own, its output to ``log``:
     (the driver process, the open log file, a function reading the log so far)."""
@@ -290,6 +289,7 @@ def _local_ray_driver(cmd: list[str], log: Path):
     return driver, out, lambda: log.read_text(errors="replace")
 
 
+@pytest.mark.timeout(400)
 def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_path):
     """One-node cluster (started by the run): the learner's process is SIGKILLed after its first
     checkpoint; Ray restarts its actor, the learner resumes (--restart resume) and the run ends
@@ -342,6 +342,7 @@ def test_ray_restarts_a_killed_learner_and_it_resumes_from_its_checkpoint(tmp_pa
         out.close()
 
 
+@pytest.mark.timeout(400)
 def test_ray_runs_a_learner_group_and_reforms_it_after_a_member_dies(tmp_path):
     """One-node cluster (started by the run), `--learners 2`: the member beside the learner meets it at
     a tcp store on the node; the member's process SIGKILLed after the first checkpoint: the group
