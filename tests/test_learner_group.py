@@ -186,12 +186,16 @@ sys.path.insert(0, {tests!r})
 import learner_group_case as case
 from asyncrl.core import group_sync
 from asyncrl.core.learner_group import GroupError, LearnerGroup
+from asyncrl.core.previous_policy import PreviousPolicy
 rank = int(sys.argv[1])
 g = LearnerGroup.join(rank, 2, init_method={init!r}, timeout_s=30)
 algo, policy, opt, batch = case.make_case("ppo")
 class State: pass
 s = State(); s.policy, s.optimizer, s.generator, s.version = policy, opt, torch.Generator().manual_seed(rank), 0
+s.previous = PreviousPolicy(lambda: case.make_case("ppo")[1])  # the policy one version back (ratio_anchor = previous)
 if rank == 0:
+    s.previous.start(policy)
+    s.previous.finish()  # the leader keeps its weights before this iteration
     case.train(algo, policy, opt, batch, iterations=1)  # the leader is ahead: Adam state, new weights
     s.generator.manual_seed(11); s.version = 9
     group_sync.send_state(g, s)
@@ -205,6 +209,7 @@ else:
     result["lr_version"] = torch.tensor([got[1], got[2]], dtype=torch.float64)
     result["generator"] = s.generator.get_state()
 result["params"] = torch.cat([p.detach().reshape(-1) for p in policy.parameters()])
+result["previous"] = torch.cat([p.detach().reshape(-1) for p in s.previous.module.parameters()])
 result["adam"] = len(opt.state)
 if {diverge!r} and rank == 1:
     with torch.no_grad():
@@ -225,13 +230,14 @@ g.close()
 
 @pytest.mark.parametrize("diverge", [False, True])
 def test_group_sync_gives_members_the_leaders_state_and_their_shares(tmp_path, diverge):
-    """The leader's state (weights, Adam's moments, the generator, the version) reaches a member; an
+    """The leader's state (weights, Adam's moments, the generator, the version, π_{T-1}) reaches a member; an
     idle header is skipped; each member gets its own block of columns with dtypes (bool included);
     stop ends the member's loop; weights that differ by one ulp-sized nudge fail both members."""
     script, out = tmp_path / "sync.py", str(tmp_path / "out")
     script.write_text(SYNC.format(tests=str(TESTS), init=f"file://{tmp_path / 'store'}", diverge=diverge, out=out))
     lead, member = run_members(script, out, timeout=120)
     assert torch.equal(lead["params"], member["params"])  # before the nudge
+    assert torch.equal(lead["previous"], member["previous"]) and not torch.equal(lead["previous"], lead["params"])
     assert member["adam"] == lead["adam"] > 0 and member["stopped"]
     assert member["lr_version"].tolist() == [1e-4, 9.0]
     assert torch.equal(member["generator"], torch.Generator().manual_seed(11).get_state())

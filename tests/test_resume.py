@@ -61,13 +61,22 @@ def assert_same_run(a, b) -> None:
         assert not diff, (x["iteration"], diff)
 
 
-@pytest.mark.parametrize("env_id, stop_at", [("asyncrl/Corridor-v0", 5), ("HalfCheetah-v5", 3)])
-def test_serial_resume_bit_identical(tmp_path, env_id, stop_at):
+@pytest.mark.parametrize(
+    "env_id, stop_at, extra",
+    [
+        ("asyncrl/Corridor-v0", 5, []),
+        ("HalfCheetah-v5", 3, []),
+        # the previous-version anchor at lag 2: π_{T-1} comes back from the checkpoint
+        ("HalfCheetah-v5", 5, ["algo.ratio_anchor=previous", "actor.policy_delay=2"]),
+    ],
+)
+def test_serial_resume_bit_identical(tmp_path, env_id, stop_at, extra):
     """Stopped after ``stop_at`` iterations (checkpoint every 2: the resume goes back to an older
     checkpoint and redoes iterations, which are logged once), resumed: the same run."""
     cfg = config.load(
         None,
         SMALL
+        + extra
         + [
             f"env.id={env_id}",
             "run.seed=3",

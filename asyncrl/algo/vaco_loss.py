@@ -287,6 +287,41 @@ def vaco_policy_loss(
     return _result(loss, log_ratio, tv=filt.tv_estimate, keep=keep, fired=fired, budget=budget_fraction)
 
 
+def previous_anchor_log_prob(*, behavior_log_prob: Tensor, previous_log_prob: Tensor, lag: Tensor) -> Tensor:
+    """The per-sample anchor of ``ratio_anchor = "previous"``: the newer of β and π_{T-1}.
+
+        log c_i = log β_i          if lag_i <= 1 (β is π_T or π_{T-1})
+                  log π_{T-1,i}    otherwise   (β older than π_{T-1})
+
+    With c as :func:`vaco_policy_loss`'s anchor (weight min(1, c/β), band on π_θ/c), a sample of lag
+    0 or 1 gets PPO-clip's gradient on π_θ/β exactly (weight 1), and an older one decoupled PPO's
+    (Hilton et al. 2021, arXiv:2110.00641) with the proximal policy one version before π_T: the trust
+    region PPO's clip gives at lag 1, at any lag. No count of versions is tuned: "one version back"
+    is the structure of PPO's own window at lag 1 (docs/decisions/learning-anchor.md).
+
+    Args:
+        behavior_log_prob: [N] log β(a_i|s_i) (nats).
+        previous_log_prob: [N] log π_{T-1}(a_i|s_i) (nats); where the learner has no π_{T-1} (its first
+            iteration, or resumed from a checkpoint without one) the caller passes log π_T.
+        lag: [N] integer learner version - behaviour version (versions, >= 0).
+
+    Returns:
+        [N] anchor log-probs, no gradient.
+
+    Raises:
+        ValueError: shapes differ, a log-prob is not non-empty 1-D floating, or lag is not integer.
+
+    Paper: VACO, arXiv:2603.01365 (its surrogate); decoupled PPO, arXiv:2110.00641.
+    """
+    checks.samples(behavior_log_prob=behavior_log_prob, previous_log_prob=previous_log_prob)
+    if lag.shape != behavior_log_prob.shape or lag.is_floating_point() or lag.is_complex() or lag.dtype == torch.bool:
+        raise ValueError(
+            f"lag must be an integer tensor of shape {tuple(behavior_log_prob.shape)}, "
+            f"got {lag.dtype} {tuple(lag.shape)}"
+        )
+    return torch.where(lag <= 1, behavior_log_prob, previous_log_prob).detach()
+
+
 def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor) -> PolicyLoss:
     """Plain importance-ratio surrogate, loss = -mean_i r_i A_i (preset vaco_no_filter).
 

@@ -55,6 +55,7 @@ def send_state(group: LearnerGroup, state) -> None:
         "optimizer": state.optimizer.state_dict(),
         "generator": state.generator.get_state(),
         "version": state.version,
+        "previous_policy": None if state.previous is None else state.previous.state_dict(),
     }
     torch.save(snapshot, buf)
     _broadcast_bytes(group, buf.getvalue(), limit=1 << 40)
@@ -68,6 +69,8 @@ def receive_state(group: LearnerGroup, state) -> None:
     state.optimizer.load_state_dict(snap["optimizer"])
     state.generator.set_state(snap["generator"])
     state.version = int(snap["version"])
+    if state.previous is not None:
+        state.previous.load_state_dict(snap.get("previous_policy"))
 
 
 # ---- each iteration ----

@@ -23,10 +23,12 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
     """The policy loss of preset ``cfg.preset`` (an AlgoConfig) on flat [N] samples: env steps of the
     control task, completion tokens of the llm task (asyncrl.tasks.llm.learn); one dispatch for both.
     ``group``: a :class:`asyncrl.core.learner_group.LearnerGroup` whose members hold equal minibatches;
-    the TV filter then compares the estimate over their union with δ."""
+    the TV filter then compares the estimate over their union with δ. ``target_log_prob`` [N]: the
+    anchor's log-probs where the preset has one (ratio_anchor learning: log π_T; previous: the per-sample
+    anchor of :func:`asyncrl.algo.vaco_loss.previous_anchor_log_prob`); ignored for the β anchor."""
     p = cfg.preset
     if p in TV_FILTERED:
-        anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
+        anchor = None if cfg.ratio_anchor == "behavior" else target_log_prob
         filter_rule = cfg.tv_rule == "filter"  # the filter's own options (no meaning for "shrink")
         return vaco_policy_loss(
             log_prob=log_prob,
@@ -44,7 +46,7 @@ def policy_loss(cfg, *, log_prob, behavior_log_prob, target_log_prob, adv, force
             tv_reduce=None if group is None else group.mean,
         )
     if p in VACO_FAMILY:  # vaco's surrogate (anchor, weight bound, band) without the TV filter
-        anchor = target_log_prob if cfg.ratio_anchor == "learning" else None
+        anchor = None if cfg.ratio_anchor == "behavior" else target_log_prob
         return vaco_policy_loss(
             log_prob=log_prob,
             behavior_log_prob=behavior_log_prob,

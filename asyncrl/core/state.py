@@ -20,6 +20,7 @@ from asyncrl.core.config import Config
 from asyncrl.core.device import check_device, forward_context, to_device
 from asyncrl.core.metrics import RunDirError, write_atomic
 from asyncrl.core.optim import make_optimizer
+from asyncrl.core.previous_policy import PreviousPolicy
 from asyncrl.core.spec import SlotSpec
 
 
@@ -120,6 +121,12 @@ class LearnerState:
         self.actor_joins: dict[str, int] = {}  # actor id -> times it joined (its next restart count)
         self.resumes = 0  # times this run was resumed from a checkpoint
         self.layout_hash = self.task.layout_hash(self.policy)
+        # π_{T-1} for algo.ratio_anchor = previous (asyncrl.core.previous_policy); None for any other anchor
+        self.previous = (
+            PreviousPolicy(lambda: self.task.build_policy().to(self.device))
+            if cfg.algo.ratio_anchor == "previous"
+            else None
+        )
         # a learner group's leader (rank 0): each iteration's shares go to the other members
         # (asyncrl.core.group_sync); None: one learner
         self.group = None
@@ -193,6 +200,7 @@ class LearnerState:
             "resumes": self.resumes,
             "spec": self.spec.to_dict(),
             "layout_hash": self.layout_hash,
+            **({} if self.previous is None else {"previous_policy": self.previous.state_dict()}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -220,6 +228,8 @@ class LearnerState:
         self.version, self.env_steps, self.iteration = d["version"], d["env_steps"], d["iteration"]
         self.actor_joins = dict(d.get("actor_joins", {}))
         self.resumes = int(d.get("resumes", 0))
+        if self.previous is not None:  # a checkpoint without π_{T-1}: the anchor uses π_T until the next iteration
+            self.previous.load_state_dict(d.get("previous_policy"))
 
 
 CHECKPOINT = "checkpoint.pt"

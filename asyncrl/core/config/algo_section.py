@@ -101,15 +101,17 @@ class AlgoConfig:
     )
     ratio_anchor: str = _f(
         "learning",
-        "policy-ratio anchor of the TV filter: learning (pi_T, the default) or behavior (beta, the paper's reading); "
+        "policy-ratio anchor of vaco's surrogate, its band and TV filter: learning (pi_T, the default), behavior "
+        "(beta, the paper's reading) or previous (per sample the newer of beta and pi_{T-1}, the policy one version "
+        "before pi_T: PPO's clip at lag 0-1, decoupled PPO centred one version back at older lag; control only); "
         "docs/decisions/learning-anchor.md",
         presets=VACO_FAMILY,
     )
     surrogate_rho_bar: float = _f(
         1.0,
-        "bound on the importance weight pi_T/beta in the surrogate (learning anchor); inf: none",
+        "bound on the importance weight anchor/beta in the surrogate (learning or previous anchor); inf: none",
         presets=VACO_FAMILY,
-        when=("ratio_anchor = learning", lambda c: c.algo.ratio_anchor == "learning"),
+        when=("ratio_anchor = learning or previous", lambda c: c.algo.ratio_anchor != "behavior"),
     )
     tv_filter_trigger: str = _f(
         "minibatch",

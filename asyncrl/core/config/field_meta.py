@@ -61,7 +61,7 @@ REMOVED_KEYS = {
     "realigned from the first iteration (docs/decisions/traces.md); a run started with this key resumes only "
     "with the asyncrl version that started it",
 }
-RATIO_ANCHORS = ("behavior", "learning")
+RATIO_ANCHORS = ("behavior", "learning", "previous")  # docs/decisions/learning-anchor.md
 FILTER_TRIGGERS = ("minibatch", "iteration")
 BAND_RATIOS = ("full", "backward", "forward")
 TV_RULES = ("shrink", "filter")

@@ -44,6 +44,11 @@ def validate(cfg: Config) -> None:
     _validate_task(cfg)
     if a.ratio_anchor not in RATIO_ANCHORS:
         raise ConfigError(f"algo.ratio_anchor must be one of {RATIO_ANCHORS}, got {a.ratio_anchor!r}")
+    if a.ratio_anchor == "previous" and cfg.task.kind != "control":
+        raise ConfigError(
+            "algo.ratio_anchor = previous keeps the policy of one version before in the learner: control task only "
+            "(a language model's second copy); use learning"
+        )
     if a.traces not in TRACES:
         raise ConfigError(f"algo.traces must be one of {TRACES}, got {a.traces!r}")
     if a.value_targets not in VALUE_TARGETS:

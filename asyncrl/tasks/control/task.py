@@ -157,7 +157,8 @@ class ControlTask:
         return {k: torch.from_numpy(np.concatenate(v, axis=1)) for k, v in out.items()}
 
     def learner_iteration(self, state, batch) -> dict[str, Any]:
-        return learner_iteration(
+        previous = None if state.previous is None else state.previous.start(state.policy)  # π_{T-1}
+        stats = learner_iteration(
             state.policy,
             state.optimizer,
             batch,
@@ -167,7 +168,11 @@ class ControlTask:
             forward_context=state.forward_context,
             group=state.group,
             compile_loss=self.cfg.learner.compile,
+            previous_policy=previous,
         )
+        if state.previous is not None:
+            state.previous.finish()
+        return stats
 
     def warm_up(self, state) -> bool:
         if not self.cfg.learner.compile:

@@ -23,6 +23,7 @@ import torch
 
 from asyncrl.algo.ppo_losses import impala_policy_loss
 from asyncrl.algo.returns import gae, next_state_values, realigned_returns
+from asyncrl.algo.vaco_loss import previous_anchor_log_prob
 from asyncrl.algo.value_loss import explained_variance, value_loss
 from asyncrl.core.config import VTRACE_PRESETS
 from asyncrl.core.iteration import (
@@ -164,6 +165,7 @@ def learner_iteration(
     group=None,
     shards: int = 1,
     compile_loss: bool = False,
+    previous_policy: ActorCritic | None = None,
 ) -> dict[str, Any]:
     """Run one learner iteration in place on ``policy`` and ``optimizer``.
 
@@ -190,6 +192,8 @@ def learner_iteration(
         compile_loss: take each optimizer step as one compiled graph (a group member: two, its
             collectives between them; :class:`asyncrl.tasks.control.fused_step.FusedStep`;
             learner.compile), where the optimizer has flat buffers: the same arithmetic to float rounding.
+        previous_policy: π_{T-1} for cfg.ratio_anchor = "previous" (None: π_T stands in); needs
+            ``version`` and the batch's behavior_version (ValueError otherwise).
 
     Returns:
         Scalars (policy_loss, value_loss, entropy, approx_kl, tv_estimate, no_grad_fraction
@@ -233,9 +237,11 @@ def learner_iteration(
             **kw,
         )
         stale = None if lag is None else (lag > 0).reshape(-1)
+        anchor = target_log_prob
+        if cfg.ratio_anchor == "previous":
+            anchor = previous_anchor(previous_policy, batch, target_log_prob, lag, fwd)
         steps = _surrogate_steps(
-            policy, optimizer, batch, x, cfg, generator, adv, targets, target_log_prob, stale, fwd, group, shards,
-            compile_loss,
+            policy, optimizer, batch, x, cfg, generator, adv, targets, anchor, stale, fwd, group, shards, compile_loss,
         )  # fmt: skip
     stats = step_means(steps)
     stats["explained_variance"] = _explained_variance(values[:-1], targets, group)
@@ -245,6 +251,22 @@ def learner_iteration(
         stats["rho_mean"], stats["rho_max"] = float(group.mean(rho.mean())), float(group.max(rho.max()))
     stats["minibatches"] = minibatch_rows(steps)
     return stats
+
+
+def previous_anchor(previous, batch, target_log_prob, lag, fwd=contextlib.nullcontext) -> torch.Tensor:
+    """[T, N] log-probs of ratio_anchor = "previous"'s anchor (the newer of β and π_{T-1}:
+    :func:`asyncrl.algo.vaco_loss.previous_anchor_log_prob`), π_{T-1}'s computed only when a sample is
+    older than it; ``previous`` None: π_T (``target_log_prob``) stands in. Raises ValueError without ``lag``."""
+    if lag is None:
+        raise ValueError("ratio_anchor = previous needs each sample's lag: the learner's version and behavior_version")
+    prev = target_log_prob
+    if previous is not None and bool((lag > 1).any()):
+        prev = _evaluate(previous, batch, fwd)[0]  # its own observation statistics: π_{T-1} as published
+    return previous_anchor_log_prob(
+        behavior_log_prob=batch["behavior_log_prob"].reshape(-1),
+        previous_log_prob=prev.reshape(-1),
+        lag=lag.reshape(-1),
+    ).view_as(target_log_prob)
 
 
 def warm_up_compiled_step(
