@@ -40,7 +40,8 @@ def ppo_clip_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Te
     ratio, adv = torch.exp(log_ratio), advantages.detach()
     loss = -torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv).mean()
     with torch.no_grad():
-        outside = (ratio - 1.0).abs() > eps
+        # bounds included, as torch.clamp passes the gradient at them (ratio - 1 would miss r = 1 + eps)
+        outside = (ratio < 1.0 - eps) | (ratio > 1.0 + eps)
         keep = ~outside | (adv * (ratio - 1.0) <= 0)  # the clipped branch is the min only outward
         two_sided = outside.to(ratio.dtype).mean()
     return _result(loss, log_ratio, keep=keep)._replace(clip_fraction_two_sided=two_sided)

@@ -270,7 +270,10 @@ def vaco_policy_loss(
             else:  # π_θ/anchor ("forward", or "full" with the β anchor): the filter's own r - 1
                 deviation = filt.deviation
             inward = adv * deviation <= 0
-            band_keep = inward | (deviation.abs() <= band)
+            # inside [1 - band, 1 + band] compared on the ratio itself, bounds included, as torch.clamp
+            # bounds PPO-clip's ratio: the same samples at the float edge (r - 1 would exclude r = 1 + band)
+            ratio = deviation + 1.0  # exact for ratios in [0.5, 2], the only ones near the edges
+            band_keep = inward | ((ratio >= 1.0 - band) & (ratio <= 1.0 + band))
         else:
             band_keep = torch.ones_like(filt.keep_mask)
         if tv_rule == "shrink":
