@@ -6,7 +6,8 @@
 # GPU mode (default): on cuda, fp32 then bf16: the control learner iteration on the default config's
 # batch (env steps/s) and the llm learner iteration on configs/gsm-tiny.toml's batch with the tiny
 # model (tokens/s); then a table of those rows and the CPU figures file's; then the llm learner's chunked
-# log-probs at a 0.5B model's output shape and the held-out evaluation's draws on cuda against the CPU. Sized to end well inside 5
+# log-probs at a 0.5B model's output shape and the held-out evaluation's draws on cuda against the CPU;
+# then, where pyzmq and gymnasium are installed, bench/learner_scaling.py on cuda (3 runs of 25 s). Sized to end well inside 5
 # minutes, but it has never run on a GPU (docs/gpu-check.md); needs only python3 with torch, numpy,
 # transformers and tokenizers (no pyzmq, gymnasium or mujoco).
 # --cpu: the same code path on the CPU, fp32, fewer repeats: what made bench/gpu_check_cpu.jsonl.
@@ -58,6 +59,7 @@ if [ "$mode" = gpu ]; then
         run --task control --device cuda --precision "$precision" --warmup 3 --repeats 10
         run --task llm --device cuda --precision "$precision" --warmup 3 --repeats 10
     done
+    run --task control --device cuda --precision fp32 --compile --warmup 3 --repeats 10   # learner.compile
     # llm: the learner's chunked log-probs at Qwen2.5-0.5B's output shape (peak memory per chunk size), and
     # the held-out evaluation's draws: the same tokens on cuda as on the CPU from the same per-problem uniforms
     "$py" bench/llm_logprob_chunks.py --hidden 896 --vocab 151936 --rows 64 --device cuda --repeats 2 | tee "$out/llm_logprob_chunks.jsonl"
@@ -77,6 +79,15 @@ PY
     figures=()
     if [ -f "$cpu_figures" ]; then figures=(--cpu-figures "$cpu_figures"); else echo "no CPU figures file $cpu_figures"; fi
     "$py" bench/learner_speed.py --report "$results" "${figures[@]}" | tee "$out/gpu_check.md"
+    # the scaling benchmark's absolute figures: whole `asyncrl run`s on the toy env with the learner on cuda,
+    # one learner (one GPU), batch 1,024 to 16,384 samples; needs the package's own dependencies
+    if "$py" -c 'import zmq, msgpack, gymnasium, click' 2>/dev/null; then
+        "$py" bench/learner_scaling.py --device cuda --learners 1 --actors 2 --slots 2,8,32 --seconds 25 --warmup 8 \
+            --out "$out/learner_scaling.jsonl"
+        "$py" bench/learner_scaling.py --report "$out/learner_scaling.jsonl" --plot "$out/learner_scaling.png" | tee "$out/learner_scaling.md"
+    else
+        echo "learner scaling skipped: it runs asyncrl's processes and needs pyzmq, msgpack, gymnasium and click"
+    fi
 else
     run --task control --device cpu --precision fp32 --warmup 1 --repeats 5
     run --task llm --device cpu --precision fp32 --warmup 1 --repeats 3
