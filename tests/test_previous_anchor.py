@@ -14,7 +14,7 @@ from asyncrl.core.state import LearnerState
 from asyncrl.tasks import make_task
 from asyncrl.tasks.control.envs import VecEnv
 from asyncrl.tasks.control.update import learner_iteration
-from tests.test_update import TINY, _batch
+from tests.test_update import TINY, _batch, learner_and_batch
 
 BASE = [*TINY, "env.id=HalfCheetah-v5"]
 
@@ -36,13 +36,7 @@ def test_anchor_is_the_newer_of_behaviour_and_previous():
 
 
 def _fixture():
-    cfg = config.load(None, BASE)
-    env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
-    env.reset()
-    spec = env.spec(cfg.env.rollout_length)
-    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
-    batch = _batch(state, env)
-    env.close()
+    _, state, batch = learner_and_batch(BASE)
     return state, batch
 
 

@@ -35,6 +35,18 @@ def _batch(state, env, slots=2):
     return state.make_batch(out)
 
 
+def learner_and_batch(sets: list[str]):
+    """(config, a fresh LearnerState, one batch of 2 slots its policy collected) for ``sets``."""
+    cfg = config.load(None, sets)
+    env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
+    env.reset()
+    spec = env.spec(cfg.env.rollout_length)
+    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
+    batch = _batch(state, env)
+    env.close()
+    return cfg, state, batch
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("env_id", ["asyncrl/Corridor-v0", "CartPole-v1"])
 def test_preset_iteration(preset, env_id):
@@ -341,13 +353,7 @@ def test_no_count_of_versions_iterations_or_steps_selects_a_method():
     from asyncrl.tasks.control.update import advantages, learner_iteration
 
     base = [*TINY, "env.id=HalfCheetah-v5"]
-    cfg = config.load(None, base)
-    env = VecEnv(cfg.env.id, cfg.env.num_envs, seed=0)
-    env.reset()
-    spec = env.spec(cfg.env.rollout_length)
-    state = LearnerState(cfg, spec, make_task(cfg, spec=spec))
-    batch = _batch(state, env)
-    env.close()
+    cfg, state, batch = learner_and_batch(base)
     g = torch.Generator().manual_seed(5)
     batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.3 * torch.randn(
         batch["behavior_log_prob"].shape, generator=g
