@@ -249,3 +249,27 @@ def test_group_sync_gives_members_the_leaders_state_and_their_shares(tmp_path, d
                 torch.equal(got, want) if not v.is_floating_point() else torch.allclose(got, want, rtol=0, atol=1e-5)
             ), k
     assert lead["agree"] == member["agree"] == (not diverge)
+
+
+CLOSE = """
+import gc, sys, weakref
+from asyncrl.core.learner_group import LearnerGroup
+g = LearnerGroup.join(0, 1, init_method={init!r}, timeout_s=30)
+import torch._dynamo  # what the learner's first optimizer (or compile) imports after the group opened
+alive = weakref.ref(g.pg)
+g.close()
+gc.collect()
+sys.exit(3 if alive() is not None else 0)
+"""
+
+
+def test_closing_the_group_frees_it_and_its_gloo_threads(tmp_path):
+    """After close() nothing keeps the process group (and gloo's worker threads) alive, even when
+    torch.distributed.nn.functional is imported after the group opened (torch._dynamo imports it; its
+    collectives' ``group=group.WORLD`` defaults would keep the group): a worker left alive can release
+    a collective's tensors while the interpreter exits, which aborts the process (SIGABRT) in about
+    one exit in ten under load. A fresh process, so no earlier import decides the outcome."""
+    script = tmp_path / "close.py"
+    script.write_text(CLOSE.format(init=f"file://{tmp_path / 'store'}"))
+    done = subprocess.run([sys.executable, str(script)], env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+    assert done.returncode == 0, "the process group outlived close()" if done.returncode == 3 else done.returncode

@@ -26,6 +26,17 @@ import torch
 import torch.distributed as dist
 
 
+def _import_before_the_group() -> None:
+    """Import torch.distributed.nn.functional while no default process group exists. Its collectives
+    take ``group=group.WORLD`` as a default argument, evaluated at import; imported after
+    ``init_process_group`` (torch imports it with torch._dynamo, which the first optimizer or compile
+    pulls in), they keep the group alive past ``destroy_process_group``, and with it gloo's worker
+    threads. A worker that then releases a finished collective's tensors during the interpreter's
+    exit needs the GIL and aborts the process ("terminate called without an active exception",
+    SIGABRT), in about one exit in ten on a loaded 2-core machine."""
+    import torch.distributed.nn.functional  # noqa: F401
+
+
 class GroupError(RuntimeError):
     """The learner group cannot go on: a member did not join or answer within the group's timeout
     (dead, frozen or unreachable), its weights differ from the leader's, or a message is malformed."""
@@ -55,6 +66,7 @@ class LearnerGroup:
             iface = interface_towards(init_method[len("tcp://") :].rsplit(":", 1)[0].strip("[]"))
             if iface:  # the interface this host reaches the store's host on: the one its peers reach it on
                 os.environ["GLOO_SOCKET_IFNAME"] = iface
+        _import_before_the_group()
         timeout = timedelta(seconds=timeout_s)
         try:
             dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
