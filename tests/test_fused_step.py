@@ -15,6 +15,8 @@ from asyncrl.core.optim import make_optimizer
 from asyncrl.tasks.control import fused_step
 from asyncrl.tasks.control.update import learner_iteration
 
+pytestmark = pytest.mark.compiles  # the real compile, here and in every thread (tests/conftest.py)
+
 CASES = [
     ("decoupled_ppo", ()),
     ("vaco", ("algo.tv_threshold=0.01", "algo.tv_filter_trigger=iteration")),  # the filter fires

@@ -114,6 +114,7 @@ def test_group_takes_the_steps_of_one_learner_on_the_union(tmp_path, preset, set
     assert distance(alone, ref) > 50 * TOL
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("preset,warm", [("decoupled_ppo", True), ("ppo", False)], ids=["decoupled_ppo", "ppo"])
 def test_compiled_group_members_take_the_steps_of_one_learner_on_the_union(tmp_path, preset, warm):
     """Members taking compiled steps (the gradient graph, the group's average, the update graph) land

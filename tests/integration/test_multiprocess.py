@@ -152,7 +152,7 @@ def wait_all_dead(pids: dict[int, int], timeout: float) -> list[int]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.compiles)], ids=["eager", "compiled"])
 def test_run_command_halfcheetah(procs, tmp_path, compiled):
     """`asyncrl run`: 2 actors, ~8k HalfCheetah steps, exit 0, complete outputs, nothing left; with
     learner.compile the learner compiles in a thread before its first iteration (learner_warm_up_s)."""

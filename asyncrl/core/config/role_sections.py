@@ -61,11 +61,11 @@ class LearnerConfig:
     )
     torch_threads: int = _f(1, "torch threads of the learner")
     compile: bool = _f(
-        False,
+        True,
         "take each control optimizer step as one torch.compile graph (forward, loss, gradient, clip, Adam; the "
         "same arithmetic to float rounding; 0.47x the learner's CPU per iteration); the learner compiles in a "
-        "thread while it serves, before its first iteration; off by default until the learning study has run "
-        "(docs/decisions/learner-compile.md)",
+        "thread while it serves, before its first iteration; on by default since its learning studies "
+        "(docs/decisions/learner-compile.md); a compiler failure falls back to the eager step with one warning",
         kinds=CONTROL,
     )
     num_learners: int = _f(
