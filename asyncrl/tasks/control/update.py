@@ -253,6 +253,7 @@ def learner_iteration(
     return stats
 
 
+@torch.no_grad()
 def previous_anchor(previous, batch, target_log_prob, lag, fwd=contextlib.nullcontext) -> torch.Tensor:
     """[T, N] log-probs of ratio_anchor = "previous"'s anchor (the newer of β and π_{T-1}:
     :func:`asyncrl.algo.vaco_loss.previous_anchor_log_prob`), π_{T-1}'s computed only when a sample is
@@ -261,7 +262,9 @@ def previous_anchor(previous, batch, target_log_prob, lag, fwd=contextlib.nullco
         raise ValueError("ratio_anchor = previous needs each sample's lag: the learner's version and behavior_version")
     prev = target_log_prob
     if previous is not None and bool((lag > 1).any()):
-        prev = _evaluate(previous, batch, fwd)[0]  # its own observation statistics: π_{T-1} as published
+        with fwd():  # its own observation statistics: π_{T-1} as published; its critic is not needed
+            x = previous.normalize(_flat(batch["obs"][:-1]))
+            prev = previous.distribution(x).log_prob(_flat(batch["actions"])).view_as(target_log_prob).float()
     return previous_anchor_log_prob(
         behavior_log_prob=batch["behavior_log_prob"].reshape(-1),
         previous_log_prob=prev.reshape(-1),
