@@ -1,3 +1,3 @@
-"""asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
+"""asyncrl: asynchronous on-policy RL under real policy lag (decoupled PPO; VACO, arXiv:2603.01365)."""
 
 __version__ = "0.1.0"

@@ -14,7 +14,7 @@ asyncrl's from metrics.jsonl (mean of the last 20 episodes).
 
 The moonshot (issue 44): each asyncrl run stopped at a wall-clock budget instead of a step count,
 both sides compared at that time, with HalfCheetah's mode counts (returns at or above --mode are the
-upright gait, below it the cheetah on its back):
+fast upright gait; the cheetah on its back stays near 1,600):
 
     .venv/bin/python bench/vs_sample_factory.py --peer-sf /tmp/sf/bin/python --seeds 501,502,503,504,505 \\
         --wall-budget 600 --target 6000 [--config configs/halfcheetah-fast.toml] --out bench/results/moonshot

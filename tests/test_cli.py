@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,8 @@ def test_summary_line_names_how_the_run_ended(outcome, head):
         s["outcome"] = outcome
     line = summary_line(s)
     assert line.startswith(head) and "4,096 env steps" in line and "lag p50/p95 1/2 versions" in line
+    # how to resume, where there is something to resume: without --run-dir a command starts a new directory
+    s["resume_checkpoint"] = {"file": "checkpoint.pt", "env_steps": 2048, "version": 1, "learner_iterations": 1}
+    hint = "to resume, run the same command with --run-dir runs/x"
+    assert (hint in summary_line(s, Path("runs/x"))) == (head != "done: ")
+    assert "--run-dir" not in summary_line(s)

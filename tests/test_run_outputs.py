@@ -161,6 +161,7 @@ def test_interrupted_serial_run_one_outcome_line_130_and_resume_checkpoint(tmp_p
     )
     assert 0 < ck["env_steps"] <= summary["env_steps"]
     assert f"a resume starts from checkpoint.pt at {ck['env_steps']:,} env steps (version {ck['version']})" in lines[0]
+    assert lines[0].endswith(f"to resume, run the same command with --run-dir {run_dir}"), lines[0]
     # the resume (with the run's own config.json) starts from that checkpoint
     cfg = config.load(run_dir / "config.json")
     run_serial(cfg, run_dir, max_iterations=1, echo=lambda *_: None, resume=True)

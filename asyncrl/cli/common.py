@@ -101,7 +101,7 @@ class _Group(click.Group, _Command):
 @click.version_option(__version__, "-V", "--version", prog_name="asyncrl", message="%(prog)s %(version)s")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
-    """asyncrl: asynchronous on-policy RL with VACO (arXiv:2603.01365)."""
+    """asyncrl: asynchronous on-policy RL under real policy lag (decoupled PPO; VACO, arXiv:2603.01365)."""
     # from the first moment: a SIGINT / SIGTERM during start-up is an interruption too
     exit_status.install_stop_handlers()
     # A fatal signal (SIGBUS on a shared-memory page that cannot be backed, SIGSEGV) prints the

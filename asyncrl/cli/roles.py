@@ -198,7 +198,7 @@ def learner(
         raise
     finally:
         role.close()
-    click.echo(summary_line(summary), err=supervised)
+    click.echo(summary_line(summary, out), err=supervised)
     if interrupted:
         sys.exit(exit_status.interrupted_status())
 

@@ -163,5 +163,6 @@ def run(
             except RoleFailed as exc:
                 raise RunFailed(str(exc)) from None
     except KeyboardInterrupt:
-        _interrupted(summary_line(_read_summary(out)))
-    click.echo(summary_line(summary))  # the run's one outcome line (a learner under `run` writes its own to its log)
+        _interrupted(summary_line(_read_summary(out), out))
+    # the run's one outcome line (a learner under `run` writes its own to its log)
+    click.echo(summary_line(summary, out))

@@ -145,10 +145,12 @@ def _prepare_task(cfg: Config, out: Path) -> None:
         raise UserError(str(exc)) from None
 
 
-def summary_line(s: dict) -> str:
+def summary_line(s: dict, run_dir: Path | None = None) -> str:
     """The outcome line of a run from its summary.json: "done: ..." for a finished run, "interrupted: ..."
     or "failed: ..." otherwise; an interrupted or failed one also names the checkpoint a resume starts
-    from. An empty ``s`` (no summary was written) gives "interrupted: before the run wrote its summary"."""
+    from and, given ``run_dir``, how to resume (the same command with ``--run-dir``: without it a
+    command starts a new, time-stamped directory). An empty ``s`` (no summary was written) gives
+    "interrupted: before the run wrote its summary"."""
     if "env_steps" not in s:
         return "interrupted: before the run wrote its summary"
     ret = s.get("final_average_return")
@@ -169,6 +171,8 @@ def summary_line(s: dict) -> str:
             if ck
             else "; no checkpoint: a resume starts from scratch"
         )
+        if ck and run_dir is not None:
+            line += f"; to resume, run the same command with --run-dir {run_dir}"
     return line
 
 
