@@ -6,7 +6,7 @@ control characters, wrong types, missing and extra keys).
 
 Decoders: transport.decode (every header type), decode_rollout_frames, decode_weights, peek,
 validate_header, RejectCounter.reject and printable (which see the rejected input), the learner's
-handshake_mismatch (a validated hello's values), consume.check_slot (a slot an actor wrote in
+handshake_mismatch (a validated hello's values), slot_checks.check_slot (a slot an actor wrote in
 shared memory), shm's segment-header check (a segment another process made), the ZAP key check
 of security (any client key bytes) and transport.user_id."""
 
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncrl.core.consume import SlotError, check_slot
+from asyncrl.core.slot_checks import SlotError, check_slot
 from asyncrl.core.spec import RolloutSpec
 from asyncrl.roles.learner_messages import handshake_mismatch
 from asyncrl.wire import codec, protocol, rejects, sockets

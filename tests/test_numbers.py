@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from asyncrl.core import config
-from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot
+from asyncrl.core.consume import Consumer, SlotData
 from asyncrl.core.optim import GuardedAdam
+from asyncrl.core.slot_checks import SlotError, check_slot
 from asyncrl.core.spec import RolloutSpec
 from asyncrl.core.state import LearnerState, NonFiniteError, RewardScaler
 from asyncrl.run.serial import run_serial

@@ -57,45 +57,6 @@ class SlotData(NamedTuple):
     timing: SlotTiming | None = None  # when its rollout ran (the parts of its lag); None: unknown
 
 
-class SlotError(ValueError):
-    """A slot's contents must not be trained on. ``reason``: a short code for counting
-    ("nonfinite", "version", "action", "revoked_writer", "foreign_rows")."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int, grant_id: int | None = None) -> None:
-    """Raise SlotError unless one slot's arrays (fields of ``spec``) can be trained on: every float
-    field finite (obs, rewards, log-probs, final_obs, continuous actions), one behaviour version in
-    0..``version`` for the whole slot, the task's value ranges (``spec.invalid_values``: discrete
-    actions within 0..action_dim-1, token ids within the vocabulary), and (when
-    ``grant_id`` is given) every row tagged with that grant (``foreign_rows``; spec.py)."""
-    for f in spec.fields:
-        if f.dtype.kind == "f":
-            a = arrays[f.name]
-            finite = np.isfinite(a)
-            if not finite.all():
-                raise SlotError("nonfinite", f"{f.name} holds {int(a.size - np.count_nonzero(finite))} NaN/inf values")
-    v = arrays["behavior_version"]
-    if v.min() < 0 or v.max() > version:
-        raise SlotError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{version}")
-    if v.min() != v.max():  # one rollout, one policy version: what makes max_policy_lag exact
-        raise SlotError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
-    bad = spec.invalid_values(arrays)  # the task's own ranges (control: discrete action indices)
-    if bad is not None:
-        raise SlotError(*bad)
-    if grant_id is not None and not own_rows(arrays, grant_id):
-        n = int(np.count_nonzero(arrays["grant_id"] != grant_id))
-        raise SlotError("foreign_rows", f"{n} entries of the rollout are tagged with another grant than {grant_id}")
-
-
-def own_rows(arrays: dict[str, np.ndarray], grant_id: int) -> bool:
-    """True if every row of the slot is tagged with ``grant_id`` (``arrays["grant_id"]`` [T, E])."""
-    return bool((arrays["grant_id"] == grant_id).all())
-
-
 class Consumer(ConsumerEvaluation):
     def __init__(
         self, cfg: Config, spec: SlotSpec, run_dir: str | Path, *, task, resume: bool = False, lag_ramp: int = 0

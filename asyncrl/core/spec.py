@@ -22,6 +22,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+# The largest magnitude of any float a peer sends, in a message header or a slot: finite values past it
+# (e.g. +-1e20 observations, whose running variance overflows float32, or +-3e38 rewards) are refused.
+# 1e15 keeps squares and sums of such values inside float32 (3.4e38) and far above any env's scale.
+MAX_ABS_FLOAT = 1e15
+
 AUDIT_FIELDS = ("grant_id",)
 
 

@@ -179,9 +179,8 @@ class Learner(LearnerPeers, LearnerMessages, LearnerSlots):
         self.copied: list[SlotData] = []  # slots copied out of the ring, not yet trained on
         self.rejects = rejects.RejectCounter("learner")
         self.session_log = rejects.LogBudget(per_window=50, window_s=10.0)  # joins, leaves, refusals (peer_log)
-        self.undelivered: dict[
-            str, None
-        ] = {}  # ids joined in this life that delivered no trained slot yet, oldest first
+        self.undelivered: dict[str, None] = {}  # ids joined in this life, no trained slot yet, oldest first
+        self.departed: dict[str, None] = {}  # ids that left and keep their records, oldest first
         self.slowest_report_s = 0.0  # longest time an actor held grants before an accepted report
         self.timing: Counter[str] = Counter()  # seconds: where the time goes
         self.rollouts_by_transport: Counter[str] = Counter()  # "shm" / "tcp"

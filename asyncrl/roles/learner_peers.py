@@ -27,6 +27,7 @@ MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many: a flood cannot 
 LEASE_TIMEOUTS = 6  # derived lease: this many actor timeouts ...
 LEASE_SLOT_TIMES = 4  # ... or this many of the slowest report interval seen, whichever is longer
 MAX_UNDELIVERED_IDS = 1024  # join records kept for ids that never delivered a trained slot
+MAX_DEPARTED_IDS = 1024  # records (join count, running returns) kept for ids that left
 
 
 @dataclass
@@ -71,6 +72,22 @@ class LearnerPeers:
             del self.undelivered[victim]
             self.state.actor_joins.pop(victim, None)
 
+    def note_departed(self, actor_id: str) -> None:
+        """Keep the records of at most MAX_DEPARTED_IDS ids that left (their join count, checkpointed,
+        and their streams' running returns): the oldest record of an id that is not back goes, so a
+        peer cycling through new ids (join, deliver, bye) cannot grow the learner's memory and
+        checkpoints without bound. An evicted id that comes back starts its restart count at 0 again
+        (its streams may then repeat an earlier session's seeds); no honest run has that many ids."""
+        self.departed.pop(actor_id, None)
+        self.departed[actor_id] = None
+        while len(self.departed) > MAX_DEPARTED_IDS:
+            victim = next(iter(self.departed))
+            del self.departed[victim]
+            if victim not in self.actors:
+                self.state.actor_joins.pop(victim, None)
+                self.state.reward_scaler.reset(victim)
+                self.undelivered.pop(victim, None)
+
     def outstanding(self, *, actor_id: str | None = None, route: bytes | None = None) -> int:
         """Grants held plus asked for, by ``actor_id``, or by every actor on connection ``route``."""
         ids = [actor_id] if actor_id is not None else self.by_route.get(route, ())
@@ -86,6 +103,7 @@ class LearnerPeers:
             ids.discard(actor_id)
             if not ids:
                 self.by_route.pop(info.route, None)
+            self.note_departed(actor_id)
         self.peer_log(
             logging.INFO,
             "learner: actor %s left (%s); %d granted slots freed",
@@ -96,12 +114,22 @@ class LearnerPeers:
 
     def lease_s(self) -> float:
         """Seconds an actor may hold grants without an accepted report: transport.grant_lease_s, or
-        (0) the longer of LEASE_TIMEOUTS actor timeouts and LEASE_SLOT_TIMES x the longest time an
-        actor held grants before an accepted report so far (an llm slot can take minutes)."""
+        (0) the longer of LEASE_TIMEOUTS actor timeouts (the base lease) and LEASE_SLOT_TIMES x the
+        longest time an actor held grants before an accepted report so far (an llm slot can take
+        minutes). Only reports within the base lease count (:meth:`note_report_interval`), so a peer
+        that reports just before each lease ends cannot grow the lease without bound: it is at most
+        LEASE_SLOT_TIMES x the base lease."""
         t = self.cfg.transport
         if t.grant_lease_s > 0:
             return t.grant_lease_s
         return max(LEASE_TIMEOUTS * t.actor_timeout_s, LEASE_SLOT_TIMES * self.slowest_report_s)
+
+    def note_report_interval(self, held_s: float) -> None:
+        """An accepted report after ``held_s`` seconds of holding grants: the derived lease's input
+        when it is within the base lease (a longer hold is a slow actor the lease already let through,
+        or one pushing the lease up by reporting at its end)."""
+        if held_s <= LEASE_TIMEOUTS * self.cfg.transport.actor_timeout_s:
+            self.slowest_report_s = max(self.slowest_report_s, held_s)
 
     def reclaim_expired_leases(self) -> None:
         """Take back the grants of actors that hold some and delivered no accepted report for

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 
-from asyncrl.core.consume import SlotData, SlotError, check_slot, own_rows
+from asyncrl.core.consume import SlotData
 from asyncrl.core.lag_parts import SlotTiming, inbox_wait
+from asyncrl.core.slot_checks import SlotError, check_slot, own_rows
 from asyncrl.roles.learner_peers import ActorInfo
 from asyncrl.wire import codec, protocol, rejects
 
@@ -65,7 +66,7 @@ class LearnerSlots:
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         now = time.monotonic()
-        self.slowest_report_s = max(self.slowest_report_s, now - info.lease_from)
+        self.note_report_interval(now - info.lease_from)
         info.lease_from = now
         timing = h["timing"]  # numbers of seconds (check_report); an actor may leave keys out
         waited, info.least_delay = inbox_wait(now - info.joined, _seconds(timing.get("sent_s")), info.least_delay)
@@ -114,7 +115,7 @@ class LearnerSlots:
         return self.spec.episode_statistics(views, h["episode_returns"], h["episode_lengths"])[0]
 
     def validate_slot(self, views: dict, grant_id: int) -> None:
-        """Raise ProtocolError (reason of ``consume.check_slot``) unless the slot, written under
+        """Raise ProtocolError (reason of ``slot_checks.check_slot``) unless the slot, written under
         ``grant_id``, can be trained on."""
         try:
             check_slot(views, self.spec, version=self.state.version, grant_id=grant_id)

@@ -95,8 +95,8 @@ def memory_bound_bytes(
             ZMQ_MAXMSGSIZE (``learner_max_frame``).
         send: connections x ROUTER_HWM x 64 KiB (replies are headers of at most 64 KiB).
         connections: connections x 256 KiB (libzmq's per-connection objects).
-        records: (connections x MAX_IDS_PER_CONNECTION + MAX_UNDELIVERED_IDS) x 9 KiB (per-actor-id
-            records of live ids and join records of ids that never delivered).
+        records: (connections x MAX_IDS_PER_CONNECTION + MAX_UNDELIVERED_IDS + MAX_DEPARTED_IDS) x 9 KiB
+            (per-actor-id records of live ids, of ids that never delivered and of ids that left).
         rejects: 4096 keys x 768 B (the reject counter and the refused-connection counter each).
         allocator: 48 MiB of allocator high-water slack.
     Broadcaster:
@@ -116,7 +116,12 @@ def memory_bound_bytes(
         raise ValueError("connections, num_slots and weights_bytes must be >= 0")
     terms: dict[str, int] = {}
     if role == "learner":
-        from asyncrl.roles.learner_peers import MAX_IDS_PER_CONNECTION, MAX_UNDELIVERED_IDS, ROUTER_HWM
+        from asyncrl.roles.learner_peers import (
+            MAX_DEPARTED_IDS,
+            MAX_IDS_PER_CONNECTION,
+            MAX_UNDELIVERED_IDS,
+            ROUTER_HWM,
+        )
 
         if spec is None:
             raise ValueError("a learner bound needs the slot layout (spec)")
@@ -125,7 +130,9 @@ def memory_bound_bytes(
         terms["copies"] = num_slots * spec.slot_nbytes
         terms["receive"] = connections * _message_term(ROUTER_HWM, frames, learner_max_frame(spec), frame_bytes)
         terms["send"] = connections * ROUTER_HWM * protocol.MAX_HEADER_BYTES
-        terms["records"] = (connections * MAX_IDS_PER_CONNECTION + MAX_UNDELIVERED_IDS) * RECORD_BYTES
+        terms["records"] = (
+            connections * MAX_IDS_PER_CONNECTION + MAX_UNDELIVERED_IDS + MAX_DEPARTED_IDS
+        ) * RECORD_BYTES
     elif role == "broadcaster":
         from asyncrl.roles.broadcaster import ROUTER_HWM, weights_frame_limit
 

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from asyncrl.core.config import Config, validate_serial
-from asyncrl.core.consume import Consumer, SlotData, SlotError, check_slot
+from asyncrl.core.consume import Consumer, SlotData
 from asyncrl.core.lag_control import WeightHistory
 from asyncrl.core.lag_parts import SlotTiming
 from asyncrl.core.lag_trace import LagReplay, read_lag_trace
 from asyncrl.core.seeding import actor_seeds
+from asyncrl.core.slot_checks import SlotError, check_slot
 from asyncrl.tasks import make_task
 
 _log = logging.getLogger("asyncrl.run.serial")

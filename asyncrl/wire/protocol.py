@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, get_args, get_origin
 
+from asyncrl.core.spec import MAX_ABS_FLOAT as _MAX_ABS_FLOAT
+
 # 2: welcome carries "restart"; 3: learner epoch, per-actor tokens, "rejoin", signed weights; 4: weights
 # dtype, version pings ("weights_version"), the broadcaster's "weights_status", snapshot requests saying what
 # the asker holds
@@ -137,7 +139,7 @@ def report_limits(num_envs: int, rollout_length: int) -> HeaderLimits:
 # overflows float32 arithmetic downstream). Bounds that depend on the run (slot index, env steps,
 # episode counts) are checked by the role that knows the run (roles/learner.py).
 MAX_INT = 2**63 - 1
-MAX_ABS_FLOAT = 1e15
+MAX_ABS_FLOAT = _MAX_ABS_FLOAT  # slots are held to the same bound (asyncrl.core.slot_checks.check_slot)
 MAX_PID = 2**22  # Linux's largest pid_max (PID_MAX_LIMIT); pids are >= 1
 INT_BOUNDS: dict[str, tuple[int, int]] = {"pid": (1, MAX_PID)}
 

@@ -22,9 +22,9 @@ from micro_config import micro_cfg  # noqa: E402
 from asyncrl.algo import grpo
 from asyncrl.core import config
 from asyncrl.core.config import AlgoConfig, ConfigError  # noqa: E402
-from asyncrl.core.consume import check_slot  # noqa: E402
 from asyncrl.core.iteration import policy_loss  # noqa: E402
 from asyncrl.core.seeding import actor_seeds  # noqa: E402
+from asyncrl.core.slot_checks import check_slot  # noqa: E402
 from asyncrl.roles.broadcaster import Broadcaster  # noqa: E402
 from asyncrl.run.launch import free_port_pair  # noqa: E402
 from asyncrl.run.serial import run_serial  # noqa: E402
