@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -241,3 +242,15 @@ def test_mujoco_video_follows_the_body():
     finally:
         cheetah.close()
         corridor.close()
+
+
+def test_the_docs_recipe_for_using_a_policy_in_own_code_runs(toy_run, capsys):
+    """docs/usage.md's snippet ("Use a trained policy in your own code"), run as written on a
+    checkpoint: it must keep working when the API under it changes."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    section = text.split("### Use a trained policy in your own code", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert '"runs/RUN"' in code
+    exec(compile(code.replace('"runs/RUN"', repr(str(toy_run))), "usage.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.startswith("return ") and "with policy version 4" in out, out
