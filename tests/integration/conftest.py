@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from mp_helpers import Procs
 
+from asyncrl.wire import sockets
+
 
 @pytest.fixture
 def procs(tmp_path):
@@ -15,3 +17,11 @@ def procs(tmp_path):
         yield p
     finally:
         p.shutdown()
+
+
+@pytest.fixture
+def ctx():
+    """A ZeroMQ context for a test's own peers, destroyed (linger 0) at teardown."""
+    c = sockets.context()
+    yield c
+    c.destroy(linger=0)

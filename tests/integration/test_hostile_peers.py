@@ -30,13 +30,6 @@ from asyncrl.wire.shm.ring import SlotRing
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def ctx():
-    c = sockets.context()
-    yield c
-    c.destroy(linger=0)
-
-
 def _serve_quietly(learner, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -15,16 +15,8 @@ from hostile_helpers import STEPS, Peer, live_learner, report, valid_slot
 
 from asyncrl.core.spec import MAX_ABS_FLOAT
 from asyncrl.roles import learner_peers
-from asyncrl.wire import sockets
 
 pytestmark = [pytest.mark.hostile, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def ctx():
-    c = sockets.context()
-    yield c
-    c.destroy(linger=0)
 
 
 def _deliver(learner, peer: Peer, actor_id: str, arrays_of=valid_slot) -> None:
