@@ -340,11 +340,13 @@ def test_realign_min_lag_is_checked():
     assert config.load(None, []).algo.realign_min_lag == 0
 
 
-def test_no_count_of_versions_iterations_or_steps_selects_a_method():
+@pytest.mark.parametrize("anchor", ["learning", "previous"])
+def test_no_count_of_versions_iterations_or_steps_selects_a_method(anchor):
     """One fixed batch (its per-sample lag fixed: behaviour version = learner version - lag) through
     the learner iteration at learner versions 1, 125, 10,000 and 1,000,000 and under step budgets of
     100k and 30M env steps trains the same weights to the last bit: no rule of the iteration counts
-    versions, iterations or env steps (which estimator, which constraint). And a sample's advantage and
+    versions, iterations or env steps (which estimator, which constraint), with either ratio anchor
+    (the previous-version anchor reads each sample's lag, never the version itself). And a sample's advantage and
     critic target do not depend on the batch around it: the same rollouts inside a batch twice as wide
     get the same ones. The default config's [algo] holds no count of versions, iterations or steps."""
     import copy
@@ -352,8 +354,11 @@ def test_no_count_of_versions_iterations_or_steps_selects_a_method():
 
     from asyncrl.tasks.control.update import advantages, learner_iteration
 
-    base = [*TINY, "env.id=HalfCheetah-v5"]
+    base = [*TINY, "env.id=HalfCheetah-v5", f"algo.ratio_anchor={anchor}"]
     cfg, state, batch = learner_and_batch(base)
+    previous = copy.deepcopy(state.policy)  # π_{T-1} of the previous anchor: another policy than π_T
+    with torch.no_grad():
+        previous.pi[-1].bias.add_(0.2)
     g = torch.Generator().manual_seed(5)
     batch["behavior_log_prob"] = batch["behavior_log_prob"] + 0.3 * torch.randn(
         batch["behavior_log_prob"].shape, generator=g
@@ -365,7 +370,15 @@ def test_no_count_of_versions_iterations_or_steps_selects_a_method():
         policy, opt = copy.deepcopy(state.policy), None
         opt = make_optimizer(policy.parameters(), lr=algo.lr, eps=algo.adam_eps)
         b = dict(batch, behavior_version=version - lag)
-        learner_iteration(policy, opt, b, cfg=algo, generator=torch.Generator().manual_seed(3), version=version)
+        learner_iteration(
+            policy,
+            opt,
+            b,
+            cfg=algo,
+            generator=torch.Generator().manual_seed(3),
+            version=version,
+            previous_policy=previous if anchor == "previous" else None,
+        )
         trained.append([p.detach().clone() for p in policy.parameters()])
     for other in trained[1:]:
         assert all(torch.equal(a, b) for a, b in zip(trained[0], other))
