@@ -2,35 +2,21 @@
 difference vaco - ppo (same seed paired), real against replayed, per env; and the correlation of
 the two presets' returns over seeds. Run from the repository root."""
 
-import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-R = Path("lab/lag-visibility-2026-12-05/results")
+sys.path.insert(0, str(Path(__file__).parent))
+from replay_widths import R, envs, finals, seeds  # noqa: E402
 
-
-def finals(study, envs_conds, seeds):
-    cells = {}
-    for d in (study / "cells").iterdir():
-        c = json.loads((d / "cell.json").read_text())
-        if c.get("final_return") is None:
-            continue
-        cells[(c["preset"], c["env"], c["condition"], c["seed"])] = c["final_return"]
-    return {
-        (p, e): np.array([cells[(p, e, cond, s)] for s in seeds]) for p in ("vaco", "ppo") for e, cond in envs_conds
-    }
-
-
-envs = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5"]
-seeds = [301, 302, 303, 304, 305]
 real = finals(Path("bench/results/studies/main-job-5env"), [(e, "async-2") for e in envs], seeds)
 rep = finals(R / "replay", [(e, "replay-" + e.split("-")[0].lower()) for e in envs], seeds)
 rng = np.random.default_rng(0)
 for e in envs:
     out = []
     for name, d in (("real", real), ("replay", rep)):
-        diff = d[("vaco", e)] - d[("ppo", e)]
+        diff = np.asarray(d[("vaco", e)]) - np.asarray(d[("ppo", e)])
         idx = rng.integers(0, 5, size=(20000, 5))
         boots = diff[idx].mean(1)
         lo, hi = np.percentile(boots, [2.5, 97.5])
