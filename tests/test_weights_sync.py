@@ -397,3 +397,26 @@ def test_a_relay_smaller_than_its_upstreams_weights_stops_with_one_line(tmp_path
             assert "\n" not in str(info.value) and relay.published == 0
         finally:
             relay.close()
+
+
+def test_an_actor_never_asks_for_snapshots_faster_than_the_broadcaster_answers(monkeypatch):
+    """Every `asyncrl run` used to end with "the broadcaster rejected messages: {'snapshot_rate': 2}":
+    an actor asked for its first weights, then at once again for the newer version a ping named, and
+    the broadcaster refuses requests closer than protocol.SNAPSHOT_INTERVAL_S. The actor now spaces
+    its requests by at least that (a lower bound on the gaps: load only widens them)."""
+    from asyncrl.roles import actor_weights
+
+    sent: list[float] = []
+    monkeypatch.setattr(actor_weights.sockets, "send", lambda *a, **k: sent.append(time.monotonic()) or True)
+
+    class Opts:
+        actor_id = "a0"
+
+    class Asker(actor_weights.WeightsFromBroadcaster):
+        run_id, opts, history, snapshot, epoch = "r", Opts(), None, object(), 1
+
+    asker = Asker()
+    for _ in range(4):
+        asker.ask_snapshot()
+    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    assert len(sent) == 4 and min(gaps) >= protocol.SNAPSHOT_INTERVAL_S, gaps

@@ -18,16 +18,27 @@ from asyncrl.roles.actor_session import ActorError
 from asyncrl.wire import codec, protocol, sockets
 
 SNAPSHOT_ASK_S = 1.0  # seconds between the snapshot requests a version ping makes (a hostile ping cannot flood)
+# the least time between any two snapshot requests: the broadcaster's rate with a margin for the
+# requests' transit, so an honest actor is never refused ("snapshot_rate")
+SNAPSHOT_GAP_S = 1.5 * protocol.SNAPSHOT_INTERVAL_S
 
 
 class WeightsFromBroadcaster:
     """The actor's side of the broadcaster (a base class of ``Actor``)."""
 
     next_ask = 0.0  # monotonic time before which a version ping asks for no snapshot
+    last_ask = -float("inf")  # monotonic time of the last snapshot request
 
     def ask_snapshot(self) -> None:
         """Ask the broadcaster for its newest weights, naming the version held (if any): it
-        answers with a version ping when that is the newest."""
+        answers with a version ping when that is the newest. Waits first (at most SNAPSHOT_GAP_S)
+        when the previous request was more recent than that: the broadcaster refuses requests
+        closer than protocol.SNAPSHOT_INTERVAL_S (e.g. the first weights' request, then at once a
+        version ping's, as every run's start used to show)."""
+        wait = self.last_ask + SNAPSHOT_GAP_S - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        self.last_ask = time.monotonic()
         header = {
             "type": "snapshot",
             "proto": protocol.PROTOCOL_VERSION,

@@ -39,7 +39,7 @@ from asyncrl.wire.weights_secret import create_weights_secret, remove_weights_se
 log = logging.getLogger("asyncrl.broadcaster")
 ROUTER_HWM = 4  # messages queued per connection on the request ROUTER, each way (weights:
 # only the newest matter; an actor has one snapshot request out at a time)
-SNAPSHOT_INTERVAL_S = 0.2  # one snapshot reply per connection per this many seconds
+SNAPSHOT_INTERVAL_S = protocol.SNAPSHOT_INTERVAL_S  # one snapshot reply per connection per this many seconds
 MAX_SNAPSHOT_PEERS = 4096  # connections remembered for that rate limit
 MAX_MESSAGES_PER_SERVE = 256  # serve() returns after this many (a flood cannot keep it from relaying)
 STALE_EPOCH_S = 10.0  # a learner pings every 2 s while idle: silent this long, its epoch gives way to any

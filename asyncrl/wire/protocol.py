@@ -19,6 +19,7 @@ from asyncrl.core.spec import MAX_ABS_FLOAT as _MAX_ABS_FLOAT
 PROTOCOL_VERSION = 4
 MAX_HEADER_BYTES = 64 * 1024
 GRANT_CREDITS = 2  # slot grants an actor asks for at the start (then one per report): the most it holds
+SNAPSHOT_INTERVAL_S = 0.2  # a broadcaster answers one snapshot request per connection per this many seconds
 WEIGHTS_TOPIC = b"weights"
 VERSION_TOPIC = b"version"  # a version ping: [topic, header] on PUB, [topic, header, HMAC] from the learner
 # Element types of a weights payload (header "dtype"): numpy has no bfloat16, so a bfloat16 payload is
