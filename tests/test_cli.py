@@ -75,3 +75,13 @@ def test_summary_line_names_how_the_run_ended(outcome, head):
     hint = "to resume, run the same command with --run-dir runs/x"
     assert (hint in summary_line(s, Path("runs/x"))) == (head != "done: ")
     assert "--run-dir" not in summary_line(s)
+
+
+def test_a_resume_says_which_checkpoint_it_starts_from():
+    from asyncrl.cli.rundir import resuming_note
+
+    ck = {"file": "checkpoint.pt", "env_steps": 172032, "version": 84, "learner_iterations": 84}
+    assert resuming_note({"resume_checkpoint": ck}) == (
+        " (resuming the run there from checkpoint.pt at 172,032 env steps, version 84)"
+    )
+    assert resuming_note({}) == resuming_note({"resume_checkpoint": None}) == " (resuming the run there)"

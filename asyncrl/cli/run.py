@@ -21,6 +21,7 @@ from asyncrl.cli.rundir import (
     _read_summary,
     _restart_option,
     prepare_run_dir,
+    resuming_note,
     summary_line,
     write_config_json,
 )
@@ -132,7 +133,7 @@ def run(
     out, resume = prepare_run_dir(run_dir, cfg, restart)
     if not resume:
         write_config_json(out, res)
-    click.echo(f"run directory: {out}" + (" (resuming the run there)" if resume else ""))
+    click.echo(f"run directory: {out}" + (resuming_note(_read_summary(out)) if resume else ""))
     _prepare_task(cfg, out)
     try:
         if serial:

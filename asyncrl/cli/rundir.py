@@ -176,5 +176,14 @@ def summary_line(s: dict, run_dir: Path | None = None) -> str:
     return line
 
 
+def resuming_note(s: dict) -> str:
+    """What the "run directory:" line adds on a resume: the checkpoint it starts from, as the
+    stopped run's summary.json named it ("resume_checkpoint"), when it did."""
+    ck = s.get("resume_checkpoint")
+    if not isinstance(ck, dict) or "file" not in ck:
+        return " (resuming the run there)"
+    return f" (resuming the run there from {ck['file']} at {ck['env_steps']:,} env steps, version {ck['version']})"
+
+
 def _num(x) -> str:
     return "n/a" if x is None else f"{x:g}"

@@ -51,7 +51,8 @@ class LagWarnings:
         self.remedy = (
             "llm.realign = is_baseline corrects it"
             if cfg.task.kind == "llm"
-            else "presets that realign them: vaco_no_filter (the default's band with realigned advantages), vaco"
+            else "presets that realign them: vaco_no_filter (the default's band with realigned advantages), "
+            "vaco; measured here, neither beat the default under lag: docs/decisions/default-preset.md"
         )
         self.first_check = max(FIRST_CHECK, 4 * ramp, 4 * cfg.actor.policy_delay, 4 * cfg.actor.policy_age_buffer)
         self.threshold = cfg.run.lag_warning_p95
