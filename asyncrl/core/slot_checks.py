@@ -4,6 +4,8 @@ learner's, the task's value ranges and, for a granted slot, every row tagged wit
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from asyncrl.core.spec import MAX_ABS_FLOAT, SlotSpec
@@ -26,12 +28,13 @@ def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int, g
     actions within 0..action_dim-1, token ids within the vocabulary), and (when
     ``grant_id`` is given) every row tagged with that grant (``foreign_rows``; spec.py)."""
     for f in spec.fields:
-        if f.dtype.kind == "f":
+        if f.dtype.kind == "f" and arrays[f.name].size:
             a = arrays[f.name]
-            finite = np.isfinite(a)
-            if not finite.all():
-                raise SlotError("nonfinite", f"{f.name} holds {int(a.size - np.count_nonzero(finite))} NaN/inf values")
-            if a.size and float(np.abs(a).max()) > MAX_ABS_FLOAT:
+            peak = float(np.abs(a).max())  # one pass: NaN or inf anywhere makes it non-finite
+            if not math.isfinite(peak):
+                bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+                raise SlotError("nonfinite", f"{f.name} holds {bad} NaN/inf values")
+            if peak > MAX_ABS_FLOAT:
                 big = int(np.count_nonzero(np.abs(a) > MAX_ABS_FLOAT))
                 raise SlotError("magnitude", f"{f.name} holds {big} values beyond +-{MAX_ABS_FLOAT:g}")
     v = arrays["behavior_version"]

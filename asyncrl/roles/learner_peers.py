@@ -119,16 +119,19 @@ class LearnerPeers:
         minutes). Only reports within the base lease count (:meth:`note_report_interval`), so a peer
         that reports just before each lease ends cannot grow the lease without bound: it is at most
         LEASE_SLOT_TIMES x the base lease."""
-        t = self.cfg.transport
-        if t.grant_lease_s > 0:
-            return t.grant_lease_s
-        return max(LEASE_TIMEOUTS * t.actor_timeout_s, LEASE_SLOT_TIMES * self.slowest_report_s)
+        if self.cfg.transport.grant_lease_s > 0:
+            return self.cfg.transport.grant_lease_s
+        return max(self.base_lease_s(), LEASE_SLOT_TIMES * self.slowest_report_s)
+
+    def base_lease_s(self) -> float:
+        """LEASE_TIMEOUTS actor timeouts: the derived lease before any report, and its unit."""
+        return LEASE_TIMEOUTS * self.cfg.transport.actor_timeout_s
 
     def note_report_interval(self, held_s: float) -> None:
         """An accepted report after ``held_s`` seconds of holding grants: the derived lease's input
         when it is within the base lease (a longer hold is a slow actor the lease already let through,
         or one pushing the lease up by reporting at its end)."""
-        if held_s <= LEASE_TIMEOUTS * self.cfg.transport.actor_timeout_s:
+        if held_s <= self.base_lease_s():
             self.slowest_report_s = max(self.slowest_report_s, held_s)
 
     def reclaim_expired_leases(self) -> None:
