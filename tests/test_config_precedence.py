@@ -80,7 +80,7 @@ def test_default_toml_lists_every_unlayered_default_and_comments_the_layered_one
     named = {(s, k) for s, kv in data.items() for k in kv}
     assert named == {(s, k) for s, kv in defaults.items() for k in kv} - LAYERED_KEYS
     for s, k in named:
-        assert config.from_dict({s: {k: data[s][k]}}) == Config(), f"{s}.{k} differs from the built-in default"
+        assert config.from_dict({s: {k: data[s][k]}}) == config.load(None), f"{s}.{k} differs from the built-in default"
     commented = tomllib.loads("\n".join(m.group(1) for m in re.finditer(r"^# (\w+ = .+)$", text, re.M)))
     default = config.load(None).algo  # the comments give the default preset's values, pins included
     assert {("algo", k) for k in commented} == {x for x in LAYERED_KEYS if x[0] == "algo"}
@@ -105,13 +105,15 @@ def test_an_explicit_value_equal_to_the_pin_is_quiet():
 
 def test_resolved_config_json_is_kept_exactly(tmp_path):
     """A run's config.json (what a resumed run and every role load) is taken as it is: no preset or
-    task-kind value is re-applied, not even over a key the user once overrode."""
+    task-kind value is re-applied over a key it has, not even one the user once overrode."""
     res = config.load_resolved(None, ["algo.preset=vaco_paper", "algo.traces=uncorrected"])
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**res.config.to_dict(), "resolution": res.record(), "provenance": {"x": 1}}))
     again = config.load_resolved(path, ["run.total_env_steps=99"])
     assert again.config == dataclasses.replace(res.config, run=dataclasses.replace(res.config.run, total_env_steps=99))
-    assert again.notes() == [] and again.record()["overridden"] == res.overridden
+    # what is set on it is said against it, and the file's own record is kept
+    assert again.notes() == ["run.total_env_steps = 99 overrides the resolved config (config.json)'s 1000000"]
+    assert again.record()["overridden"] == res.overridden
     assert again.record()["user"]["run"] == {"total_env_steps": 99}
     assert config.from_dict(res.config.to_dict()) == res.config
     with pytest.raises(ConfigError, match="cannot change on a resolved config"):

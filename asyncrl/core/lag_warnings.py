@@ -22,7 +22,7 @@ import logging
 
 import numpy as np
 
-from asyncrl.core.config.field_meta import VTRACE_PRESETS
+from asyncrl.core.config.field_meta import corrects_backward_lag
 
 log = logging.getLogger("asyncrl.core.lag")
 
@@ -33,10 +33,10 @@ FIRST_CHECK = 32  # the first iteration compared (its quarter holds 8 iterations
 
 def lag_correction(cfg) -> str:
     """'' when the run's preset corrects backward lag; else a few words saying why it does not."""
-    if cfg.task.kind == "llm":
-        return "" if cfg.llm.realign != "none" else f"llm.realign = none (preset {cfg.algo.preset})"
-    if cfg.algo.preset in VTRACE_PRESETS:
+    if corrects_backward_lag(cfg):
         return ""
+    if cfg.task.kind == "llm":
+        return f"llm.realign = none (preset {cfg.algo.preset})"
     return f"preset {cfg.algo.preset} does not realign its advantages to the learning policy"
 
 

@@ -169,16 +169,16 @@ def test_config_checks_realign_and_kl_coef():
     assert config.load(None, [*llm, "llm.realign=is_baseline", "llm.kl_coef=0.04"]).llm.realign == "is_baseline"
     with pytest.raises(ConfigError, match=r"^llm.realign must be one of none, is_baseline, got 'vtrace'$"):
         config.load(None, [*llm, "llm.realign=vtrace"])
-    with pytest.raises(ConfigError, match=r"^llm.kl_coef must be a finite number >= 0, got -0.1$"):
+    with pytest.raises(ConfigError, match=r"^llm.kl_coef must be >= 0, got -0.1$"):
         config.load(None, [*llm, "llm.kl_coef=-0.1"])
     with pytest.raises(ConfigError, match=r"^llm.kl_coef must be a finite number >= 0, got inf$"):
         config.load(None, [*llm, "llm.kl_coef=inf"])
     assert (
         cfg.llm.negative_weight == 1.0 and config.load(None, [*llm, "llm.negative_weight=0"]).llm.negative_weight == 0
     )
-    with pytest.raises(ConfigError, match=r"^llm.negative_weight must be a finite number >= 0, got -1.0$"):
+    with pytest.raises(ConfigError, match=r"^llm.negative_weight must be >= 0, got -1.0$"):
         config.load(None, [*llm, "llm.negative_weight=-1"])
-    with pytest.raises(ConfigError, match=r"^llm.realign = is_baseline truncates .* algo.rho_bar"):
+    with pytest.raises(ConfigError, match=r"^algo.rho_bar must be > 0 or inf, got 0.0$"):
         config.load(None, [*llm, "llm.realign=is_baseline", "algo.rho_bar=0"])
     assert (
         cfg.llm.eval_mode == "sampled" and config.load(None, [*llm, "llm.eval_mode=greedy"]).llm.eval_mode == "greedy"
@@ -476,7 +476,7 @@ def test_warmup_target_ends_the_start_models_warmup_early_and_keys_its_cache(mic
     assert stamp["settings"]["metric"] == task.eval_label() and stamp["settings"]["first_check"] == 2
     assert seen == [(start_model.WARMUP_VALIDATION, False)] * 2  # in eval mode, on the validation problems
     assert make_task(cfg).prepare_model(echo=lambda *_: None) == start and len(seen) == 2  # cached
-    with pytest.raises(ConfigError, match=r"^llm.warmup_target must be an accuracy in \[0, 1\], got 1.5$"):
+    with pytest.raises(ConfigError, match=r"^llm.warmup_target must be in \[0, 1\], got 1.5$"):
         config.load(None, ["task.kind=llm", "llm.warmup_target=1.5"])
 
 

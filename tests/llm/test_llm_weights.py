@@ -231,9 +231,9 @@ def test_weights_config_keys_take_sane_values_only(micro_dir):
     for bad, match in (
         ("learner.weights_dtype=int8", "learner.weights_dtype must be one of"),
         ("llm.lora_rank=-1", "llm.lora_rank must be >= 0"),
-        ("llm.lora_alpha=0", "llm.lora_alpha must be a finite number > 0"),
+        ("llm.lora_alpha=0", "llm.lora_alpha must be > 0"),
         ("llm.lora_alpha=inf", "llm.lora_alpha must be a finite number > 0"),
-        ("llm.lora_dropout=1.0", r"llm.lora_dropout must lie in \[0, 1\)"),
+        ("llm.lora_dropout=1.0", r"llm.lora_dropout must be in \[0, 1\)"),
         ("llm.lora_target_modules=[]", "llm.lora_target_modules must be a list of module names"),
         ("llm.lora_target_modules=['']", "llm.lora_target_modules must be a list of module names"),
         ("llm.lora_target_modules=['all-linear', 'q_proj']", "all-linear names every linear layer"),

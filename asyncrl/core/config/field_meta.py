@@ -105,3 +105,11 @@ TV_FILTERED = ("vaco", "vaco_paper", "vaco_no_realign")  # ... with the TV filte
 REALIGNING = ("vaco", "vaco_paper", "vaco_no_filter")  # realigned advantages (not impala)
 VTRACE_PRESETS = REALIGNING + ("impala",)  # compute V-trace every iteration
 NOT_IMPALA = tuple(p for p in PRESETS + ("grpo",) if p != "impala")
+
+
+def corrects_backward_lag(cfg: Config) -> bool:
+    """Whether the run's learner corrects backward lag: a preset that realigns its advantages (or
+    recomputes V-trace, impala) on the control task; llm.realign other than none on the llm task."""
+    if cfg.task.kind == "llm":
+        return cfg.llm.realign != "none"
+    return cfg.algo.preset in VTRACE_PRESETS

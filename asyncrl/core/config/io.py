@@ -55,11 +55,17 @@ def load_resolved(
         if not isinstance(user.setdefault(section, {}), dict):
             raise ConfigError(f"[{section}] must be a table")
         user[section].update(values)
+    given: dict[tuple[str, str], str] = {(s, k): "a flag" for s, kv in (extra or {}).items() for k in kv}
     for text in overrides:
         section, key, value = parse_override(text)
         if not isinstance(user.setdefault(section, {}), dict):
             raise ConfigError(f"[{section}] must be a table")
-        user[section][key] = value
+        if (section, key) in given and user[section][key] != value:
+            raise ConfigError(
+                f"{section}.{key} is given twice on one command line, {toml_value(user[section][key])} by "
+                f"{given[section, key]} and {toml_value(value)} by --set: give it once"
+            )
+        user[section][key], given[section, key] = value, "--set"
     return resolve(user, base, recorded=record, translated=translated)
 
 
@@ -198,6 +204,12 @@ def _section_data(path: str | Path) -> tuple[dict[str, Any], bool, dict[str, Any
         raise ConfigError(f"{path}: invalid {'JSON' if resolved else 'TOML'}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of config sections")
+    recorded = sorted(k for k in RUN_RECORD_KEYS if k in data)
+    if recorded and not resolved:
+        raise ConfigError(
+            f"{path}: [{recorded[0]}] is what a run records in its config.json, not a config setting; "
+            f"remove it from the TOML file"
+        )
     record = data.get("resolution") if isinstance(data.get("resolution"), dict) else None
     for k in RUN_RECORD_KEYS:  # a run directory's config.json records where it ran and how it was resolved
         data.pop(k, None)

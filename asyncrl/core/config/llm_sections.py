@@ -106,7 +106,8 @@ class LLMConfig:
         20000,
         "generated train problems the generators draw prompts from",
         kinds=LLM,
-        when=("llm.train_file is ''", lambda c: not c.llm.train_file),
+        # the supervised warm-up splits its train and validation problems from these even with a train_file
+        when=("llm.train_file is '' or llm.warmup_steps > 0", lambda c: not c.llm.train_file or c.llm.warmup_steps > 0),
     )
     train_file: str = _f(
         "",

@@ -59,7 +59,8 @@ def _coerce(where: str, value: Any, annotation: Any) -> Any:
 # TASK_KIND_SETTINGS[task.kind] < PRESET_SETTINGS[algo.preset] < what the user set (config file, CLI
 # flags, --set). A user value that differs from a task-kind or preset value wins and is reported
 # (Resolved.overridden); a user value that the preset or task kind does not use is reported too
-# (Resolved.unused). A resolved config (a run's config.json) is taken as it is: no layer re-applied.
+# (Resolved.unused). A resolved config (a run's config.json) is taken as it is over the layers (which
+# give only the keys it lacks), and what the user sets on it is reported against it the same way.
 TASK_KIND_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
     # Settings for a pretrained language model (docs/decisions/llm-defaults.md): advantages are
     # group-normalised already (a per-minibatch normalisation of token advantages breaks the group's zero
@@ -117,6 +118,9 @@ class Resolved(typing.NamedTuple):
             "overridden": self.overridden,
             "unused": self.unused,
         }
+
+
+_MISSING = object()
 
 
 def _layers(preset: str, kind: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
@@ -192,22 +196,23 @@ def resolve(
                 )
     values: dict[str, dict[str, Any]] = {s: {} for s in user}
     source: dict[str, str] = {}
-    if base is None:
-        for layer, settings in _layers(preset, kind):
-            for s, kv in settings.items():
-                for k, v in kv.items():
-                    values[s][k], source[f"{s}.{k}"] = v, layer
+    for layer, settings in _layers(preset, kind):  # under a resolved base too: for the keys it lacks
+        for s, kv in settings.items():
+            for k, v in kv.items():
+                values[s][k], source[f"{s}.{k}"] = v, layer
+    for s, kv in (base or {}).items():
+        for k, v in kv.items():
+            if values[s].get(k, _MISSING) != v:  # a value equal to its layer's keeps that layer as its source
+                values[s][k], source[f"{s}.{k}"] = v, "resolved config"
     layered = {s: dict(kv) for s, kv in values.items()}  # what a key is without the user
     overridden = []
-    for s, kv in merged.items():
+    for s, kv in user.items():
         for k, v in kv.items():
             where = f"{s}.{k}"
-            from_user = k in user[s]
-            if from_user and where in source and values[s][k] != v:
-                overridden.append(f"{where} = {toml_value(v)} overrides {source[where]}'s {toml_value(values[s][k])}")
-            if where not in source:
-                values[s][k], source[where] = v, "user" if from_user else "resolved config"
-            elif from_user and values[s][k] != v:  # a user value equal to the layer's leaves it the source
+            if where in source and values[s][k] != v:
+                by = "the resolved config (config.json)" if source[where] == "resolved config" else source[where]
+                overridden.append(f"{where} = {toml_value(v)} overrides {by}'s {toml_value(values[s][k])}")
+            if where not in source or values[s][k] != v:  # a user value equal to the layer's leaves it the source
                 values[s][k], source[where] = v, "user"
     cfg = Config(**{s: cls(**values[s]) for s, cls in _section_types().items()})
     if check:
@@ -217,7 +222,7 @@ def resolve(
         f"{s}.{k} = {toml_value(v)} has no effect: {why}"
         for s, kv in user.items()
         for k, v in kv.items()
-        if base is None and v != layered[s].get(k, defaults[s][k])
+        if v != layered[s].get(k, defaults[s][k])
         for why in [unused_reason(cfg, s, k)]
         if why
     ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.core.config.field_meta import CONTROL, LLM, _f
+from asyncrl.core.config.field_meta import CONTROL, LLM, _f, corrects_backward_lag
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,10 @@ class RunConfig:
         1,
         "warn once (log, summary.json warnings) when a preset that does not correct backward lag "
         "trains on samples whose lag p95 reaches this many versions; -1: never",
+        when=(
+            "the run does not correct backward lag (ppo, ...; llm.realign = none)",
+            lambda c: not corrects_backward_lag(c),
+        ),
     )
     run_dir: str = _f("runs", "parent directory of the default run directory")
     log_every_s: float = _f(5.0, "seconds between progress lines and lag-histogram windows")

@@ -29,18 +29,20 @@ from asyncrl.core.config.field_meta import (
     WEIGHTS_DTYPES,
     ConfigError,
 )
+from asyncrl.core.config.ranges import check_ranges
 from asyncrl.core.config.root import Config
 from asyncrl.core.limits import MAX_STR_BYTES
 
 
 def validate(cfg: Config) -> None:
     """Cross-field checks; raises ConfigError naming the first problem."""
-    a, e, lrn = cfg.algo, cfg.env, cfg.learner
+    a, lrn = cfg.algo, cfg.learner
     if a.preset not in PRESETS + ("grpo",):
         raise ConfigError(
             f"unknown preset algo.preset={a.preset!r}; presets are {', '.join(PRESETS)} "
             f"(task.kind = llm: {', '.join(LLM_PRESETS)})"
         )
+    check_ranges(cfg)
     _validate_task(cfg)
     if a.ratio_anchor not in RATIO_ANCHORS:
         raise ConfigError(f"algo.ratio_anchor must be one of {RATIO_ANCHORS}, got {a.ratio_anchor!r}")
@@ -57,14 +59,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("algo.value_targets must be auto for impala (it recomputes V-trace targets every step)")
     if a.tv_filter_trigger not in FILTER_TRIGGERS:
         raise ConfigError(f"algo.tv_filter_trigger must be one of {FILTER_TRIGGERS}, got {a.tv_filter_trigger!r}")
-    if not 0.0 <= a.tv_filter_min_deviation < float("inf"):
-        raise ConfigError(f"algo.tv_filter_min_deviation must be a finite number >= 0, got {a.tv_filter_min_deviation}")
     if not a.tv_filter_ratio_cap > a.tv_filter_min_deviation:
         raise ConfigError(
             f"algo.tv_filter_ratio_cap must be > algo.tv_filter_min_deviation, got {a.tv_filter_ratio_cap}"
         )
-    if not a.behavior_band > 0:
-        raise ConfigError(f"algo.behavior_band must be > 0 (inf: off), got {a.behavior_band}")
     if a.tv_rule not in TV_RULES:
         raise ConfigError(f"algo.tv_rule must be one of {TV_RULES}, got {a.tv_rule!r}")
     if a.tv_rule == "shrink" and a.preset in TV_FILTERED:
@@ -76,42 +74,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algo.behavior_band_ratio must be one of {BAND_RATIOS}, got {a.behavior_band_ratio!r}")
     if a.behavior_band_ratio == "backward" and a.ratio_anchor != "learning":
         raise ConfigError("algo.behavior_band_ratio = backward bounds pi_T/beta and needs algo.ratio_anchor = learning")
-    if not a.surrogate_rho_bar > 0:
-        raise ConfigError(f"algo.surrogate_rho_bar must be > 0 (inf: no bound), got {a.surrogate_rho_bar}")
     if cfg.policy.activation not in ("tanh", "relu", "elu"):
         raise ConfigError(f"policy.activation must be tanh, relu or elu, got {cfg.policy.activation!r}")
-    positive = {
-        "env.num_envs": e.num_envs,
-        "env.rollout_length": e.rollout_length,
-        "learner.slots_per_batch": lrn.slots_per_batch,
-        "learner.num_slots": lrn.num_slots,
-        "algo.num_epochs": a.num_epochs,
-        "algo.num_minibatches": a.num_minibatches,
-        "run.num_actors": cfg.run.num_actors,
-        "run.total_env_steps": cfg.run.total_env_steps,
-    }
-    for k, v in positive.items():
-        if v < 1:
-            raise ConfigError(f"{k} must be >= 1, got {v}")
-    if not 0.0 <= a.gamma <= 1.0 or not 0.0 <= a.gae_lambda <= 1.0:
-        raise ConfigError(f"algo.gamma and algo.gae_lambda must lie in [0, 1], got {a.gamma}, {a.gae_lambda}")
-    for key, value, low in (
-        ("actor.policy_delay", cfg.actor.policy_delay, 0),
-        ("actor.policy_age_buffer", cfg.actor.policy_age_buffer, 1),
-        ("actor.slowdown_s", cfg.actor.slowdown_s, 0),
-        ("env.max_episode_steps", e.max_episode_steps, 0),
-        ("run.straggler_slowdown_s", cfg.run.straggler_slowdown_s, 0),
-        ("run.seed", cfg.run.seed, 0),
-        ("algo.realign_min_lag", a.realign_min_lag, 0),
-        ("learner.max_consecutive_skips", lrn.max_consecutive_skips, 0),
-        ("learner.keep_checkpoints", lrn.keep_checkpoints, 1),
-        ("learner.target_lag_p95", lrn.target_lag_p95, -1),
-        ("run.max_restarts", cfg.run.max_restarts, 0),
-        ("run.restart_backoff_s", cfg.run.restart_backoff_s, 0),
-        ("run.restart_window_s", cfg.run.restart_window_s, 0),
-    ):
-        if value < low:
-            raise ConfigError(f"{key} must be >= {low}, got {value}")
     if cfg.run.launcher not in LAUNCHERS:
         raise ConfigError(f"run.launcher must be one of {', '.join(LAUNCHERS)}, got {cfg.run.launcher!r}")
     if cfg.actor.rollout_transport not in ROLLOUT_TRANSPORTS:
@@ -125,14 +89,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("set actor.policy_delay or actor.policy_age_buffer, not both")
     if cfg.actor.lag_trace and (cfg.actor.policy_delay > 0 or cfg.actor.policy_age_buffer > 1):
         raise ConfigError("actor.lag_trace replays a run's lag: set it without actor.policy_delay or policy_age_buffer")
-    if cfg.run.lag_warning_p95 < -1:
-        raise ConfigError(f"run.lag_warning_p95 must be >= 0 (versions) or -1 (never), got {cfg.run.lag_warning_p95}")
-    if cfg.run.eval_every < 0 or cfg.run.eval_episodes < 1:
+    if not cfg.transport.actor_timeout_s >= 2 * cfg.transport.heartbeat_s:
         raise ConfigError(
-            f"run.eval_every must be >= 0 and run.eval_episodes >= 1, got {cfg.run.eval_every}, {cfg.run.eval_episodes}"
+            f"transport.actor_timeout_s ({cfg.transport.actor_timeout_s}) must be at least twice "
+            f"transport.heartbeat_s ({cfg.transport.heartbeat_s}): a peer silent for one heartbeat would be given up"
         )
-    if not 0 < a.lr < float("inf"):
-        raise ConfigError(f"algo.lr must be a finite number > 0, got {a.lr}")
     if lrn.num_slots < lrn.slots_per_batch:
         raise ConfigError(
             f"learner.num_slots ({lrn.num_slots}) must be >= learner.slots_per_batch ({lrn.slots_per_batch})"
@@ -176,12 +137,6 @@ def _validate_weights(cfg: Config) -> None:
             f"learner.weights_dtype = {dtype}: control policies travel as float32 (their actors act with "
             f"numpy); the key is for task.kind = llm"
         )
-    if llm.lora_rank < 0:
-        raise ConfigError(f"llm.lora_rank must be >= 0 (0: no LoRA), got {llm.lora_rank}")
-    if not 0 < llm.lora_alpha < float("inf"):
-        raise ConfigError(f"llm.lora_alpha must be a finite number > 0, got {llm.lora_alpha}")
-    if not 0 <= llm.lora_dropout < 1:
-        raise ConfigError(f"llm.lora_dropout must lie in [0, 1), got {llm.lora_dropout}")
     targets = llm.lora_target_modules
     if not targets or any(not t or t != t.strip() for t in targets):
         raise ConfigError(f"llm.lora_target_modules must be a list of module names, got {list(targets)}")
@@ -231,52 +186,11 @@ def _validate_task(cfg: Config) -> None:
         )
     if llm.realign not in LLM_REALIGN:
         raise ConfigError(f"llm.realign must be one of {', '.join(LLM_REALIGN)}, got {llm.realign!r}")
-    if llm.realign != "none" and not cfg.algo.rho_bar > 0:
-        raise ConfigError(
-            f"llm.realign = {llm.realign} truncates the sequence weights at algo.rho_bar, which must be "
-            f"> 0 (inf: none), got {cfg.algo.rho_bar}"
-        )
-    if not 0 <= llm.kl_coef < float("inf"):
-        raise ConfigError(f"llm.kl_coef must be a finite number >= 0, got {llm.kl_coef}")
-    if not 0 <= llm.negative_weight < float("inf"):
-        raise ConfigError(f"llm.negative_weight must be a finite number >= 0, got {llm.negative_weight}")
-    for key in (
-        "group_size",
-        "prompts_per_slot",
-        "max_new_tokens",
-        "train_problems",
-        "warmup_batch_size",
-        "eval_batch_size",
-    ):
-        if getattr(llm, key) < 1:
-            raise ConfigError(f"llm.{key} must be >= 1, got {getattr(llm, key)}")
-    for key in (
-        "warmup_steps",
-        "eval_size",
-        "eval_every",
-        "model_seed",
-        "warmup_threads",
-        "max_prompt_tokens",
-        "few_shot",
-    ):
-        if getattr(llm, key) < 0:
-            raise ConfigError(f"llm.{key} must be >= 0, got {getattr(llm, key)}")
     if not 1 <= llm.problem_steps_min <= llm.problem_steps_max <= 8:
         raise ConfigError(
             "llm.problem_steps_min / llm.problem_steps_max must satisfy 1 <= min <= max <= 8, got "
             f"{llm.problem_steps_min} / {llm.problem_steps_max}"
         )
-    if not 0 <= llm.warmup_target <= 1:
-        raise ConfigError(f"llm.warmup_target must be an accuracy in [0, 1], got {llm.warmup_target}")
-    if not 0 < llm.temperature < float("inf"):
-        raise ConfigError(f"llm.temperature must be a finite number > 0, got {llm.temperature}")
-    if not 0 < llm.top_p <= 1:
-        raise ConfigError(f"llm.top_p must be in (0, 1] (1: off), got {llm.top_p}")
-    for key in ("top_k", "micro_batch_rows"):
-        if getattr(llm, key) < 0:
-            raise ConfigError(f"llm.{key} must be >= 0 (0: off), got {getattr(llm, key)}")
-    if llm.logprob_chunk_tokens < 1:
-        raise ConfigError(f"llm.logprob_chunk_tokens must be >= 1, got {llm.logprob_chunk_tokens}")
 
 
 def _validate_group(cfg: Config) -> None:
@@ -284,10 +198,6 @@ def _validate_group(cfg: Config) -> None:
     shares, and each share into the same algo.num_minibatches minibatches."""
     lrn, e = cfg.learner, cfg.env
     w = lrn.num_learners
-    if w < 1:
-        raise ConfigError(f"learner.num_learners must be >= 1, got {w}")
-    if not 0 < lrn.group_timeout_s < float("inf"):
-        raise ConfigError(f"learner.group_timeout_s must be a finite number > 0, got {lrn.group_timeout_s}")
     if w == 1:
         return
     if cfg.task.kind != "control":
@@ -317,6 +227,16 @@ def validate_serial(cfg: Config) -> None:
             f"learner.num_learners = {cfg.learner.num_learners}: serial mode is the single-process reference; "
             f"a learner group runs with asyncrl run's processes (without --serial)"
         )
+    run, actor = cfg.run, cfg.actor
+    for key, value, off, why in (
+        ("run.launcher", run.launcher, "local", "serial mode runs in this process, not on a cluster"),
+        ("run.ray_address", run.ray_address, "", "serial mode runs in this process, not on a cluster"),
+        ("actor.slowdown_s", actor.slowdown_s, 0.0, "a straggler is an actor process: drop --serial"),
+        ("run.straggler_slowdown_s", run.straggler_slowdown_s, 0.0, "a straggler is an actor process: drop --serial"),
+        ("actor.rollout_transport", actor.rollout_transport, "auto", "serial mode sends no rollout"),
+    ):
+        if value != off:
+            raise ConfigError(f"{key} = {value!r} has no effect in serial mode ({why}); leave it out")
     if cfg.learner.target_lag_p95 >= 0:
         raise ConfigError(
             f"learner.target_lag_p95 = {cfg.learner.target_lag_p95}: serial mode has no slot ring and no "
