@@ -104,6 +104,32 @@ def test_conditions(name, mode, overrides):
         ('seeds = []\n[[arm]]\npresets=["vaco"]', "seeds must be a non-empty list"),
         ('total_env_steps = -3\n[[arm]]\npresets=["vaco"]', "total_env_steps"),
         ("[[arm", "invalid TOML"),
+        # a set or sweep may not run another cell than the one recorded
+        (
+            'set=["run.seed=7"]\n[[arm]]\npresets=["vaco"]',
+            "set names run.seed, which each cell takes from the study's seeds",
+        ),
+        ('[[arm]]\npresets=["ppo"]\nsweep={"algo.preset"=["vaco"]}', "sweep names algo.preset"),
+        ('set=["env.id=Hopper-v5"]\n[[arm]]\npresets=["vaco"]', "set names env.id"),
+        ('[[arm]]\npresets=["vaco"]\nset=["actor.policy_age_buffer=8"]', "set names actor.policy_age_buffer"),
+        ('[[arm]]\npresets=["vaco"]\nsweep={"run.total_env_steps"=[4096]}', "sweep names run.total_env_steps"),
+        ('set=["algo.lr=1e-4"]\n[[arm]]\npresets=["vaco"]\nsweep={"algo.lr"=[3e-4]}', "algo.lr is given twice"),
+        # a sweep whose key the cell does not use: its cells would be one run
+        (
+            '[[arm]]\npresets=["decoupled_ppo"]\nsweep={"algo.tv_threshold"=[0.05, 0.1]}',
+            "the sweep of algo.tv_threshold has no effect",
+        ),
+        # the report's keys, at load rather than after the cells
+        (
+            'reference={"Hopper-v5"=1.0}\n[[arm]]\npresets=["vaco"]',
+            "reference names 'Hopper-v5', not an env of the study",
+        ),
+        ('reference={"HalfCheetah-v5"="x"}\n[[arm]]\npresets=["vaco"]', "reference must be a table of env = number"),
+        ('modes={"HalfCheetah-v5"=true}\n[[arm]]\npresets=["vaco"]', "modes must be a table of env = number"),
+        ('compare=[["vaco","nope"]]\n[[arm]]\npresets=["vaco"]', "compare names 'nope'"),
+        ('compare=[["vaco@age-8","vaco"]]\n[[arm]]\npresets=["vaco"]', "compare names 'vaco@age-8'"),
+        ('compare=[["vaco"]]\n[[arm]]\npresets=["vaco"]', "compare entries must be"),
+        ('random_episodes=2.9\n[[arm]]\npresets=["vaco"]', "random_episodes must be an integer >= 1"),
     ],
 )
 def test_bad_study_files_name_the_problem(tmp_path, text, match):
@@ -178,7 +204,7 @@ def _rec(label, env, cond, seed, final, status="ok"):
 
 
 def test_report_rows_count_modes_and_failed_cells(tmp_path):
-    st = load_study(write(tmp_path, """modes = {"E" = 3000.0}\n[[arm]]\npresets=["vaco", "ppo"]"""))
+    st = load_study(write(tmp_path, """envs = ["E"]\nmodes = {"E" = 3000.0}\n[[arm]]\npresets=["vaco", "ppo"]"""))
     recs = [_rec("vaco", "E", "none", s, f) for s, f in ((1, 1600.0), (2, 4500.0), (3, 4400.0))]
     recs += [_rec("ppo", "E", "none", 1, 2000.0), _rec("ppo", "E", "none", 2, None, status="failed")]
     rows = {r["label"]: r for r in group_rows(st, recs)}

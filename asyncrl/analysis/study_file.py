@@ -63,6 +63,20 @@ STUDY_KEYS = {
 ARM_KEYS = {"name", "presets", "conditions", "set", "sweep", "envs", "seeds"}
 
 
+# What a cell takes from the study's own fields; a set or sweep naming one would run another cell than
+# the one recorded (its preset, env, seed, budget or lag condition in the results).
+CELL_IDENTITY = {
+    "env.id": "envs",
+    "algo.preset": "presets",
+    "run.seed": "seeds",
+    "run.total_env_steps": "total_env_steps",
+    "actor.policy_age_buffer": "conditions (age-K)",
+    "actor.policy_delay": "conditions (delay-K)",
+    "actor.lag_trace": "conditions (replay-NAME)",
+    "run.straggler_slowdown_s": "conditions (straggler-N-S)",
+}
+
+
 class StudyError(ValueError):
     """A study file is wrong; the message names the field."""
 
@@ -113,6 +127,7 @@ class Cell:
     mode: str  # "serial" or "multiprocess"
     total_env_steps: int
     config_file: str | None = None
+    swept: tuple[str, ...] = ()  # the config keys of its arm's sweep
 
     def command(self, run_dir: Path) -> list[str]:
         """The `asyncrl run` command line of this cell."""
@@ -159,8 +174,8 @@ class Cell:
             for a in ("--set", f"llm.{key}={Path(llm[key]).resolve()}")
         ]
 
-    def resolved_config(self) -> dict:
-        cfg = config_mod.load(
+    def _resolved(self) -> config_mod.Resolved:
+        return config_mod.load_resolved(
             self.config_file,
             self.overrides,
             {
@@ -169,7 +184,14 @@ class Cell:
                 "run": {"seed": self.seed, "total_env_steps": self.total_env_steps},
             },
         )
-        d = cfg.to_dict()
+
+    def unused_keys(self) -> dict[str, str]:
+        """{"section.key": the line saying why it has no effect} for the values this cell sets that its
+        preset or task kind does not use."""
+        return {line.split(" = ", 1)[0]: line for line in self._resolved().unused}
+
+    def resolved_config(self) -> dict:
+        d = self._resolved().config.to_dict()
         for k in ("run_dir", "log_every_s"):  # where and how often it logs: not the outcome
             d["run"].pop(k, None)
         d.pop("transport", None)
@@ -258,6 +280,13 @@ def load_study(
         if not isinstance(sweep, dict):
             raise StudyError(f"{where}: sweep must be a table of key = [values]")
         axes = [[(k, v) for v in _list(f"{where}: sweep.{k}", vals, object)] for k, vals in sweep.items()]
+        for what, keys in (("set", [o.partition("=")[0].strip() for o in common + arm_set]), ("sweep", list(sweep))):
+            for key in keys:
+                if key in CELL_IDENTITY:
+                    raise StudyError(
+                        f"{where}: {what} names {key}, which each cell takes from the study's "
+                        f"{CELL_IDENTITY[key]}; the cells would run with another value than they record"
+                    )
         arm_envs = envs or (_list(f"{where}: envs", arm["envs"], str) if "envs" in arm else all_envs)
         arm_seeds = seeds or (_list(f"{where}: seeds", arm["seeds"], int) if "seeds" in arm else all_seeds)
         for env, preset, cond, combo in itertools.product(
@@ -287,6 +316,7 @@ def load_study(
                         mode,
                         steps,
                         cfg_file,
+                        tuple(sweep),
                     )
                 )
     if not cells:
@@ -297,19 +327,53 @@ def load_study(
             continue
         checked.add((c.label, c.env, c.preset, c.condition))
         try:
-            c.resolved_config()
+            unused = c.unused_keys()
         except config_mod.ConfigError as exc:
             raise StudyError(f"{path}: cell {c.label} / {c.env} / {c.condition}: {exc}") from None
+        swept = [k for k in unused if k in c.swept]
+        if swept:
+            raise StudyError(
+                f"{path}: cell {c.label} / {c.env} / {c.condition}: the sweep of {swept[0]} has no effect there "
+                f"({unused[swept[0]]}): its cells would be the same run"
+            )
     # interleave: seed-major, so a partial study holds every arm's first seeds
     order = {s: k for k, s in enumerate(dict.fromkeys([*all_seeds, *(c.seed for c in cells)]))}
     cells.sort(key=lambda c: order[c.seed])
-    compare = [tuple(p) for p in data.get("compare", [])]
-    return Study(
-        name,
-        path,
-        cells,
-        reference=dict(data.get("reference", {})),
-        modes=dict(data.get("modes", {})),
-        random_episodes=int(data.get("random_episodes", 10)),
-        compare=compare,
-    )  # type: ignore[arg-type]
+    return Study(name, path, cells, **_report_keys(path, data, cells))
+
+
+def _report_keys(path: Path, data: dict, cells: list[Cell]) -> dict:
+    """The study's report settings, checked at load (not after its cells have run): reference and
+    modes are {env of the study: number}, compare pairs name the study's cell labels, random_episodes
+    is an integer >= 1. Raises StudyError."""
+    envs, labels, conditions = {c.env for c in cells}, {c.label for c in cells}, {c.condition for c in cells}
+    out: dict = {}
+    for key in ("reference", "modes"):
+        table = data.get(key, {})
+        if not isinstance(table, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in table.values()
+        ):
+            raise StudyError(f"{path}: {key} must be a table of env = number, got {table!r}")
+        stray = sorted(set(table) - envs)
+        if stray:
+            raise StudyError(f"{path}: {key} names {stray[0]!r}, not an env of the study ({sorted(envs)})")
+        out[key] = {k: float(v) for k, v in table.items()}
+    episodes = data.get("random_episodes", 10)
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise StudyError(f"{path}: random_episodes must be an integer >= 1, got {episodes!r}")
+    out["random_episodes"] = episodes
+    compare = data.get("compare", [])
+    if not isinstance(compare, list):
+        raise StudyError(f"{path}: compare must be a list of [label, label] pairs, got {compare!r}")
+    for pair in compare:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise StudyError(f"{path}: compare entries must be [label, label] pairs, got {pair!r}")
+        for side in pair:  # LABEL, or LABEL@CONDITION (that side at one lag condition)
+            label, at, cond = side.partition("@")
+            if label not in labels or (at and cond not in conditions):
+                raise StudyError(
+                    f"{path}: compare names {side!r}: the study's cell labels are {sorted(labels)} "
+                    f"and its conditions {sorted(conditions)} (LABEL or LABEL@CONDITION)"
+                )
+    out["compare"] = [tuple(p) for p in compare]
+    return out
