@@ -25,7 +25,8 @@ STEPS = SPEC.num_envs * SPEC.rollout_length  # env steps of one slot
 def live_learner(tmp_path, *overrides: str, run_id: str = "hostile"):
     """A Learner of SMALL (+ ``overrides``) on a free loopback port, its broadcaster address unused;
     closed (segment removed) at the end."""
-    cfg = config.load(None, [*SMALL, *overrides])
+    sets = {s.split("=", 1)[0]: s for s in SMALL} | {s.split("=", 1)[0]: s for s in overrides}  # one per key
+    cfg = config.load(None, list(sets.values()))
     learner = Learner(
         cfg,
         tmp_path / "run",
