@@ -113,3 +113,59 @@ def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
         ctx.term()
         actor.close()
         b.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("told_by", ["version_ping", "learner_refusal"])
+def test_an_actor_heals_from_a_forged_far_future_version(told_by):
+    """One weights message of the session's epoch with version 2**62 (e.g. from a hostile relay) made
+    it the actor's newest: every real version after it was dropped as stale, for good, and the learner
+    refused every slot (wedge.py of the attack review). Now the broadcaster's version ping naming a
+    lower version, or the learner's ``slot_refused`` naming its own version, makes the actor drop the
+    versions above and take the broadcaster's newest."""
+    port = free_port_pair()
+    b = Broadcaster(f"tcp://127.0.0.1:{port}", echo=lambda *_: None)
+    stop = threading.Event()
+    serving = threading.Thread(target=lambda: [b.serve(20) for _ in iter(stop.is_set, True)])
+    cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
+    actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster=b.endpoint, actor_id="t"))
+    ctx = sockets.context()
+    learner = sockets.dealer(ctx, addresses.snapshot_endpoint(b.endpoint), sockets.route_identity("learner"))
+    secret = read_weights_secret(b.endpoint)
+
+    def weights(version):
+        return codec.encode_weights(
+            run_id="r", epoch=10, version=version, publish_time=1.0, layout_hash="h", payload=np.ones(8, np.float32)
+        )
+
+    try:
+        serving.start()
+        actor.run_id, actor.layout_hash, actor.epoch, actor.num_params = "r", "h", 10, 8
+        actor.history = WeightHistory()
+        deadline = time.monotonic() + 30
+        sockets.send(learner, codec.sign_weights(weights(3), secret))
+        while actor.history.newest < 3:
+            assert time.monotonic() < deadline, "the actor never got weights"
+            actor.receive_weights()
+            time.sleep(0.05)
+        actor._receive([bytes(f) for f in weights(2**62)])  # the forged message
+        for v in (4, 5, 6):
+            sockets.send(learner, codec.sign_weights(weights(v), secret))
+        if told_by == "learner_refusal":
+            actor.slot_refused({"grant_id": 1, "reason": "version: behaviour versions ...", "version": 6})
+            assert actor.history.newest < 0  # it held the forged version only (the history keeps one)
+        while actor.history.newest != 6:
+            assert time.monotonic() < deadline, f"the actor's newest stayed {actor.history.newest}"
+            actor.receive_weights()
+            time.sleep(0.05)
+        assert actor.rewinds == 1 and actor.history.choose()[0] == 6
+        time.sleep(1.5)  # the broadcaster's next ping names what the actor holds: nothing more is dropped
+        actor.receive_weights()
+        assert actor.rewinds == 1 and actor.history.newest == 6
+    finally:
+        stop.set()
+        serving.join(10)
+        sockets.close(learner)
+        ctx.term()
+        actor.close()
+        b.close()

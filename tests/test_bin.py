@@ -117,14 +117,17 @@ def test_actor_host_commands():
         "0.5",
     )
     assert p.returncode == 0, p.stderr
-    relay, a0, a1 = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
+    mkdir, relay, a0, a1 = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
     asy = shlex.split(ENV["ASYNCRL"])
+    # the relay's sockets: ipc:// in a directory of this user's only (a loopback port is open to all users)
+    assert mkdir[:3] == ["mkdir", "-m", "700"] and "/asyncrl-relay-" in mkdir[3]
+    local = f"ipc://{mkdir[3]}/weights"
     assert relay == asy + [
         "broadcaster",
         "--upstream",
         "10.0.0.5:6001",
         "--bind",
-        "127.0.0.1:5556",
+        local,
         "--insecure",
         "--max-weights-mb",
         "35",
@@ -134,7 +137,7 @@ def test_actor_host_commands():
         "--learner",
         "10.0.0.5:6000",
         "--broadcaster",
-        "127.0.0.1:5556",
+        local,
         "--insecure",
         "--actor-id",
         "boxB-a0",
@@ -146,6 +149,9 @@ def test_actor_host_commands():
         "0.5",
     ]
     assert a1[a1.index("--actor-id") + 1] == "boxB-a1" and a1[a1.index("--seed") + 1] == "8"
+    p = _run("actor-host", "--learner", "10.0.0.5", "--insecure", "--local-port", "5556", "--dry-run")
+    relay, a0, _ = [shlex.split(x.rstrip("&")) for x in p.stdout.strip().splitlines()]
+    assert relay[relay.index("--bind") + 1] == a0[a0.index("--broadcaster") + 1] == "127.0.0.1:5556"
 
 
 def test_wrapped_commands_parse():

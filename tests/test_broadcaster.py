@@ -157,3 +157,31 @@ def test_cli_max_weights_mb_sets_the_frame_limit(monkeypatch):
     for bad in ("0", "-1", "x"):
         result = CliRunner().invoke(main, ["broadcaster", "--max-weights-mb", bad])
         assert result.exit_code == 2 and "--max-weights-mb" in result.output
+
+
+def test_the_relay_command_binds_a_private_ipc_socket_and_a_relay_on_one_announces_it(tmp_path):
+    """The relay command a broadcaster prints bound tcp://127.0.0.1:PORT, open to every user of the
+    actor host (docs/multi-host.md, trust model). It binds ipc:// in a new private directory now,
+    and a relay bound there says that address to its actors (it printed tcp://HOST:///PATH)."""
+    from asyncrl.wire.security import Security
+
+    lines: list[str] = []
+    b = Broadcaster(
+        f"tcp://0.0.0.0:{free_port_pair()}", security=Security("broadcaster", insecure=True), echo=lines.append
+    )
+    relay = None
+    try:
+        b.announce()
+        assert "D=$(mktemp -d) && asyncrl broadcaster --upstream" in lines[-1], lines
+        assert "--bind ipc://$D/weights --insecure" in lines[-1] and "127.0.0.1" not in lines[-1], lines
+        private = tmp_path / "relay"
+        private.mkdir(mode=0o700)
+        relay = Broadcaster(
+            f"ipc://{private}/weights", upstream=b.endpoint.replace("0.0.0.0", "127.0.0.1"), echo=lines.append
+        )
+        relay.announce()
+        assert f"actors on this host use --broadcaster ipc://{private}/weights (" in lines[-1], lines
+    finally:
+        if relay is not None:
+            relay.close()
+        b.close()

@@ -108,6 +108,29 @@ def test_check_slot_reasons():
     assert info.value.reason == "foreign_rows" and "1 entries" in str(info.value)
 
 
+def test_behaviour_log_probabilities_above_zero_are_refused():
+    """A log-probability above 0 (a probability above 1) is impossible, yet was trained on: refused
+    ("log_prob") for discrete actions and tokens, with float32 rounding's room; a continuous
+    action's log-density may be positive (a narrow Gaussian)."""
+    from asyncrl.tasks.llm.spec import TokenSpec
+
+    discrete = RolloutSpec(obs_dim=2, action_dim=3, discrete=True, rollout_length=8, num_envs=2)
+    tokens = TokenSpec(prompts=1, group_size=2, prompt_tokens=2, completion_tokens=2, vocab_size=9)
+    for spec in (discrete, tokens, SPEC):
+        a = spec.allocate()
+        if spec is tokens:
+            a["completion_mask"][:, 0] = a["policy_mask"][:, 0] = True
+        a["behavior_log_prob"][0] = 1e-5  # float32 rounding of an honest log-softmax
+        check_slot(a, spec, version=0)
+        a["behavior_log_prob"][0] = 0.5
+        if spec is SPEC:
+            check_slot(a, spec, version=0)
+            continue
+        with pytest.raises(SlotError, match="log-probabilities up to 0.5") as info:
+            check_slot(a, spec, version=0)
+        assert info.value.reason == "log_prob"
+
+
 def test_reward_scaler_gap_restarts_the_stream():
     s = RewardScaler(gamma=0.9, clip=10.0)
     r, no_end = np.ones((4, 2), np.float32), np.zeros((4, 2), bool)

@@ -310,6 +310,7 @@ def actor(
     click.echo(
         f"actor {opts.actor_id}: weights: {count_of(role.versions_received, 'version')} received, "
         f"{role.versions_acted} acted with (the last: {role.version})"
+        + (f"; {count_of(role.rewinds, 'time')} dropped versions above the learner's (forged)" if role.rewinds else "")
     )
     bad = f"; non-finite numbers from its envs: {bad}" if bad else ""
     if interrupted:

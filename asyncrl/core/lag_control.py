@@ -49,6 +49,14 @@ class WeightHistory:
         while len(self.versions) > self.keep:
             self.versions.popitem(last=False)
 
+    def drop_above(self, version: int) -> int:
+        """Drop the versions newer than ``version`` (forged ones: asyncrl.roles.actor_weights);
+        returns how many."""
+        above = [v for v in self.versions if v > version]
+        for v in above:
+            del self.versions[v]
+        return len(above)
+
     def state_dict(self) -> dict:
         """The versions kept (as tensors) and the generator's state, for a checkpoint."""
 

@@ -10,10 +10,13 @@ import numpy as np
 
 from asyncrl.core.spec import MAX_ABS_FLOAT, SlotSpec
 
+# log(probability) <= 0; float32 rounding of an honest log-softmax stays far below this
+MAX_LOG_PROBABILITY = 1e-4
+
 
 class SlotError(ValueError):
     """A slot's contents must not be trained on. ``reason``: a short code for counting
-    ("nonfinite", "magnitude", "version", "action", "revoked_writer", "foreign_rows")."""
+    ("nonfinite", "magnitude", "log_prob", "version", "action", "revoked_writer", "foreign_rows")."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
@@ -26,17 +29,22 @@ def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int, g
     +-``MAX_ABS_FLOAT`` ("magnitude": 1e15, the bound of every float in a header), one behaviour version in
     0..``version`` for the whole slot, the task's value ranges (``spec.invalid_values``: discrete
     actions within 0..action_dim-1, token ids within the vocabulary), and (when
-    ``grant_id`` is given) every row tagged with that grant (``foreign_rows``; spec.py)."""
+    ``grant_id`` is given) every row tagged with that grant (``foreign_rows``; spec.py). Behaviour
+    log-probabilities (discrete actions, tokens: ``spec.log_probabilities``) above
+    MAX_LOG_PROBABILITY are refused ("log_prob"); a continuous action's log-density may be positive."""
     for f in spec.fields:
         if f.dtype.kind == "f" and arrays[f.name].size:
             a = arrays[f.name]
-            peak = float(np.abs(a).max())  # one pass: NaN or inf anywhere makes it non-finite
+            low, high = float(a.min()), float(a.max())  # NaN anywhere makes both NaN
+            peak = max(-low, high)
             if not math.isfinite(peak):
                 bad = int(a.size - np.count_nonzero(np.isfinite(a)))
                 raise SlotError("nonfinite", f"{f.name} holds {bad} NaN/inf values")
             if peak > MAX_ABS_FLOAT:
                 big = int(np.count_nonzero(np.abs(a) > MAX_ABS_FLOAT))
                 raise SlotError("magnitude", f"{f.name} holds {big} values beyond +-{MAX_ABS_FLOAT:g}")
+            if f.name == "behavior_log_prob" and high > MAX_LOG_PROBABILITY and spec.log_probabilities:
+                raise SlotError("log_prob", f"behaviour log-probabilities up to {high:g}: a probability above 1")
     v = arrays["behavior_version"]
     if v.min() < 0 or v.max() > version:
         raise SlotError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{version}")

@@ -50,6 +50,12 @@ class SlotSpec:
     def fields(self) -> tuple[Field, ...]:
         raise NotImplementedError
 
+    @property
+    def log_probabilities(self) -> bool:
+        """True when ``behavior_log_prob`` holds log-probabilities (<= 0: discrete actions, tokens),
+        False for log-densities (continuous actions: any sign)."""
+        return False
+
     def to_dict(self) -> dict:
         raise NotImplementedError
 
@@ -162,6 +168,10 @@ class RolloutSpec(SlotSpec):
             Field("final_obs", (T, E, D), np.dtype(np.float32)),
             Field("grant_id", (T, E), np.dtype(np.int64)),
         )
+
+    @property
+    def log_probabilities(self) -> bool:
+        return self.discrete
 
     def to_dict(self) -> dict:
         return {

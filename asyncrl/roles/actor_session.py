@@ -268,6 +268,8 @@ class LearnerSession:
                         self.grants.append((header["slot"], header["grant_id"]))
                 elif header["type"] == "stop":
                     self.stopped = header["reason"]
+                elif header["type"] == "slot_refused":  # actor_weights: a forged version
+                    self.slot_refused(header)
                 elif header["type"] == "rejoin":
                     raise Rejoin(f"the learner says: {rejects.printable(header['reason'])}")
             frames = sockets.recv_multipart_timeout(self.learner, 0)

@@ -400,7 +400,10 @@ class Broadcaster:
 
     def announce(self) -> None:
         """Where actors (and relays) connect; the exact commands for a non-loopback address."""
-        adv, source = advertised_with_source(self.endpoint, self.advertise)
+        if self.endpoint.startswith("ipc://"):
+            adv, source = self.endpoint, "the bound address"
+        else:
+            adv, source = advertised_with_source(self.endpoint, self.advertise)
         security = self.security.describe(self.endpoint)
         if self.upstream:
             self.echo(
@@ -409,10 +412,12 @@ class Broadcaster:
             )
         elif not is_loopback(self.endpoint):
             keys = "--insecure" if self.security.insecure else "--keys KEYS/client-K"
+            # the relay's sockets in a directory only its user can enter (a loopback port is open to
+            # every local user), as `asyncrl run` puts a one-host run's
             self.echo(
                 f"broadcaster: actors use --broadcaster {adv} ({security}), address from {source}; "
-                f"a relay on each actor host:\n"
-                f"  asyncrl broadcaster --upstream {adv} --bind tcp://127.0.0.1:{adv.rsplit(':', 1)[1]} {keys}"
+                f"a relay on each actor host, its actors then use --broadcaster ipc://$D/weights:\n"
+                f"  D=$(mktemp -d) && asyncrl broadcaster --upstream {adv} --bind ipc://$D/weights {keys}"
             )
 
     def run(self, stop_after_s: float | None = None) -> None:

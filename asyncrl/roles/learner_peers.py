@@ -45,6 +45,9 @@ class ActorInfo:
     # the least (handled - sent) of its reports, both in seconds since the welcome, each on its own
     # clock: what a report that waited in no inbox shows (asyncrl.core.lag_parts.inbox_wait)
     least_delay: float = float("inf")
+    # when its last accepted report was sent, seconds since the welcome (learner_slots.report_clock):
+    # the next report's timing must fit in the time since (learner_slots.timing_excess)
+    timed_until: float = 0.0
 
 
 class LearnerPeers:

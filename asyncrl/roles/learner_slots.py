@@ -58,14 +58,26 @@ class LearnerSlots:
                 episode_returns = self.check_episodes(views, h)
                 del views
                 self.rollouts_by_transport["shm"] += 1
-        except protocol.ProtocolError:
+        except protocol.ProtocolError as exc:
             if self.ledger.void(actor_id, slot, h["grant_id"]):
                 self.ring.disarm(slot)
             info.pending += 1  # the grant it held is void: it may ask again
             self.state.reward_scaler.reset(actor_id)  # the stream has a gap now
+            if exc.reason == "version":  # it acts with a version above this learner's: a forged one (actor_weights)
+                reason = rejects.printable(str(exc), 1000)
+                self.reply(
+                    info.route,
+                    {
+                        "type": "slot_refused",
+                        "grant_id": h["grant_id"],
+                        "reason": reason,
+                        "version": self.state.version,
+                    },
+                )
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         now = time.monotonic()
+        info.timed_until = max(info.timed_until, report_clock(h["timing"], now - info.joined))
         self.note_report_interval(now - info.lease_from)
         info.lease_from = now
         timing = h["timing"]  # numbers of seconds (check_report); an actor may leave keys out
@@ -89,11 +101,13 @@ class LearnerSlots:
         """The env steps a report's slot holds, E * T of the slot's shape (what the learner knows;
         llm: completions). Raises ProtocolError "env_steps" if the report says another number,
         "timing" unless each of its timing values is a number of seconds in 0..(seconds since the
-        actor's welcome + 1)."""
+        actor's welcome + 1) and the seconds it spent since its previous accepted report fit in the
+        time between the two (:func:`timing_excess`)."""
         steps = self.spec.num_envs * self.spec.rollout_length
         if h["env_steps"] != steps:
             raise protocol.ProtocolError("env_steps", f"report of {h['env_steps']} env steps, a slot holds {steps}")
-        limit = time.monotonic() - info.joined + 1.0
+        since_welcome = time.monotonic() - info.joined
+        limit = since_welcome + 1.0
         for key, value in h["timing"].items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= limit:
                 raise protocol.ProtocolError(
@@ -101,6 +115,9 @@ class LearnerSlots:
                     f"timing {rejects.printable(key, 40)} = {rejects.printable(repr(value), 40)}: not seconds in "
                     f"0..{limit:.0f}",
                 )
+        bad = timing_excess(h["timing"], since_welcome, info.timed_until)
+        if bad is not None:
+            raise protocol.ProtocolError("timing", bad)
         return steps
 
     def check_episodes(self, views: dict, h: dict) -> list[float]:
@@ -235,6 +252,37 @@ class LearnerSlots:
                 "actors_wait_share": wait / busy if busy > 0 else None,
             }
         }
+
+
+TIMING_SLACK_S = 0.05  # float rounding, and the actor's perf_counter against its monotonic clock
+
+
+def report_clock(timing: dict, since_welcome: float) -> float:
+    """When a report was sent, in seconds since its actor's welcome: its ``sent_s`` (the actor's
+    clock; already held to 0..since_welcome + 1), else the learner's ``since_welcome``."""
+    sent = timing.get("sent_s")
+    return since_welcome if sent is None else float(sent)
+
+
+def timing_excess(timing: dict, since_welcome: float, previous: float) -> str | None:
+    """Why a report's timing cannot be honest, or None. Its actor spends the seconds it reports
+    (``wait_s`` for the grant, then the rollout: ``collect_s``, of which ``env_s`` and
+    ``inference_s`` are parts) after it sent its previous report, so together they fit in the time
+    from that report (``previous``, :func:`report_clock` of the last accepted one; 0 before the first:
+    the welcome) to this one, plus TIMING_SLACK_S. The sums of env_s, inference_s and wait_s go to
+    summary.json (time_breakdown_s, lag_target); bounded by each window, the windows of one session
+    add up to its length, so a peer can no longer grow them with each report. The window is on the
+    actor's clock: the learner's own, between handling two reports, is shorter by the first one's
+    wait in its inbox (an iteration of training), which would refuse honest actors."""
+    part = {k: float(timing.get(k, 0.0)) for k in ("env_s", "inference_s", "wait_s", "collect_s")}
+    spent = part["wait_s"] + max(part["env_s"] + part["inference_s"], part["collect_s"])
+    window = max(0.0, report_clock(timing, since_welcome) - previous)
+    if spent <= window + TIMING_SLACK_S:
+        return None
+    return (
+        f"wait_s + max(env_s + inference_s, collect_s) = {spent:.3f} s, more than the {window:.3f} s "
+        f"from this actor's previous accepted report (or its welcome) to this one"
+    )
 
 
 def _seconds(value) -> float | None:

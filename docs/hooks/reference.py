@@ -188,6 +188,7 @@ DIRECTION = {
     "snapshot": "actor → broadcaster (answered with the newest weights, or a version ping if it holds them)",
     "refuse": "learner or broadcaster → peer",
     "grant": "learner → actor",
+    "slot_refused": "learner → actor",
     "stop": "learner → actor",
     "weights": "learner → broadcaster → actors (PUB/SUB)",
     "weights_version": "learner → broadcaster (signed); broadcaster → actors (PUB/SUB, and snapshot answers)",

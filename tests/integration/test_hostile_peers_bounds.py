@@ -111,3 +111,91 @@ def test_records_of_ids_that_delivered_and_left_are_bounded(tmp_path, ctx, monke
         assert len(state.reward_scaler.returns) <= 1 + 3, sorted(state.reward_scaler.returns)
         assert state.actor_joins["stay"] == 1 and "stay" in state.reward_scaler.returns  # live: kept
         assert learner.rejects.total == 0, learner.rejects.counts
+
+
+def _lie_each_report(learner, peer: Peer, joined: float, reports: int, timing_of) -> int:
+    """``reports`` TCP reports of valid slots from ``peer`` (actor "liar"), each with the timing
+    ``timing_of(seconds since joined)``; consumes as slots fill; returns how many were sent."""
+    sent, deadline = 0, time.monotonic() + 60
+    while sent < reports and time.monotonic() < deadline:
+        for g in peer.grants():
+            if sent < reports:
+                peer.send(report(peer, "liar", g["grant_id"], timing=timing_of(time.monotonic() - joined)))
+                sent += 1
+        peer.pump(learner, 0.1)
+        learner.consume()
+    return sent
+
+
+def test_report_timing_is_bounded_by_the_time_since_the_previous_report(tmp_path, ctx):
+    """Each timing value was bounded by the time since the actor's welcome alone, so a peer that
+    reported env_s = inference_s = wait_s = (seconds since its welcome) with every slot (timing.py of
+    the attack review) made summary.json's time_breakdown_s and lag_target block grow with the
+    square of the run's length (one actor: ~3 x 20 x 6 s after 20 reports in 6 s). Now what a report
+    spent must fit in the time since its previous accepted report: such reports are refused
+    ("timing"), and a liar that claims each whole window adds up to no more than its session."""
+    with live_learner(tmp_path, "learner.compile=false", "learner.target_lag_p95=1") as learner:
+        peer = Peer(ctx, learner.endpoint, "liar")
+        peer.join(learner, "liar")
+        joined = time.monotonic()
+        peer.say("request", "liar")
+        peer.say("request", "liar")
+        while time.monotonic() - joined < 2.0:
+            peer.pump(learner, 0.2)
+        n = _lie_each_report(learner, peer, joined, 6, lambda e: {"env_s": e, "inference_s": e, "wait_s": e})
+        assert n == 6 and learner.rejects.by_reason() == {"timing": 6}, learner.rejects.counts
+        assert learner.timing["actors_env_s"] == learner.timing["actors_wait_s"] == 0.0
+        # the most a liar can claim: each report's sent_s its time since the welcome, and every second
+        # since the previous one spent waiting, collecting, stepping envs and running inference
+        last = [0.0]
+
+        def whole_window(e):
+            window, last[0] = e - last[0], e
+            return {"sent_s": e, "wait_s": window / 3, "env_s": window / 3, "inference_s": window / 3}
+
+        n = _lie_each_report(learner, peer, joined, 10, whole_window)
+        wall = time.monotonic() - joined
+        assert n == 10 and learner.rejects.by_reason() == {"timing": 6}, learner.rejects.counts
+        t = learner.timing
+        assert t["actors_env_s"] + t["actors_inference_s"] + t["actors_wait_s"] <= wall + 10 * 0.05, t
+        block = learner.lag_target_summary()["lag_target"]
+        assert block["actors_wait_s"] <= wall / 3 + 10 * 0.05, block
+
+
+def test_honest_timing_fits_whatever_the_reports_waited_in_the_learners_inbox():
+    """timing_excess on an honest actor's reports: each spends at most the time between its reports
+    on its own clock (sent_s), however long the learner left the previous one unread (its clock
+    would refuse them); and a report whose sent_s is not past the previous one's gets only the slack."""
+    from asyncrl.roles.learner_slots import TIMING_SLACK_S, timing_excess
+
+    prev = 0.0
+    for sent in (0.8, 20.8, 21.0, 45.0):  # reports 20 s apart, and one 0.2 s after the last
+        window = sent - prev
+        timing = {"wait_s": 0.3 * window, "collect_s": 0.7 * window, "env_s": 0.3 * window, "sent_s": sent}
+        timing["inference_s"] = 0.4 * window
+        assert timing_excess(timing, since_welcome=sent + 15.0, previous=prev) is None  # handled 15 s late
+        prev = sent
+    assert timing_excess({"env_s": TIMING_SLACK_S, "sent_s": prev}, since_welcome=prev, previous=prev) is None
+    bad = timing_excess({"env_s": 1.0, "sent_s": prev - 5}, since_welcome=prev, previous=prev)
+    assert bad is not None and "0.000 s from this actor's previous accepted report" in bad
+    # without sent_s, the learner's own clock: the time since the previous report's sent_s
+    assert timing_excess({"wait_s": 2.0}, since_welcome=prev + 2.0, previous=prev) is None
+    assert timing_excess({"wait_s": 2.5}, since_welcome=prev + 2.0, previous=prev) is not None
+
+
+def test_a_slot_refused_for_its_version_is_told_to_its_actor(tmp_path, ctx):
+    """The learner refused slots of a version above its own without a word, so an actor holding a
+    forged far-future version was refused for good. Now it answers ``slot_refused`` with its own
+    version (the actor drops the versions above it: test_actor_wire.py)."""
+    with live_learner(tmp_path) as learner:
+        peer = Peer(ctx, learner.endpoint, "ahead")
+        peer.join(learner, "ahead")
+        peer.say("request", "ahead")
+        g = peer.wait(learner, "grant")
+        arrays = valid_slot(g["grant_id"])
+        arrays["behavior_version"][...] = 2**62
+        peer.send(report(peer, "ahead", g["grant_id"], arrays))
+        told = peer.wait(learner, "slot_refused")
+        assert told["version"] == learner.state.version == 0 and told["grant_id"] == g["grant_id"], told
+        assert told["reason"].startswith("version: behaviour versions"), told
+        assert learner.rejects.by_reason() == {"version": 1}, learner.rejects.counts

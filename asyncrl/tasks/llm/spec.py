@@ -69,6 +69,10 @@ class TokenSpec(SlotSpec):
             Field("grant_id", (R,), i64),
         )
 
+    @property
+    def log_probabilities(self) -> bool:
+        return True
+
     def to_dict(self) -> dict:
         return {
             "kind": "llm",
@@ -94,6 +98,12 @@ class TokenSpec(SlotSpec):
         return None
 
     def invalid_values(self, arrays: dict[str, np.ndarray]) -> tuple[str, str] | None:
+        """("token", detail) for what no honest generator writes: token ids outside the vocabulary, a
+        row whose first completion token is masked, policy_mask outside completion_mask, or a row
+        without a policy token (the sampler draws every row's first token itself, even one cut at
+        length 1 or ending in EOS at once; a calculator only writes after a policy token:
+        asyncrl.tasks.llm.sampling.sample). A row without one would leave a minibatch of such rows
+        no token to average over."""
         for name in ("prompt_ids", "completion_ids"):
             a = arrays[name]
             if a.min() < 0 or a.max() >= self.vocab_size:
@@ -102,4 +112,7 @@ class TokenSpec(SlotSpec):
             return "token", "a row without its first completion token"
         if (arrays["policy_mask"] & ~arrays["completion_mask"]).any():
             return "token", "policy_mask is True outside completion_mask"
+        if not arrays["policy_mask"].any(axis=1).all():  # the sampler always chooses a row's first token
+            n = int(np.count_nonzero(~arrays["policy_mask"].any(axis=1)))
+            return "token", f"{n} rows without a policy token (nothing of them can be trained on)"
         return None
