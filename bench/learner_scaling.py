@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from asyncrl.run.pdeathsig import sigint_as_in_a_terminal
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "asyncrl/Corridor-v0"
 
@@ -47,7 +49,15 @@ def run_one(
             *extra,
         ]  # fmt: skip
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its roles too, if it must be killed
+            preexec_fn=sigint_as_in_a_terminal,  # else SIGINT is ignored when this benchmark runs in the background
+        )
         try:
             proc.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
@@ -55,7 +65,7 @@ def run_one(
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         err = proc.stderr.read() if proc.stderr else ""
         rows = []
