@@ -32,6 +32,28 @@ def test_prepare_writes_hf_directory_and_reuses_it(micro_dir, micro_config):
         model.prepare(micro_dir, seed=1, config_path=micro_config, vocab_size=400, n_texts=300)
 
 
+@pytest.mark.timeout(300)
+def test_parallel_prepares_of_one_directory_build_it_once(tmp_path, micro_config):
+    """Two processes preparing the same model directory at once (a study's parallel cells): one
+    builds it, the other waits on the build lock and reuses it. Before the lock the second's rename
+    failed ("Directory not empty") and its cell ended failed."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "cache" / "micro"
+    code = (
+        "import sys; from asyncrl.tasks.llm import model; "
+        f"o, r = model.prepare({str(out)!r}, seed=0, config_path={str(micro_config)!r}, vocab_size=400, n_texts=300); "
+        "print('reused' if r else 'built')"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    said = sorted(p.communicate(timeout=240)[0].strip() for p in procs)
+    assert [p.returncode for p in procs] == [0, 0] and said == ["built", "reused"], said
+    assert model._prepared_key(out) is not None
+    left = [p.name for p in out.parent.iterdir() if p.name.startswith(".micro.") and p.is_dir()]
+    assert not left, left  # no temporary directory left
+
+
 def test_auto_classes_load_by_path_offline(micro_dir):
     tok = AutoTokenizer.from_pretrained(micro_dir, local_files_only=True)
     lm = AutoModelForCausalLM.from_pretrained(micro_dir, local_files_only=True)

@@ -27,6 +27,20 @@ from typing import NamedTuple
 from asyncrl.core.metrics import strict_json
 from asyncrl.tasks.llm import gsm_problems
 
+
+def build_lock(out: str | Path):
+    """An exclusive lock (``filelock.FileLock`` on ``.NAME.lock`` beside ``out``) held while a
+    cached directory is checked and, if missing, built: parallel runs (a study's cells, test
+    sessions, the roles of one run) that need the same model wait for the first to build it, then
+    reuse it, instead of building it twice into one temporary directory or failing at the rename.
+    Creates ``out``'s parent directory."""
+    from filelock import FileLock
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(out.with_name(f".{out.name}.lock")))
+
+
 EOS_TOKEN = "<|endoftext|>"  # also the padding token (padding positions are masked, never trained on)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "llm" / "tiny-qwen2.json"
 STAMP = "asyncrl-prepare.json"  # the settings a prepared directory was made with (its cache key)
@@ -190,28 +204,35 @@ def prepare(
         raise FileNotFoundError(f"model config not found: {cfg_path}")
     settings = _settings(cfg_path, seed, vocab_size, n_texts)
     key = settings_key(settings)
-    if out.exists():
+    with build_lock(out):  # a parallel prepare of the same directory builds it once
+        if out.exists():
+            if _prepared_key(out) == key:
+                return out, True
+            raise FileExistsError(
+                f"{out} exists and was not prepared with these settings; remove it or choose another directory"
+            )
+        splits = gsm_problems.make_splits(seed=seed, n_train=n_texts, n_heldout=0)
+        texts = [gsm_problems.format_prompt(p) + gsm_problems.format_completion(p) for p in splits.train]
+        tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+        model = tiny_model(cfg_path, tokenizer, seed=seed)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
-            old = json.loads((out / STAMP).read_text()).get("key")
-        except (OSError, json.JSONDecodeError, AttributeError):
-            old = None
-        if old == key and all((out / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
-            return out, True
-        raise FileExistsError(
-            f"{out} exists and was not prepared with these settings; remove it or choose another directory"
-        )
-    splits = gsm_problems.make_splits(seed=seed, n_train=n_texts, n_heldout=0)
-    texts = [gsm_problems.format_prompt(p) + gsm_problems.format_completion(p) for p in splits.train]
-    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
-    model = tiny_model(cfg_path, tokenizer, seed=seed)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        save(model, tokenizer, tmp, stamp={"key": key, "settings": settings, "num_parameters": num_parameters(model)})
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            stamp = {"key": key, "settings": settings, "num_parameters": num_parameters(model)}
+            save(model, tokenizer, tmp, stamp=stamp)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out, False
+
+
+def _prepared_key(out: Path) -> str | None:
+    """The settings key of a complete prepared directory (stamp, config, weights, tokenizer), else None."""
+    try:
+        key = json.loads((out / STAMP).read_text()).get("key")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    complete = all((out / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
+    return key if complete else None
 
 
 def save(model, tokenizer, out_dir: str | Path, *, stamp: dict | None = None) -> Path:

@@ -47,7 +47,18 @@ class LLMStartModel:
     def prepare_model(self, echo: Callable[[str], None] = print) -> Path:
         """Make (or reuse) the start model: ``asyncrl llm prepare``'s tiny model when llm.model_dir is
         '', then llm.warmup_steps of :func:`asyncrl.tasks.llm.warmup.warmup` with its defaults
-        (cached, keyed by the settings). Raises model.ModelLoadError for a missing llm.model_dir."""
+        (cached, keyed by the settings). Raises model.ModelLoadError for a missing llm.model_dir.
+        Processes that prepare the same start model at once (a study's parallel cells) wait for the
+        first (``model.build_lock``) and reuse what it made."""
+        from asyncrl.tasks.llm import model as m
+
+        llm = self.cfg.llm
+        if llm.warmup_steps:
+            with m.build_lock(self.start_dir()):  # parallel cells or roles: one warms up, the others reuse
+                return self._prepare_model(echo)
+        return self._prepare_model(echo)
+
+    def _prepare_model(self, echo: Callable[[str], None]) -> Path:
         from asyncrl.tasks.llm import model as m
         from asyncrl.tasks.llm import warmup as w
 

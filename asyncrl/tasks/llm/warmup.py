@@ -293,73 +293,74 @@ def warm_start(
     from asyncrl.tasks.llm import sampling
 
     out = Path(out_dir)
-    settings = {
-        "model": str(Path(model_dir).resolve()),
-        "seed": seed,
-        "steps": steps,
-        "batch_size": batch_size,
-        "lr": lr,
-        "n_train": n_train,
-        "n_heldout": n_heldout,
-        "max_new_tokens": max_new_tokens,
-        "threads": threads,
-        "calculator": calculator,
-        "max_seconds": max_seconds,
-        "generator_version": gsm_problems.GENERATOR_VERSION,
-    }
-    if out.exists():
-        try:
-            old = json.loads((out / WARMUP_STAMP).read_text())
-        except (OSError, json.JSONDecodeError):
-            old = None
-        if isinstance(old, dict) and old.get("settings") == settings:
-            return WarmStart(out, True, old)
-        raise FileExistsError(
-            f"{out} exists and was not warmed up with these settings; remove it or choose another --out"
+    with m.build_lock(out):  # a parallel warm-up of the same directory runs once
+        settings = {
+            "model": str(Path(model_dir).resolve()),
+            "seed": seed,
+            "steps": steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "n_train": n_train,
+            "n_heldout": n_heldout,
+            "max_new_tokens": max_new_tokens,
+            "threads": threads,
+            "calculator": calculator,
+            "max_seconds": max_seconds,
+            "generator_version": gsm_problems.GENERATOR_VERSION,
+        }
+        if out.exists():
+            try:
+                old = json.loads((out / WARMUP_STAMP).read_text())
+            except (OSError, json.JSONDecodeError):
+                old = None
+            if isinstance(old, dict) and old.get("settings") == settings:
+                return WarmStart(out, True, old)
+            raise FileExistsError(
+                f"{out} exists and was not warmed up with these settings; remove it or choose another --out"
+            )
+        if threads:
+            torch.set_num_threads(threads)
+        loaded = m.load(model_dir)
+        splits = gsm_problems.make_splits(seed=seed, n_train=n_train, n_heldout=n_heldout)
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = warmup(
+            loaded.model,
+            loaded.tokenizer,
+            splits.train,
+            steps=steps,
+            seed=seed,
+            batch_size=batch_size,
+            lr=lr,
+            calculator_mask=calculator,
+            max_seconds=max_seconds,
+            log=log,
+            log_every=100,
         )
-    if threads:
-        torch.set_num_threads(threads)
-    loaded = m.load(model_dir)
-    splits = gsm_problems.make_splits(seed=seed, n_train=n_train, n_heldout=n_heldout)
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = warmup(
-        loaded.model,
-        loaded.tokenizer,
-        splits.train,
-        steps=steps,
-        seed=seed,
-        batch_size=batch_size,
-        lr=lr,
-        calculator_mask=calculator,
-        max_seconds=max_seconds,
-        log=log,
-        log_every=100,
-    )
-    train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - c0
-    t1 = time.perf_counter()
-    acc = sampling.evaluate(
-        loaded.model,
-        loaded.tokenizer,
-        splits.heldout,
-        greedy=True,
-        max_new_tokens=max_new_tokens,
-        calculator=calculator,
-    )
-    stamp = {
-        "settings": settings,
-        "heldout_accuracy": acc,
-        "n_heldout": len(splits.heldout),
-        "steps_taken": result.steps,
-        "final_loss": result.final_loss,
-        "tokens": result.tokens,
-        "train_wall_s": round(train_wall, 2),
-        "train_cpu_s": round(train_cpu, 2),
-        "eval_wall_s": round(time.perf_counter() - t1, 2),
-        "load_average": list(os.getloadavg()),
-    }
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an interrupted warm-up
-    m.save(loaded.model, loaded.tokenizer, tmp)
-    (tmp / WARMUP_STAMP).write_text(strict_json(stamp, indent=1) + "\n")
-    os.replace(tmp, out)
-    return WarmStart(out, False, stamp)
+        train_wall, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+        t1 = time.perf_counter()
+        acc = sampling.evaluate(
+            loaded.model,
+            loaded.tokenizer,
+            splits.heldout,
+            greedy=True,
+            max_new_tokens=max_new_tokens,
+            calculator=calculator,
+        )
+        stamp = {
+            "settings": settings,
+            "heldout_accuracy": acc,
+            "n_heldout": len(splits.heldout),
+            "steps_taken": result.steps,
+            "final_loss": result.final_loss,
+            "tokens": result.tokens,
+            "train_wall_s": round(train_wall, 2),
+            "train_cpu_s": round(train_cpu, 2),
+            "eval_wall_s": round(time.perf_counter() - t1, 2),
+            "load_average": list(os.getloadavg()),
+        }
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an interrupted warm-up
+        m.save(loaded.model, loaded.tokenizer, tmp)
+        (tmp / WARMUP_STAMP).write_text(strict_json(stamp, indent=1) + "\n")
+        os.replace(tmp, out)
+        return WarmStart(out, False, stamp)
