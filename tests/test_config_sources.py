@@ -48,7 +48,17 @@ def test_one_key_given_twice_on_a_command_line_is_refused():
     ):
         config.load(None, ["algo.preset=vaco"], {"algo": {"preset": "ppo"}})
     with pytest.raises(ConfigError, match=r"^algo.lr is given twice .* 0.001 by --set and 0.0003 by --set"):
-        config.load(None, ["algo.lr=1e-3", "algo.lr=3e-4"])
+        config.refuse_repeated_sets(["algo.lr=1e-3", "algo.lr=3e-4"])
+    config.refuse_repeated_sets(["algo.lr=1e-3", "algo.lr=0.001"])  # the same value twice: accepted
+    # a list of overrides in code is taken in order, the later winning (tests build on a base list)
+    assert config.load(None, ["algo.lr=1e-3", "algo.lr=3e-4"]).algo.lr == 3e-4
+    # on the command line (asyncrl config show, run, actor, ...: cli.common.load_config)
+    from click.testing import CliRunner
+
+    from asyncrl.cli import main
+
+    res = CliRunner().invoke(main, ["config", "show", "--set", "algo.lr=1e-3", "--set", "algo.lr=3e-4"])
+    assert res.exit_code != 0 and "algo.lr is given twice on one command line" in res.output, res.output
     # the same value twice says nothing new: accepted
     assert config.load(None, ["algo.preset=ppo"], {"algo": {"preset": "ppo"}}).algo.preset == "ppo"
 

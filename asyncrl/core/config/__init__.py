@@ -57,6 +57,7 @@ from asyncrl.core.config.io import (
     load,
     load_resolved,
     parse_override,
+    refuse_repeated_sets,
     to_toml,
     translate_moved_keys,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "load",
     "load_resolved",
     "parse_override",
+    "refuse_repeated_sets",
     "resolve",
     "to_toml",
     "toml_value",

@@ -55,18 +55,37 @@ def load_resolved(
         if not isinstance(user.setdefault(section, {}), dict):
             raise ConfigError(f"[{section}] must be a table")
         user[section].update(values)
-    given: dict[tuple[str, str], str] = {(s, k): "a flag" for s, kv in (extra or {}).items() for k in kv}
-    for text in overrides:
+    flagged = {(s, k) for s, kv in (extra or {}).items() for k in kv}
+    for text in overrides:  # in order: a later one wins (the command line refuses repeats: refuse_repeated_sets)
         section, key, value = parse_override(text)
         if not isinstance(user.setdefault(section, {}), dict):
             raise ConfigError(f"[{section}] must be a table")
-        if (section, key) in given and user[section][key] != value:
+        if (section, key) in flagged and user[section][key] != value:
             raise ConfigError(
                 f"{section}.{key} is given twice on one command line, {toml_value(user[section][key])} by "
-                f"{given[section, key]} and {toml_value(value)} by --set: give it once"
+                f"a flag and {toml_value(value)} by --set: give it once"
             )
-        user[section][key], given[section, key] = value, "--set"
+        user[section][key] = value
     return resolve(user, base, recorded=record, translated=translated)
+
+
+def refuse_repeated_sets(overrides: typing.Iterable[str]) -> None:
+    """Refuse one key given twice with different values among a command line's ``--set`` options
+    (``--set algo.lr=1e-3 --set algo.lr=3e-4``: which one the user meant is not known). A list of
+    overrides given to :func:`load` in code is taken in order instead, the later winning.
+
+    Raises:
+        ConfigError: a repeated key (naming both values), or an override that does not parse.
+    """
+    seen: dict[tuple[str, str], Any] = {}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if (section, key) in seen and seen[section, key] != value:
+            raise ConfigError(
+                f"{section}.{key} is given twice on one command line, {toml_value(seen[section, key])} by "
+                f"--set and {toml_value(value)} by --set: give it once"
+            )
+        seen[section, key] = value
 
 
 def load(
