@@ -116,13 +116,14 @@ def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("told_by", ["version_ping", "learner_refusal"])
-def test_an_actor_heals_from_a_forged_far_future_version(told_by):
+def test_an_actor_heals_from_a_forged_far_future_version_on_the_learners_word():
     """One weights message of the session's epoch with version 2**62 (e.g. from a hostile relay) made
     it the actor's newest: every real version after it was dropped as stale, for good, and the learner
-    refused every slot (wedge.py of the attack review). Now the broadcaster's version ping naming a
-    lower version, or the learner's ``slot_refused`` naming its own version, makes the actor drop the
-    versions above and take the broadcaster's newest."""
+    refused every slot. Now the learner's ``slot_refused`` (its version, and the refused slot's) makes
+    the actor drop the versions from the forged one up and take the broadcaster's newest; a late
+    refusal drops nothing newer than the learner's that is real. A
+    version ping naming less than the actor's newest drops nothing (a stale snapshot answer or ping
+    could say so of a real version)."""
     port = free_port_pair()
     b = Broadcaster(f"tcp://127.0.0.1:{port}", echo=lambda *_: None)
     stop = threading.Event()
@@ -138,10 +139,18 @@ def test_an_actor_heals_from_a_forged_far_future_version(told_by):
             run_id="r", epoch=10, version=version, publish_time=1.0, layout_hash="h", payload=np.ones(8, np.float32)
         )
 
+    def refused(learner_version, behavior_version):
+        return {
+            "grant_id": 1,
+            "reason": "version: ...",
+            "version": learner_version,
+            "behavior_version": behavior_version,
+        }
+
     try:
         serving.start()
         actor.run_id, actor.layout_hash, actor.epoch, actor.num_params = "r", "h", 10, 8
-        actor.history = WeightHistory()
+        actor.history = WeightHistory(replay_depth=4)  # keeps 4 versions
         deadline = time.monotonic() + 30
         sockets.send(learner, codec.sign_weights(weights(3), secret))
         while actor.history.newest < 3:
@@ -149,18 +158,25 @@ def test_an_actor_heals_from_a_forged_far_future_version(told_by):
             actor.receive_weights()
             time.sleep(0.05)
         actor._receive([bytes(f) for f in weights(2**62)])  # the forged message
-        for v in (4, 5, 6):
+        actor._receive([bytes(f) for f in weights(2**62 + 1)])
+        time.sleep(1.5)  # the broadcaster pings version 3, below the actor's newest: nothing is dropped
+        actor.receive_weights()
+        assert actor.rewinds == 0 and actor.history.newest == 2**62 + 1
+        actor.slot_refused(refused(3, 3))  # not above the learner's: not ours to drop
+        assert actor.rewinds == 0
+        actor.slot_refused(refused(3, 2**62))
+        assert actor.rewinds == 1 and list(actor.history.versions) == [3], actor.history.versions
+        actor._receive([bytes(f) for f in weights(4)])  # a real version, newer than the refusal
+        actor.slot_refused(refused(3, 2**62 + 1))  # a late refusal of the other forged slot: 4 stays
+        assert actor.rewinds == 1 and list(actor.history.versions) == [3, 4], actor.history.versions
+        for v in (5, 6):
             sockets.send(learner, codec.sign_weights(weights(v), secret))
-        if told_by == "learner_refusal":
-            actor.slot_refused({"grant_id": 1, "reason": "version: behaviour versions ...", "version": 6})
-            assert actor.history.newest < 0  # it held the forged version only (the history keeps one)
         while actor.history.newest != 6:
             assert time.monotonic() < deadline, f"the actor's newest stayed {actor.history.newest}"
             actor.receive_weights()
             time.sleep(0.05)
-        assert actor.rewinds == 1 and actor.history.choose()[0] == 6
-        time.sleep(1.5)  # the broadcaster's next ping names what the actor holds: nothing more is dropped
-        actor.receive_weights()
+        assert actor.history.choose()[0] == 6
+        actor.slot_refused(refused(5, 2**62))  # late: the forged versions are gone already
         assert actor.rewinds == 1 and actor.history.newest == 6
     finally:
         stop.set()

@@ -18,9 +18,10 @@ class SlotError(ValueError):
     """A slot's contents must not be trained on. ``reason``: a short code for counting
     ("nonfinite", "magnitude", "log_prob", "version", "action", "revoked_writer", "foreign_rows")."""
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str, *, ahead: int | None = None):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+        self.ahead = ahead  # "version": the slot's one behaviour version when it is above the learner's
 
 
 def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int, grant_id: int | None = None) -> None:
@@ -47,7 +48,8 @@ def check_slot(arrays: dict[str, np.ndarray], spec: SlotSpec, *, version: int, g
                 raise SlotError("log_prob", f"behaviour log-probabilities up to {high:g}: a probability above 1")
     v = arrays["behavior_version"]
     if v.min() < 0 or v.max() > version:
-        raise SlotError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{version}")
+        ahead = int(v.max()) if v.min() == v.max() > version else None
+        raise SlotError("version", f"behaviour versions {v.min()}..{v.max()} outside 0..{version}", ahead=ahead)
     if v.min() != v.max():  # one rollout, one policy version: what makes max_policy_lag exact
         raise SlotError("version", f"a slot mixes behaviour versions {v.min()}..{v.max()}")
     bad = spec.invalid_values(arrays)  # the task's own ranges (control: discrete action indices)

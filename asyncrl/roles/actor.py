@@ -157,6 +157,8 @@ class Actor(LearnerSession, WeightsFromBroadcaster):
                 break
             slot_index, grant_id = grant
             self.receive_weights()
+            if self.stopped:  # the learner ended the run while this actor waited for weights (after a rewind)
+                break
             self.select_weights()
             slot = self.ring.views(slot_index) if self.ring is not None else self.local_slot
             guard = self.ring.guard(slot_index, grant_id) if self.ring is not None else None

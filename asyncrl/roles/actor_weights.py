@@ -7,11 +7,12 @@ broadcaster answers with its weights unless it holds that very version, then wit
 
 A version above its learner's own (a forged weights message of the session's epoch, e.g. from a
 hostile relay) would make every real version look stale to the actor, and the learner would refuse
-each of its slots for good. The actor heals: when a version ping of its epoch names a version below
-its newest (checked with the broadcaster: the snapshot it answers holds its newest, and versions
-above it are dropped), or when the learner refuses one of its slots for a behaviour version above
-the learner's (``slot_refused``: the versions above the learner's are dropped at once), it takes
-the broadcaster's newest again, at most every SNAPSHOT_ASK_S.
+each of its slots for good. The actor heals on the learner's word only (the learner is
+authenticated, a weights source may not be): when the learner refuses one of its slots for a
+behaviour version above the learner's (``slot_refused``, naming both), the versions held from the
+refused one up are dropped, and the actor asks the broadcaster for its newest. A source that keeps
+forging costs the actor a slot per forgery (docs/faults.md): it is the actor's weights source, and
+what it sends is trusted as the learner's weights are.
 
 ``WeightsFromBroadcaster`` holds these methods of ``asyncrl.roles.actor.Actor`` (a base class of it;
 they use the attributes ``Actor.__init__`` sets and ``LearnerSession``'s heartbeat and polling).
@@ -38,9 +39,8 @@ class WeightsFromBroadcaster:
 
     next_ask = 0.0  # monotonic time before which a version ping asks for no snapshot
     last_ask = -float("inf")  # monotonic time of the last snapshot request
-    recheck = False  # versions were dropped, or may be forged: take the broadcaster's newest (check_newest)
-    checking = False  # a snapshot read now tells the broadcaster's newest: versions above it are dropped
-    rewinds = 0  # times versions above the broadcaster's or the learner's were dropped, all sessions
+    refetch = False  # versions were dropped (rewind): ask the broadcaster for its newest
+    rewinds = 0  # times versions were dropped on the learner's slot_refused, all sessions
 
     def ask_snapshot(self) -> None:
         """Ask the broadcaster for its newest weights, naming the version held (if any): it
@@ -70,7 +70,7 @@ class WeightsFromBroadcaster:
         frames = sockets.recv_multipart_timeout(self.snapshot, timeout_ms)
         while frames is not None:
             if len(frames) == 3:  # [topic, header, payload]
-                self._receive(frames, newest=self.checking)
+                self._receive(frames)
                 got = True
             else:
                 try:  # else a refusal ("no weights yet"), or a version ping: the newest is held already
@@ -107,23 +107,18 @@ class WeightsFromBroadcaster:
         versions, more wait in the kernel's buffers, and the publisher drops newer ones while the
         queue is full; ZeroMQ hands over about HWM - 1), or a version ping named a newer version of
         this session's learner than the newest held (its weights were dropped), also ask the
-        broadcaster for its newest (at most every SNAPSHOT_ASK_S for a ping); if a ping named an
-        older version than the newest held, or versions were dropped (``recheck``), check_newest."""
+        broadcaster for its newest (at most every SNAPSHOT_ASK_S for a ping, and after a rewind)."""
         pending = sockets.drain_all(self.weights_sub)
         announced = -1  # the newest version of this session's epoch that a ping named
         for frames in pending:
             if len(frames) == 2:  # [b"version", header]
-                pinged = self._announced(frames)
-                announced = max(announced, pinged)
-                # in order on PUB, the broadcaster's ping never names less than the weights it sent
-                # before; a snapshot may have brought newer ones (check_newest tells)
-                self.recheck = self.recheck or 0 <= pinged < self.history.newest
+                announced = max(announced, self._announced(frames))
             else:
                 self._receive(frames)
         if not catch_up:
             return
-        if self.recheck and (time.monotonic() >= self.next_ask or self.history.newest < 0):
-            self.check_newest()
+        if self.refetch and (time.monotonic() >= self.next_ask or self.history.newest < 0):
+            self.fetch_after_rewind()
         elif len(pending) >= max(2, self.weights_sub.rcvhwm // 2):
             self.ask_snapshot()
             self.read_snapshots(1000)
@@ -132,44 +127,45 @@ class WeightsFromBroadcaster:
             self.ask_snapshot()
             self.read_snapshots(1000)
 
-    def check_newest(self) -> None:
-        """Take the broadcaster's newest weights, dropping the versions held above them (a forged
-        version): ask for a snapshot naming the newest held; the broadcaster answers with its own
-        weights unless it holds that very version. Waits for weights when none are left."""
+    def fetch_after_rewind(self) -> None:
+        """Ask the broadcaster for its newest weights after a rewind (it answers with its weights
+        unless it holds the version named); wait for weights when the rewind left none (returns
+        without any only when the learner stopped the run)."""
         self.next_ask = time.monotonic() + SNAPSHOT_ASK_S
-        self.recheck, self.checking = False, True
-        try:
-            self.ask_snapshot()
-            self.read_snapshots(1000)
-        finally:
-            self.checking = False
-        if self.history.newest < 0:  # the learner's refusal dropped every version held
+        self.refetch = False
+        self.ask_snapshot()
+        self.read_snapshots(1000)
+        if self.history.newest < 0:
             self.first_weights()
 
     def slot_refused(self, header: dict) -> None:
-        """The learner refused a slot of this actor for its behaviour version (``slot_refused``,
-        naming the learner's version): versions held above the learner's cannot be its (forged);
-        they are dropped, and the broadcaster's newest is taken at the next receive_weights."""
-        if self.history is not None and header["version"] < self.history.newest:
-            self.rewind(header["version"], f"the learner's version is {header['version']}")
-
-    def rewind(self, version: int, why: str) -> None:
-        """Drop the weight versions held above ``version`` (logged, counted in ``rewinds``)."""
+        """The learner refused a slot of this actor (``slot_refused``) for its behaviour version
+        (``behavior_version``) above the learner's own (``version``): the versions held from the
+        refused one up cannot be the learner's (forged) and are dropped; a real version newer than
+        the refusal that arrived meanwhile is below the forged one and stays. Then the broadcaster's
+        newest is asked for at the next receive_weights."""
+        forged, learner = header["behavior_version"], header["version"]
+        if self.history is None or forged <= learner:
+            return  # not a version above the learner's: nothing of ours to drop
         newest = self.history.newest
-        dropped = self.history.drop_above(version)
+        dropped = self.history.drop_above(forged - 1)
         if not dropped:
             return
         self.rewinds += 1
-        self.recheck = True
-        log.warning(
-            "actor %s: held weights up to version %d, but %s: dropped the %d versions above it (forged?) "
-            "and takes the broadcaster's newest (%d such drops so far)",
-            self.opts.actor_id,
-            newest,
-            why,
-            dropped,
-            self.rewinds,
-        )
+        self.refetch = True
+        if self.rewinds <= 3 or self.rewinds % 100 == 0:  # a source that keeps forging: a line per 100
+            log.warning(
+                "actor %s: the learner (version %d) refused a slot acted with version %d: dropped the %d "
+                "versions held from %d up to %d (forged by the weights source?) and asks the broadcaster for "
+                "its newest (%d such drops so far)",
+                self.opts.actor_id,
+                learner,
+                forged,
+                dropped,
+                forged,
+                newest,
+                self.rewinds,
+            )
 
     def _announced(self, frames) -> int:
         """The version a ping names if it is of this session's learner (its run id and epoch); -1
@@ -181,11 +177,10 @@ class WeightsFromBroadcaster:
             return -1
         return header["version"] if header["epoch"] == self.epoch else -1
 
-    def _receive(self, frames, *, newest: bool = False) -> None:
+    def _receive(self, frames) -> None:
         """Keep a weights message of this session's learner (its run id and epoch); one that does
         not decode, or of another element type or size than the policy copy takes, is counted and
-        logged, never fatal; another epoch's is dropped. ``newest``: the broadcaster's answer to
-        check_newest, so versions held above it are dropped first."""
+        logged, never fatal; another epoch's is dropped."""
         try:
             header, flat = codec.decode_weights(frames, run_id=self.run_id, layout_hash=self.layout_hash)
             if header["dtype"] != self.producer.weights_dtype:
@@ -200,9 +195,6 @@ class WeightsFromBroadcaster:
             self.rejects.reject(exc, "broadcaster")
             return
         if header["epoch"] == self.epoch:  # another epoch: an old learner's, or a newer one's
-            if newest and header["version"] < self.history.newest:
-                self.rewind(header["version"], f"the broadcaster's newest is version {header['version']}")
-                self.recheck = False  # this is the broadcaster's newest
             if header["version"] > self.history.newest:
                 self.versions_received += 1
             self.history.add(header["version"], flat)

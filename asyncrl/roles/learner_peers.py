@@ -45,8 +45,8 @@ class ActorInfo:
     # the least (handled - sent) of its reports, both in seconds since the welcome, each on its own
     # clock: what a report that waited in no inbox shows (asyncrl.core.lag_parts.inbox_wait)
     least_delay: float = float("inf")
-    # when its last accepted report was sent, seconds since the welcome (learner_slots.report_clock):
-    # the next report's timing must fit in the time since (learner_slots.timing_excess)
+    # the actor's clock (seconds since the welcome) up to which its accepted reports account for its
+    # time: the later of the last one's sent_s and the sum of their claims (learner_slots.timing_excess)
     timed_until: float = 0.0
 
 

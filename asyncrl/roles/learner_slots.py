@@ -63,21 +63,24 @@ class LearnerSlots:
                 self.ring.disarm(slot)
             info.pending += 1  # the grant it held is void: it may ask again
             self.state.reward_scaler.reset(actor_id)  # the stream has a gap now
-            if exc.reason == "version":  # it acts with a version above this learner's: a forged one (actor_weights)
-                reason = rejects.printable(str(exc), 1000)
+            ahead = getattr(exc, "ahead", None)
+            if ahead is not None:  # it acted with a version above this learner's: a forged one (actor_weights)
                 self.reply(
                     info.route,
                     {
                         "type": "slot_refused",
                         "grant_id": h["grant_id"],
-                        "reason": reason,
+                        "reason": rejects.printable(str(exc), 1000),
                         "version": self.state.version,
+                        "behavior_version": ahead,
                     },
                 )
             raise
         self.ledger.complete(actor_id, slot, h["grant_id"])
         now = time.monotonic()
-        info.timed_until = max(info.timed_until, report_clock(h["timing"], now - info.joined))
+        info.timed_until = max(
+            report_clock(h["timing"], now - info.joined), info.timed_until + timing_claim(h["timing"])
+        )
         self.note_report_interval(now - info.lease_from)
         info.lease_from = now
         timing = h["timing"]  # numbers of seconds (check_report); an actor may leave keys out
@@ -137,7 +140,9 @@ class LearnerSlots:
         try:
             check_slot(views, self.spec, version=self.state.version, grant_id=grant_id)
         except SlotError as exc:
-            raise protocol.ProtocolError(exc.reason, str(exc).split(": ", 1)[1]) from None
+            error = protocol.ProtocolError(exc.reason, str(exc).split(": ", 1)[1])
+            error.ahead = exc.ahead  # a behaviour version above this learner's: told to the actor (slot_refused)
+            raise error from None
 
     # ---- learning ----
     def collect_full(self, limit: int) -> None:
@@ -264,24 +269,32 @@ def report_clock(timing: dict, since_welcome: float) -> float:
     return since_welcome if sent is None else float(sent)
 
 
-def timing_excess(timing: dict, since_welcome: float, previous: float) -> str | None:
-    """Why a report's timing cannot be honest, or None. Its actor spends the seconds it reports
-    (``wait_s`` for the grant, then the rollout: ``collect_s``, of which ``env_s`` and
-    ``inference_s`` are parts) after it sent its previous report, so together they fit in the time
-    from that report (``previous``, :func:`report_clock` of the last accepted one; 0 before the first:
-    the welcome) to this one, plus TIMING_SLACK_S. The sums of env_s, inference_s and wait_s go to
-    summary.json (time_breakdown_s, lag_target); bounded by each window, the windows of one session
-    add up to its length, so a peer can no longer grow them with each report. The window is on the
-    actor's clock: the learner's own, between handling two reports, is shorter by the first one's
-    wait in its inbox (an iteration of training), which would refuse honest actors."""
+def timing_claim(timing: dict) -> float:
+    """The seconds a report says its actor spent since its previous report: ``wait_s`` for the grant,
+    then the rollout (``collect_s``, of which ``env_s`` and ``inference_s`` are parts)."""
     part = {k: float(timing.get(k, 0.0)) for k in ("env_s", "inference_s", "wait_s", "collect_s")}
-    spent = part["wait_s"] + max(part["env_s"] + part["inference_s"], part["collect_s"])
-    window = max(0.0, report_clock(timing, since_welcome) - previous)
+    return part["wait_s"] + max(part["env_s"] + part["inference_s"], part["collect_s"])
+
+
+def timing_excess(timing: dict, since_welcome: float, claimed_until: float) -> str | None:
+    """Why a report's timing cannot be honest, or None. Its actor spends the seconds it claims
+    (:func:`timing_claim`) after its previous report, so they must fit between ``claimed_until`` (the
+    actor's clock up to which its accepted reports have accounted for its time: the later of the
+    last one's ``sent_s`` and the sum of their claims; 0 at the welcome) and this report's
+    :func:`report_clock`, plus TIMING_SLACK_S once. Accepted, the report moves ``claimed_until`` to
+    max(its clock, claimed_until + its claim), so the claims of one session add up to at most its
+    length plus one slack, however many reports and whatever ``sent_s`` they say (0 every time
+    included). The sums of env_s, inference_s and wait_s go to summary.json (time_breakdown_s,
+    lag_target). The window is on the actor's clock: the learner's own, between handling two
+    reports, is shorter by the first one's wait in its inbox (an iteration of training), which would
+    refuse honest actors."""
+    spent = timing_claim(timing)
+    window = report_clock(timing, since_welcome) - claimed_until
     if spent <= window + TIMING_SLACK_S:
         return None
     return (
-        f"wait_s + max(env_s + inference_s, collect_s) = {spent:.3f} s, more than the {window:.3f} s "
-        f"from this actor's previous accepted report (or its welcome) to this one"
+        f"wait_s + max(env_s + inference_s, collect_s) = {spent:.3f} s, more than the {max(window, 0.0):.3f} s "
+        f"from what this actor's accepted reports (or its welcome) account for to this report"
     )
 
 

@@ -94,9 +94,10 @@ SCHEMAS: dict[str, dict[str, object]] = {
     "weights_status": {"wanted": bool, "max_bytes": int},
     "refuse": {"reason": str},
     "grant": {"slot": int, "grant_id": int},
-    # learner -> actor: its report was refused for the slot's behaviour version, above the learner's own
-    # ``version`` (the actor drops versions above it: a forged weights message); older actors ignore it
-    "slot_refused": {"grant_id": int, "reason": str, "version": int},
+    # learner -> actor: its report was refused for the slot's one behaviour version ``behavior_version``,
+    # above the learner's own ``version`` (the actor drops the versions from it up: a forged weights
+    # message; asyncrl.roles.actor_weights); older actors ignore it
+    "slot_refused": {"grant_id": int, "reason": str, "version": int, "behavior_version": int},
     "stop": {"reason": str},
     # learner -> broadcaster -> actors (frame 1 of a weights message)
     "weights": {
