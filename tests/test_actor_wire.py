@@ -1,6 +1,7 @@
 """An actor survives undecodable messages from the learner's and the broadcaster's sockets, and
 catches up with the newest weights after a stall."""
 
+import contextlib
 import threading
 import time
 
@@ -15,6 +16,43 @@ from asyncrl.roles.broadcaster import Broadcaster
 from asyncrl.run.launch import free_port_pair
 from asyncrl.wire import addresses, codec, rejects, sockets
 from asyncrl.wire.weights_secret import read_weights_secret
+
+
+@contextlib.contextmanager
+def _actor_beside_a_broadcaster(history: WeightHistory):
+    """A serving Broadcaster on loopback, an Actor subscribed to it (session of run "r", epoch 10,
+    8 parameters, ``history``) and ``publish(version, value)``, which sends the broadcaster signed
+    weights of that version as its learner would."""
+    b = Broadcaster(f"tcp://127.0.0.1:{free_port_pair()}", echo=lambda *_: None)
+    stop = threading.Event()
+    serving = threading.Thread(target=lambda: [b.serve(20) for _ in iter(stop.is_set, True)])
+    cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
+    actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster=b.endpoint, actor_id="t"))
+    ctx = sockets.context()
+    learner = sockets.dealer(ctx, addresses.snapshot_endpoint(b.endpoint), sockets.route_identity("learner"))
+    secret = read_weights_secret(b.endpoint)
+
+    def publish(version: int, value: float = 1.0) -> None:
+        sockets.send(learner, codec.sign_weights(_weights(version, value), secret))
+
+    try:
+        serving.start()
+        actor.run_id, actor.layout_hash, actor.epoch, actor.num_params = "r", "h", 10, 8
+        actor.history = history
+        yield b, actor, publish
+    finally:
+        stop.set()
+        serving.join(10)
+        sockets.close(learner)
+        ctx.term()
+        actor.close()
+        b.close()
+
+
+def _weights(version: int, value: float = 1.0) -> list:
+    return codec.encode_weights(
+        run_id="r", epoch=10, version=version, publish_time=1.0, layout_hash="h", payload=np.full(8, value, np.float32)
+    )
 
 
 def test_bad_weights_and_escaped_printing_never_raise():
@@ -59,46 +97,17 @@ def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
     """Versions published while an actor did not read pile up in its queue (and the publisher
     drops newer ones once it is full): the next drain finds the queue full and fetches the
     broadcaster's newest instead."""
-    port = free_port_pair()
-    b = Broadcaster(f"tcp://127.0.0.1:{port}", echo=lambda *_: None)
-    stop = threading.Event()
-    serving = threading.Thread(target=lambda: [b.serve(20) for _ in iter(stop.is_set, True)])
-    cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
-    actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster=b.endpoint, actor_id="t"))
-    ctx = sockets.context()
-    learner = sockets.dealer(ctx, addresses.snapshot_endpoint(b.endpoint), sockets.route_identity("learner"))
-    secret = read_weights_secret(b.endpoint)
-
-    def publish(version):
-        sockets.send(
-            learner,
-            codec.sign_weights(
-                codec.encode_weights(
-                    run_id="r",
-                    epoch=10,
-                    version=version,
-                    publish_time=1.0,
-                    layout_hash="h",
-                    payload=np.full(8, version, np.float32),
-                ),
-                secret,
-            ),
-        )
-
-    try:
-        serving.start()
-        actor.run_id, actor.layout_hash, actor.epoch, actor.num_params = "r", "h", 10, 8
-        actor.history = WeightHistory()
+    with _actor_beside_a_broadcaster(WeightHistory()) as (b, actor, publish):
         version, deadline = 0, time.monotonic() + 30
         while actor.history.newest < 0:  # until the actor's SUB socket is subscribed
             assert time.monotonic() < deadline, "the actor never got weights"
-            publish(version)
+            publish(version, version)
             version += 1
             time.sleep(0.05)
             actor.receive_weights(catch_up=False)
         first = actor.history.newest
         for v in range(version, version + 300):  # the actor "stalls": it reads nothing meanwhile
-            publish(v)
+            publish(v, v)
         newest = version + 299
         while b.newest != (10, newest):
             assert time.monotonic() < deadline, "the broadcaster never got the last version"
@@ -106,13 +115,6 @@ def test_after_a_stall_the_actor_takes_the_newest_weights_not_the_backlog():
         time.sleep(1.0)  # let the backlog reach the actor's queue
         actor.receive_weights()
         assert first < actor.history.newest == newest
-    finally:
-        stop.set()
-        serving.join(10)
-        sockets.close(learner)
-        ctx.term()
-        actor.close()
-        b.close()
 
 
 @pytest.mark.timeout(60)
@@ -124,20 +126,6 @@ def test_an_actor_heals_from_a_forged_far_future_version_on_the_learners_word():
     refusal drops nothing newer than the learner's that is real. A
     version ping naming less than the actor's newest drops nothing (a stale snapshot answer or ping
     could say so of a real version)."""
-    port = free_port_pair()
-    b = Broadcaster(f"tcp://127.0.0.1:{port}", echo=lambda *_: None)
-    stop = threading.Event()
-    serving = threading.Thread(target=lambda: [b.serve(20) for _ in iter(stop.is_set, True)])
-    cfg = config.load(None, ["env.id=asyncrl/Corridor-v0", "env.num_envs=2"])
-    actor = Actor(cfg, ActorOptions(learner="tcp://127.0.0.1:9", broadcaster=b.endpoint, actor_id="t"))
-    ctx = sockets.context()
-    learner = sockets.dealer(ctx, addresses.snapshot_endpoint(b.endpoint), sockets.route_identity("learner"))
-    secret = read_weights_secret(b.endpoint)
-
-    def weights(version):
-        return codec.encode_weights(
-            run_id="r", epoch=10, version=version, publish_time=1.0, layout_hash="h", payload=np.ones(8, np.float32)
-        )
 
     def refused(learner_version, behavior_version):
         return {
@@ -147,18 +135,15 @@ def test_an_actor_heals_from_a_forged_far_future_version_on_the_learners_word():
             "behavior_version": behavior_version,
         }
 
-    try:
-        serving.start()
-        actor.run_id, actor.layout_hash, actor.epoch, actor.num_params = "r", "h", 10, 8
-        actor.history = WeightHistory(replay_depth=4)  # keeps 4 versions
+    with _actor_beside_a_broadcaster(WeightHistory(replay_depth=4)) as (_, actor, publish):  # keeps 4 versions
         deadline = time.monotonic() + 30
-        sockets.send(learner, codec.sign_weights(weights(3), secret))
+        publish(3)
         while actor.history.newest < 3:
             assert time.monotonic() < deadline, "the actor never got weights"
             actor.receive_weights()
             time.sleep(0.05)
-        actor._receive([bytes(f) for f in weights(2**62)])  # the forged message
-        actor._receive([bytes(f) for f in weights(2**62 + 1)])
+        actor._receive([bytes(f) for f in _weights(2**62)])  # the forged message
+        actor._receive([bytes(f) for f in _weights(2**62 + 1)])
         time.sleep(1.5)  # the broadcaster pings version 3, below the actor's newest: nothing is dropped
         actor.receive_weights()
         assert actor.rewinds == 0 and actor.history.newest == 2**62 + 1
@@ -166,11 +151,11 @@ def test_an_actor_heals_from_a_forged_far_future_version_on_the_learners_word():
         assert actor.rewinds == 0
         actor.slot_refused(refused(3, 2**62))
         assert actor.rewinds == 1 and list(actor.history.versions) == [3], actor.history.versions
-        actor._receive([bytes(f) for f in weights(4)])  # a real version, newer than the refusal
+        actor._receive([bytes(f) for f in _weights(4)])  # a real version, newer than the refusal
         actor.slot_refused(refused(3, 2**62 + 1))  # a late refusal of the other forged slot: 4 stays
         assert actor.rewinds == 1 and list(actor.history.versions) == [3, 4], actor.history.versions
         for v in (5, 6):
-            sockets.send(learner, codec.sign_weights(weights(v), secret))
+            publish(v)
         while actor.history.newest != 6:
             assert time.monotonic() < deadline, f"the actor's newest stayed {actor.history.newest}"
             actor.receive_weights()
@@ -178,10 +163,3 @@ def test_an_actor_heals_from_a_forged_far_future_version_on_the_learners_word():
         assert actor.history.choose()[0] == 6
         actor.slot_refused(refused(5, 2**62))  # late: the forged versions are gone already
         assert actor.rewinds == 1 and actor.history.newest == 6
-    finally:
-        stop.set()
-        serving.join(10)
-        sockets.close(learner)
-        ctx.term()
-        actor.close()
-        b.close()
