@@ -62,7 +62,7 @@ def test_range_words_and_edges():
         ("policy.obs_clip=0", "policy.obs_clip must be > 0 or inf, got 0.0"),  # all-zero observations
         ("learner.torch_threads=0", "learner.torch_threads must be >= 1, got 0"),  # raised in torch, late
         ("transport.heartbeat_s=0", "transport.heartbeat_s must be > 0, got 0.0"),
-        ("run.log_every_s=-5", "run.log_every_s must be > 0, got -5.0"),
+        ("run.log_every_s=-5", "run.log_every_s must be >= 0, got -5.0"),
     ],
 )
 def test_the_values_that_used_to_train_silently_are_refused(setting, words):

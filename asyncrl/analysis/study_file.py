@@ -175,6 +175,12 @@ class Cell:
         ]
 
     def _resolved(self) -> config_mod.Resolved:
+        given: dict[str, str] = {}
+        for text in self.overrides:  # the study's set, the arm's set, the sweep: one value per key
+            key, _, value = text.partition("=")
+            if key in given and given[key] != value:
+                raise config_mod.ConfigError(f"{key} is given twice ({given[key]} and {value}): give it once")
+            given[key] = value
         return config_mod.load_resolved(
             self.config_file,
             self.overrides,
@@ -346,7 +352,9 @@ def _report_keys(path: Path, data: dict, cells: list[Cell]) -> dict:
     """The study's report settings, checked at load (not after its cells have run): reference and
     modes are {env of the study: number}, compare pairs name the study's cell labels, random_episodes
     is an integer >= 1. Raises StudyError."""
-    envs, labels, conditions = {c.env for c in cells}, {c.label for c in cells}, {c.condition for c in cells}
+    # the file's own envs: a smoke run's --envs narrows the cells, not what the file may name
+    envs = {c.env for c in cells} | {e for e in data.get("envs", ["HalfCheetah-v5"]) if isinstance(e, str)}
+    labels, conditions = {c.label for c in cells}, {c.condition for c in cells}
     out: dict = {}
     for key in ("reference", "modes"):
         table = data.get(key, {})

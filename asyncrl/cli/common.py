@@ -47,7 +47,6 @@ def load_config(
         if value is not None:
             extra.setdefault(section, {})[key] = value
     try:
-        config_mod.refuse_repeated_sets(overrides)
         res = config_mod.load_resolved(config_file, overrides, extra)
         if env and res.config.task.kind == "control":
             from asyncrl.tasks.control.envs import check_env

@@ -57,7 +57,6 @@ from asyncrl.core.config.io import (
     load,
     load_resolved,
     parse_override,
-    refuse_repeated_sets,
     to_toml,
     translate_moved_keys,
 )
@@ -117,7 +116,6 @@ __all__ = [
     "load",
     "load_resolved",
     "parse_override",
-    "refuse_repeated_sets",
     "resolve",
     "to_toml",
     "toml_value",

@@ -56,7 +56,7 @@ def load_resolved(
             raise ConfigError(f"[{section}] must be a table")
         user[section].update(values)
     flagged = {(s, k) for s, kv in (extra or {}).items() for k in kv}
-    for text in overrides:  # in order: a later one wins (the command line refuses repeats: refuse_repeated_sets)
+    for text in overrides:  # in order: a later --set of one key wins
         section, key, value = parse_override(text)
         if not isinstance(user.setdefault(section, {}), dict):
             raise ConfigError(f"[{section}] must be a table")
@@ -67,25 +67,6 @@ def load_resolved(
             )
         user[section][key] = value
     return resolve(user, base, recorded=record, translated=translated)
-
-
-def refuse_repeated_sets(overrides: typing.Iterable[str]) -> None:
-    """Refuse one key given twice with different values among a command line's ``--set`` options
-    (``--set algo.lr=1e-3 --set algo.lr=3e-4``: which one the user meant is not known). A list of
-    overrides given to :func:`load` in code is taken in order instead, the later winning.
-
-    Raises:
-        ConfigError: a repeated key (naming both values), or an override that does not parse.
-    """
-    seen: dict[tuple[str, str], Any] = {}
-    for text in overrides:
-        section, key, value = parse_override(text)
-        if (section, key) in seen and seen[section, key] != value:
-            raise ConfigError(
-                f"{section}.{key} is given twice on one command line, {toml_value(seen[section, key])} by "
-                f"--set and {toml_value(value)} by --set: give it once"
-            )
-        seen[section, key] = value
 
 
 def load(

@@ -113,7 +113,7 @@ RANGES: dict[str, Range] = {
     "run.num_actors": AT_LEAST_1,
     "run.straggler_slowdown_s": AT_LEAST_0,
     "run.lag_warning_p95": AT_LEAST_MINUS_1,
-    "run.log_every_s": POSITIVE,
+    "run.log_every_s": AT_LEAST_0,  # 0: a progress line and a lag window every iteration
     "run.eval_every": AT_LEAST_0,
     "run.eval_episodes": AT_LEAST_1,
     "run.max_restarts": AT_LEAST_0,

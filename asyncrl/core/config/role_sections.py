@@ -136,7 +136,7 @@ class RunConfig:
         ),
     )
     run_dir: str = _f("runs", "parent directory of the default run directory")
-    log_every_s: float = _f(5.0, "seconds between progress lines and lag-histogram windows")
+    log_every_s: float = _f(5.0, "seconds between progress lines and lag-histogram windows (0: every iteration)")
     eval_every: int = _f(
         0, "env steps between evaluations (mean action, separate env and seed) in metrics.jsonl; 0: none", kinds=CONTROL
     )

@@ -53,6 +53,13 @@ class LLMStartModel:
         from asyncrl.tasks.llm import model as m
 
         llm = self.cfg.llm
+        if llm.warmup_steps and llm.model_dir and self.prompt_format(m.load_tokenizer(self.base_dir())).chat:
+            raise m.ModelLoadError(  # before the lock: a refused run writes nothing in llm.cache_dir
+                f"llm.warmup_steps = {llm.warmup_steps} for {llm.model_dir}, whose prompts are chat-templated: the "
+                "supervised warm-up trains the tiny model's plain prompt on generated worked solutions at lr 3e-3, "
+                "which RL on this model would not see and which would overwrite a pretrained model's "
+                'behaviour; set llm.warmup_steps = 0 (or llm.prompt_format = "plain" for a model of your own)'
+            )
         if llm.warmup_steps:
             with m.build_lock(self.start_dir()):  # parallel cells or roles: one warms up, the others reuse
                 return self._prepare_model(echo)
@@ -70,13 +77,6 @@ class LLMStartModel:
         if llm.warmup_steps == 0:
             m.load(start)  # one line if it is not a model directory
             return start
-        if llm.model_dir and self.prompt_format(m.load_tokenizer(self.base_dir())).chat:
-            raise m.ModelLoadError(
-                f"llm.warmup_steps = {llm.warmup_steps} for {llm.model_dir}, whose prompts are chat-templated: the "
-                "supervised warm-up trains the tiny model's plain prompt on generated worked solutions at lr 3e-3, "
-                "which RL on this model would not see and which would overwrite a pretrained model's "
-                'behaviour; set llm.warmup_steps = 0 (or llm.prompt_format = "plain" for a model of your own)'
-            )
         settings = {
             "base": str(self.base_dir().resolve()),
             "seed": llm.model_seed,
