@@ -63,8 +63,7 @@ class LearnerSlots:
                 self.ring.disarm(slot)
             info.pending += 1  # the grant it held is void: it may ask again
             self.state.reward_scaler.reset(actor_id)  # the stream has a gap now
-            ahead = getattr(exc, "ahead", None)
-            if ahead is not None:  # it acted with a version above this learner's: a forged one (actor_weights)
+            if exc.ahead is not None:  # it acted with a version above this learner's: a forged one (actor_weights)
                 self.reply(
                     info.route,
                     {
@@ -72,7 +71,7 @@ class LearnerSlots:
                         "grant_id": h["grant_id"],
                         "reason": rejects.printable(str(exc), 1000),
                         "version": self.state.version,
-                        "behavior_version": ahead,
+                        "behavior_version": exc.ahead,
                     },
                 )
             raise
@@ -140,9 +139,8 @@ class LearnerSlots:
         try:
             check_slot(views, self.spec, version=self.state.version, grant_id=grant_id)
         except SlotError as exc:
-            error = protocol.ProtocolError(exc.reason, str(exc).split(": ", 1)[1])
-            error.ahead = exc.ahead  # a behaviour version above this learner's: told to the actor (slot_refused)
-            raise error from None
+            # exc.ahead: a behaviour version above this learner's, told to the actor (slot_refused)
+            raise protocol.ProtocolError(exc.reason, str(exc).split(": ", 1)[1], ahead=exc.ahead) from None
 
     # ---- learning ----
     def collect_full(self, limit: int) -> None:

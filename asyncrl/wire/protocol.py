@@ -29,11 +29,14 @@ WEIGHTS_DTYPES = ("float32", "float16", "bfloat16")
 
 class ProtocolError(ValueError):
     """A message that does not follow the protocol. ``reason``: a short code such as "schema",
-    "run_id", "proto", "frame_count", "frame_size", "nonfinite", "checksum"."""
+    "run_id", "proto", "frame_count", "frame_size", "nonfinite", "checksum". ``ahead``: for a slot
+    refused for a behaviour version above the learner's (reason "version"), that version, which the
+    learner tells the actor in ``slot_refused``; None otherwise."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", *, ahead: int | None = None):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.ahead = ahead
 
 
 # ---------------------------------------------------------------------------- header schemas
