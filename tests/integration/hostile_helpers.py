@@ -10,11 +10,11 @@ import os
 import time
 
 import numpy as np
+from learner_in_process import learner_in_process
 from slot_examples import CORRIDOR, SMALL, SPEC, example_slot
 
 from asyncrl.core import config
 from asyncrl.roles.learner import Learner
-from asyncrl.run.launch import free_port
 from asyncrl.tasks.control.envs import env_spaces
 from asyncrl.wire import codec, protocol, sockets
 
@@ -23,22 +23,10 @@ STEPS = SPEC.num_envs * SPEC.rollout_length  # env steps of one slot
 
 @contextlib.contextmanager
 def live_learner(tmp_path, *overrides: str, run_id: str = "hostile"):
-    """A Learner of SMALL (+ ``overrides``) on a free loopback port, its broadcaster address unused;
-    closed (segment removed) at the end."""
+    """A Learner of SMALL (+ ``overrides``) in this process (``learner_in_process``)."""
     sets = {s.split("=", 1)[0]: s for s in SMALL} | {s.split("=", 1)[0]: s for s in overrides}  # one per key
-    cfg = config.load(None, list(sets.values()))
-    learner = Learner(
-        cfg,
-        tmp_path / "run",
-        run_id=f"{run_id}-{os.getpid()}-{time.monotonic_ns() % 10**9}",
-        bind="tcp://127.0.0.1:0",
-        broadcaster=f"tcp://127.0.0.1:{free_port()}",
-        echo=lambda *_: None,
-    )
-    try:
+    with learner_in_process(config.load(None, list(sets.values())), tmp_path / "run", run_id) as learner:
         yield learner
-    finally:
-        learner.close()
 
 
 class Peer:

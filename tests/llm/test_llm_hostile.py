@@ -6,7 +6,6 @@ iteration skips and counts a minibatch without a policy token, whatever the chec
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
@@ -15,12 +14,12 @@ import pytest
 
 pytest.importorskip("transformers")
 import torch  # noqa: E402
+from learner_in_process import learner_in_process  # noqa: E402
 from micro_config import micro_cfg  # noqa: E402
 
 from asyncrl.core.seeding import actor_seeds  # noqa: E402
 from asyncrl.core.slot_checks import SlotError, check_slot  # noqa: E402
 from asyncrl.roles.learner import Learner  # noqa: E402
-from asyncrl.run.launch import free_port  # noqa: E402
 from asyncrl.tasks import make_task  # noqa: E402
 from asyncrl.tasks.llm.learn import llm_iteration  # noqa: E402
 from asyncrl.tasks.llm.spec import TokenSpec  # noqa: E402
@@ -114,22 +113,6 @@ def test_llm_iteration_skips_and_counts_minibatches_without_a_policy_token(micro
 # ---- through the learner's consume path ----------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _llm_learner(tmp_path, micro_dir, *sets):
-    learner = Learner(
-        _cfg(micro_dir, *sets),
-        tmp_path / "run",
-        run_id=f"llm-hostile-{os.getpid()}-{time.monotonic_ns() % 10**9}",
-        bind="tcp://127.0.0.1:0",
-        broadcaster=f"tcp://127.0.0.1:{free_port()}",
-        echo=lambda *_: None,
-    )
-    try:
-        yield learner
-    finally:
-        learner.close()
-
-
 class _Generator:
     """A DEALER that speaks the actor protocol to an llm learner and sends the slots it is given."""
 
@@ -209,7 +192,7 @@ def test_a_slot_without_policy_tokens_cannot_end_the_learner(tmp_path, micro_dir
     without a token and the learner ended) through the learner's consume path: the hostile slot is
     refused ("token"), and the learner trains on the honest slots."""
     ctx = sockets.context()
-    with _llm_learner(tmp_path, micro_dir, *sets) as learner:
+    with learner_in_process(_cfg(micro_dir, *sets), tmp_path / "run", "llm-hostile") as learner:
         gen = _Generator(ctx, learner)
         try:
             cfg, task = learner.cfg, learner.task
@@ -235,7 +218,7 @@ def test_the_learner_alone_survives_a_batch_without_policy_tokens(tmp_path, micr
     a slot in: consume ends without an exception, its minibatches without a token counted."""
     monkeypatch.setattr(TokenSpec, "invalid_values", lambda self, arrays: None)
     ctx = sockets.context()
-    with _llm_learner(tmp_path, micro_dir, *sets) as learner:
+    with learner_in_process(_cfg(micro_dir, *sets), tmp_path / "run", "llm-hostile") as learner:
         gen = _Generator(ctx, learner)
         try:
             cfg, task = learner.cfg, learner.task
