@@ -9,6 +9,12 @@ Writes DIR/plots/forward-lag.png and prints a markdown table: per (preset, N) th
 accuracies, their IQM with the 95 % bootstrap CI (asyncrl.analysis.stats, as the study report), the mean
 paired gain over the start model, P(vaco > grpo) at each N, and the diagnostics' means over
 learner iterations. Cells of other conditions (async-2) appear as one more column, "async-2".
+
+A study that sweeps ``algo.lr`` (configs/studies/llm-forward-lag-lr.toml) gets one table and one figure
+per learning rate (DIR/plots/forward-lag-lr{LR}.png), each with the verdict its file's header wrote
+before the first cell: P(vaco > grpo) pooled over N = 8 and N = 32 as two tasks (the probability of
+improvement averaged over the tasks, as bench/study_pairs.py pools tasks), 95 % CI above 0.5 "the filter
+helps", below "it hurts", else "ties".
 """
 
 from __future__ import annotations
@@ -37,13 +43,37 @@ def _n(cell: dict) -> str:
     return "1"
 
 
+def _lr(cell: dict) -> str | None:
+    """The cell's algo.lr override as written in the study file's sweep, or None (the config's)."""
+    return next((o.split("=", 1)[1] for o in cell["overrides"] if o.startswith("algo.lr=")), None)
+
+
 def collect(results: dict) -> dict:
-    """{(preset, column): [cell, ...]} over the scored cells, seeds ascending."""
-    by: dict[tuple, list] = defaultdict(list)
+    """{learning rate: {(preset, column): [cell, ...]}} over the scored cells, seeds ascending (the
+    learning rate None: cells that take the config's)."""
+    by: dict = defaultdict(lambda: defaultdict(list))
     for c in sorted(results["cells"], key=lambda c: c["seed"]):
         if c.get("status") == "ok" and c.get("final_return") is not None and c["preset"] in PRESETS:
-            by[(c["preset"], _n(c))].append(c)
+            by[_lr(c)][(c["preset"], _n(c))].append(c)
     return by
+
+
+VERDICT_COLUMNS = ("8", "32")  # the columns the verdict pools (the study file's rule)
+
+
+def verdict(by: dict) -> str:
+    """The rule's reading at one learning rate: P(vaco > grpo) over N = 8 and 32 as two tasks, paired by
+    seed, and what it says; names the cells missing when a column lacks either preset."""
+    tasks = {col: [by.get(("vaco", col), []), by.get(("grpo", col), [])] for col in VERDICT_COLUMNS}
+    missing = [col for col, (v, g) in tasks.items() if not v or not g]
+    if missing:
+        return f"verdict: not yet (no cells of both presets at N = {', '.join(missing)})"
+    x = {f"N={col}": [c["final_return"] for c in v] for col, (v, g) in tasks.items()}
+    y = {f"N={col}": [c["final_return"] for c in g] for col, (v, g) in tasks.items()}
+    poi = stats.probability_of_improvement(x, y)
+    word = "the filter helps" if poi.low > 0.5 else "it hurts" if poi.high < 0.5 else "ties"
+    seeds = ", ".join(f"N={col} {len(v)}/{len(g)}" for col, (v, g) in tasks.items())
+    return f"verdict: P(vaco > grpo) {poi.value:.2f} [{poi.low:.2f}, {poi.high:.2f}]: {word} (seeds vaco/grpo: {seeds})"
 
 
 def _columns(by: dict) -> list[str]:
@@ -171,11 +201,16 @@ def main() -> None:
     ap.add_argument("study_dir", type=Path, help="the study's --out folder (holds results.json)")
     args = ap.parse_args()
     results = json.loads((args.study_dir / "results.json").read_text())
-    by = collect(results)
-    if not by:
+    by_lr = collect(results)
+    if not by_lr:
         raise SystemExit(f"no scored grpo or vaco cells in {args.study_dir / 'results.json'}")
-    print(table(by))
-    print(f"figure: {plot(by, args.study_dir / 'plots' / 'forward-lag.png')}")
+    for lr, by in sorted(by_lr.items(), key=lambda kv: float(kv[0] or 0)):
+        if lr is not None:
+            print(f"### learning rate {lr}\n")
+        print(table(by))
+        print(verdict(by) + "\n")
+        name = "forward-lag.png" if lr is None else f"forward-lag-lr{lr}.png"
+        print(f"figure: {plot(by, args.study_dir / 'plots' / name)}\n")
 
 
 if __name__ == "__main__":
