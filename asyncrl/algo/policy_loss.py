@@ -39,7 +39,9 @@ class PolicyLoss(NamedTuple):
     """Output of every policy loss.
 
     loss: 0-dim, the value to minimise (carries the gradient w.r.t. log_prob).
-    tv_estimate: 0-dim detached, 0.5 mean |r - 1| against the anchor (VACO) or β (others).
+    tv_estimate: 0-dim detached, the estimate of TV(π_θ, anchor): 0.5 mean |r - 1| against β (every
+        loss but VACO's); VACO's against its anchor, importance-weighted by π_T/β when the anchor is
+        π_T (:func:`asyncrl.algo.vaco_loss.tv_estimate`).
     no_grad_fraction: 0-dim detached, fraction of samples whose gradient the loss's rule removed
         (PPO clip mask, VACO band and TV filter; 0 for losses without one: see the module docstring).
     approx_kl: 0-dim detached, mean((r - 1) - log r) with r = π_θ/β: the k3 estimator of

@@ -1,6 +1,6 @@
 """Value targets and advantages over time-major rollouts [T, B].
 
-Index convention (VACO.md): ``rewards[t]`` follows ``actions[t]`` taken in ``obs[t]``;
+Index convention (docs/vaco-paper.md): ``rewards[t]`` follows ``actions[t]`` taken in ``obs[t]``;
 ``values[t] = V(obs[t])`` for t < T. The value of the state *after* step t is ``next_values[t]``
 (V'_t), built once by :func:`next_state_values` so that termination (bootstrap 0) and truncation
 (bootstrap V(final_obs)) are decided in one place and no trace ever crosses an episode end.
@@ -67,7 +67,7 @@ def next_state_values(*, values_tp1: Tensor, final_values: Tensor, terminated: T
         ValueError: shapes differ or are not [T, B]; flags are not bool; value dtypes differ or
             are not floating point.
 
-    Paper: VACO arXiv:2603.01365 (definition of V'_t in its V-trace, see VACO.md).
+    Paper: VACO arXiv:2603.01365 (definition of V'_t in its V-trace; docs/vaco-paper.md, "Component 1").
     """
     checks.tensors(dims=2, values_tp1=values_tp1, final_values=final_values, terminated=terminated, truncated=truncated)
     checks.floats(values_tp1=values_tp1, final_values=final_values)
@@ -92,7 +92,7 @@ def realigned_returns(
 ) -> RealignedReturns:
     """Returns realigned to the learning policy π_T from β's data: V-trace (``traces="vtrace"``, the
     critic's targets and the paper's realigned advantages) or the realignment with uncorrected traces
-    (``traces="uncorrected"``, the default's advantages).
+    (``traces="uncorrected"``, the advantages of vaco and vaco_no_filter).
 
     With log_rho_t = target_log_prob - behavior_log_prob, rho_t = min(rho_bar, e^log_rho_t),
     c_t = lam * min(c_bar, e^log_rho_t) (``traces="vtrace"``) or c_t = lam (``traces="uncorrected"``:

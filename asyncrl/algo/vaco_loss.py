@@ -1,7 +1,8 @@
 """VACO's policy loss over a flat minibatch [N] (arXiv:2603.01365): the total-variation estimate, the
-TV filter (the sign rule that removes the gradient of samples pushing π further from β once the
-estimated TV passes δ), the filtered importance-ratio surrogate with its options (anchor, truncated
-weight, behaviour band), and the plain ratio surrogate of its ablation without the filter.
+TV filter (the sign rule that removes the gradient of samples pushing π further from the anchor, β or
+the learning policy π_T, once the estimated TV passes δ), and the filtered importance-ratio surrogate
+with its options (anchor, truncated weight, behaviour band; the default preset decoupled_ppo is this
+surrogate with the band on π_θ/π_T and no filter).
 
 Conventions (ratios, detached constants, :class:`~asyncrl.algo.policy_loss.PolicyLoss`, the one
 definition of ``no_grad_fraction``): :mod:`asyncrl.algo.policy_loss`.
@@ -61,7 +62,7 @@ def tv_estimate(log_ratio: Tensor, log_weight: Tensor | None = None) -> Tensor:
         ValueError: log_ratio (or log_weight) is not a non-empty 1-D floating tensor, or they differ
             in shape or dtype.
 
-    Paper: VACO, arXiv:2603.01365 (Component 2 of VACO.md); the weighting: docs/decisions/tv-budget.md.
+    Paper: VACO, arXiv:2603.01365 (docs/vaco-paper.md, "Component 2"); the weighting: docs/decisions/tv-budget.md.
     """
     named = {"log_ratio": log_ratio} | ({} if log_weight is None else {"log_weight": log_weight})
     checks.samples(**named)
@@ -177,7 +178,8 @@ def vaco_policy_loss(
     Args:
         log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
         behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        advantages: [N] realigned advantages A_i (reward units, possibly normalised).
+        advantages: [N] advantages A_i (reward units, possibly normalised): realigned (vaco) or GAE
+            (decoupled_ppo, vaco_no_realign).
         tv_threshold: δ >= 0 (inf disables the filter).
         anchor_log_prob: [N] or None. None anchors the TV estimate and filter on β
             (ratio_anchor = "behavior"); pass log π_T(a_i|s_i) for ratio_anchor = "learning".
@@ -185,10 +187,9 @@ def vaco_policy_loss(
             meaningful with an anchor other than β.
         min_deviation, force, ratio_cap: passed to :func:`tv_filter` (filter granularity,
             hysteresis, per-sample bound).
-        behavior_band: > 0 (inf: off). Also detach, whatever the TV estimate, samples whose full
-            ratio r_i = π_θ/β already left [1 - band, 1 + band] in the direction of sign(A_i):
-            PPO-clip's gradient mask on the full ratio, as a per-sample guard against backward
-            lag next to the minibatch budget on forward lag.
+        behavior_band: > 0 (inf: off). Also detach, whatever the TV estimate, samples whose ratio
+            (the one ``band_ratio`` names) already left [1 - band, 1 + band] in the direction of
+            sign(A_i): PPO-clip's gradient mask, as a per-sample guard next to the minibatch budget.
         band_ratio: which ratio the band bounds: "full" (π_θ/β, PPO-clip's mask) or "backward"
             (the anchor ratio π_T/β, fixed for the iteration: a sample whose behaviour policy is
             already more than ``band`` from π_T in its advantage's direction is left out of the
@@ -215,8 +216,9 @@ def vaco_policy_loss(
 
     Raises:
         ValueError: shapes differ or are not non-empty 1-D floating; tv_threshold < 0 or NaN;
-            surrogate_rho_bar <= 0 or NaN; band_ratio or tv_rule unknown, "backward" without an
-            anchor, "shrink" with an infinite band or with a filter option set.
+            surrogate_rho_bar <= 0 or NaN; behavior_band <= 0 or NaN; band_ratio or tv_rule unknown,
+            "backward" without an anchor, "shrink" with an infinite band or with a filter option set;
+            min_deviation, ratio_cap or tv_reduce refused by :func:`tv_filter`.
 
     Paper: VACO, arXiv:2603.01365.
     """
@@ -323,25 +325,3 @@ def previous_anchor_log_prob(*, behavior_log_prob: Tensor, previous_log_prob: Te
             f"got {lag.dtype} {tuple(lag.shape)}"
         )
     return torch.where(lag <= 1, behavior_log_prob, previous_log_prob).detach()
-
-
-def ratio_policy_loss(*, log_prob: Tensor, behavior_log_prob: Tensor, advantages: Tensor) -> PolicyLoss:
-    """Plain importance-ratio surrogate, loss = -mean_i r_i A_i (preset vaco_no_filter).
-
-    Args:
-        log_prob: [N] log π_θ(a_i|s_i) (nats), with gradient.
-        behavior_log_prob: [N] log β(a_i|s_i) (nats).
-        advantages: [N] A_i (reward units).
-
-    Returns:
-        :class:`PolicyLoss` (no_grad_fraction = 0).
-
-    Raises:
-        ValueError: shapes differ or are not non-empty 1-D floating.
-
-    Paper: VACO, arXiv:2603.01365 (its ablation without the filter).
-    """
-    checks.samples(log_prob=log_prob, behavior_log_prob=behavior_log_prob, advantages=advantages)
-    log_ratio = _log_ratio(log_prob, behavior_log_prob)
-    loss = -(torch.exp(log_ratio) * advantages.detach()).mean()
-    return _result(loss, log_ratio)

@@ -4,7 +4,7 @@
 says which fields a slot has (:class:`RolloutSpec` for control here, ``asyncrl.tasks.llm.spec``
 for language models).
 
-A control *slot* holds one actor's E parallel rollouts of T steps, time-major. Index convention (VACO.md):
+A control *slot* holds one actor's E parallel rollouts of T steps, time-major. Index convention (docs/vaco-paper.md):
 ``rewards[t]`` follows ``actions[t]`` taken in ``obs[t]``; ``obs`` has T+1 rows so the learner can
 bootstrap from ``obs[T]``. ``final_obs[t]`` is meaningful only where ``truncated[t]`` (the
 observation the episode ended in, before the automatic reset wrote the next episode's first

@@ -9,7 +9,7 @@ import torch
 
 from asyncrl.algo.policy_loss import PolicyLoss
 from asyncrl.algo.ppo_losses import impala_policy_loss, ppo_clip_loss, ppo_kl_loss, spo_loss
-from asyncrl.algo.vaco_loss import TVFilter, ratio_policy_loss, tv_estimate, tv_filter, vaco_policy_loss
+from asyncrl.algo.vaco_loss import TVFilter, tv_estimate, tv_filter, vaco_policy_loss
 from asyncrl.algo.value_loss import explained_variance, value_loss
 
 F64 = torch.float64
@@ -88,14 +88,6 @@ def test_vaco_filter_inactive():
     check(out, log_prob, loss, grad, no_grad=0.0)
 
 
-def test_ratio_loss():
-    log_prob, beh, adv = minibatch()
-    out = ratio_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv)
-    loss = -(R[0] * A[0] + R[1] * A[1] + R[2] * A[2] + R[3] * A[3]) / 4
-    grad = [-R[0] * A[0] / 4, -R[1] * A[1] / 4, -R[2] * A[2] / 4, -R[3] * A[3] / 4]
-    check(out, log_prob, loss, grad)
-
-
 def test_ppo_clip_loss():
     log_prob, beh, adv = minibatch()
     out = ppo_clip_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv, clip_eps=0.2)
@@ -160,7 +152,6 @@ def test_on_policy_nothing_filtered_and_tv_zero():
     assert filt.tv_estimate.item() == 0.0 and filt.filtered_fraction.item() == 0.0
     for loss_fn, kw in [
         (vaco_policy_loss, dict(tv_threshold=0.0)),
-        (ratio_policy_loss, {}),
         (ppo_clip_loss, dict(clip_eps=0.2)),
         (ppo_kl_loss, dict(kl_coef=1.0)),
         (spo_loss, dict(spo_eps=0.2)),
@@ -257,8 +248,11 @@ def test_log_ratio_is_clamped():
     lr = torch.tensor([1000.0, -1000.0], dtype=F64)
     assert tv_estimate(lr).item() == pytest.approx(0.5 * ((math.exp(20) - 1) + (1 - math.exp(-20))) / 2)
     log_prob = torch.tensor([1000.0, -1000.0], dtype=F64, requires_grad=True)
-    out = ratio_policy_loss(
-        log_prob=log_prob, behavior_log_prob=torch.zeros(2, dtype=F64), advantages=torch.ones(2, dtype=F64)
+    out = vaco_policy_loss(
+        log_prob=log_prob,
+        behavior_log_prob=torch.zeros(2, dtype=F64),
+        advantages=torch.ones(2, dtype=F64),
+        tv_threshold=float("inf"),
     )
     assert math.isfinite(out.loss.item()) and math.isfinite(out.approx_kl.item())
 
@@ -307,7 +301,7 @@ def test_bad_scalars_raise(fn, kw, match):
 def test_bad_shapes_raise():
     log_prob, beh, adv = minibatch()
     with pytest.raises(ValueError, match="advantages"):
-        ratio_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv[:3])
+        vaco_policy_loss(log_prob=log_prob, behavior_log_prob=beh, advantages=adv[:3], tv_threshold=0.2)
     with pytest.raises(ValueError, match="behavior_log_prob"):
         ppo_clip_loss(log_prob=log_prob, behavior_log_prob=beh[:, None], advantages=adv, clip_eps=0.2)
     with pytest.raises(ValueError, match="anchor_log_prob"):

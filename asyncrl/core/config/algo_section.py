@@ -37,7 +37,7 @@ def _uses_rho_bar(c: Config) -> bool:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    # Preset: which advantage estimator and policy loss (VACO.md table). arXiv:2603.01365.
+    # Preset: which advantage estimator and policy loss (docs/vaco-paper.md, "Baselines and ablations"). arXiv:2603.01365.
     preset: str = _f(
         "decoupled_ppo",
         "advantage estimator and policy loss: " + ", ".join(PRESETS) + "; llm tasks: " + ", ".join(LLM_PRESETS),

@@ -1,4 +1,4 @@
-"""One learner iteration (VACO.md "Loss and schedule"), shared by every preset.
+"""One learner iteration (docs/vaco-paper.md, "Loss and schedule of one learner iteration"), shared by every preset.
 
 1. With the weights at iteration start (π_T), compute log π_T(a|s) and V(s) once.
 2. Advantages and critic targets once: realigned advantages for π_T (vaco, vaco_no_filter: uncorrected
