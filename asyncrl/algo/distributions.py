@@ -1,7 +1,8 @@
 """Action distributions of the policy, written out directly (no torch.distributions overhead).
 
 Continuous actions: diagonal Gaussian with (usually state-independent) log-std; the actor stores
-the *unclipped* sample and its log-prob, and clips only the copy sent to the env (docs/vaco-paper.md, "Continuous actions").
+the *unclipped* sample and its log-prob, and clips only the copy sent to the env
+(docs/vaco-paper.md, "Continuous actions").
 Discrete actions: categorical over K logits. Both go through the same losses via log_prob [N].
 """
 

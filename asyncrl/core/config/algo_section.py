@@ -37,7 +37,8 @@ def _uses_rho_bar(c: Config) -> bool:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    # Preset: which advantage estimator and policy loss (docs/vaco-paper.md, "Baselines and ablations"). arXiv:2603.01365.
+    # Preset: which advantage estimator and policy loss (arXiv:2603.01365; docs/vaco-paper.md,
+    # "Baselines and ablations").
     preset: str = _f(
         "decoupled_ppo",
         "advantage estimator and policy loss: " + ", ".join(PRESETS) + "; llm tasks: " + ", ".join(LLM_PRESETS),
