@@ -26,7 +26,6 @@ so RL must take its loss, ratios and token counts over ``policy_mask``, not ``co
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -36,6 +35,7 @@ from torch import Tensor
 
 from asyncrl.tasks.llm import gsm_answers, gsm_problems
 from asyncrl.tasks.llm.calculator import Calculator, calculator_for
+from asyncrl.tasks.llm.kv_cache import cache_kwargs, can_drop_rows
 from asyncrl.tasks.llm.token_log_probs import check_sampling, position_ids, truncate_logits, truncates
 from asyncrl.tasks.llm.token_log_probs import completion_log_probs as completion_log_probs  # the learner's
 
@@ -113,8 +113,9 @@ def sample(
             hence every other row, does not depend on which rows were given calculator tokens.
         compact: drop a row from the decoding batch (and its KV cache) once it has emitted EOS, so
             the cost of a step follows the rows still decoding, not the batch (default). False keeps
-            every row to the end (for stand-in models that cannot tell rows apart). The tokens drawn
-            are the same either way, up to the float rounding of a different batch shape.
+            every row to the end (for stand-in models that cannot tell rows apart; a cache with a
+            recurrent state, which cannot drop rows, always does: asyncrl.tasks.llm.kv_cache). The
+            tokens drawn are the same either way, up to the float rounding of a different batch shape.
         on_step: called after every decoding step (None: nothing); an exception it raises ends the
             generation (the generator actor's worker thread stops there when its actor gives up).
         uniforms: [B, >= max_new_tokens] uniforms in [0, 1) used instead of ``generator`` (row r, step
@@ -152,9 +153,10 @@ def sample(
     b, s_p = prompt_ids.shape
     stops = torch.as_tensor(eos_id, dtype=torch.long, device=device).reshape(-1)
     mask = prompt_mask.long()
-    cache = _cache_kwargs(model)  # the KV cache, updated in place by every forward
+    cache = cache_kwargs(model)  # the KV cache, updated in place by every forward
     out = model(input_ids=prompt_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True, **cache)
     logits = out.logits[:, -1, :].float()  # [A, V]: the rows in `rows` only
+    compact = compact and all(can_drop_rows(c) for c in cache.values())  # not a recurrent state's (kv_cache)
     next_pos = mask.sum(-1, keepdim=True)  # [A, 1] position of the next token
     rows = torch.arange(b, device=device)  # the batch rows still decoding (all of them when not compacting)
     done = torch.zeros(b, dtype=torch.bool, device=device)
@@ -234,20 +236,6 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     cdf = probs.double().cumsum(-1)
     x = (u.double() * cdf[:, -1]).unsqueeze(-1)
     return torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-
-
-def _cache_kwargs(model) -> dict:
-    """A fresh DynamicCache under the keyword this transformers version takes (``cache`` from 5.x,
-    ``past_key_values`` before; the old name is deprecated in 5.x); a peft model's base model says which."""
-    from transformers import DynamicCache
-
-    try:
-        cache = DynamicCache(config=model.config)
-    except TypeError:  # transformers 4.x: no config argument
-        cache = DynamicCache()
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes it on
-    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-    return {name: cache}
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
