@@ -204,13 +204,17 @@ def test_lora_dropout_stays_out_of_the_log_probs_of_pi_t(micro_dir):
     gradient in eval mode, so at zero lag it equals the generator's log-probs (a first minibatch that
     took π_T from its own dropout forward would not)."""
     model = lora.with_adapter(m.load(micro_dir).model, config.load(None, ["task.kind=llm", *LORA]).llm)
+    drops = [x for n, x in model.named_modules() if n.endswith("lora_dropout.default")]
     modes = []
     forward = lora.dropout_forwards(model, contextlib.nullcontext)
     with forward():
-        modes.append(model.training)
+        modes.append([x.training for x in drops])
+        base = [x.training for n, x in model.named_modules() if isinstance(x, torch.nn.Dropout) and "lora_" not in n]
     with torch.no_grad(), forward():
-        modes.append(model.training)
-    assert modes == [True, False] and not model.training
+        modes.append([x.training for x in drops])
+    assert drops and modes == [[True] * len(drops), [False] * len(drops)]
+    assert not any(x.training for x in drops)
+    assert not any(base)  # the base model's own dropout stays off (test_llm_archs: GPT-2's)
     cfg = _cfg(micro_dir, *LORA, "llm.lora_dropout=0.5", "algo.num_epochs=1", "algo.num_minibatches=1")
     task = make_task(cfg)
     state = LearnerState(cfg, task.spec, task)

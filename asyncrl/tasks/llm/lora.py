@@ -85,17 +85,22 @@ def meta_model(model_dir: str | Path, llm):
 
 
 def dropout_forwards(model, context: Callable[[], ContextManager]) -> Callable[[], ContextManager]:
-    """A factory of the learner's forward context (``context``'s, e.g. bf16 autocast) that puts
-    ``model`` in train mode for forwards with gradient (the adapter's dropout is on) and in eval mode
-    for those without (log π_T, which must be the policy's own, deterministic), back in eval mode after."""
+    """A factory of the learner's forward context (``context``'s, e.g. bf16 autocast) that puts the
+    adapter's dropout modules of ``model`` in train mode for forwards with gradient (the adapter's
+    dropout is on) and in eval mode for those without (log π_T, which must be the policy's own,
+    deterministic), back in eval mode after. Every other module stays in eval mode: the base model's
+    own dropout (GPT-2's, OPT's, Phi's configs set 0.1) never runs, with or without gradient."""
+    drops = [m for name, m in model.named_modules() if "lora_dropout" in name.split(".")]
 
     @contextlib.contextmanager
     def forward() -> Iterator[None]:
-        model.train(torch.is_grad_enabled())
+        for m in drops:
+            m.training = torch.is_grad_enabled()
         try:
             with context():
                 yield
         finally:
-            model.eval()
+            for m in drops:
+                m.training = False
 
     return forward
