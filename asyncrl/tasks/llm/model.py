@@ -255,7 +255,7 @@ def load(path: str | Path) -> Loaded:
 
     Returns:
         :class:`Loaded` (model in eval mode, float32; tokenizer with padding_side "left" and a pad
-        token: EOS when the tokenizer had none).
+        token: EOS, or the first stop token, when the tokenizer had none).
 
     Raises:
         ModelLoadError: path missing, not a directory, without config.json, or not loadable as a
@@ -288,8 +288,8 @@ def _require_dir(p: Path) -> None:
 
 
 def load_tokenizer(path: str | Path):
-    """The tokenizer of a model directory as :func:`load` gives it (left padding; EOS as the pad token
-    when it has none), without loading the weights. Raises ModelLoadError (one line)."""
+    """The tokenizer of a model directory as :func:`load` gives it (left padding; EOS, or the first stop
+    token, as the pad token when it has none), without loading the weights. Raises ModelLoadError (one line)."""
     from transformers import AutoTokenizer
 
     p = Path(path)
@@ -300,8 +300,25 @@ def load_tokenizer(path: str | Path):
         raise ModelLoadError(f"cannot load {p}: {_first_line(e)}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.pad_token = _pad_token(tokenizer, p)
     return tokenizer
+
+
+def _pad_token(tokenizer, path: Path) -> str | None:
+    """The pad token of a tokenizer without one: its EOS, else the first stop token of the model
+    (generation_config.json's ``eos_token_id``, the chat template's end of turn), else None (the run is
+    then refused for having no stop token). Padding is masked, so any token does; a stop token is
+    special, so decoding with ``skip_special_tokens`` drops it, as it drops the EOS."""
+    if tokenizer.eos_token is not None:
+        return tokenizer.eos_token
+    from asyncrl.core.config import ConfigError
+    from asyncrl.tasks.llm import prompts
+    from asyncrl.tasks.llm.datasets import generation_eos
+
+    try:
+        return tokenizer.convert_ids_to_tokens(prompts.stop_ids(tokenizer, generation_eos(path))[0])
+    except (prompts.PromptError, ConfigError):
+        return None
 
 
 def _first_line(e: BaseException) -> str:
