@@ -101,8 +101,9 @@ class LLMHeldoutEvaluation:
         """Make the start model, read the data and measure the prompt width (so that bad data or a
         too narrow llm.max_prompt_tokens is one line now, not a crash in a generator), then (once per run
         directory) the held-out accuracy before RL. Raises ValueError (a model directory that does not
-        load, bad data: ConfigError), FileExistsError."""
+        load, bad data: ConfigError, a model that fails asyncrl.tasks.llm.model_checks), FileExistsError."""
         from asyncrl.tasks.llm import model as m
+        from asyncrl.tasks.llm.model_checks import check_start_model
 
         try:
             start = self.prepare_model(echo)
@@ -114,6 +115,7 @@ class LLMHeldoutEvaluation:
             f"(slot width {width}), {len(self.rl_problems())} train problems ({source}), "
             f"stop tokens {list(self.stop_ids())}"
         )
+        check_start_model(self, start)  # one line (ValueError) for a model the roles would crash on or mistrain
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         path = Path(run_dir) / START_FILE
         if path.exists():
