@@ -137,92 +137,25 @@ def config(arch: str, vocab: int, tok, *, tie: bool = True, positions: int = 512
     ``dropout``: GPT-2's)."""
     from transformers import AutoConfig
 
+    base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    base |= dict(max_position_embeddings=512)
+    gqa = base | dict(num_key_value_heads=1)  # grouped-query attention: one key-value head
     small = {
-        "gpt2": dict(
-            n_embd=64,
-            n_layer=2,
-            n_head=2,
-            n_positions=positions,
-            resid_pdrop=dropout,
-            embd_pdrop=dropout,
-            attn_pdrop=dropout,
-        ),
-        "gpt_neox": dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            rotary_pct=0.5,
-        ),
-        "opt": dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            ffn_dim=128,
-            word_embed_proj_dim=64,
-            max_position_embeddings=512,
-            dropout=0.0,
-            attention_dropout=0.0,
-        ),
-        "phi3": dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            original_max_position_embeddings=512,
-        ),
-        "phi": dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            partial_rotary_factor=0.5,
-        ),
-        "gemma": dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=32,
-            intermediate_size=128,
-            max_position_embeddings=512,
-        ),
-        "mistral": dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=128,
-            max_position_embeddings=512,
-            sliding_window=24,
-        ),
-        "llama": dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=128,
-            max_position_embeddings=512,
-        ),
+        "gpt2": dict(n_embd=64, n_layer=2, n_head=2, n_positions=positions)
+        | dict(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout),
+        "gpt_neox": base | dict(rotary_pct=0.5),
+        "opt": {k: v for k, v in base.items() if k != "intermediate_size"}
+        | dict(ffn_dim=128, word_embed_proj_dim=64, dropout=0.0, attention_dropout=0.0),
+        "phi3": gqa | dict(original_max_position_embeddings=512),
+        "phi": base | dict(partial_rotary_factor=0.5),
+        "gemma": gqa | dict(head_dim=32),
+        "mistral": gqa | dict(sliding_window=24),
+        "llama": gqa,
         "bloom": dict(hidden_size=64, n_layer=2, n_head=2),
         "mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8),
-        "bart": dict(
-            d_model=64,
-            decoder_layers=2,
-            decoder_attention_heads=2,
-            decoder_ffn_dim=128,
-            encoder_layers=1,
-            encoder_attention_heads=2,
-            encoder_ffn_dim=64,
-            dropout=0.0,
-            is_decoder=True,
-            is_encoder_decoder=False,
-            max_position_embeddings=512,
-        ),
+        "bart": dict(d_model=64, decoder_layers=2, decoder_attention_heads=2, decoder_ffn_dim=128)
+        | dict(encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, dropout=0.0)
+        | dict(is_decoder=True, is_encoder_decoder=False, max_position_embeddings=512),
     }[arch]
     ids = {
         "eos_token_id": tok.eos_token_id,
