@@ -68,9 +68,14 @@ def verdict(by: dict) -> str:
     missing = [col for col, (v, g) in tasks.items() if not v or not g]
     if missing:
         return f"verdict: not yet (no cells of both presets at N = {', '.join(missing)})"
+    unpaired = [col for col, (v, g) in tasks.items() if sorted(c["seed"] for c in v) != sorted(c["seed"] for c in g)]
+    if unpaired:
+        return f"verdict: not yet (the presets have different seeds at N = {', '.join(unpaired)})"
     x = {f"N={col}": [c["final_return"] for c in v] for col, (v, g) in tasks.items()}
     y = {f"N={col}": [c["final_return"] for c in g] for col, (v, g) in tasks.items()}
     poi = stats.probability_of_improvement(x, y)
+    if not (poi.low == poi.low and poi.high == poi.high):  # NaN: too few seeds for an interval
+        return f"verdict: not yet (P(vaco > grpo) {poi.value:.2f} without an interval: too few seeds)"
     word = "the filter helps" if poi.low > 0.5 else "it hurts" if poi.high < 0.5 else "ties"
     seeds = ", ".join(f"N={col} {len(v)}/{len(g)}" for col, (v, g) in tasks.items())
     return f"verdict: P(vaco > grpo) {poi.value:.2f} [{poi.low:.2f}, {poi.high:.2f}]: {word} (seeds vaco/grpo: {seeds})"
