@@ -105,17 +105,18 @@ class LLMHeldoutEvaluation:
         from asyncrl.tasks.llm import model as m
         from asyncrl.tasks.llm.model_checks import check_start_model
 
-        try:
+        try:  # a model directory that does not load, or that the roles would crash on or mistrain: one line
             start = self.prepare_model(echo)
+            width, fmt = self.prompt_width(check=True), self.prompt_format()
+            source = self.cfg.llm.train_file or "generated"
+            echo(
+                f"llm: {'chat-template' if fmt.chat else 'plain'} prompts of at most {self.longest_prompt()[0]} "
+                f"tokens (slot width {width}), {len(self.rl_problems())} train problems ({source}), "
+                f"stop tokens {list(self.stop_ids())}"
+            )
+            check_start_model(self, start)
         except m.ModelLoadError as exc:
             raise ValueError(str(exc)) from None
-        width, fmt, source = self.prompt_width(check=True), self.prompt_format(), self.cfg.llm.train_file or "generated"
-        echo(
-            f"llm: {'chat-template' if fmt.chat else 'plain'} prompts of at most {self.longest_prompt()[0]} tokens "
-            f"(slot width {width}), {len(self.rl_problems())} train problems ({source}), "
-            f"stop tokens {list(self.stop_ids())}"
-        )
-        check_start_model(self, start)  # one line (ValueError) for a model the roles would crash on or mistrain
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         path = Path(run_dir) / START_FILE
         if path.exists():

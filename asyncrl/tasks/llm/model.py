@@ -265,15 +265,21 @@ def load(path: str | Path) -> Loaded:
     from transformers import AutoModelForCausalLM
 
     p = Path(path)
-    _require_dir(p)
-    if not (p / "config.json").is_file():
-        raise ModelLoadError(f"{p} has no config.json: not a Hugging Face model directory")
+    require_model_dir(p)
     tokenizer = load_tokenizer(p)
     try:
         model = AutoModelForCausalLM.from_pretrained(p, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot load {p}: {_first_line(e)}") from None
     return Loaded(model.eval(), tokenizer)
+
+
+def require_model_dir(p: Path) -> None:
+    """Raise ModelLoadError (one line) unless ``p`` is a directory with a config.json (what :func:`load`
+    checks before it reads anything)."""
+    _require_dir(p)
+    if not (p / "config.json").is_file():
+        raise ModelLoadError(f"{p} has no config.json: not a Hugging Face model directory")
 
 
 def _require_dir(p: Path) -> None:

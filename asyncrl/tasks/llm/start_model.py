@@ -75,7 +75,7 @@ class LLMStartModel:
             echo(f"llm: {'reused' if reused else 'prepared'} the tiny model {path}")
         start = self.start_dir()
         if llm.warmup_steps == 0:
-            m.load(start)  # one line if it is not a model directory
+            m.require_model_dir(start)  # one line if it is not a model directory; the start checks load it
             return start
         settings = {
             "base": str(self.base_dir().resolve()),
