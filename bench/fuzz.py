@@ -392,7 +392,8 @@ def bound_of(role, learner: bool, cfg, **attack):
 
 
 def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: str, n: int, cfg) -> dict:
-    """Big frames, many frames, many identities and many connections (both ROUTERs), and a snapshot
+    """Big frames, many frames, many identities, many connections, connection after connection under
+    one identity in use (both ROUTERs), and a snapshot
     flood from a peer that never reads (broadcaster, holding weights of 16 MiB). Each runs in two
     halves; the role must stay alive and the RSS of this process (roles and attackers alike) must
     not grow in the second half by more than max(32 MiB, 10 %), plus 256 KiB per connection opened
@@ -424,6 +425,23 @@ def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: s
         results["many frames"]["bound"] = bound_of(
             role, learner, cfg, connections=1, frames_per_message=5000, frame_bytes=1
         )
+        owner = client(ctx, endpoint, "taken", curve)  # holds the identity the next case reuses
+        owner.send_multipart([b"\0"])
+        role.serve(50)
+        hwm = role.router.rcvhwm
+        frame_bytes = limit if limit > 0 else 1 << 20
+
+        def takeover(i):
+            """A new connection under the identity in use sends the role's HWM + 1 of the largest frames."""
+            s = client(ctx, endpoint, "taken", curve, sndhwm=hwm + 1)
+            for _ in range(hwm + 1):
+                send_serving(s, [b"\0" * frame_bytes])
+            role.serve(50)
+            s.close()
+
+        results["connections under one identity"] = _halves(role, takeover, min(n, 40))
+        results["connections under one identity"]["bound"] = bound_of(role, learner, cfg, connections=2)
+        owner.close()
         ulimit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         conns = max(100, min(4000, (ulimit - 1000) // 2))  # each connection is two fds of this process
 

@@ -87,8 +87,13 @@ def router(
     security=None,
 ) -> zmq.Socket:
     """Learner side of the actor channel. Received frames: [identity, header, *arrays].
-    No ROUTER_HANDOVER: a second connection under an identity in use is refused by ZeroMQ, so no
-    peer can take over a live actor's route (each actor process picks a random identity).
+    ROUTER_HANDOVER on: a connection under an identity in use takes the route over, and the old
+    connection's queued messages are read and freed. Without it libzmq 4.3.5 leaves the new
+    connection's pipe unattached: it buffers up to ``hwm`` messages that are never read nor freed,
+    even after the connection closes, so a peer past the handshake could grow a role's memory by
+    ``hwm`` messages per connection without bound (docs/multi-host.md, trust model). A live peer's
+    route cannot be guessed: ``route_identity`` holds 128 random bits and no role sends a route to
+    another peer; the learner still checks every message's token against the route that said hello.
 
     ``security`` (every factory here): a ``security.Curve`` (CURVE server or client keys) or None
     for no encryption. Raises AddressError if the address cannot be bound (in use, not an
@@ -96,7 +101,7 @@ def router(
     bind: ZeroMQ copies the options into the listener there): a peer that sends a larger frame is
     disconnected before the frame is buffered; -1: no limit."""
     sock = _socket(ctx, zmq.ROUTER, hwm, timeout_ms, security)
-    sock.router_handover = 0
+    sock.router_handover = 1
     sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
     return _bind_or_connect(sock, bind, None)
 
@@ -107,9 +112,11 @@ def max_message_size(sock: zmq.Socket) -> int:
 
 
 def route_identity(name: str) -> str:
-    """A DEALER identity for one process: ``name`` (cut to 200 characters) plus a random suffix,
-    so no other peer can guess it, and a restarted process never collides with its old route."""
-    return f"{name[:200]}#{secrets.token_hex(4)}"
+    """A DEALER identity for one process: ``name`` (cut to 200 characters) plus 128 random bits
+    (32 hex digits), so no other peer can guess it and take its route over (``router`` hands a
+    route to its newest connection), and a restarted process never collides with its old route.
+    At most 233 bytes: ZMTP carries an identity of up to 255."""
+    return f"{name[:200]}#{secrets.token_hex(16)}"
 
 
 def dealer(
