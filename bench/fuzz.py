@@ -393,8 +393,8 @@ def bound_of(role, learner: bool, cfg, **attack):
 
 def resource_cases(role, endpoint: str, curve, *, learner: bool, spec, run_id: str, n: int, cfg) -> dict:
     """Big frames, many frames, many identities, many connections, connection after connection under
-    one identity in use (both ROUTERs), and a snapshot
-    flood from a peer that never reads (broadcaster, holding weights of 16 MiB). Each runs in two
+    one identity in use (both ROUTERs), and a snapshot flood from a peer that never reads
+    (broadcaster, holding weights of 16 MiB). Each runs in two
     halves; the role must stay alive and the RSS of this process (roles and attackers alike) must
     not grow in the second half by more than max(32 MiB, 10 %), plus 256 KiB per connection opened
     in it (connections up to the fd limit are the attack), and its growth over the case must stay
