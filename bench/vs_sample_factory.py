@@ -17,7 +17,11 @@ both sides compared at that time, with HalfCheetah's mode counts (returns at or 
 fast upright gait; the cheetah on its back stays near 1,600):
 
     .venv/bin/python bench/vs_sample_factory.py --peer-sf /tmp/sf/bin/python --seeds 501,502,503,504,505 \\
-        --wall-budget 600 --target 6000 [--config configs/halfcheetah-fast.toml] --out bench/results/moonshot
+        --wall-budget 600 --total-steps 8000000 --target 6000 --mode 3000 --out bench/results/moonshot
+
+With a budget, --total-steps is the learning-rate schedule's length and a second stop: set it to
+about what asyncrl reaches in the budget (8M at about 14,000 env steps/s in 600 s). Sample Factory
+trains for the whole budget and is read both at asyncrl's end and at the budget.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ FRAMES = re.compile(r"Total num frames: (\d+)")
 
 
 def asyncrl_run(args, seed: int, out: Path) -> dict:
-    """The main job to --total-steps, or stopped by SIGINT at --wall-budget seconds (its summary says
-    interrupted; its curve is what it logged until then)."""
+    """The main job to --total-steps, or stopped by SIGINT at --wall-budget seconds if that comes first
+    (its summary says interrupted; its curve is what it logged until then). --total-steps is also the
+    length of the learning-rate schedule (anneal_lr), so with a budget it should be about what the
+    budget reaches: a horizon far past it would leave the lr near its start for the whole run."""
     run_dir = out / f"asyncrl-s{seed}"
     budget = args.wall_budget
     cmd = [
@@ -56,7 +62,7 @@ def asyncrl_run(args, seed: int, out: Path) -> dict:
         "--seed",
         str(seed),
         "--total-steps",
-        str(args.total_steps if not budget else 10**9),
+        str(args.total_steps),
         "--run-dir",
         str(run_dir),
         "--set",
@@ -164,7 +170,12 @@ def main() -> None:
         "--peer-sf", required=True, metavar="PYTHON", help="python of a venv with sample-factory[mujoco]==2.1.1"
     )
     p.add_argument("--seeds", default="101,102,103,104,105")
-    p.add_argument("--total-steps", type=int, default=1_000_000)
+    p.add_argument(
+        "--total-steps",
+        type=int,
+        default=1_000_000,
+        help="asyncrl's env steps, and its learning-rate schedule's length (with --wall-budget: about what it reaches)",
+    )
     p.add_argument("--target", type=float, default=3000.0)
     p.add_argument(
         "--wall-budget", type=float, default=0.0, help="seconds: stop each asyncrl run then (0: at --total-steps)"
@@ -194,7 +205,8 @@ def main() -> None:
     rows = []
     for seed in seeds:  # alternate: drift hits both alike
         a = asyncrl_run(args, seed, out)
-        sf = sample_factory_run(args, seed, a["wall_s"], out)
+        # with a budget, Sample Factory trains for all of it even where asyncrl ended earlier by its steps
+        sf = sample_factory_run(args, seed, args.wall_budget or a["wall_s"], out)
         row = {
             "seed": seed,
             "asyncrl": a,
@@ -203,6 +215,7 @@ def main() -> None:
             "asyncrl_time_to_target_s": first_time(a["curve"], args.target),
             "sf_time_to_target_s": first_time(sf["curve"], args.target),
             "sf_return_at_asyncrl_end": value_at(sf["curve"], a["wall_s"]),
+            "sf_return_at_budget": value_at(sf["curve"], args.wall_budget) if args.wall_budget else None,
         }
         rows.append(row)
         fmt = lambda x: "not reached" if x is None else f"{x:.0f} s"  # noqa: E731
@@ -222,6 +235,16 @@ def main() -> None:
         f"({high(finals)} of {len(finals)} at or above {args.mode:,.0f}); Sample Factory at the same wall time "
         f"{statistics.median(sf_same) if sf_same else float('nan'):,.0f} ({high(sf_same)} of {len(sf_same)})"
     )
+    if args.wall_budget:
+        sf_budget = [r["sf_return_at_budget"] for r in rows if r["sf_return_at_budget"] is not None]
+        sf_median = statistics.median(sf_budget) if sf_budget else float("nan")
+        print(
+            f"Sample Factory at the budget ({args.wall_budget:.0f} s): median "
+            f"{sf_median:,.0f} ({high(sf_budget)} of {len(sf_budget)}); "
+            f"runs at or above --target {args.target:,.0f} by then: asyncrl "
+            f"{sum(r['asyncrl_time_to_target_s'] is not None for r in rows)} of {len(rows)}, Sample Factory "
+            f"{sum(r['sf_time_to_target_s'] is not None for r in rows)} of {len(rows)}"
+        )
     (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1) + "\n")
     try:
         from asyncrl.analysis.plots import plot_curves
